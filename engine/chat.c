@@ -1,0 +1,367 @@
+/* chat: recognizes a chat template by its markers and formats conversations in C.
+ *
+ * DESIGN. Detection follows llama.cpp's llm_chat_detect_template (src/llama-chat.cpp) and the
+ * formats follow its llm_chat_apply_template, with one addition: a ChatML template that writes a
+ * literal system turn (SmolLM2's "You are a helpful AI assistant named SmolLM, ...") has that
+ * text extracted, and chat_format inserts it when the conversation does not start with a system
+ * message, as running the Jinja template would. Templates that carry ChatML's marker but are a
+ * different format (Phi-4's <|im_sep|>, SmolVLM's <end_of_utterance>) are refused rather than
+ * formatted wrongly. Llama-3 text has no <|begin_of_text|>: BOS is the tokenizer's to add. */
+#include "chat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool has(const char *s, size_t len, const char *needle)
+{
+    return memmem(s, len, needle, strlen(needle)) != NULL;
+}
+
+const char *chat_kind_name(enum chat_kind k)
+{
+    switch (k) {
+    case CHAT_CHATML:
+        return "chatml";
+    case CHAT_LLAMA3:
+        return "llama3";
+    case CHAT_LLAMA2:
+        return "llama2";
+    }
+    return "unknown";
+}
+
+const char *chat_template_name(const struct chat_template *t)
+{
+    switch (t->kind) {
+    case CHAT_CHATML:
+        return "chatml";
+    case CHAT_LLAMA3:
+        return "llama3";
+    case CHAT_LLAMA2:
+        break;
+    }
+    switch (t->variant) {
+    case CHAT_VARIANT_LLAMA2:
+        return "llama2";
+    case CHAT_VARIANT_LLAMA2_SYS:
+        return "llama2-sys";
+    case CHAT_VARIANT_LLAMA2_SYS_BOS:
+        return "llama2-sys-bos";
+    case CHAT_VARIANT_LLAMA2_SYS_STRIP:
+        return "llama2-sys-strip";
+    case CHAT_VARIANT_MISTRAL_V1:
+        return "mistral-v1";
+    case CHAT_VARIANT_MISTRAL_V3:
+        return "mistral-v3";
+    case CHAT_VARIANT_MISTRAL_V3_TEKKEN:
+        return "mistral-v3-tekken";
+    case CHAT_VARIANT_MISTRAL_V7:
+        return "mistral-v7";
+    default:
+        return "llama2";
+    }
+}
+
+/* The text of a literal "<|im_start|>system\n...<|im_end|>" inside one Jinja string literal,
+ * unescaped and malloc'd; NULL when there is none (or on OOM, which only loses the default). */
+static char *chatml_default_system(const char *s, size_t len)
+{
+    static const char head[] = "<|im_start|>system";
+    const char *end = s + len;
+    for (const char *p = s; (p = memmem(p, (size_t)(end - p), head, sizeof head - 1));
+         p += sizeof head - 1) {
+        /* the quote that opens the literal holding the marker */
+        const char *q = p;
+        while (q > s && q[-1] != '\'' && q[-1] != '"' && q[-1] != '}' && q[-1] != '{') q--;
+        if (q == s || (q[-1] != '\'' && q[-1] != '"')) continue;
+        char quote = q[-1];
+        const char *c = p + sizeof head - 1;
+        if (c < end && *c == '\n')
+            c++;
+        else if (end - c >= 2 && c[0] == '\\' && c[1] == 'n')
+            c += 2;
+        else
+            continue;
+        const char *stop = memmem(c, (size_t)(end - c), "<|im_end|>", 10);
+        if (!stop || stop == c) continue;
+        char *out = malloc((size_t)(stop - c) + 1), *o = out;
+        if (!out) return NULL;
+        bool ok = true;
+        for (const char *x = c; x < stop && ok; x++) {
+            if (*x == quote) {
+                ok = false; /* the literal ends before <|im_end|>: not a fixed prompt */
+            } else if (*x == '\\' && x + 1 < stop) {
+                x++;
+                *o++ = *x == 'n' ? '\n' : *x == 't' ? '\t' : *x;
+            } else {
+                *o++ = *x;
+            }
+        }
+        *o = '\0';
+        if (ok) return out;
+        free(out);
+    }
+    return NULL;
+}
+
+static enum chat_variant inst_variant(const char *s, size_t len)
+{
+    if (has(s, len, "[SYSTEM_PROMPT]")) return CHAT_VARIANT_MISTRAL_V7;
+    if (has(s, len, "' [INST] ' + system_message") || has(s, len, "[AVAILABLE_TOOLS]")) {
+        if (has(s, len, " [INST]")) return CHAT_VARIANT_MISTRAL_V1;
+        if (has(s, len, "\"[INST]\"")) return CHAT_VARIANT_MISTRAL_V3_TEKKEN;
+        return CHAT_VARIANT_MISTRAL_V3;
+    }
+    if (has(s, len, "content.strip()")) return CHAT_VARIANT_LLAMA2_SYS_STRIP;
+    if (has(s, len, "bos_token + '[INST]")) return CHAT_VARIANT_LLAMA2_SYS_BOS;
+    if (has(s, len, "<<SYS>>")) return CHAT_VARIANT_LLAMA2_SYS;
+    return CHAT_VARIANT_LLAMA2;
+}
+
+int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out, struct qerr *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!tmpl || len == 0)
+        return qerr_set(err, QERR_UNSUPPORTED, "chat template: empty (the model has none)");
+    if (has(tmpl, len, "<|im_start|>")) {
+        if (has(tmpl, len, "<|im_sep|>") || has(tmpl, len, "<end_of_utterance>"))
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "chat template: uses <|im_start|> but is not ChatML (Phi-4 or "
+                            "SmolVLM markers): \"%.80s\"",
+                            tmpl);
+        out->kind = CHAT_CHATML;
+        out->default_system = chatml_default_system(tmpl, len);
+        return 0;
+    }
+    if (has(tmpl, len, "[INST]")) {
+        out->kind = CHAT_LLAMA2;
+        out->variant = inst_variant(tmpl, len);
+        return 0;
+    }
+    if (has(tmpl, len, "<|start_header_id|>") && has(tmpl, len, "<|end_header_id|>")) {
+        out->kind = CHAT_LLAMA3;
+        return 0;
+    }
+    return qerr_set(err, QERR_UNSUPPORTED,
+                    "chat template: not recognized (no <|im_start|>, [INST] or "
+                    "<|start_header_id|> marker): \"%.*s%s\"",
+                    (int)(len > 80 ? 80 : len), tmpl, len > 80 ? "..." : "");
+}
+
+void chat_template_free(struct chat_template *t)
+{
+    if (!t) return;
+    free(t->default_system);
+    t->default_system = NULL;
+}
+
+/* ---- formatting ---- */
+
+struct sb {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void sb_put(struct sb *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+static void sb_str(struct sb *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Appends s with leading and trailing ASCII whitespace removed (llama.cpp's trim). */
+static void sb_trimmed(struct sb *b, const char *s)
+{
+    size_t n = strlen(s), i = 0;
+    while (i < n && is_space(s[i])) i++;
+    while (n > i && is_space(s[n - 1])) n--;
+    sb_put(b, s + i, n - i);
+}
+
+enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+
+static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
+                       size_t n, bool gen, struct sb *b)
+{
+    if (n > 0 && r[0] != ROLE_SYSTEM && t->default_system) {
+        sb_str(b, "<|im_start|>system\n");
+        sb_str(b, t->default_system);
+        sb_str(b, "<|im_end|>\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|im_start|>");
+        sb_str(b, m[i].role);
+        sb_str(b, "\n");
+        sb_str(b, m[i].content);
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (gen) sb_str(b, "<|im_start|>assistant\n");
+}
+
+static void fmt_llama3(const struct chat_msg *m, size_t n, bool gen, struct sb *b)
+{
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|start_header_id|>");
+        sb_str(b, m[i].role);
+        sb_str(b, "<|end_header_id|>\n\n");
+        sb_trimmed(b, m[i].content);
+        sb_str(b, "<|eot_id|>");
+    }
+    if (gen) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void fmt_mistral_v7(const struct chat_msg *m, const enum role *r, size_t n, struct sb *b)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (r[i] == ROLE_SYSTEM) {
+            sb_str(b, "[SYSTEM_PROMPT] ");
+            sb_str(b, m[i].content);
+            sb_str(b, "[/SYSTEM_PROMPT]");
+        } else if (r[i] == ROLE_USER) {
+            sb_str(b, "[INST] ");
+            sb_str(b, m[i].content);
+            sb_str(b, "[/INST]");
+        } else {
+            sb_str(b, " ");
+            sb_str(b, m[i].content);
+            sb_str(b, "</s>");
+        }
+    }
+}
+
+static void fmt_mistral(enum chat_variant v, const struct chat_msg *m, const enum role *r, size_t n,
+                        struct sb *b)
+{
+    const char *lead = v == CHAT_VARIANT_MISTRAL_V1 ? " " : "";
+    const char *trail = v == CHAT_VARIANT_MISTRAL_V3_TEKKEN ? "" : " ";
+    bool inside = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!inside) {
+            sb_str(b, lead);
+            sb_str(b, "[INST]");
+            sb_str(b, trail);
+            inside = true;
+        }
+        if (r[i] == ROLE_SYSTEM) {
+            sb_str(b, m[i].content);
+            sb_str(b, "\n\n");
+        } else if (r[i] == ROLE_USER) {
+            sb_str(b, m[i].content);
+            sb_str(b, lead);
+            sb_str(b, "[/INST]");
+        } else {
+            sb_str(b, trail);
+            if (v == CHAT_VARIANT_MISTRAL_V3)
+                sb_trimmed(b, m[i].content);
+            else
+                sb_str(b, m[i].content);
+            sb_str(b, "</s>");
+            inside = false;
+        }
+    }
+}
+
+static void fmt_llama2(enum chat_variant v, const struct chat_msg *m, const enum role *r, size_t n,
+                       struct sb *b)
+{
+    bool sys = v != CHAT_VARIANT_LLAMA2, bos = v == CHAT_VARIANT_LLAMA2_SYS_BOS;
+    bool strip = v == CHAT_VARIANT_LLAMA2_SYS_STRIP, inside = true;
+    sb_str(b, "[INST] ");
+    for (size_t i = 0; i < n; i++) {
+        if (!inside) {
+            inside = true;
+            sb_str(b, bos ? "<s>[INST] " : "[INST] ");
+        }
+        if (r[i] == ROLE_SYSTEM) sb_str(b, sys ? "<<SYS>>\n" : "");
+        if (strip)
+            sb_trimmed(b, m[i].content);
+        else
+            sb_str(b, m[i].content);
+        if (r[i] == ROLE_SYSTEM) {
+            sb_str(b, sys ? "\n<</SYS>>\n\n" : "\n");
+        } else if (r[i] == ROLE_USER) {
+            sb_str(b, " [/INST]");
+        } else {
+            sb_str(b, "</s>");
+            inside = false;
+        }
+    }
+}
+
+int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                bool add_generation_prompt, char **out, struct qerr *err)
+{
+    *out = NULL;
+    enum role *r = malloc((n ? n : 1) * sizeof *r);
+    if (!r) return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const char *role = msgs[i].role;
+        if (!role || !msgs[i].content) {
+            free(r);
+            return qerr_set(err, QERR_INVALID, "chat_format: message %zu has no %s", i,
+                            role ? "content" : "role");
+        }
+        if (strcmp(role, "system") == 0) {
+            r[i] = ROLE_SYSTEM;
+        } else if (strcmp(role, "user") == 0) {
+            r[i] = ROLE_USER;
+        } else if (strcmp(role, "assistant") == 0) {
+            r[i] = ROLE_ASSISTANT;
+        } else {
+            free(r);
+            return qerr_set(err, QERR_INVALID,
+                            "chat_format: message %zu has unknown role \"%.40s\" (want system, "
+                            "user or assistant)",
+                            i, role);
+        }
+    }
+    struct sb b = {0};
+    sb_put(&b, "", 0);
+    switch (t->kind) {
+    case CHAT_CHATML:
+        fmt_chatml(t, msgs, r, n, add_generation_prompt, &b);
+        break;
+    case CHAT_LLAMA3:
+        fmt_llama3(msgs, n, add_generation_prompt, &b);
+        break;
+    case CHAT_LLAMA2:
+        if (t->variant == CHAT_VARIANT_MISTRAL_V7)
+            fmt_mistral_v7(msgs, r, n, &b);
+        else if (t->variant >= CHAT_VARIANT_MISTRAL_V1)
+            fmt_mistral(t->variant, msgs, r, n, &b);
+        else
+            fmt_llama2(t->variant, msgs, r, n, &b);
+        break;
+    }
+    free(r);
+    if (b.oom) {
+        free(b.p);
+        return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+    }
+    *out = b.p;
+    return 0;
+}

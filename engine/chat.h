@@ -1,0 +1,61 @@
+/* chat: applies a model's chat template to a list of messages.
+ *
+ * Templates are Jinja strings in tokenizer.chat_template; rather than run Jinja, quern
+ * recognizes the common families by their markers and formats them in C. An unrecognized
+ * template is an error, never a silently wrong prompt. */
+#ifndef QUERN_CHAT_H
+#define QUERN_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../quant/qerr.h"
+
+enum chat_kind {
+    CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
+    CHAT_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    CHAT_LLAMA2, /* <s>[INST] <<SYS>>..<</SYS>> user [/INST] assistant</s> (also Mistral) */
+};
+
+/* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */
+enum chat_variant {
+    CHAT_VARIANT_NONE = 0,
+    CHAT_VARIANT_LLAMA2,            /* no system support: system text prefixes the first turn */
+    CHAT_VARIANT_LLAMA2_SYS,        /* <<SYS>>\n...\n<</SYS>>\n\n */
+    CHAT_VARIANT_LLAMA2_SYS_BOS,    /* ... and <s> before each later [INST] */
+    CHAT_VARIANT_LLAMA2_SYS_STRIP,  /* ... and contents stripped */
+    CHAT_VARIANT_MISTRAL_V1,        /* " [INST] user [/INST] answer</s>" */
+    CHAT_VARIANT_MISTRAL_V3,        /* "[INST] user[/INST] answer</s>" */
+    CHAT_VARIANT_MISTRAL_V3_TEKKEN, /* "[INST]user[/INST]answer</s>" */
+    CHAT_VARIANT_MISTRAL_V7,        /* [SYSTEM_PROMPT] ..[/SYSTEM_PROMPT][INST] ..[/INST] */
+};
+
+struct chat_template {
+    enum chat_kind kind;
+    enum chat_variant variant; /* CHAT_VARIANT_NONE unless kind is CHAT_LLAMA2 */
+    /* System prompt the template inserts when the conversation has none (e.g. SmolLM2's
+     * "You are a helpful AI assistant named SmolLM, trained by Hugging Face"); NULL if none.
+     * Owned by the struct. */
+    char *default_system;
+};
+
+struct chat_msg {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+};
+
+/* Recognizes the template text (len bytes); QERR_UNSUPPORTED naming the template otherwise. */
+int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out, struct qerr *err);
+void chat_template_free(struct chat_template *t);
+const char *chat_kind_name(enum chat_kind k);
+/* The precise format, e.g. "chatml", "llama3", "llama2-sys", "mistral-v7". */
+const char *chat_template_name(const struct chat_template *t);
+
+/* Formats the messages as the template would with add_generation_prompt; *out is malloc'd and
+ * NUL-terminated (caller frees). An unknown role is QERR_INVALID naming it. The text never
+ * starts with BOS (<s>, <|begin_of_text|>): the caller adds it per tokenizer_adds_bos. Encode it
+ * with parse_special so the markers become their control tokens. */
+int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                bool add_generation_prompt, char **out, struct qerr *err);
+
+#endif

@@ -1,0 +1,700 @@
+/* The engine thread: takes submitted requests, runs one scheduled step at a time, samples, turns
+ * tokens into text (holding back what may begin a stop string), and feeds each request's
+ * channel. Only this thread touches the model, the KV pool and the sequences. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_impl.h"
+
+double engine_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void engine_opts_default(struct engine_opts *o)
+{
+    *o = (struct engine_opts){.max_batch_tokens = 2048,
+                              .max_seqs = 64,
+                              .max_queue = 256,
+                              .kv_block_size = 16,
+                              .kv_blocks = 0,
+                              .kv_mem = (size_t)1 << 30,
+                              .ctx_len = 0,
+                              .prefix_cache = true};
+}
+
+const char *finish_reason_name(enum finish_reason r)
+{
+    switch (r) {
+    case FINISH_NONE:
+        return "none";
+    case FINISH_STOP:
+        return "stop";
+    case FINISH_LENGTH:
+        return "length";
+    case FINISH_ABORT:
+        return "abort";
+    case FINISH_ERROR:
+        return "error";
+    }
+    return "unknown";
+}
+
+/* ---- request channel ---- */
+
+static void request_push(struct request *r, const struct req_event *ev)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->n_events == r->cap_events) {
+        int cap = r->cap_events ? r->cap_events * 2 : 16;
+        struct req_event *n = realloc(r->events, (size_t)cap * sizeof *n);
+        if (!n) {
+            /* cannot queue: keep the final event, which the client must see */
+            if (!ev->done) {
+                pthread_mutex_unlock(&r->mu);
+                return;
+            }
+            r->events[r->n_events - 1] = *ev;
+            r->finished = true;
+            pthread_cond_broadcast(&r->cv);
+            pthread_mutex_unlock(&r->mu);
+            return;
+        }
+        r->events = n;
+        r->cap_events = cap;
+    }
+    r->events[r->n_events++] = *ev;
+    if (ev->done) r->finished = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int request_next(struct request *r, struct req_event *ev, int timeout_ms)
+{
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->read == r->n_events && !(r->finished && r->n_events > 0)) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline)) {
+            pthread_mutex_unlock(&r->mu);
+            return 1;
+        }
+    }
+    if (r->read < r->n_events)
+        *ev = r->events[r->read++];
+    else
+        *ev = r->events[r->n_events - 1]; /* after the end: the final event again */
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+void request_abort(struct request *r)
+{
+    atomic_store(&r->abort, true);
+    struct engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void request_unref(struct request *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left) return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->events);
+    free(r);
+}
+
+void request_release(struct request *r)
+{
+    if (!r) return;
+    /* a client that lets go before the end no longer wants the rest */
+    pthread_mutex_lock(&r->mu);
+    bool finished = r->finished;
+    pthread_mutex_unlock(&r->mu);
+    if (!finished) request_abort(r);
+    request_unref(r);
+}
+
+/* ---- sequences ---- */
+
+static void seq_free(struct seq *s)
+{
+    if (!s) return;
+    free(s->tokens);
+    free(s->blocks);
+    for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
+    sampler_free(&s->sampler);
+    free(s->hold);
+    free(s);
+}
+
+static bool hold_append(struct seq *s, const char *text, int n)
+{
+    if (s->n_hold + n + 1 > s->cap_hold) {
+        int cap = (s->n_hold + n + 1) * 2;
+        char *h = realloc(s->hold, (size_t)cap);
+        if (!h) return false;
+        s->hold = h;
+        s->cap_hold = cap;
+    }
+    memcpy(s->hold + s->n_hold, text, (size_t)n);
+    s->n_hold += n;
+    s->hold[s->n_hold] = 0;
+    return true;
+}
+
+/* Moves up to n bytes from the front of hold into ev->text (the event's buffer bounds a piece;
+ * the caller sends more events for longer text). */
+static int take_text(struct seq *s, struct req_event *ev, int n)
+{
+    int room = (int)sizeof ev->text - 1 - ev->text_len;
+    if (n > room) n = room;
+    memcpy(ev->text + ev->text_len, s->hold, (size_t)n);
+    ev->text_len += n;
+    ev->text[ev->text_len] = 0;
+    memmove(s->hold, s->hold + n, (size_t)(s->n_hold - n));
+    s->n_hold -= n;
+    return n;
+}
+
+/* Length of the longest suffix of hold that is a proper prefix of some stop string. */
+static int stop_prefix_suffix(const struct seq *s)
+{
+    int best = 0;
+    for (int k = 0; k < s->n_stop_strings; k++) {
+        int len = (int)strlen(s->stop_strings[k]);
+        for (int l = len - 1 > s->n_hold ? s->n_hold : len - 1; l > best; l--)
+            if (memcmp(s->hold + s->n_hold - l, s->stop_strings[k], (size_t)l) == 0) {
+                best = l;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Earliest offset in hold where a stop string starts, or -1. */
+static int find_stop(const struct seq *s)
+{
+    int best = -1;
+    for (int k = 0; k < s->n_stop_strings; k++) {
+        const char *hit =
+            memmem(s->hold, (size_t)s->n_hold, s->stop_strings[k], strlen(s->stop_strings[k]));
+        if (hit && (best < 0 || hit - s->hold < best)) best = (int)(hit - s->hold);
+    }
+    return best;
+}
+
+static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
+                       enum finish_reason why)
+{
+    (void)e;
+    double now = engine_now();
+    ev->done = true;
+    ev->finish = why;
+    ev->prompt_tokens = s->n_prompt;
+    ev->completion_tokens = s->n_generated;
+    ev->cached_tokens = s->cached_tokens;
+    ev->total_ms = (now - s->t_submit) * 1e3;
+    ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
+    ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
+}
+
+/* Ends s: flushes text that is still held (unless a stop string cut it), sends the final event,
+ * and drops the engine's reference. The caller has removed s from running/waiting. */
+static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, bool flush,
+                       const char *error)
+{
+    sched_release_blocks(e, s);
+    struct req_event ev = {0};
+    if (flush) {
+        char tail[16];
+        int n = detok_flush(&s->detok, tail, sizeof tail);
+        if (n > 0) hold_append(s, tail, n);
+        while (s->n_hold > 0) {
+            take_text(s, &ev, s->n_hold);
+            if (s->n_hold > 0) {
+                request_push(s->req, &ev);
+                memset(&ev, 0, sizeof ev);
+            }
+        }
+    }
+    fill_final(e, s, &ev, why);
+    if (error) snprintf(ev.error, sizeof ev.error, "%s", error);
+    request_push(s->req, &ev);
+    e->local.finished[why]++;
+    request_unref(s->req);
+    seq_free(s);
+}
+
+static void remove_running(struct engine *e, int i)
+{
+    memmove(e->running + i, e->running + i + 1,
+            (size_t)(e->n_running - i - 1) * sizeof *e->running);
+    e->n_running--;
+}
+
+static bool is_stop_token(const struct engine *e, const struct seq *s, int32_t t)
+{
+    if (!s->ignore_eos && tokenizer_is_eog(e->tok, t)) return true;
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == t) return true;
+    return false;
+}
+
+/* The n most likely tokens of a logits row with their log-probabilities, most likely first. */
+static void top_logprobs(const float *logits, int vocab, int n, struct req_event *ev)
+{
+    float maxl = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > maxl) maxl = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - maxl));
+    float lse = maxl + (float)log(sum);
+    /* insertion into a sorted list of at most n (<= 20) raw logits */
+    ev->n_top = 0;
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (ev->n_top == n && v <= ev->top[n - 1].logprob) continue;
+        int k = ev->n_top < n ? ev->n_top++ : n - 1;
+        while (k > 0 && ev->top[k - 1].logprob < v) {
+            ev->top[k] = ev->top[k - 1];
+            k--;
+        }
+        ev->top[k] = (struct token_logprob){i, v};
+    }
+    for (int k = 0; k < ev->n_top; k++) ev->top[k].logprob -= lse;
+}
+
+/* Samples the next token of s from its logits row and advances the request. Returns the finish
+ * reason, or FINISH_NONE while it goes on. */
+static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row)
+{
+    memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
+    int32_t t = sampler_sample(&s->sampler, e->work);
+    sampler_accept(&s->sampler, t);
+    if (s->t_first == 0) s->t_first = engine_now();
+    s->n_generated++;
+    e->local.generation_tokens++;
+    if (is_stop_token(e, s, t)) return FINISH_STOP;
+
+    struct req_event ev = {0};
+    ev.token = t;
+    if (s->top_logprobs >= 0) {
+        ev.logprob = sample_logprob(row, e->vocab, t);
+        if (s->top_logprobs > 0) top_logprobs(row, e->vocab, s->top_logprobs, &ev);
+    }
+    char piece[256];
+    int n = detok_push(&s->detok, e->tok, t, piece, sizeof piece);
+    if (n > 0 && !hold_append(s, piece, n)) return FINISH_ERROR;
+    enum finish_reason why = FINISH_NONE;
+    int cut = s->n_stop_strings ? find_stop(s) : -1;
+    if (cut >= 0) {
+        s->n_hold = cut; /* drop the stop string and what follows */
+        why = FINISH_STOP;
+    }
+    int keep = why == FINISH_NONE && s->n_stop_strings ? stop_prefix_suffix(s) : 0;
+    int emit = s->n_hold - keep;
+    while (emit > 0) {
+        int took = take_text(s, &ev, emit);
+        emit -= took;
+        if (emit > 0) {
+            request_push(s->req, &ev);
+            ev.text_len = 0;
+            ev.text[0] = 0;
+        }
+    }
+    request_push(s->req, &ev);
+    if (why != FINISH_NONE) return why;
+
+    /* the token becomes part of the sequence, computed in the next step */
+    if (s->n_tokens == s->cap_tokens) return FINISH_LENGTH;
+    s->tokens[s->n_tokens++] = t;
+    if (s->n_generated >= s->max_tokens || s->n_tokens >= e->ctx_len) return FINISH_LENGTH;
+    return FINISH_NONE;
+}
+
+static void abort_flagged(struct engine *e)
+{
+    for (int i = 0; i < e->n_running; i++) {
+        struct seq *s = e->running[i];
+        if (!atomic_load(&s->req->abort)) continue;
+        remove_running(e, i--);
+        seq_finish(e, s, FINISH_ABORT, false, NULL);
+    }
+    for (int i = 0; i < e->n_waiting; i++) {
+        struct seq *s = e->waiting[i];
+        if (!atomic_load(&s->req->abort)) continue;
+        memmove(e->waiting + i, e->waiting + i + 1,
+                (size_t)(e->n_waiting - i - 1) * sizeof *e->waiting);
+        e->n_waiting--;
+        i--;
+        seq_finish(e, s, FINISH_ABORT, false, NULL);
+    }
+}
+
+static void run_step(struct engine *e)
+{
+    abort_flagged(e);
+    /* requests that ask for nothing finish at admission without touching the model */
+    for (int i = 0; i < e->n_waiting; i++) {
+        struct seq *s = e->waiting[i];
+        if (s->max_tokens > 0) continue;
+        memmove(e->waiting + i, e->waiting + i + 1,
+                (size_t)(e->n_waiting - i - 1) * sizeof *e->waiting);
+        e->n_waiting--;
+        i--;
+        s->t_admit = engine_now();
+        seq_finish(e, s, FINISH_LENGTH, false, NULL);
+    }
+    int n = sched_step_plan(e);
+    if (n <= 0) return;
+    struct step_plan *p = &e->plan;
+    struct model_batch b = {.n_tokens = p->n_tokens,
+                            .tokens = p->tokens,
+                            .pos = p->pos,
+                            .seq = p->seq_idx,
+                            .slot = p->slot,
+                            .n_seqs = p->n_seqs,
+                            .max_blocks = p->max_blocks,
+                            .block_table = p->table,
+                            .n_logits = p->n_logits,
+                            .logit_idx = p->logit_idx};
+    struct qerr err = {0};
+    int rc = model_forward(e->model, &b, e->logits, &err);
+    e->local.steps++;
+    if (rc) {
+        /* the step failed as a whole: fail its sequences, keep serving the others */
+        for (int i = 0; i < p->n_seqs; i++) {
+            struct seq *s = p->seqs[i];
+            for (int j = 0; j < e->n_running; j++)
+                if (e->running[j] == s) {
+                    remove_running(e, j);
+                    break;
+                }
+            seq_finish(e, s, FINISH_ERROR, false, err.msg);
+        }
+        return;
+    }
+    for (int i = 0; i < p->n_seqs; i++)
+        if (p->seqs[i]->n_computed < p->seqs[i]->n_prompt)
+            e->local.prompt_tokens += (uint64_t)p->chunk[i];
+    sched_commit(e);
+    int li = 0;
+    for (int i = 0; i < p->n_seqs; i++) {
+        if (!p->wants_logits[i]) continue;
+        struct seq *s = p->seqs[i];
+        enum finish_reason why = seq_advance(e, s, e->logits + (size_t)li++ * (size_t)e->vocab);
+        if (why == FINISH_NONE) continue;
+        for (int j = 0; j < e->n_running; j++)
+            if (e->running[j] == s) {
+                remove_running(e, j);
+                break;
+            }
+        seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, NULL);
+    }
+}
+
+static void publish_stats(struct engine *e)
+{
+    e->local.running = e->n_running;
+    e->local.waiting = e->n_waiting;
+    e->local.kv_blocks_total = kv_pool_blocks(e->pool);
+    e->local.kv_blocks_used = kv_pool_used(e->pool);
+    if (e->local.kv_blocks_used > e->local.kv_blocks_peak)
+        e->local.kv_blocks_peak = e->local.kv_blocks_used;
+    pthread_mutex_lock(&e->mu);
+    e->stats = e->local;
+    e->n_waiting_pub = e->n_waiting;
+    e->last_progress = engine_now();
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->n_incoming == 0 && e->n_running == 0 && e->n_waiting == 0)
+            pthread_cond_wait(&e->wake, &e->mu);
+        if (e->stop) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        /* capacity for these was reserved at submit */
+        for (int i = 0; i < e->n_incoming; i++) e->waiting[e->n_waiting++] = e->incoming[i];
+        e->n_incoming = 0;
+        e->n_waiting_pub = e->n_waiting;
+        pthread_mutex_unlock(&e->mu);
+        run_step(e);
+        publish_stats(e);
+    }
+    /* shutdown: everything still here ends with abort */
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_incoming; i++) e->waiting[e->n_waiting++] = e->incoming[i];
+    e->n_incoming = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (e->n_running > 0) {
+        struct seq *s = e->running[e->n_running - 1];
+        e->n_running--;
+        seq_finish(e, s, FINISH_ABORT, true, NULL);
+    }
+    while (e->n_waiting > 0) seq_finish(e, e->waiting[--e->n_waiting], FINISH_ABORT, true, NULL);
+    publish_stats(e);
+    return NULL;
+}
+
+int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
+                  const struct engine_opts *o, struct engine **out, struct qerr *err)
+{
+    *out = NULL;
+    if (o->max_batch_tokens < 1 || o->max_seqs < 1 || o->max_queue < 1 || o->kv_block_size < 1)
+        return qerr_set(err, QERR_INVALID,
+                        "engine: max-batch-tokens %d, max-seqs %d, max-queue %d, kv-block %d "
+                        "must be positive",
+                        o->max_batch_tokens, o->max_seqs, o->max_queue, o->kv_block_size);
+    struct model_config cfg;
+    int rc = model_config_read(f, &cfg, err);
+    if (rc) return rc;
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return qerr_set(err, QERR_NOMEM, "engine: out of memory");
+    e->o = *o;
+    e->tok = tok;
+    e->be = be;
+    e->vocab = cfg.vocab;
+    e->ctx_len = o->ctx_len > 0 && o->ctx_len < cfg.ctx_len ? o->ctx_len : cfg.ctx_len;
+    int blocks = o->kv_blocks;
+    if (blocks <= 0) {
+        size_t per_block = model_kv_bytes_per_token(&cfg) * (size_t)o->kv_block_size;
+        size_t nb = o->kv_mem / per_block;
+        if (nb < 1) {
+            free(e);
+            return qerr_set(err, QERR_INVALID,
+                            "engine: kv-mem %zu bytes holds no %d-token block (%zu bytes)",
+                            o->kv_mem, o->kv_block_size, per_block);
+        }
+        blocks = nb > (1 << 24) ? 1 << 24 : (int)nb;
+    }
+    e->o.kv_blocks = blocks;
+    struct model_opts mo = {.max_batch_tokens = o->max_batch_tokens,
+                            .max_logits = o->max_seqs,
+                            .kv_blocks = blocks,
+                            .kv_block_size = o->kv_block_size};
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    size_t slots = (size_t)o->max_queue + (size_t)o->max_seqs;
+    e->incoming = calloc(slots, sizeof *e->incoming);
+    e->waiting = calloc(slots, sizeof *e->waiting);
+    e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
+    e->logits = malloc((size_t)o->max_seqs * (size_t)cfg.vocab * sizeof *e->logits);
+    e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
+    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->work) {
+        rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    if ((rc = sched_plan_init(&e->plan, o, err))) goto fail;
+    if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
+    if ((rc = model_load(f, be, &mo, &e->model, err))) goto fail;
+    e->local.kv_blocks_total = blocks;
+    e->stats = e->local;
+    e->last_progress = engine_now();
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        rc = qerr_set(err, QERR_IO, "engine: cannot start the engine thread");
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    model_free(e->model);
+    kv_pool_free(e->pool);
+    sched_plan_free(&e->plan);
+    free(e->incoming);
+    free(e->waiting);
+    free(e->running);
+    free(e->logits);
+    free(e->work);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+    return rc;
+}
+
+void engine_free(struct engine *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    model_free(e->model);
+    kv_pool_free(e->pool);
+    sched_plan_free(&e->plan);
+    free(e->incoming);
+    free(e->waiting);
+    free(e->running);
+    free(e->logits);
+    free(e->work);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
+static int seq_from_request(struct engine *e, const struct gen_request *r, struct seq **out,
+                            struct qerr *err)
+{
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s) return qerr_set(err, QERR_NOMEM, "out of memory");
+    int rc = sampler_init(&s->sampler, &r->sample, e->vocab, err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->cap_tokens = (int)r->n_prompt + r->max_tokens;
+    s->tokens = malloc((size_t)s->cap_tokens * sizeof *s->tokens);
+    if (!s->tokens) {
+        seq_free(s);
+        return qerr_set(err, QERR_NOMEM, "out of memory for %d tokens", s->cap_tokens);
+    }
+    memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt = (int)r->n_prompt;
+    for (size_t i = 0; i < r->n_prompt; i++) sampler_accept(&s->sampler, r->prompt[i]);
+    s->max_tokens = r->max_tokens;
+    s->ignore_eos = r->ignore_eos;
+    s->n_stop_ids = r->n_stop_ids;
+    memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
+    s->top_logprobs = r->top_logprobs;
+    detok_init(&s->detok);
+    for (int i = 0; i < r->n_stop_strings; i++) {
+        s->stop_strings[i] = strdup(r->stop_strings[i]);
+        if (!s->stop_strings[i]) {
+            seq_free(s);
+            return qerr_set(err, QERR_NOMEM, "out of memory");
+        }
+        s->n_stop_strings++;
+    }
+    s->t_submit = engine_now();
+    *out = s;
+    return 0;
+}
+
+static int check_request(const struct engine *e, const struct gen_request *r, struct qerr *err)
+{
+    if (r->n_prompt == 0) return qerr_set(err, QERR_INVALID, "prompt: must have at least 1 token");
+    if (r->max_tokens < 0)
+        return qerr_set(err, QERR_INVALID, "max_tokens: %d is negative", r->max_tokens);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab)
+            return qerr_set(err, QERR_INVALID, "prompt: token id %d is not in [0, %d)",
+                            r->prompt[i], e->vocab);
+    if (r->n_prompt + (size_t)r->max_tokens > (size_t)e->ctx_len)
+        return qerr_set(err, QERR_INVALID,
+                        "prompt (%zu tokens) + max_tokens (%d) = %zu exceeds the context length "
+                        "of %d tokens",
+                        r->n_prompt, r->max_tokens, r->n_prompt + (size_t)r->max_tokens,
+                        e->ctx_len);
+    size_t bs = (size_t)e->o.kv_block_size;
+    size_t need = (r->n_prompt + (size_t)r->max_tokens + bs - 1) / bs;
+    if (need > (size_t)e->o.kv_blocks)
+        return qerr_set(err, QERR_INVALID,
+                        "prompt (%zu tokens) + max_tokens (%d) needs %zu KV blocks; the pool has "
+                        "%d",
+                        r->n_prompt, r->max_tokens, need, e->o.kv_blocks);
+    if (r->n_stop_ids < 0 || r->n_stop_ids > ENGINE_MAX_STOPS || r->n_stop_strings < 0 ||
+        r->n_stop_strings > ENGINE_MAX_STOPS)
+        return qerr_set(err, QERR_INVALID, "stop: at most %d stop strings and %d stop ids",
+                        ENGINE_MAX_STOPS, ENGINE_MAX_STOPS);
+    for (int i = 0; i < r->n_stop_strings; i++)
+        if (!r->stop_strings[i] || !*r->stop_strings[i] || strlen(r->stop_strings[i]) > 200)
+            return qerr_set(err, QERR_INVALID, "stop: strings must have 1..200 bytes");
+    if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return qerr_set(err, QERR_INVALID, "top_logprobs: %d not in 0..%d", r->top_logprobs,
+                        ENGINE_MAX_TOP_LOGPROBS);
+    return sample_params_check(&r->sample, err);
+}
+
+int engine_submit(struct engine *e, const struct gen_request *r, struct request **out,
+                  struct qerr *err)
+{
+    *out = NULL;
+    int rc = check_request(e, r, err);
+    if (rc) return rc;
+    struct seq *s = NULL;
+    if ((rc = seq_from_request(e, r, &s, err))) return rc;
+    struct request *q = calloc(1, sizeof *q);
+    if (!q) {
+        seq_free(s);
+        return qerr_set(err, QERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->refs = 2;
+    q->e = e;
+    s->req = q;
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        rc = qerr_set(err, QERR_FULL, "the server is draining and accepts no new requests");
+    } else if (e->n_incoming + e->n_waiting_pub >= e->o.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        rc = qerr_set(err, QERR_FULL, "the queue is full (%d waiting requests)", e->o.max_queue);
+    } else {
+        e->incoming[e->n_incoming++] = s;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (rc) {
+        seq_free(s);
+        q->refs = 1;
+        request_unref(q);
+        return rc;
+    }
+    *out = q;
+    return 0;
+}
+
+void engine_get_stats(struct engine *e, struct engine_stats *s)
+{
+    pthread_mutex_lock(&e->mu);
+    *s = e->stats;
+    bool busy = e->n_incoming > 0 || e->stats.running > 0 || e->stats.waiting > 0;
+    s->waiting = e->stats.waiting + e->n_incoming;
+    s->last_step_age_s = busy ? engine_now() - e->last_progress : 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const struct model_config *engine_model_config(const struct engine *e)
+{
+    return model_get_config(e->model);
+}
+
+int engine_ctx_len(const struct engine *e)
+{
+    return e->ctx_len;
+}
+
+void engine_drain(struct engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->draining = true;
+    pthread_mutex_unlock(&e->mu);
+}

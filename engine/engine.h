@@ -1,0 +1,123 @@
+/* engine: the only door into model execution. Many requests share one model, one step at a
+ * time, on one engine thread that owns the scheduler, the KV block pool and the model; other
+ * threads (HTTP workers, the bench driver) only submit requests and read their events.
+ *
+ * A request's life: engine_submit copies the prompt and parameters and queues it (or refuses:
+ * queue full, prompt too long for the context or the pool). The engine thread admits it, prefills
+ * it in chunks under the step's token budget, then decodes one token per step, pushing one
+ * event per token (with the text it completes) into the request's channel, and a final event
+ * with the finish reason and usage. request_abort may be called at any time from any thread;
+ * the request's KV blocks are free by the end of the next step. */
+#ifndef QUERN_ENGINE_H
+#define QUERN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sample.h"
+#include "tokenizer.h"
+
+struct engine_opts {
+    int max_batch_tokens; /* tokens per step, decodes first (default 2048) */
+    int max_seqs;         /* sequences running at once (default 64) */
+    int max_queue;        /* waiting requests before submit says QERR_FULL (default 256) */
+    int kv_block_size;    /* tokens per KV block (default 16) */
+    int kv_blocks;        /* KV blocks in the pool; 0: derive from kv_mem */
+    size_t kv_mem;        /* bytes for the KV pool when kv_blocks is 0 (default 256 MiB) */
+    int ctx_len;          /* max prompt + output tokens per request; 0: the model's */
+    bool prefix_cache;    /* reuse cached full blocks of identical prefixes (default on) */
+};
+
+void engine_opts_default(struct engine_opts *o);
+
+enum finish_reason {
+    FINISH_NONE = 0, /* still running */
+    FINISH_STOP,     /* EOS, a stop token id or a stop string */
+    FINISH_LENGTH,   /* max_tokens or the context length */
+    FINISH_ABORT,    /* request_abort, a disconnect, or engine shutdown */
+    FINISH_ERROR,    /* the engine failed this request (message in the event) */
+};
+
+const char *finish_reason_name(enum finish_reason r); /* "stop", "length", "abort", "error" */
+
+#define ENGINE_MAX_STOPS        8
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+struct gen_request {
+    const int32_t *prompt; /* copied by engine_submit */
+    size_t n_prompt;
+    struct sample_params sample;
+    int max_tokens;  /* >= 0; 0 generates nothing (prompt-only: echo/logprobs of the prompt) */
+    bool ignore_eos; /* do not stop on end-of-generation tokens */
+    int n_stop_ids;
+    int32_t stop_ids[ENGINE_MAX_STOPS];
+    int n_stop_strings;
+    const char *stop_strings[ENGINE_MAX_STOPS]; /* copied; matched on the detokenized text */
+    int top_logprobs; /* -1: no logprobs; 0: the chosen token's; N: and the top N */
+};
+
+struct token_logprob {
+    int32_t token;
+    float logprob;
+};
+
+struct req_event {
+    bool done;     /* false: a token event; true: the final event */
+    int32_t token; /* token events: the sampled token */
+    /* Text this event completes: the token's piece, less any bytes held back because they
+     * may begin a stop string or an incomplete UTF-8 sequence. May be empty. NUL-terminated. */
+    char text[256];
+    int text_len;
+    float logprob;
+    int n_top;
+    struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+    /* final event only */
+    enum finish_reason finish;
+    int prompt_tokens, completion_tokens, cached_tokens;
+    double ttft_ms, total_ms, queue_ms;
+    char error[256];
+};
+
+struct engine_stats {
+    int running, waiting;
+    int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
+    uint64_t prefix_lookups, prefix_hit_tokens;
+    uint64_t preemptions;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t steps;
+    uint64_t finished[5];   /* indexed by enum finish_reason */
+    double last_step_age_s; /* seconds since the engine last finished a step while it had work */
+};
+
+struct engine;
+struct request;
+
+/* The engine borrows f, tok and be (they must outlive it) and owns the model it loads. */
+int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
+                  const struct engine_opts *o, struct engine **out, struct qerr *err);
+/* Aborts everything still running or waiting (finish reason abort), joins the engine thread,
+ * frees the model. Requests not yet released stay valid until request_release. */
+void engine_free(struct engine *e);
+
+/* Queues a request. QERR_FULL when the waiting queue is full; QERR_INVALID when the prompt is
+ * empty or prompt + max_tokens exceed the context, or it could never fit the KV pool (the
+ * message has both counts). *out is the caller's reference: release it with request_release. */
+int engine_submit(struct engine *e, const struct gen_request *r, struct request **out,
+                  struct qerr *err);
+
+/* Waits up to timeout_ms (-1: forever) for the next event: returns 0 with *ev filled, or 1 on
+ * timeout. After the final event, further calls return the final event again. */
+int request_next(struct request *r, struct req_event *ev, int timeout_ms);
+void request_abort(struct request *r);
+void request_release(struct request *r);
+
+void engine_get_stats(struct engine *e, struct engine_stats *s);
+const struct model_config *engine_model_config(const struct engine *e);
+int engine_ctx_len(const struct engine *e);
+
+/* Stops admitting new requests (engine_submit returns QERR_FULL with "draining"). */
+void engine_drain(struct engine *e);
+
+#endif

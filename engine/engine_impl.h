@@ -1,0 +1,107 @@
+/* engine_impl: the state the engine's files share (engine.c: thread, submit, outputs;
+ * sched.c: building each step's batch). Not part of the engine's contract. */
+#ifndef QUERN_ENGINE_IMPL_H
+#define QUERN_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine.h"
+#include "kv_cache.h"
+
+/* The channel between the engine thread and whoever holds the request. */
+struct request {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs; /* the client's and the engine's; guarded by mu */
+    atomic_bool abort;
+    struct req_event *events; /* guarded by mu */
+    int n_events, cap_events, read;
+    bool finished;
+    struct engine *e;
+};
+
+struct seq {
+    struct request *req;
+    uint64_t order;  /* admission order: the newest running sequence is preempted first */
+    int32_t *tokens; /* prompt then generated; the last one may not be computed yet */
+    int n_tokens, cap_tokens, n_prompt;
+    int n_computed; /* tokens whose K/V are in the cache */
+    int *blocks;
+    int n_blocks, cap_blocks;
+    int n_keyed;       /* leading full blocks registered in (or found in) the prefix cache */
+    uint64_t last_key; /* key of block n_keyed - 1, 0 when none */
+    int max_tokens, n_generated, cached_tokens;
+    bool ignore_eos;
+    int n_stop_ids;
+    int32_t stop_ids[ENGINE_MAX_STOPS];
+    int n_stop_strings;
+    char *stop_strings[ENGINE_MAX_STOPS];
+    int top_logprobs;
+    struct sampler sampler;
+    struct detok detok;
+    char *hold; /* text held back because it may begin a stop string */
+    int n_hold, cap_hold;
+    double t_submit, t_admit, t_first;
+};
+
+/* One step's plan: which tokens of which sequences run, and where their K/V go. */
+struct step_plan {
+    int n_tokens;
+    int32_t *tokens, *pos, *seq_idx, *slot; /* [max_batch_tokens] */
+    int n_seqs;
+    struct seq **seqs;  /* [max_seqs] sequences in this step */
+    int *chunk;         /* [max_seqs] tokens each runs */
+    bool *wants_logits; /* [max_seqs] chunk ends at the sequence's last token */
+    int32_t *logit_idx; /* [max_seqs] */
+    int n_logits;
+    int32_t *table; /* [max_seqs][max_blocks] */
+    int table_cap, max_blocks;
+};
+
+struct engine {
+    struct engine_opts o;
+    const struct tokenizer *tok;
+    struct backend *be;
+    struct model *model;
+    struct kv_pool *pool;
+    int vocab, ctx_len;
+
+    pthread_t thread;
+    pthread_mutex_t mu; /* guards incoming, n_incoming, stop, draining, stats */
+    pthread_cond_t wake;
+    struct seq **incoming;
+    int n_incoming, cap_incoming;
+    bool stop, draining;
+    struct engine_stats stats;
+    int n_waiting_pub;    /* n_waiting as last seen under mu; bounds the queue at submit */
+    double last_progress; /* time of the last finished step (or of going idle) */
+
+    /* engine thread only */
+    struct seq **waiting; /* FIFO; preempted sequences go back to the front */
+    int n_waiting, cap_waiting;
+    struct seq **running; /* admission order */
+    int n_running;
+    uint64_t next_order;
+    struct engine_stats local; /* counters, published into stats under mu after each step */
+    struct step_plan plan;
+    float *logits; /* [max_seqs][vocab] */
+    float *work;   /* [vocab] */
+};
+
+double engine_now(void);
+
+/* sched.c */
+int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);
+void sched_plan_free(struct step_plan *p);
+/* Fills e->plan for the next step: decodes first, then prefill chunks, then admissions, under
+ * the token budget; preempts the newest running sequences when blocks run out. Returns the
+ * number of tokens planned (0: nothing can run). */
+int sched_step_plan(struct engine *e);
+/* Releases a sequence's blocks back to the pool (cached prefix blocks stay findable). */
+void sched_release_blocks(struct engine *e, struct seq *s);
+/* After the forward: marks the planned tokens computed and registers newly full blocks in the
+ * prefix cache. */
+void sched_commit(struct engine *e);
+
+#endif

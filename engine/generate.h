@@ -1,0 +1,33 @@
+/* generate: runs one sequence alone through the model (chunked prefill, then one token per
+ * step), for the CLI and for tests that need the one-at-a-time result. It uses KV blocks
+ * 0..k-1 of the model's storage as a contiguous block table. */
+#ifndef QUERN_GENERATE_H
+#define QUERN_GENERATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sample.h"
+
+struct gen_opts {
+    int n_predict;     /* tokens to generate */
+    int prefill_chunk; /* prompt tokens per forward; <= the model's max_batch_tokens */
+    struct sample_params sample;
+};
+
+/* Called for every generated token with the logits it was sampled from (before sampling
+ * changed them); return true to stop early. */
+typedef bool (*gen_token_fn)(void *ctx, int32_t token, const float *logits);
+
+/* QERR_FULL when prompt + n_predict exceeds the context length or the KV storage. */
+int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const struct gen_opts *o,
+                 gen_token_fn on_token, void *ctx, struct qerr *err);
+
+/* Logits after every token of seq (n x vocab, malloc'd into *out), computed in prefill chunks:
+ * what a reference framework's single forward over the whole sequence returns. */
+int generate_all_logits(struct model *m, const int32_t *seq, size_t n, int chunk, float **out,
+                        struct qerr *err);
+
+#endif

@@ -1,0 +1,552 @@
+/* GGUF v3 reader. Design: one pass over the header with a cursor that refuses to step past the
+ * end of the mapping; every length or count read from the file is checked against the bytes left
+ * before it is used to size anything. After the pass, tensor infos are checked against the data
+ * section (offset + size within the file, aligned), so no later access can leave the mapping. */
+#include "gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct gguf_file {
+    char *path;
+    const uint8_t *map;
+    uint64_t size;
+    uint32_t version;
+    uint64_t n_kv;
+    struct gguf_kv *kv;
+    uint64_t n_tensors;
+    struct gguf_tensor *tensors;
+    uint64_t alignment;
+    uint64_t data_offset;
+};
+
+struct cursor {
+    const struct gguf_file *f;
+    uint64_t pos;
+    struct qerr *err;
+};
+
+static int fail(struct cursor *c, const char *what)
+{
+    return qerr_set(c->err, QERR_FORMAT, "%s: corrupt GGUF: %s (at byte %llu of %llu)", c->f->path,
+                    what, (unsigned long long)c->pos, (unsigned long long)c->f->size);
+}
+
+static int need(struct cursor *c, uint64_t n, const char *what)
+{
+    if (n > c->f->size - c->pos) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s: needs %llu bytes, file is truncated", what,
+                 (unsigned long long)n);
+        return fail(c, buf);
+    }
+    return 0;
+}
+
+static int read_bytes(struct cursor *c, void *dst, uint64_t n, const char *what)
+{
+    int rc = need(c, n, what);
+    if (rc) return rc;
+    memcpy(dst, c->f->map + c->pos, n);
+    c->pos += n;
+    return 0;
+}
+
+static int read_u32(struct cursor *c, uint32_t *v, const char *what)
+{
+    return read_bytes(c, v, 4, what);
+}
+
+static int read_u64(struct cursor *c, uint64_t *v, const char *what)
+{
+    return read_bytes(c, v, 8, what);
+}
+
+static int read_str(struct cursor *c, struct gguf_str *s, const char *what)
+{
+    int rc = read_u64(c, &s->len, what);
+    if (rc) return rc;
+    if ((rc = need(c, s->len, what))) return rc;
+    s->ptr = (const char *)c->f->map + c->pos;
+    c->pos += s->len;
+    return 0;
+}
+
+static uint64_t vtype_size(uint32_t t)
+{
+    switch (t) {
+    case GGUF_U8:
+    case GGUF_I8:
+    case GGUF_BOOL:
+        return 1;
+    case GGUF_U16:
+    case GGUF_I16:
+        return 2;
+    case GGUF_U32:
+    case GGUF_I32:
+    case GGUF_F32:
+        return 4;
+    case GGUF_U64:
+    case GGUF_I64:
+    case GGUF_F64:
+        return 8;
+    }
+    return 0; /* string, array, or unknown */
+}
+
+const char *gguf_vtype_name(enum gguf_vtype t)
+{
+    static const char *names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                  "bool", "string", "array", "u64", "i64", "f64"};
+    return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "unknown";
+}
+
+bool gguf_str_eq(struct gguf_str s, const char *c)
+{
+    size_t n = strlen(c);
+    return s.len == n && memcmp(s.ptr, c, n) == 0;
+}
+
+static int read_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
+{
+    char what[128];
+    snprintf(what, sizeof what, "key of metadata entry %llu", (unsigned long long)idx);
+    int rc = read_str(c, &kv->key, what);
+    if (rc) return rc;
+    /* from here on, errors name the key itself */
+    snprintf(what, sizeof what, "metadata '%.*s'", (int)(kv->key.len > 80 ? 80 : kv->key.len),
+             kv->key.ptr);
+    uint32_t t;
+    if ((rc = read_u32(c, &t, what))) return rc;
+    kv->type = (enum gguf_vtype)t;
+    if (t == GGUF_STRING) return read_str(c, &kv->str, what);
+    if (t == GGUF_ARRAY) {
+        uint32_t at;
+        if ((rc = read_u32(c, &at, what))) return rc;
+        if ((rc = read_u64(c, &kv->arr_len, what))) return rc;
+        kv->arr_type = (enum gguf_vtype)at;
+        if (at == GGUF_STRING) {
+            /* each string needs at least its 8-byte length: bound the count before allocating */
+            if (kv->arr_len > (c->f->size - c->pos) / 8) {
+                char b[512];
+                snprintf(b, sizeof b,
+                         "%s: string array count %llu exceeds the file: truncated or corrupt", what,
+                         (unsigned long long)kv->arr_len);
+                return fail(c, b);
+            }
+            kv->strs = calloc(kv->arr_len ? kv->arr_len : 1, sizeof *kv->strs);
+            if (!kv->strs) return qerr_set(c->err, QERR_NOMEM, "%s: out of memory", what);
+            for (uint64_t i = 0; i < kv->arr_len; i++)
+                if ((rc = read_str(c, &kv->strs[i], what))) return rc;
+            return 0;
+        }
+        uint64_t es = vtype_size(at);
+        if (!es) {
+            char b[512];
+            snprintf(b, sizeof b, "%s: unsupported array element type %u", what, at);
+            return fail(c, b);
+        }
+        if (kv->arr_len > (c->f->size - c->pos) / es) {
+            char b[512];
+            snprintf(b, sizeof b,
+                     "%s: array of %llu elements exceeds the file: truncated or corrupt", what,
+                     (unsigned long long)kv->arr_len);
+            return fail(c, b);
+        }
+        kv->value = c->f->map + c->pos;
+        c->pos += kv->arr_len * es;
+        return 0;
+    }
+    uint64_t sz = vtype_size(t);
+    if (!sz) {
+        char b[512];
+        snprintf(b, sizeof b, "%s: unknown value type %u", what, t);
+        return fail(c, b);
+    }
+    if ((rc = need(c, sz, what))) return rc;
+    kv->value = c->f->map + c->pos;
+    c->pos += sz;
+    return 0;
+}
+
+static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t idx, uint64_t *offset)
+{
+    char what[160];
+    snprintf(what, sizeof what, "name of tensor %llu", (unsigned long long)idx);
+    int rc = read_str(c, &t->name, what);
+    if (rc) return rc;
+    snprintf(what, sizeof what, "tensor '%.*s'", (int)(t->name.len > 80 ? 80 : t->name.len),
+             t->name.ptr);
+    if ((rc = read_u32(c, &t->n_dims, what))) return rc;
+    if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS) {
+        char b[512];
+        snprintf(b, sizeof b, "%s: n_dims %u not in 1..%d", what, t->n_dims, GGUF_MAX_DIMS);
+        return fail(c, b);
+    }
+    t->n_elems = 1;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        if ((rc = read_u64(c, &t->ne[d], what))) return rc;
+        if (t->ne[d] == 0 || t->ne[d] > ((uint64_t)1 << 40) ||
+            t->n_elems > ((uint64_t)1 << 50) / t->ne[d]) {
+            char b[512];
+            snprintf(b, sizeof b, "%s: dimension %u is %llu", what, d,
+                     (unsigned long long)t->ne[d]);
+            return fail(c, b);
+        }
+        t->n_elems *= t->ne[d];
+    }
+    uint32_t type;
+    if ((rc = read_u32(c, &type, what))) return rc;
+    if ((rc = read_u64(c, offset, what))) return rc;
+    if (!qtype_supported(type))
+        return qerr_set(c->err, QERR_UNSUPPORTED,
+                        "%s: %s has unsupported tensor type %u (quern reads F32, F16, BF16, "
+                        "Q8_0, Q4_0, Q4_1)",
+                        c->f->path, what, type);
+    t->type = (enum qtype)type;
+    if (t->ne[0] % qtype_block_elems(t->type)) {
+        char b[512];
+        snprintf(b, sizeof b, "%s: row length %llu is not a multiple of the %s block (%zu)", what,
+                 (unsigned long long)t->ne[0], qtype_name(type), qtype_block_elems(t->type));
+        return fail(c, b);
+    }
+    t->nbytes = t->n_elems / qtype_block_elems(t->type) * qtype_block_bytes(t->type);
+    return 0;
+}
+
+static int parse(struct gguf_file *f, struct qerr *err)
+{
+    struct cursor c = {.f = f, .pos = 0, .err = err};
+    char magic[4];
+    int rc = read_bytes(&c, magic, 4, "magic");
+    if (rc) return rc;
+    if (memcmp(magic, "GGUF", 4) != 0)
+        return qerr_set(err, QERR_FORMAT, "%s: not a GGUF file (bad magic)", f->path);
+    if ((rc = read_u32(&c, &f->version, "version"))) return rc;
+    if (f->version != 2 && f->version != 3)
+        return qerr_set(err, QERR_UNSUPPORTED, "%s: GGUF version %u (quern reads 2 and 3)", f->path,
+                        f->version);
+    if ((rc = read_u64(&c, &f->n_tensors, "tensor count"))) return rc;
+    if ((rc = read_u64(&c, &f->n_kv, "metadata count"))) return rc;
+    /* a key/value needs >= 12 bytes and a tensor info >= 24: bound counts before allocating */
+    if (f->n_kv > (f->size - c.pos) / 12)
+        return fail(&c, "metadata count exceeds the file: truncated or corrupt");
+    if (f->n_tensors > (f->size - c.pos) / 24)
+        return fail(&c, "tensor count exceeds the file: truncated or corrupt");
+
+    f->kv = calloc(f->n_kv ? f->n_kv : 1, sizeof *f->kv);
+    f->tensors = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *f->tensors);
+    if (!f->kv || !f->tensors) return qerr_set(err, QERR_NOMEM, "%s: out of memory", f->path);
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        if ((rc = read_kv(&c, &f->kv[i], i))) return rc;
+
+    f->alignment = 32;
+    const struct gguf_kv *al = gguf_kv_find(f, "general.alignment");
+    if (al) {
+        uint32_t a;
+        if (al->type != GGUF_U32)
+            return qerr_set(err, QERR_FORMAT, "%s: general.alignment has type %s, want u32",
+                            f->path, gguf_vtype_name(al->type));
+        memcpy(&a, al->value, 4);
+        if (a == 0 || (a & (a - 1)))
+            return qerr_set(err, QERR_FORMAT, "%s: general.alignment %u is not a power of two",
+                            f->path, a);
+        f->alignment = a;
+    }
+
+    uint64_t *offsets = calloc(f->n_tensors ? f->n_tensors : 1, sizeof *offsets);
+    if (!offsets) return qerr_set(err, QERR_NOMEM, "%s: out of memory", f->path);
+    for (uint64_t i = 0; i < f->n_tensors && !rc; i++)
+        rc = read_tensor_info(&c, &f->tensors[i], i, &offsets[i]);
+    if (!rc) {
+        f->data_offset = (c.pos + f->alignment - 1) / f->alignment * f->alignment;
+        if (f->data_offset > f->size && f->n_tensors)
+            rc = fail(&c, "data section starts past the end of the file");
+    }
+    for (uint64_t i = 0; i < f->n_tensors && !rc; i++) {
+        struct gguf_tensor *t = &f->tensors[i];
+        int nl = (int)(t->name.len > 80 ? 80 : t->name.len);
+        if (offsets[i] % f->alignment)
+            rc = qerr_set(err, QERR_FORMAT, "%s: tensor '%.*s': offset %llu is not aligned to %llu",
+                          f->path, nl, t->name.ptr, (unsigned long long)offsets[i],
+                          (unsigned long long)f->alignment);
+        else if (offsets[i] > f->size - f->data_offset ||
+                 t->nbytes > f->size - f->data_offset - offsets[i])
+            rc = qerr_set(err, QERR_FORMAT,
+                          "%s: tensor '%.*s': data [%llu, +%llu) runs past the end of the file "
+                          "(%llu bytes): truncated?",
+                          f->path, nl, t->name.ptr,
+                          (unsigned long long)(f->data_offset + offsets[i]),
+                          (unsigned long long)t->nbytes, (unsigned long long)f->size);
+        else
+            t->data = f->map + f->data_offset + offsets[i];
+    }
+    free(offsets);
+    return rc;
+}
+
+int gguf_open(const char *path, struct gguf_file **out, struct qerr *err)
+{
+    *out = NULL;
+    struct gguf_file *f = calloc(1, sizeof *f);
+    if (!f) return qerr_set(err, QERR_NOMEM, "%s: out of memory", path);
+    f->path = strdup(path);
+    if (!f->path) {
+        free(f);
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory", path);
+    }
+    int rc = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) {
+        rc = qerr_set(err, QERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto done;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = qerr_set(err, QERR_IO, "%s: not a regular file", path);
+        goto done;
+    }
+    f->size = (uint64_t)st.st_size;
+    if (f->size < 24) {
+        rc = qerr_set(err, QERR_FORMAT, "%s: %llu bytes is too small for a GGUF header", path,
+                      (unsigned long long)f->size);
+        goto done;
+    }
+    void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+        rc = qerr_set(err, QERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        goto done;
+    }
+    f->map = m;
+    rc = parse(f, err);
+done:
+    if (fd >= 0) close(fd);
+    if (rc) {
+        gguf_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+void gguf_close(struct gguf_file *f)
+{
+    if (!f) return;
+    if (f->kv)
+        for (uint64_t i = 0; i < f->n_kv; i++) free(f->kv[i].strs);
+    free(f->kv);
+    free(f->tensors);
+    if (f->map) munmap((void *)f->map, f->size);
+    free(f->path);
+    free(f);
+}
+
+const char *gguf_path(const struct gguf_file *f)
+{
+    return f->path;
+}
+uint32_t gguf_version(const struct gguf_file *f)
+{
+    return f->version;
+}
+uint64_t gguf_file_size(const struct gguf_file *f)
+{
+    return f->size;
+}
+uint64_t gguf_kv_count(const struct gguf_file *f)
+{
+    return f->n_kv;
+}
+const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i)
+{
+    return i < f->n_kv ? &f->kv[i] : NULL;
+}
+uint64_t gguf_tensor_count(const struct gguf_file *f)
+{
+    return f->n_tensors;
+}
+const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, uint64_t i)
+{
+    return i < f->n_tensors ? &f->tensors[i] : NULL;
+}
+
+const struct gguf_kv *gguf_kv_find(const struct gguf_file *f, const char *key)
+{
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        if (gguf_str_eq(f->kv[i].key, key)) return &f->kv[i];
+    return NULL;
+}
+
+const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char *name)
+{
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        if (gguf_str_eq(f->tensors[i].name, name)) return &f->tensors[i];
+    return NULL;
+}
+
+static int lookup(const struct gguf_file *f, const char *key, const struct gguf_kv **kv,
+                  struct qerr *err)
+{
+    *kv = gguf_kv_find(f, key);
+    if (!*kv) return qerr_set(err, QERR_NOTFOUND, "%s: missing metadata key '%s'", f->path, key);
+    return 0;
+}
+
+static int wrong_type(const struct gguf_file *f, const char *key, const struct gguf_kv *kv,
+                      const char *want, struct qerr *err)
+{
+    return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' has type %s, want %s", f->path, key,
+                    gguf_vtype_name(kv->type), want);
+}
+
+/* Reads any integer-typed value as a sign and a magnitude, so no type's range is lost. */
+static bool int_value(const struct gguf_kv *kv, bool *neg, uint64_t *mag)
+{
+    const void *p = kv->value;
+    int64_t s = 0;
+    uint64_t u = 0;
+    bool is_signed = true;
+    switch (kv->type) {
+    case GGUF_U8:
+        u = *(const uint8_t *)p, is_signed = false;
+        break;
+    case GGUF_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        u = v;
+        is_signed = false;
+        break;
+    }
+    case GGUF_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        u = v;
+        is_signed = false;
+        break;
+    }
+    case GGUF_U64:
+        memcpy(&u, p, 8), is_signed = false;
+        break;
+    case GGUF_I8:
+        s = *(const int8_t *)p;
+        break;
+    case GGUF_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        s = v;
+        break;
+    }
+    case GGUF_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        s = v;
+        break;
+    }
+    case GGUF_I64:
+        memcpy(&s, p, 8);
+        break;
+    default:
+        return false;
+    }
+    if (is_signed) {
+        *neg = s < 0;
+        *mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
+    } else {
+        *neg = false;
+        *mag = u;
+    }
+    return true;
+}
+
+int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    bool neg;
+    uint64_t mag;
+    if (!int_value(kv, &neg, &mag)) return wrong_type(f, key, kv, "an integer", err);
+    if (neg || mag > UINT32_MAX)
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %s%llu does not fit u32", f->path,
+                        key, neg ? "-" : "", (unsigned long long)mag);
+    *out = (uint32_t)mag;
+    return 0;
+}
+
+int gguf_get_i32(const struct gguf_file *f, const char *key, int32_t *out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    bool neg;
+    uint64_t mag;
+    if (!int_value(kv, &neg, &mag)) return wrong_type(f, key, kv, "an integer", err);
+    if (mag > (neg ? (uint64_t)INT32_MAX + 1 : (uint64_t)INT32_MAX))
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' does not fit i32", f->path, key);
+    *out = neg ? (int32_t)(0 - (int64_t)mag) : (int32_t)mag;
+    return 0;
+}
+
+int gguf_get_f32(const struct gguf_file *f, const char *key, float *out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    if (kv->type == GGUF_F32) {
+        memcpy(out, kv->value, 4);
+        return 0;
+    }
+    if (kv->type == GGUF_F64) {
+        double d;
+        memcpy(&d, kv->value, 8);
+        *out = (float)d;
+        return 0;
+    }
+    bool neg;
+    uint64_t mag;
+    if (!int_value(kv, &neg, &mag)) return wrong_type(f, key, kv, "a number", err);
+    *out = neg ? -(float)mag : (float)mag;
+    return 0;
+}
+
+int gguf_get_bool(const struct gguf_file *f, const char *key, bool *out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    if (kv->type != GGUF_BOOL) return wrong_type(f, key, kv, "bool", err);
+    *out = *(const uint8_t *)kv->value != 0;
+    return 0;
+}
+
+int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    if (kv->type != GGUF_STRING) return wrong_type(f, key, kv, "string", err);
+    *out = kv->str;
+    return 0;
+}
+
+int gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_vtype want,
+                 const struct gguf_kv **out, struct qerr *err)
+{
+    const struct gguf_kv *kv;
+    int rc = lookup(f, key, &kv, err);
+    if (rc) return rc;
+    if (kv->type != GGUF_ARRAY || kv->arr_type != want)
+        return qerr_set(
+            err, QERR_FORMAT, "%s: metadata '%s' has type %s%s%s, want array of %s", f->path, key,
+            gguf_vtype_name(kv->type), kv->type == GGUF_ARRAY ? " of " : "",
+            kv->type == GGUF_ARRAY ? gguf_vtype_name(kv->arr_type) : "", gguf_vtype_name(want));
+    *out = kv;
+    return 0;
+}

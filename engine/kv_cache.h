@@ -1,0 +1,50 @@
+/* kv_cache: the paged KV block pool and its prefix cache (bookkeeping only: the K/V bytes live in
+ * the model's storage, indexed by the block ids handed out here).
+ *
+ * Every block has a reference count: the number of sequence block tables holding it. Blocks at
+ * zero sit in one free queue kept in eviction order (least recently freed first), the way vLLM's
+ * block pool does it: a freed block that holds a cached prefix stays findable until it is
+ * reallocated, so a later request with the same prefix can take it back for free.
+ *
+ * A full block's cache key chains its parent's: key = xxh64(tokens of the block, seed = parent's
+ * key), so one key names the whole prefix up to the block's end. Lookups verify the stored tokens
+ * and parent key, so a hash collision can never hand out the wrong K/V. */
+#ifndef QUERN_KV_CACHE_H
+#define QUERN_KV_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../quant/qerr.h"
+
+struct kv_pool;
+
+int kv_pool_create(int n_blocks, int block_size, struct kv_pool **out, struct qerr *err);
+void kv_pool_free(struct kv_pool *p);
+
+int kv_pool_blocks(const struct kv_pool *p);
+int kv_pool_block_size(const struct kv_pool *p);
+int kv_pool_free_count(const struct kv_pool *p); /* blocks with ref 0 (cached or not) */
+int kv_pool_used(const struct kv_pool *p);       /* blocks with ref > 0 */
+int kv_block_ref(const struct kv_pool *p, int block);
+
+/* A block with ref 1, taken from the head of the free queue (evicting its cached key, if any);
+ * -1 when every block is referenced. */
+int kv_block_alloc(struct kv_pool *p);
+void kv_block_retain(struct kv_pool *p, int block);
+/* Drops one reference; at zero the block joins the tail of the free queue. */
+void kv_block_release(struct kv_pool *p, int block);
+
+/* The key of a full block of tokens whose prefix before it has key parent (0 for the first). */
+uint64_t kv_block_key(uint64_t parent, const int32_t *tokens, int block_size);
+/* The cached block holding exactly these tokens after parent, retained (ref + 1), or -1. */
+int kv_prefix_lookup(struct kv_pool *p, uint64_t parent, const int32_t *tokens);
+/* Records that block (full, computed, referenced) holds tokens after parent. A key already cached
+ * by another block is left alone. Returns the block's key. */
+uint64_t kv_prefix_insert(struct kv_pool *p, int block, uint64_t parent, const int32_t *tokens);
+
+/* Checks the pool's internal invariants (free-queue links, counts, hash index): 0 or a message
+ * in err. For tests. */
+int kv_pool_check(const struct kv_pool *p, struct qerr *err);
+
+#endif

@@ -1,0 +1,402 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct layer {
+    const float *attn_norm, *ffn_norm; /* device copies, [dim] */
+    struct bweight wq, wk, wv, wo, w_gate, w_up, w_down;
+    float *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] */
+};
+
+/* Activation arena: sized once for max_batch_tokens so a forward allocates nothing. */
+struct acts {
+    float *x, *xn, *q, *k, *v, *att, *gate, *up, *sel, *logits; /* device */
+    int32_t *tokens, *pos, *seq, *slot, *table, *logit_idx;     /* device */
+    int table_cap;
+};
+
+struct model {
+    struct model_config cfg;
+    struct model_opts opts;
+    struct backend *be;
+    struct bweight tok_embd, output;
+    float *output_norm;
+    struct layer *layers;
+    struct acts a;
+};
+
+static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *suffix, int *out,
+                       struct qerr *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    int rc = gguf_get_u32(f, key, &v, err);
+    if (rc) return rc;
+    if (v == 0 || v > (1u << 24))
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %u is out of range", gguf_path(f),
+                        key, v);
+    *out = (int)v;
+    return 0;
+}
+
+int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    struct gguf_str arch;
+    int rc = gguf_get_str(f, "general.architecture", &arch, err);
+    if (rc) return rc;
+    /* Llama-family files all use this layout; others (gpt2, phi, qwen2 with biases) do not */
+    static const char *const supported[] = {"llama", "mistral"};
+    bool ok = false;
+    for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
+        ok |= gguf_str_eq(arch, supported[i]);
+    if (!ok || arch.len >= sizeof cfg->arch)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: unsupported architecture '%.*s' (quern runs llama, mistral)",
+                        gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
+    memcpy(cfg->arch, arch.ptr, arch.len);
+    const char *a = cfg->arch;
+    if ((rc = get_u32_pos(f, a, "block_count", &cfg->n_layers, err)) ||
+        (rc = get_u32_pos(f, a, "embedding_length", &cfg->dim, err)) ||
+        (rc = get_u32_pos(f, a, "feed_forward_length", &cfg->ffn_dim, err)) ||
+        (rc = get_u32_pos(f, a, "attention.head_count", &cfg->n_heads, err)) ||
+        (rc = get_u32_pos(f, a, "context_length", &cfg->ctx_len, err)))
+        return rc;
+    char key[128];
+    cfg->n_kv_heads = cfg->n_heads;
+    rc = get_u32_pos(f, a, "attention.head_count_kv", &cfg->n_kv_heads, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    if ((rc = gguf_get_f32(f, key, &cfg->eps, err))) return rc;
+    cfg->rope_base = 10000.0f;
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    rc = gguf_get_f32(f, key, &cfg->rope_base, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if (cfg->dim % cfg->n_heads || cfg->n_heads % cfg->n_kv_heads)
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: embedding_length %d, head_count %d, head_count_kv %d do not divide",
+                        gguf_path(f), cfg->dim, cfg->n_heads, cfg->n_kv_heads);
+    cfg->head_dim = cfg->dim / cfg->n_heads;
+    if (cfg->head_dim > 512 || cfg->head_dim % 2)
+        return qerr_set(err, QERR_UNSUPPORTED, "%s: head dimension %d (quern handles even <= 512)",
+                        gguf_path(f), cfg->head_dim);
+    cfg->rot_dim = cfg->head_dim;
+    rc = get_u32_pos(f, a, "rope.dimension_count", &cfg->rot_dim, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if (cfg->rot_dim > cfg->head_dim || cfg->rot_dim % 2)
+        return qerr_set(err, QERR_FORMAT, "%s: rope.dimension_count %d vs head dimension %d",
+                        gguf_path(f), cfg->rot_dim, cfg->head_dim);
+    const struct gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
+    if (!emb)
+        return qerr_set(err, QERR_FORMAT, "%s: missing tensor token_embd.weight", gguf_path(f));
+    cfg->vocab = (int)emb->ne[1];
+    cfg->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
+    if (cfg->eps <= 0 || !(cfg->rope_base > 0))
+        return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
+                        gguf_path(f), cfg->eps, cfg->rope_base);
+    return 0;
+}
+
+size_t model_kv_bytes_per_token(const struct model_config *cfg)
+{
+    return (size_t)cfg->n_layers * 2 * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim *
+           sizeof(float);
+}
+
+/* Finds a tensor and checks its shape is [ne0, ne1] (ne1 = 1 for vectors). */
+static int find_tensor(const struct gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                       const struct gguf_tensor **out, struct qerr *err)
+{
+    const struct gguf_tensor *t = gguf_tensor_find(f, name);
+    if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
+    if ((int64_t)t->ne[0] != ne0 || (int64_t)t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: tensor %s has shape [%llu, %llu, %llu, %llu], want [%lld, %lld]",
+                        gguf_path(f), name, (unsigned long long)t->ne[0],
+                        (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                        (unsigned long long)t->ne[3], (long long)ne0, (long long)ne1);
+    *out = t;
+    return 0;
+}
+
+static int load_weight(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
+                       int64_t rows, struct bweight *w, struct qerr *err)
+{
+    const struct gguf_tensor *t = NULL;
+    int rc = find_tensor(f, name, cols, rows, &t, err);
+    if (rc) return rc;
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->host = t->data;
+    return m->be->ops->weight_prepare(m->be, w, err);
+}
+
+static int load_vector(struct model *m, const struct gguf_file *f, const char *name, int64_t n,
+                       const float **out, struct qerr *err)
+{
+    const struct gguf_tensor *t = NULL;
+    int rc = find_tensor(f, name, n, 1, &t, err);
+    if (rc) return rc;
+    float *host = malloc((size_t)n * sizeof *host);
+    float *dev = m->be->ops->buf_alloc(m->be, (size_t)n * sizeof *dev);
+    if (!host || !dev) {
+        free(host);
+        if (dev) m->be->ops->buf_free(m->be, dev);
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
+    }
+    qtype_dequantize_row(t->type, t->data, host, (size_t)n);
+    m->be->ops->buf_write(m->be, dev, host, (size_t)n * sizeof *dev);
+    free(host);
+    *out = dev;
+    return 0;
+}
+
+static int alloc_acts(struct model *m, struct qerr *err)
+{
+    struct backend *be = m->be;
+    const struct model_config *c = &m->cfg;
+    size_t T = (size_t)m->opts.max_batch_tokens, L = (size_t)m->opts.max_logits;
+    size_t kv = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    struct acts *a = &m->a;
+    struct {
+        void **p;
+        size_t bytes;
+    } plan[] = {
+        {(void **)&a->x, T * (size_t)c->dim * 4},
+        {(void **)&a->xn, T * (size_t)c->dim * 4},
+        {(void **)&a->q, T * (size_t)c->dim * 4},
+        {(void **)&a->k, T * kv * 4},
+        {(void **)&a->v, T * kv * 4},
+        {(void **)&a->att, T * (size_t)c->dim * 4},
+        {(void **)&a->gate, T * (size_t)c->ffn_dim * 4},
+        {(void **)&a->up, T * (size_t)c->ffn_dim * 4},
+        {(void **)&a->sel, L * (size_t)c->dim * 4},
+        {(void **)&a->logits, L * (size_t)c->vocab * 4},
+        {(void **)&a->tokens, T * 4},
+        {(void **)&a->pos, T * 4},
+        {(void **)&a->seq, T * 4},
+        {(void **)&a->slot, T * 4},
+        {(void **)&a->logit_idx, L * 4},
+    };
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        *plan[i].p = be->ops->buf_alloc(be, plan[i].bytes);
+        if (!*plan[i].p)
+            return qerr_set(err, QERR_NOMEM, "model: cannot allocate %zu bytes of activations",
+                            plan[i].bytes);
+    }
+    return 0;
+}
+
+static void free_acts(struct model *m)
+{
+    struct backend *be = m->be;
+    struct acts *a = &m->a;
+    void *all[] = {a->x,   a->xn,     a->q,      a->k,   a->v,   a->att,  a->gate,  a->up,
+                   a->sel, a->logits, a->tokens, a->pos, a->seq, a->slot, a->table, a->logit_idx};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) be->ops->buf_free(be, all[i]);
+}
+
+int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
+               struct model **out, struct qerr *err)
+{
+    *out = NULL;
+    if (opts->max_batch_tokens < 1 || opts->max_logits < 1 || opts->kv_blocks < 1 ||
+        opts->kv_block_size < 1)
+        return qerr_set(err, QERR_INVALID, "model: batch %d, logits %d, kv blocks %d x %d",
+                        opts->max_batch_tokens, opts->max_logits, opts->kv_blocks,
+                        opts->kv_block_size);
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return qerr_set(err, QERR_NOMEM, "model: out of memory");
+    m->be = be;
+    m->opts = *opts;
+    int rc = model_config_read(f, &m->cfg, err);
+    if (rc) goto fail;
+    const struct model_config *c = &m->cfg;
+    int kv_dim = c->n_kv_heads * c->head_dim;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = qerr_set(err, QERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
+    if ((rc = load_weight(m, f, "token_embd.weight", c->dim, c->vocab, &m->tok_embd, err)))
+        goto fail;
+    if (c->tied_output)
+        m->output = m->tok_embd; /* shares the prepared copy; released once, as tok_embd */
+    else if ((rc = load_weight(m, f, "output.weight", c->dim, c->vocab, &m->output, err)))
+        goto fail;
+    if ((rc =
+             load_vector(m, f, "output_norm.weight", c->dim, (const float **)&m->output_norm, err)))
+        goto fail;
+    size_t kv_slots = (size_t)opts->kv_blocks * (size_t)opts->kv_block_size;
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer *ly = &m->layers[l];
+        char name[96];
+#define LOADW(field, suffix, cols, rows)                                                           \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                \
+        if ((rc = load_weight(m, f, name, cols, rows, &ly->field, err))) goto fail;                \
+    } while (0)
+        LOADW(wq, "attn_q", c->dim, c->dim);
+        LOADW(wk, "attn_k", c->dim, kv_dim);
+        LOADW(wv, "attn_v", c->dim, kv_dim);
+        LOADW(wo, "attn_output", c->dim, c->dim);
+        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim);
+        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim);
+        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim);
+#undef LOADW
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
+        if ((rc = load_vector(m, f, name, c->dim, &ly->ffn_norm, err))) goto fail;
+        ly->k_cache = be->ops->buf_alloc(be, kv_slots * (size_t)kv_dim * sizeof(float));
+        ly->v_cache = be->ops->buf_alloc(be, kv_slots * (size_t)kv_dim * sizeof(float));
+        if (!ly->k_cache || !ly->v_cache) {
+            rc = qerr_set(err, QERR_NOMEM, "model: cannot allocate KV storage for %zu tokens",
+                          kv_slots);
+            goto fail;
+        }
+    }
+    if ((rc = alloc_acts(m, err))) goto fail;
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m)
+{
+    if (!m) return;
+    struct backend *be = m->be;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            struct layer *ly = &m->layers[l];
+            struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                    &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+                if (ws[i]->host) be->ops->weight_release(be, ws[i]);
+            if (ly->attn_norm) be->ops->buf_free(be, (void *)ly->attn_norm);
+            if (ly->ffn_norm) be->ops->buf_free(be, (void *)ly->ffn_norm);
+            if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);
+            if (ly->v_cache) be->ops->buf_free(be, ly->v_cache);
+        }
+        free(m->layers);
+    }
+    if (m->tok_embd.host) be->ops->weight_release(be, &m->tok_embd);
+    if (m->output.host && !m->cfg.tied_output) be->ops->weight_release(be, &m->output);
+    if (m->output_norm) be->ops->buf_free(be, m->output_norm);
+    free_acts(m);
+    free(m);
+}
+
+const struct model_config *model_get_config(const struct model *m)
+{
+    return &m->cfg;
+}
+
+const struct model_opts *model_get_opts(const struct model *m)
+{
+    return &m->opts;
+}
+
+static int check_batch(const struct model *m, const struct model_batch *b, struct qerr *err)
+{
+    const struct model_opts *o = &m->opts;
+    if (b->n_tokens < 1 || b->n_tokens > o->max_batch_tokens)
+        return qerr_set(err, QERR_INVALID, "forward: %d tokens (max %d)", b->n_tokens,
+                        o->max_batch_tokens);
+    if (b->n_logits < 0 || b->n_logits > o->max_logits)
+        return qerr_set(err, QERR_INVALID, "forward: %d logit rows (max %d)", b->n_logits,
+                        o->max_logits);
+    if (b->n_seqs < 1 || b->max_blocks < 1)
+        return qerr_set(err, QERR_INVALID, "forward: %d sequences, %d blocks each", b->n_seqs,
+                        b->max_blocks);
+    int64_t slots = (int64_t)o->kv_blocks * o->kv_block_size;
+    for (int i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab)
+            return qerr_set(err, QERR_INVALID, "forward: token id %d out of vocabulary (%d)",
+                            b->tokens[i], m->cfg.vocab);
+        if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs || b->slot[i] < 0 || b->slot[i] >= slots ||
+            b->pos[i] < 0 || b->pos[i] >= (int64_t)b->max_blocks * o->kv_block_size)
+            return qerr_set(err, QERR_INVALID, "forward: token %d has seq %d pos %d slot %d", i,
+                            b->seq[i], b->pos[i], b->slot[i]);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_idx[i] < 0 || b->logit_idx[i] >= b->n_tokens)
+            return qerr_set(err, QERR_INVALID, "forward: logit index %d", b->logit_idx[i]);
+    for (int64_t i = 0; i < (int64_t)b->n_seqs * b->max_blocks; i++)
+        if (b->block_table[i] < -1 || b->block_table[i] >= o->kv_blocks)
+            return qerr_set(err, QERR_INVALID, "forward: block id %d", b->block_table[i]);
+    return 0;
+}
+
+int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err)
+{
+    int rc = check_batch(m, b, err);
+    if (rc) return rc;
+    struct backend *be = m->be;
+    const struct backend_ops *ops = be->ops;
+    const struct model_config *c = &m->cfg;
+    struct acts *a = &m->a;
+    int n = b->n_tokens, dim = c->dim, kv_dim = c->n_kv_heads * c->head_dim;
+    size_t table_n = (size_t)b->n_seqs * (size_t)b->max_blocks;
+    if ((int)table_n > a->table_cap) {
+        if (a->table) ops->buf_free(be, a->table);
+        a->table = ops->buf_alloc(be, table_n * sizeof(int32_t));
+        a->table_cap = a->table ? (int)table_n : 0;
+        if (!a->table) return qerr_set(err, QERR_NOMEM, "forward: block table of %zu", table_n);
+    }
+    ops->buf_write(be, a->tokens, b->tokens, (size_t)n * 4);
+    ops->buf_write(be, a->pos, b->pos, (size_t)n * 4);
+    ops->buf_write(be, a->seq, b->seq, (size_t)n * 4);
+    ops->buf_write(be, a->slot, b->slot, (size_t)n * 4);
+    ops->buf_write(be, a->table, b->block_table, table_n * 4);
+    struct attn_batch ab = {.n_tokens = n,
+                            .pos = a->pos,
+                            .seq = a->seq,
+                            .slot = a->slot,
+                            .n_seqs = b->n_seqs,
+                            .block_table = a->table,
+                            .max_blocks = b->max_blocks,
+                            .block_size = m->opts.kv_block_size};
+    struct attn_shape shape = {.n_heads = c->n_heads,
+                               .n_kv_heads = c->n_kv_heads,
+                               .head_dim = c->head_dim,
+                               .scale = 1.0f / sqrtf((float)c->head_dim)};
+
+    ops->embed(be, &m->tok_embd, a->tokens, n, a->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer *ly = &m->layers[l];
+        ops->rmsnorm(be, a->xn, a->x, ly->attn_norm, n, dim, c->eps);
+        ops->matmul(be, &ly->wq, a->xn, n, a->q);
+        ops->matmul(be, &ly->wk, a->xn, n, a->k);
+        ops->matmul(be, &ly->wv, a->xn, n, a->v);
+        ops->rope(be, a->q, a->pos, n, c->n_heads, c->head_dim, c->rot_dim, c->rope_base);
+        ops->rope(be, a->k, a->pos, n, c->n_kv_heads, c->head_dim, c->rot_dim, c->rope_base);
+        ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, &ab, kv_dim);
+        ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, &ab, &shape);
+        ops->matmul(be, &ly->wo, a->att, n, a->xn);
+        ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
+
+        ops->rmsnorm(be, a->xn, a->x, ly->ffn_norm, n, dim, c->eps);
+        ops->matmul(be, &ly->w_gate, a->xn, n, a->gate);
+        ops->matmul(be, &ly->w_up, a->xn, n, a->up);
+        ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)c->ffn_dim);
+        ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
+        ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
+    }
+    if (b->n_logits == 0) return 0;
+    /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */
+    ops->buf_write(be, a->logit_idx, b->logit_idx, (size_t)b->n_logits * 4);
+    ops->get_rows(be, a->sel, a->x, a->logit_idx, b->n_logits, dim);
+    ops->rmsnorm(be, a->sel, a->sel, m->output_norm, b->n_logits, dim, c->eps);
+    ops->matmul(be, &m->output, a->sel, b->n_logits, a->logits);
+    ops->buf_read(be, logits, a->logits, (size_t)b->n_logits * (size_t)c->vocab * sizeof(float));
+    return 0;
+}

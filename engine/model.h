@@ -1,0 +1,58 @@
+/* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output)
+ * loaded from GGUF and run through the backend interface.
+ *
+ * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
+ * from many sequences, each reading and writing its K/V through its own block table into the
+ * paged KV storage the model owns. Weights stay quantized as the file stores them. */
+#ifndef QUERN_MODEL_H
+#define QUERN_MODEL_H
+
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+#include "gguf.h"
+
+struct model_config {
+    char arch[32];
+    int n_layers, dim, ffn_dim, n_heads, n_kv_heads, head_dim, rot_dim;
+    int vocab, ctx_len;
+    float eps, rope_base;
+    bool tied_output;
+};
+
+struct model_opts {
+    int max_batch_tokens; /* largest n_tokens a forward may be given */
+    int max_logits;       /* largest number of rows of logits per forward */
+    int kv_blocks;        /* blocks in the paged KV storage */
+    int kv_block_size;    /* tokens per block */
+};
+
+/* One step's batch, host arrays. Token i of sequence seq[i] sits at position pos[i] and writes
+ * its K/V at slot[i] = block * kv_block_size + offset; block_table[s * max_blocks + j] is the
+ * j-th block of sequence s. Logits are produced for the tokens listed in logit_idx. */
+struct model_batch {
+    int n_tokens;
+    const int32_t *tokens, *pos, *seq, *slot;
+    int n_seqs, max_blocks;
+    const int32_t *block_table;
+    int n_logits;
+    const int32_t *logit_idx;
+};
+
+struct model;
+
+/* Reads the configuration from GGUF metadata, checking every required key and tensor shape. */
+int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err);
+
+int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
+               struct model **out, struct qerr *err);
+void model_free(struct model *m);
+const struct model_config *model_get_config(const struct model *m);
+const struct model_opts *model_get_opts(const struct model *m);
+/* Bytes of K/V one token needs across all layers. */
+size_t model_kv_bytes_per_token(const struct model_config *cfg);
+
+/* logits: host array [b->n_logits][vocab]. Validates the batch (sizes, token ids, slots) first. */
+int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err);
+
+#endif

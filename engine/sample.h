@@ -1,0 +1,52 @@
+/* sample: turns one row of logits into a token.
+ *
+ * Order of operations (as llama.cpp and vLLM apply them): penalties on the raw logits
+ * (repetition divides positive / multiplies negative logits of seen tokens; presence and
+ * frequency subtract), then temperature, then top-k, top-p and min-p on the softmax, then a draw
+ * from the request's own RNG. Temperature 0 is greedy (ties go to the lowest id). Each request
+ * owns its sampler, so its output depends only on its seed and its logits, never on the batch. */
+#ifndef QUERN_SAMPLE_H
+#define QUERN_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../quant/qerr.h"
+
+struct sample_params {
+    float temperature;        /* 0: greedy */
+    int top_k;                /* 0: off */
+    float top_p;              /* 1: off */
+    float min_p;              /* 0: off */
+    float repetition_penalty; /* 1: off */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    uint64_t seed;
+};
+
+void sample_params_default(struct sample_params *p);
+/* QERR_INVALID naming the first parameter out of range. */
+int sample_params_check(const struct sample_params *p, struct qerr *err);
+
+struct sampler {
+    struct sample_params p;
+    uint64_t rng[4]; /* xoshiro256** state */
+    int vocab;
+    int32_t *idx;     /* [vocab] scratch */
+    int32_t *tmp;     /* [vocab] scratch */
+    float *prob;      /* [vocab] scratch */
+    uint32_t *counts; /* [vocab] how often each token appeared in the history */
+};
+
+int sampler_init(struct sampler *s, const struct sample_params *p, int vocab, struct qerr *err);
+void sampler_free(struct sampler *s);
+/* Records a token of the context (prompt or output) for the penalties. */
+void sampler_accept(struct sampler *s, int32_t token);
+/* Chooses a token from logits[vocab] (modified in place). */
+int32_t sampler_sample(struct sampler *s, float *logits);
+/* Log-softmax of the unmodified logits at token: the log-probability a client sees. */
+float sample_logprob(const float *logits, int vocab, int32_t token);
+/* Uniform double in [0, 1) from the sampler's stream. */
+double sampler_uniform(struct sampler *s);
+
+#endif

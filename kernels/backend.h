@@ -1,0 +1,131 @@
+/* backend: the contract every compute backend (CPU now, CUDA later) implements.
+ *
+ * The model forward (engine/model.c) is written once against these ops. Buffers are opaque
+ * device pointers from buf_alloc: host memory on the CPU, device memory on a GPU; the engine only
+ * moves bytes in and out with buf_write/buf_read. All ops act on a ragged batch of n tokens
+ * (prefill chunks and decodes of many sequences mixed) and are batch-invariant: the result for
+ * a token never depends on which other tokens share the call, because every reduction runs in a
+ * fixed order chosen by the shapes of the model, never by n.
+ *
+ * Shapes are noted [rows][cols], row-major, float32 unless said otherwise. */
+#ifndef QUERN_BACKEND_H
+#define QUERN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../quant/qerr.h"
+#include "../quant/qtypes.h"
+
+struct backend;
+
+/* A weight matrix W [rows][cols] as the file stores it (quant blocks run along cols). y = x W^T:
+ * x has cols entries per token, y has rows. */
+struct bweight {
+    enum qtype type;
+    int64_t rows, cols;
+    const void *host; /* the file's bytes (mmap): rows * qtype_row_bytes(type, cols) */
+    void *impl;       /* the backend's prepared copy (repacked/uploaded), or NULL */
+};
+
+/* Paged-attention description of one step's batch; the arrays are device buffers. */
+struct attn_batch {
+    int n_tokens;
+    const int32_t *pos;  /* [n_tokens] position of each token within its sequence */
+    const int32_t *seq;  /* [n_tokens] the token's sequence, an index < n_seqs */
+    const int32_t *slot; /* [n_tokens] KV slot it writes: block * block_size + offset */
+    int n_seqs;
+    const int32_t *block_table; /* [n_seqs][max_blocks] KV block ids of each sequence */
+    int max_blocks;
+    int block_size; /* tokens per KV block */
+};
+
+/* The attention geometry of one model. */
+struct attn_shape {
+    int n_heads, n_kv_heads, head_dim;
+    float scale; /* 1/sqrt(head_dim) */
+};
+
+enum matmul_precision {
+    /* Activations stay float32; weights are dequantized inside the dot product. The reference
+     * mode that matches an fp32 framework to ~1e-5. */
+    MATMUL_F32 = 0,
+    /* Activations are quantized per 32-element block to int8 (as llama.cpp does) so dot products
+     * run on integer units; faster, within a small KL divergence of MATMUL_F32. */
+    MATMUL_Q8 = 1,
+};
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(struct backend *be);
+
+    void *(*buf_alloc)(struct backend *be, size_t bytes); /* zeroed; NULL when out of memory */
+    void (*buf_free)(struct backend *be, void *buf);
+    void (*buf_write)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*buf_read)(struct backend *be, void *dst, const void *src, size_t bytes);
+
+    /* Repacks or uploads w->host into w->impl. Called once per weight at load. */
+    int (*weight_prepare)(struct backend *be, struct bweight *w, struct qerr *err);
+    void (*weight_release)(struct backend *be, struct bweight *w);
+
+    /* out[n][cols] = rows tokens[i] of table, dequantized. */
+    void (*embed)(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
+                  float *out);
+    /* out[n][dim] = x / rms(x) * w; out may alias x. */
+    void (*rmsnorm)(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                    float eps);
+    /* x[n] += y[n] */
+    void (*add)(struct backend *be, float *x, const float *y, size_t n);
+    /* y[n][rows] = x[n][cols] W^T */
+    void (*matmul)(struct backend *be, const struct bweight *w, const float *x, int n, float *y);
+    /* Rotates the first rot_dim dims of each head of x[n][n_heads][head_dim] in place by
+     * pos * freq_base^(-2i/rot_dim), pairing adjacent dims (x[2i], x[2i+1]) as GGUF llama
+     * files expect. */
+    void (*rope)(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+                 int rot_dim, float freq_base);
+    /* Writes k[n][kv_dim], v[n][kv_dim] into the caches at b->slot; cache layout
+     * [n_blocks * block_size][kv_dim]. */
+    void (*kv_write)(struct backend *be, float *k_cache, float *v_cache, const float *k,
+                     const float *v, const struct attn_batch *b, int kv_dim);
+    /* out[n][n_heads * head_dim]: causal attention of each token over positions 0..pos of its
+     * sequence, reading K/V through the block table (GQA: head h uses kv head
+     * h / (n_heads / n_kv_heads)). kv_write must have run for this step's tokens. */
+    void (*attention)(struct backend *be, float *out, const float *q, const float *k_cache,
+                      const float *v_cache, const struct attn_batch *b, const struct attn_shape *s);
+    /* out[i][dim] = x[idx[i]][dim] for i < n: picks the rows that need logits. */
+    void (*get_rows)(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
+                     int dim);
+    /* g[n] = silu(g) * u */
+    void (*silu_mul)(struct backend *be, float *g, const float *u, size_t n);
+    /* Waits for queued work (no-op on the CPU). */
+    void (*sync)(struct backend *be);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    void *ctx; /* the implementation's state */
+};
+
+/* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID), unless
+ * $QUERN_CPU_ISA (scalar|avx2|avx512) names one; asking for an ISA the CPU lacks is an error. */
+enum cpu_isa {
+    CPU_ISA_AUTO = 0,
+    CPU_ISA_SCALAR = 1, /* the reference kernels (kernels/cpu/ref.c) */
+    CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+    CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
+};
+
+struct backend_cpu_opts {
+    int n_threads; /* 0: all online CPUs */
+    enum matmul_precision precision;
+    enum cpu_isa isa;
+};
+
+int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);
+
+static inline void backend_destroy(struct backend *be)
+{
+    if (be) be->ops->destroy(be);
+}
+
+#endif

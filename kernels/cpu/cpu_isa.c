@@ -1,0 +1,74 @@
+#include "cpu_isa.h"
+
+#include <stdlib.h>
+#include <strings.h>
+
+bool cpu_isa_supported(enum cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_AUTO:
+    case CPU_ISA_SCALAR: return true;
+#if defined(__x86_64__) || defined(__i386__)
+    case CPU_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    case CPU_ISA_AVX512:
+        __builtin_cpu_init();
+        return cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512vnni");
+#else
+    case CPU_ISA_AVX2:
+    case CPU_ISA_AVX512: return false;
+#endif
+    }
+    return false;
+}
+
+enum cpu_isa cpu_isa_best(void)
+{
+    if (cpu_isa_supported(CPU_ISA_AVX512)) return CPU_ISA_AVX512;
+    if (cpu_isa_supported(CPU_ISA_AVX2)) return CPU_ISA_AVX2;
+    return CPU_ISA_SCALAR;
+}
+
+const char *cpu_isa_name(enum cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_AUTO: return "auto";
+    case CPU_ISA_SCALAR: return "scalar";
+    case CPU_ISA_AVX2: return "avx2";
+    case CPU_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+int cpu_isa_parse(const char *s)
+{
+    static const enum cpu_isa all[] = {CPU_ISA_AUTO, CPU_ISA_SCALAR, CPU_ISA_AVX2,
+                                       CPU_ISA_AVX512};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcasecmp(s, cpu_isa_name(all[i]))) return (int)all[i];
+    return -1;
+}
+
+int cpu_isa_resolve(enum cpu_isa want, enum cpu_isa *out, struct qerr *err)
+{
+    if (want == CPU_ISA_AUTO) {
+        const char *env = getenv("QUERN_CPU_ISA");
+        if (env && *env) {
+            int p = cpu_isa_parse(env);
+            if (p < 0)
+                return qerr_set(err, QERR_INVALID,
+                                "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto", env);
+            want = (enum cpu_isa)p;
+        }
+    }
+    if (want == CPU_ISA_AUTO) want = cpu_isa_best();
+    if (!cpu_isa_supported(want))
+        return qerr_set(err, QERR_UNSUPPORTED, "cpu backend: this CPU cannot run %s kernels",
+                        cpu_isa_name(want));
+    *out = want;
+    return 0;
+}

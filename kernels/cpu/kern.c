@@ -1,0 +1,51 @@
+#include "kern.h"
+
+static const struct cpu_kernels kern_scalar = {
+    .isa = CPU_ISA_SCALAR,
+    .quantize_q8 = scalar_quantize_q8,
+    .block_sums = scalar_block_sums,
+    .matmul_q8 = NULL,
+    .matmul_f32 = NULL,
+    .rmsnorm = scalar_rmsnorm,
+    .add = scalar_add,
+    .silu_mul = scalar_silu_mul,
+    .rope = scalar_rope,
+    .attention = scalar_attention,
+};
+
+static const struct cpu_kernels kern_avx2 = {
+    .isa = CPU_ISA_AVX2,
+    .quantize_q8 = avx2_quantize_q8,
+    .block_sums = avx2_block_sums,
+    .matmul_q8 = avx2_matmul_q8,
+    .matmul_f32 = avx2_matmul_f32,
+    .rmsnorm = avx2_rmsnorm,
+    .add = avx2_add,
+    .silu_mul = avx2_silu_mul,
+    .rope = avx2_rope,
+    .attention = avx2_attention,
+};
+
+static const struct cpu_kernels kern_avx512 = {
+    .isa = CPU_ISA_AVX512,
+    .quantize_q8 = avx512_quantize_q8,
+    .block_sums = avx512_block_sums,
+    .matmul_q8 = avx512_matmul_q8,
+    .matmul_f32 = avx512_matmul_f32,
+    .rmsnorm = avx512_rmsnorm,
+    .add = avx512_add,
+    .silu_mul = avx512_silu_mul,
+    .rope = avx512_rope,
+    .attention = avx512_attention,
+};
+
+const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_AVX512: return &kern_avx512;
+    case CPU_ISA_AVX2: return &kern_avx2;
+    case CPU_ISA_AUTO:
+    case CPU_ISA_SCALAR: break;
+    }
+    return &kern_scalar;
+}

@@ -1,0 +1,285 @@
+/* AVX2 matmul kernels over the qpack layout (qpack.h), for x86-64 CPUs without AVX-512.
+ *
+ * The same design as mm_avx512.c on 8-row halves of each 16-row group (a 256-bit register holds
+ * one 4-element slice of 8 rows). There is no vpdpbusd here: 4-bit weights use vpmaddubsw
+ * (unsigned nibble x signed activation, pairs into int16: |sum of 8| <= 8 * 2 * 15 * 127 fits)
+ * then vpmaddwd to int32; Q8_0 weights are turned back to signed and use the sign trick
+ * (|w| x sign(w) * x) so no pair can saturate. The integer sums are exact and the float steps
+ * per block are those of ref_dot_q8: Q8 results equal the reference bit for bit. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kern.h"
+
+#define TGT    __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+#define HALF   8 /* rows per register */
+
+TGT INLINE __m256i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+TGT INLINE float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+TGT INLINE float hsum8(__m256 v)
+{
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+TGT INLINE int32_t hsum8i(__m256i v)
+{
+    __m128i m = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtsi128_si32(m);
+}
+
+TGT void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s,
+                          int32_t *sum)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < cols / QK; b++) {
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[i], absmask));
+        }
+        float amax = hmax8(m);
+        float db = amax / 127.0f;
+        __m256 id = _mm256_set1_ps(db > 0 ? 1.0f / db : 0.0f);
+        __m256i qi[4];
+        /* cvtps rounds half to even in the default MXCSR mode, as ref_quantize_q8 does */
+        for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        __m256i total = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
+                                         _mm256_add_epi32(qi[2], qi[3]));
+        /* |q| <= 127: the saturating packs are exact; the permute undoes their lane order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                       _mm256_packs_epi32(qi[2], qi[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), p);
+        int32_t isum = hsum8i(total);
+        d[b] = db;
+        sum[b] = isum;
+        s[b] = db * (float)isum;
+    }
+}
+
+TGT void avx2_block_sums(const float *x, int64_t cols, float *xs)
+{
+    for (int64_t b = 0; b < cols / QK; b++) {
+        const float *p = x + b * QK;
+        __m256 s01 = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+        __m256 s23 = _mm256_add_ps(_mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24));
+        xs[b] = hsum8(_mm256_add_ps(s01, s23));
+    }
+}
+
+INLINE int32_t type_offset(enum qtype type)
+{
+    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+}
+
+/* Rows of half h of group g that exist (0..8). */
+INLINE int half_rows(const struct qpack *w, int64_t g, int h)
+{
+    int64_t left = w->rows - (g * QPACK_ROWS + h * HALF);
+    return left <= 0 ? 0 : left >= HALF ? HALF : (int)left;
+}
+
+TGT INLINE void store_half(float *yt, int64_t r0, int valid, __m256 v)
+{
+    if (valid == HALF) {
+        _mm256_storeu_ps(yt + r0, v);
+        return;
+    }
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(yt + r0, _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane), v);
+}
+
+/* The 8 operand registers of half h of a 4-bit block: W[c] = elements 4c..4c+3 of 8 rows. */
+TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        __m256i v = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h));
+        W[c] = _mm256_and_si256(v, m4);
+        W[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+}
+
+#define TMAX 4
+
+TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
+                        const int T, const enum qtype type, float *y)
+{
+    int valid = half_rows(w, g, h);
+    if (!valid) return;
+    const int64_t nb = w->nb;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
+        const uint8_t *qs = qpack_quants(w, g, b);
+        __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
+        __m256 mw = _mm256_setzero_ps();
+        if (type == QTYPE_Q4_1)
+            mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
+        __m256i W[8], S[8];
+        if (type == QTYPE_Q8_0)
+            for (int c = 0; c < 8; c++) {
+                S[c] = _mm256_xor_si256(
+                    _mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h)), flip);
+                W[c] = _mm256_abs_epi8(S[c]);
+            }
+        else
+            load_nibbles(qs, h, W);
+        for (int t = 0; t < T; t++) {
+            size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
+            __m256i isum;
+            if (type == QTYPE_Q8_0) {
+                isum = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c++) {
+                    __m256i p = _mm256_maddubs_epi16(W[c], _mm256_sign_epi8(bcast4(xb + 4 * c), S[c]));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                }
+            } else {
+                __m256i p = _mm256_maddubs_epi16(W[0], bcast4(xb));
+                for (int c = 1; c < 8; c++)
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[c], bcast4(xb + 4 * c)));
+                isum = _mm256_madd_epi16(p, ones);
+                if (type == QTYPE_Q4_0)
+                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
+            }
+            __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[tb]));
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
+            if (type == QTYPE_Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[tb]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
+                   acc[t]);
+}
+
+TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                          int t0, int t1, float *y, const enum qtype type)
+{
+    for (int64_t g = g0; g < g1; g++)
+        for (int h = 0; h < 2; h++) {
+            int t = t0;
+            for (; t + 4 <= t1; t += 4) q8_tile(w, g, h, a, t, 4, type, y);
+            if (t + 2 <= t1) {
+                q8_tile(w, g, h, a, t, 2, type, y);
+                t += 2;
+            }
+            if (t < t1) q8_tile(w, g, h, a, t, 1, type, y);
+        }
+}
+
+TGT void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                        int t0, int t1, float *y)
+{
+    switch (w->type) {
+    case QTYPE_Q8_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
+    case QTYPE_Q4_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
+    case QTYPE_Q4_1: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
+    default: break;
+    }
+}
+
+/* pshufb control moving byte j of every dword to its low byte, zeroing the rest */
+TGT INLINE __m256i byte_sel(int j)
+{
+    const int z = (int)0x80808000;
+    return _mm256_setr_epi32(z | j, z | (4 + j), z | (8 + j), z | (12 + j), z | j, z | (4 + j),
+                             z | (8 + j), z | (12 + j));
+}
+
+#define F32_TMAX 2
+
+/* The float path, as in mm_avx512.c: four partial sums by k mod 4 per row and token. */
+TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x, const float *xs,
+                         int t0, const int T, const enum qtype type, float *y)
+{
+    int valid = half_rows(w, g, h);
+    if (!valid) return;
+    const int64_t nb = w->nb, cols = w->cols;
+    const __m256i offv = _mm256_set1_epi32(type_offset(type));
+    __m256 acc[F32_TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
+        const uint8_t *qs = qpack_quants(w, g, b);
+        __m256 part[F32_TMAX][4];
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
+        __m256i W[8];
+        if (type == QTYPE_Q8_0)
+            for (int c = 0; c < 8; c++)
+                W[c] = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h));
+        else
+            load_nibbles(qs, h, W);
+        for (int c = 0; c < 8; c++)
+            for (int j = 0; j < 4; j++) {
+                __m256i wi = _mm256_shuffle_epi8(W[c], byte_sel(j));
+                if (type != QTYPE_Q4_1) wi = _mm256_sub_epi32(wi, offv);
+                __m256 wf = _mm256_cvtepi32_ps(wi);
+                for (int t = 0; t < T; t++) {
+                    const float *xt = x + (size_t)(t0 + t) * (size_t)cols + b * QK;
+                    part[t][j] = _mm256_fmadd_ps(wf, _mm256_broadcast_ss(xt + 4 * c + j), part[t][j]);
+                }
+            }
+        __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
+        __m256 mw = _mm256_setzero_ps();
+        if (type == QTYPE_Q4_1)
+            mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
+        for (int t = 0; t < T; t++) {
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(part[t][0], part[t][1]),
+                                       _mm256_add_ps(part[t][2], part[t][3]));
+            acc[t] = _mm256_fmadd_ps(dw, sum, acc[t]);
+            if (type == QTYPE_Q4_1)
+                acc[t] = _mm256_fmadd_ps(
+                    mw, _mm256_broadcast_ss(xs + (size_t)(t0 + t) * (size_t)nb + (size_t)b),
+                    acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
+                   acc[t]);
+}
+
+TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
+                           int64_t g1, int t0, int t1, float *y, const enum qtype type)
+{
+    for (int64_t g = g0; g < g1; g++)
+        for (int h = 0; h < 2; h++) {
+            int t = t0;
+            for (; t + 2 <= t1; t += 2) f32_tile(w, g, h, x, xs, t, 2, type, y);
+            if (t < t1) f32_tile(w, g, h, x, xs, t, 1, type, y);
+        }
+}
+
+TGT void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
+                         int64_t g1, int t0, int t1, float *y)
+{
+    switch (w->type) {
+    case QTYPE_Q8_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
+    case QTYPE_Q4_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
+    case QTYPE_Q4_1: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
+    default: break;
+    }
+}

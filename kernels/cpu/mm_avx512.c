@@ -1,0 +1,225 @@
+/* AVX-512 matmul kernels over the qpack layout (qpack.h).
+ *
+ * Design: a register holds one 4-element slice of 16 rows (dword r = row r), so a vpdpbusd with 4
+ * activation bytes broadcast to every dword adds 4 products to each of 16 rows' sums; 8 of them
+ * cover a 32-block, and the block's 16 row scales are one vector. A tile is one group of 16 rows
+ * by T tokens: the group's block is unpacked once and used for T tokens (T = 8, 4, 2, 1), so a
+ * prefill reads each weight block once per 8 tokens, and a decode (T = 1) streams the weights with
+ * no horizontal sums. Every token keeps its own accumulators and runs the same instruction
+ * sequence whatever T is, so a token's result does not depend on its neighbours in the batch.
+ *
+ * Q8 path: the integer block sums are exact, and the float steps per block are exactly those of
+ * ref_dot_q8 (mul, then fma), so the results equal the reference bit for bit.
+ * F32 path: element (r, k) of the block is converted to float and multiplied by x[k] into one of
+ * four partial sums by k mod 4, each summed over k in a fixed order; then
+ * acc = fma(d, (p0 + p1) + (p2 + p3), acc), plus fma(m, sum(x of the block), acc) for Q4_1. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kern.h"
+
+#define TGT    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+#define TMAX   8 /* most tokens per tile */
+
+TGT INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+TGT void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s,
+                            int32_t *sum)
+{
+    for (int64_t b = 0; b < cols / QK; b++) {
+        __m512 lo = _mm512_loadu_ps(x + b * QK), hi = _mm512_loadu_ps(x + b * QK + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        float db = amax / 127.0f;
+        __m512 id = _mm512_set1_ps(db > 0 ? 1.0f / db : 0.0f);
+        /* cvtps rounds half to even in the default MXCSR mode, as ref_quantize_q8 does */
+        __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id));
+        __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+        _mm_storeu_si128((__m128i *)(q + b * QK), _mm512_cvtepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i *)(q + b * QK + 16), _mm512_cvtepi32_epi8(qhi));
+        int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+        d[b] = db;
+        sum[b] = isum;
+        s[b] = db * (float)isum;
+    }
+}
+
+TGT void avx512_block_sums(const float *x, int64_t cols, float *xs)
+{
+    for (int64_t b = 0; b < cols / QK; b++)
+        xs[b] = _mm512_reduce_add_ps(
+            _mm512_add_ps(_mm512_loadu_ps(x + b * QK), _mm512_loadu_ps(x + b * QK + 16)));
+}
+
+/* The 8 operand registers of block b of a group: W[c] holds elements 4c..4c+3 of the 16 rows as
+ * unsigned bytes (nibbles for 4-bit types, w + 128 for Q8_0). */
+TGT INLINE void load_block(const uint8_t *qs, enum qtype type, __m512i W[8])
+{
+    if (type == QTYPE_Q8_0) {
+        for (int c = 0; c < 8; c++) W[c] = _mm512_load_si512(qs + 64 * c);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_load_si512(qs + 64 * c);
+        W[c] = _mm512_and_si512(v, m4);
+        W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+}
+
+/* The constant the unsigned weights carry: w = stored - offset. */
+INLINE int32_t type_offset(enum qtype type)
+{
+    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+}
+
+TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v)
+{
+    int64_t r0 = g * QPACK_ROWS, left = w->rows - r0;
+    if (left >= QPACK_ROWS) {
+        _mm512_storeu_ps(yt + r0, v);
+        return;
+    }
+    _mm512_mask_storeu_ps(yt + r0, (__mmask16)((1u << left) - 1), v);
+}
+
+TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
+                        const int T, const enum qtype type, float *y)
+{
+    const int64_t nb = w->nb;
+    const int32_t off = type_offset(type);
+    __m512 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc = qpack_scales(w, g, b);
+        __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
+        __m512 mw = _mm512_setzero_ps();
+        if (type == QTYPE_Q4_1)
+            mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
+        __m512i W[8];
+        load_block(qpack_quants(w, g, b), type, W);
+        for (int t = 0; t < T; t++) {
+            size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
+            /* starting at -offset * sum(q) turns the unsigned weights back into signed ones */
+            __m512i i0 = off ? _mm512_set1_epi32(-off * a->sum[tb]) : _mm512_setzero_si512();
+            __m512i i1 = _mm512_setzero_si512();
+            for (int c = 0; c < 8; c += 2) {
+                i0 = _mm512_dpbusd_epi32(i0, W[c], bcast4(xb + 4 * c));
+                i1 = _mm512_dpbusd_epi32(i1, W[c + 1], bcast4(xb + 4 * c + 4));
+            }
+            __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[tb]));
+            acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[t]);
+            if (type == QTYPE_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[tb]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) store_rows(w, g, y + (size_t)(t0 + t) * (size_t)w->rows, acc[t]);
+}
+
+TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                          int t0, int t1, float *y, const enum qtype type)
+{
+    for (int64_t g = g0; g < g1; g++) {
+        int t = t0;
+        for (; t + 8 <= t1; t += 8) q8_tile(w, g, a, t, 8, type, y);
+        if (t + 4 <= t1) {
+            q8_tile(w, g, a, t, 4, type, y);
+            t += 4;
+        }
+        if (t + 2 <= t1) {
+            q8_tile(w, g, a, t, 2, type, y);
+            t += 2;
+        }
+        if (t < t1) q8_tile(w, g, a, t, 1, type, y);
+    }
+}
+
+TGT void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                          int t0, int t1, float *y)
+{
+    switch (w->type) {
+    case QTYPE_Q8_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
+    case QTYPE_Q4_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
+    case QTYPE_Q4_1: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
+    default: break;
+    }
+}
+
+/* pshufb control moving byte j of every dword to its low byte, zeroing the rest */
+TGT INLINE __m512i byte_sel(int j)
+{
+    const int z = (int)0x80808000;
+    return _mm512_set4_epi32(z | (12 + j), z | (8 + j), z | (4 + j), z | j);
+}
+
+#define F32_TMAX 4
+
+TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const float *xs,
+                         int t0, const int T, const enum qtype type, float *y)
+{
+    const int64_t nb = w->nb, cols = w->cols;
+    const __m512i offv = _mm512_set1_epi32(type_offset(type));
+    __m512 acc[F32_TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc = qpack_scales(w, g, b);
+        __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
+        __m512i W[8];
+        load_block(qpack_quants(w, g, b), type, W);
+        __m512 part[F32_TMAX][4];
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < 4; j++) part[t][j] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++)
+            for (int j = 0; j < 4; j++) {
+                __m512i wi = _mm512_shuffle_epi8(W[c], byte_sel(j));
+                if (type != QTYPE_Q4_1) wi = _mm512_sub_epi32(wi, offv);
+                __m512 wf = _mm512_cvtepi32_ps(wi);
+                for (int t = 0; t < T; t++) {
+                    const float *xt = x + (size_t)(t0 + t) * (size_t)cols + b * QK;
+                    part[t][j] = _mm512_fmadd_ps(wf, _mm512_set1_ps(xt[4 * c + j]), part[t][j]);
+                }
+            }
+        __m512 mw = _mm512_setzero_ps();
+        if (type == QTYPE_Q4_1)
+            mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
+        for (int t = 0; t < T; t++) {
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(part[t][0], part[t][1]),
+                                       _mm512_add_ps(part[t][2], part[t][3]));
+            acc[t] = _mm512_fmadd_ps(dw, sum, acc[t]);
+            if (type == QTYPE_Q4_1)
+                acc[t] = _mm512_fmadd_ps(
+                    mw, _mm512_set1_ps(xs[(size_t)(t0 + t) * (size_t)nb + (size_t)b]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) store_rows(w, g, y + (size_t)(t0 + t) * (size_t)w->rows, acc[t]);
+}
+
+TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
+                           int64_t g1, int t0, int t1, float *y, const enum qtype type)
+{
+    for (int64_t g = g0; g < g1; g++) {
+        int t = t0;
+        for (; t + 4 <= t1; t += 4) f32_tile(w, g, x, xs, t, 4, type, y);
+        if (t + 2 <= t1) {
+            f32_tile(w, g, x, xs, t, 2, type, y);
+            t += 2;
+        }
+        if (t < t1) f32_tile(w, g, x, xs, t, 1, type, y);
+    }
+}
+
+TGT void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
+                           int64_t g1, int t0, int t1, float *y)
+{
+    switch (w->type) {
+    case QTYPE_Q8_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
+    case QTYPE_Q4_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
+    case QTYPE_Q4_1: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
+    default: break;
+    }
+}

@@ -1,0 +1,117 @@
+#include "qpack.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+bool qpack_type(enum qtype t)
+{
+    return t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_Q4_1;
+}
+
+/* Scale and quant byte offsets of a file block of type t. */
+static void block_fields(enum qtype t, size_t *d_off, size_t *m_off, size_t *qs_off,
+                         size_t *qs_len)
+{
+    *d_off = 0;
+    *m_off = 0;
+    switch (t) {
+    case QTYPE_Q8_0:
+        *qs_off = offsetof(struct block_q8_0, qs);
+        *qs_len = QK;
+        break;
+    case QTYPE_Q4_0:
+        *qs_off = offsetof(struct block_q4_0, qs);
+        *qs_len = QK / 2;
+        break;
+    default:
+        *m_off = offsetof(struct block_q4_1, m);
+        *qs_off = offsetof(struct block_q4_1, qs);
+        *qs_len = QK / 2;
+        break;
+    }
+}
+
+int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err)
+{
+    *out = NULL;
+    if (!qpack_type(w->type))
+        return qerr_set(err, QERR_UNSUPPORTED, "qpack: type %s", qtype_name(w->type));
+    if (w->cols <= 0 || w->cols % QK || w->rows <= 0)
+        return qerr_set(err, QERR_INVALID, "qpack: %lld x %lld is not rows x (multiple of %d)",
+                        (long long)w->rows, (long long)w->cols, QK);
+    struct qpack *p = calloc(1, sizeof *p);
+    if (!p) return qerr_set(err, QERR_NOMEM, "qpack: out of memory");
+    p->type = w->type;
+    p->rows = w->rows;
+    p->cols = w->cols;
+    p->nb = w->cols / QK;
+    p->ngroups = (w->rows + QPACK_ROWS - 1) / QPACK_ROWS;
+    p->scale_bytes = (w->type == QTYPE_Q4_1 ? 2 : 1) * QPACK_ROWS * sizeof(uint16_t);
+    p->quant_bytes = (w->type == QTYPE_Q8_0 ? QK : QK / 2) * QPACK_ROWS;
+    p->scales_size = ((size_t)p->nb * p->scale_bytes + 63) / 64 * 64;
+    p->group_bytes = p->scales_size + (size_t)p->nb * p->quant_bytes;
+    p->data_bytes = (size_t)p->ngroups * p->group_bytes;
+    /* big weights on 2 MiB pages: decode streams them and TLB misses would cost bandwidth */
+    size_t align = p->data_bytes >= (4u << 20) ? (2u << 20) : 64;
+    size_t alloc = (p->data_bytes + align - 1) / align * align;
+    void *mem = NULL;
+    if (posix_memalign(&mem, align, alloc)) {
+        free(p);
+        return qerr_set(err, QERR_NOMEM, "qpack: cannot allocate %zu bytes", alloc);
+    }
+    if (align > 64) madvise(mem, alloc, MADV_HUGEPAGE); /* a hint: failure is harmless */
+    p->data = mem;
+    memset(p->data, 0, p->data_bytes);
+
+    size_t d_off, m_off, qs_off, qs_len;
+    block_fields(w->type, &d_off, &m_off, &qs_off, &qs_len);
+    size_t bb = qtype_block_bytes(w->type), rb = qtype_row_bytes(w->type, (size_t)w->cols);
+    for (int64_t r = 0; r < w->rows; r++) {
+        int64_t g = r / QPACK_ROWS, lane = r % QPACK_ROWS;
+        const uint8_t *row = (const uint8_t *)w->host + (size_t)r * rb;
+        for (int64_t b = 0; b < p->nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bb;
+            uint16_t *sc = (uint16_t *)qpack_scales(p, g, b);
+            memcpy(&sc[lane], blk + d_off, 2);
+            if (w->type == QTYPE_Q4_1) memcpy(&sc[QPACK_ROWS + lane], blk + m_off, 2);
+            uint8_t *qd = (uint8_t *)qpack_quants(p, g, b);
+            for (size_t c = 0; c < qs_len / 4; c++)
+                for (int j = 0; j < 4; j++) {
+                    uint8_t v = blk[qs_off + 4 * c + (size_t)j];
+                    if (w->type == QTYPE_Q8_0) v ^= 0x80;
+                    qd[c * 64 + (size_t)lane * 4 + (size_t)j] = v;
+                }
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void qpack_free(struct qpack *p)
+{
+    if (!p) return;
+    free(p->data);
+    free(p);
+}
+
+void qpack_unpack_row(const struct qpack *p, int64_t r, void *out)
+{
+    size_t d_off, m_off, qs_off, qs_len;
+    block_fields(p->type, &d_off, &m_off, &qs_off, &qs_len);
+    size_t bb = qtype_block_bytes(p->type);
+    int64_t g = r / QPACK_ROWS, lane = r % QPACK_ROWS;
+    for (int64_t b = 0; b < p->nb; b++) {
+        uint8_t *blk = (uint8_t *)out + (size_t)b * bb;
+        const uint16_t *sc = qpack_scales(p, g, b);
+        memcpy(blk + d_off, &sc[lane], 2);
+        if (p->type == QTYPE_Q4_1) memcpy(blk + m_off, &sc[QPACK_ROWS + lane], 2);
+        const uint8_t *qd = qpack_quants(p, g, b);
+        for (size_t c = 0; c < qs_len / 4; c++)
+            for (int j = 0; j < 4; j++) {
+                uint8_t v = qd[c * 64 + (size_t)lane * 4 + (size_t)j];
+                if (p->type == QTYPE_Q8_0) v ^= 0x80;
+                blk[qs_off + 4 * c + (size_t)j] = v;
+            }
+    }
+}

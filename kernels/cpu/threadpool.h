@@ -1,0 +1,22 @@
+/* threadpool: a persistent pool of worker threads that run one parallel-for at a time.
+ *
+ * The caller's thread takes part as worker 0, so a pool of n threads starts n - 1. Workers spin
+ * for a short while after each job before sleeping on a condition variable: decode steps arrive
+ * back to back and a futex wake costs more than the work of a small op. */
+#ifndef QUERN_THREADPOOL_H
+#define QUERN_THREADPOOL_H
+
+#include "../../quant/qerr.h"
+
+struct threadpool;
+
+/* fn(ctx, task, worker) runs once for every task in [0, n_tasks); worker in [0, n_threads). */
+typedef void (*pool_fn)(void *ctx, int task, int worker);
+
+int pool_create(int n_threads, struct threadpool **out, struct qerr *err);
+void pool_destroy(struct threadpool *p);
+int pool_threads(const struct threadpool *p);
+/* Runs the tasks and returns when all are done. Not reentrant: one job at a time. */
+void pool_run(struct threadpool *p, pool_fn fn, void *ctx, int n_tasks);
+
+#endif

@@ -1,0 +1,234 @@
+/* api: the small endpoints (models, health, metrics, tokenize, detokenize), the error answer
+ * every handler shares, and the serve_* wrappers around the engine. Generation lives in
+ * api_generate.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+
+int serve_submit(struct serve *s, const struct gen_request *r, struct request **out,
+                 struct qerr *err)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    int rc = s->engine ? engine_submit(s->engine, r, out, err)
+                       : qerr_set(err, QERR_FULL, "the server is draining");
+    pthread_rwlock_unlock(&s->lock);
+    if (!rc) atomic_fetch_add(&s->inflight, 1);
+    return rc;
+}
+
+void serve_release(struct serve *s, struct request *r, bool abort)
+{
+    if (!r) return;
+    if (abort) request_abort(r);
+    request_release(r);
+    atomic_fetch_sub(&s->inflight, 1);
+}
+
+bool serve_stats(struct serve *s, struct engine_stats *st)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    bool have = s->engine != NULL;
+    if (have) engine_get_stats(s->engine, st);
+    pthread_rwlock_unlock(&s->lock);
+    return have;
+}
+
+static enum metrics_error error_reason(const struct oai_error *e)
+{
+    switch (e->status) {
+    case 400:
+        return e->code && !strcmp(e->code, "context_length_exceeded") ? METRICS_ERR_CONTEXT
+                                                                      : METRICS_ERR_BAD_REQUEST;
+    case 401:
+        return METRICS_ERR_AUTH;
+    case 404:
+        return METRICS_ERR_NOT_FOUND;
+    case 405:
+        return METRICS_ERR_METHOD;
+    case 413:
+        return METRICS_ERR_TOO_LARGE;
+    case 429:
+        return METRICS_ERR_QUEUE_FULL;
+    case 503:
+        return METRICS_ERR_UNAVAILABLE;
+    default:
+        return e->status >= 500 ? METRICS_ERR_INTERNAL : METRICS_ERR_BAD_REQUEST;
+    }
+}
+
+void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out)
+{
+    out->status = e->status;
+    out->content_type = "application/json";
+    out->body = oai_write_error(e);
+    out->body_len = out->body ? strlen(out->body) : 0;
+    if (e->status == 429) out->retry_after = 1;
+    if (log) {
+        log->has_error = true;
+        log->error = error_reason(e);
+    }
+}
+
+static void json_reply(struct http_resp *out, int status, char *body)
+{
+    if (!body) {
+        struct oai_error e = {0};
+        oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        api_error(&e, NULL, out);
+        return;
+    }
+    out->status = status;
+    out->content_type = "application/json";
+    out->body = body;
+    out->body_len = strlen(body);
+}
+
+void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    (void)rq;
+    json_reply(out, 200, oai_write_models(s->o->served_name, s->started, s->ctx_len));
+}
+
+void api_health(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    (void)rq;
+    int state = atomic_load(&s->state);
+    struct engine_stats st;
+    const char *status = "ok";
+    char detail[128] = "";
+    if (state == SERVE_LOADING) {
+        status = "loading";
+    } else if (state == SERVE_DRAINING) {
+        status = "draining";
+    } else if (!serve_stats(s, &st)) {
+        status = "stopped";
+    } else if (st.last_step_age_s > s->o->watchdog_s) {
+        status = "stalled";
+        snprintf(detail, sizeof detail, ",\"last_step_age_s\":%.1f", st.last_step_age_s);
+    }
+    char *body = malloc(256);
+    if (body) snprintf(body, 256, "{\"status\":\"%s\"%s}", status, detail);
+    json_reply(out, strcmp(status, "ok") ? 503 : 200, body);
+    if (out->status == 503) out->retry_after = 5;
+}
+
+void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    (void)rq;
+    struct engine_stats st;
+    bool have = serve_stats(s, &st);
+    struct sbuf b = {0};
+    if (metrics_render(&s->metrics, have ? &st : NULL, atomic_load(&s->state), &b)) {
+        sbuf_free(&b);
+        json_reply(out, 500, NULL);
+        return;
+    }
+    out->status = 200;
+    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    out->body_len = b.len;
+    out->body = sbuf_take(&b);
+}
+
+/* 503 unless the model is loaded and the server is not draining. */
+static bool ready(struct serve *s, struct req_log *log, struct http_resp *out)
+{
+    int state = atomic_load(&s->state);
+    if (state == SERVE_READY) return true;
+    struct oai_error e = {0};
+    oai_error_set(&e, 503, "server_error", state == SERVE_LOADING ? "loading" : "draining", NULL,
+                  state == SERVE_LOADING ? "the model is still loading" : "the server is draining");
+    api_error(&e, log, out);
+    return false;
+}
+
+static int vocab_bytes(const void *ctx, int32_t id, char *buf, size_t cap)
+{
+    return tokenizer_token_bytes(ctx, id, buf, cap);
+}
+
+struct oai_vocab api_vocab(const struct serve *s)
+{
+    return (struct oai_vocab){.token_bytes = vocab_bytes, .ctx = s->tok};
+}
+
+int api_chat_text(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
+                  char **text, struct oai_error *e)
+{
+    if (!s->chat)
+        return oai_error_set(e, 400, "invalid_request_error", "no_chat_template", "messages",
+                             "this model has no chat template quern supports (%s); use "
+                             "/v1/completions",
+                             s->chat_error);
+    struct qerr q = {0};
+    if (chat_format(s->chat, r->msgs, r->n_msgs, add_generation_prompt, text, &q))
+        return oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
+                             q.code == QERR_NOMEM ? "server_error" : "invalid_request_error", NULL,
+                             "messages", "messages: %s", q.msg);
+    return 0;
+}
+
+void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    if (!ready(s, rq->log, out)) return;
+    struct oai_request r;
+    struct oai_error e = {0};
+    if (oai_parse(OAI_TOKENIZE, rq->body, rq->body_len, &r, &e)) {
+        api_error(&e, rq->log, out);
+        return;
+    }
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct qerr q = {0};
+    bool bos = r.add_special && tokenizer_adds_bos(s->tok);
+    if (r.n_msgs) {
+        if (api_chat_text(s, &r, r.add_generation_prompt, &text, &e)) goto fail;
+        if (tokenizer_encode(s->tok, text, strlen(text), bos, true, &ids, &n, &q)) goto qfail;
+    } else if (tokenizer_encode(s->tok, r.prompts[0].text, r.prompts[0].text_len, bos, false, &ids,
+                                &n, &q)) {
+        goto qfail;
+    }
+    json_reply(out, 200, oai_write_tokens(ids, n, s->ctx_len));
+    goto done;
+qfail:
+    oai_error_set(&e, 400, "invalid_request_error", NULL, r.n_msgs ? "messages" : "prompt", "%s",
+                  q.msg);
+fail:
+    api_error(&e, rq->log, out);
+done:
+    free(ids);
+    free(text);
+    oai_request_free(&r);
+}
+
+void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    if (!ready(s, rq->log, out)) return;
+    struct oai_request r;
+    struct oai_error e = {0};
+    if (oai_parse(OAI_DETOKENIZE, rq->body, rq->body_len, &r, &e)) {
+        api_error(&e, rq->log, out);
+        return;
+    }
+    for (size_t i = 0; i < r.n_tokens; i++) {
+        if (r.tokens[i] >= s->vocab) {
+            oai_error_set(&e, 400, "invalid_request_error", "invalid_value", "tokens",
+                          "'tokens' element %zu is %d; the vocabulary has %d tokens", i,
+                          r.tokens[i], s->vocab);
+            api_error(&e, rq->log, out);
+            oai_request_free(&r);
+            return;
+        }
+    }
+    char *text = tokenizer_decode(s->tok, r.tokens, r.n_tokens);
+    json_reply(out, 200, text ? oai_write_detokenized(text, strlen(text)) : NULL);
+    free(text);
+    oai_request_free(&r);
+}
+
+bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out)
+{
+    return ready(s, log, out);
+}

@@ -1,0 +1,32 @@
+/* api: the endpoint handlers. Each runs on an HTTP thread, reads the request and fills a
+ * struct http_resp (and the req_log); none runs model code: generation goes through
+ * serve_submit and waits on the request's events. */
+#ifndef QUERN_API_H
+#define QUERN_API_H
+
+#include "http.h"
+#include "oai.h"
+
+typedef void (*api_handler)(struct serve *s, const struct http_req *rq, struct http_resp *out);
+
+void api_completions(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_chat(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_health(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);
+
+/* Fills out with the error's JSON body and status, and the log's error reason. */
+void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out);
+
+/* Shared by api.c and api_generate.c. */
+/* False (with a 503 in out) unless the model is loaded and the server is not draining. */
+bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);
+/* The model's token texts for the response writers. */
+struct oai_vocab api_vocab(const struct serve *s);
+/* The conversation in r formatted by the model's chat template (*text malloc'd). */
+int api_chat_text(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
+                  char **text, struct oai_error *e);
+
+#endif

@@ -1,0 +1,498 @@
+/* api_generate: POST /v1/completions and /v1/chat/completions.
+ *
+ * DESIGN. The handler parses and validates the body, tokenizes each prompt (chat: the template's
+ * text with special tokens parsed; completions: user text never parsed for specials), checks the
+ * context, and submits one engine request per choice (prompts x n; choice j of a prompt gets
+ * seed + j, and the prefix cache shares the prompt between them). Then either
+ *   - non-streamed: the handler waits on each request's events on its HTTP thread, polling the
+ *     client socket between waits so a disconnect aborts the requests, and answers one JSON
+ *     body; or
+ *   - streamed: the handler returns a struct gen as the body's stream. Its read callback, run on
+ *     the same HTTP thread whenever the socket can take more, blocks on the requests' events
+ *     (round-robin over the live choices, with short timeouts) and turns each into one SSE
+ *     chunk, then the optional usage chunk and [DONE]. The client going away shows as a failed
+ *     write or as a hang-up seen while waiting; either way MHD frees the stream, which aborts
+ *     whatever is still running, so its KV blocks are free by the engine's next step.
+ * A struct gen is owned by the handler until it is handed to the HTTP layer as a stream. */
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "api.h"
+
+struct choice {
+    struct request *req; /* NULL once released */
+    bool done;
+    int prompt; /* index of its prompt */
+    size_t text_len; /* bytes of text so far (echo included): logprobs text_offset */
+    struct oai_choice out; /* non-streamed: the collected text and logprobs */
+};
+
+struct gen {
+    struct serve *s;
+    struct oai_meta meta;
+    char id[48];
+    bool stream, include_usage;
+    int fd;
+    struct req_log *log;
+    int n_choices, n_prompts;
+    struct choice *ch;    /* [n_choices] */
+    int32_t **ids;        /* [n_prompts] token ids (owned) */
+    size_t *n_ids;        /* [n_prompts] */
+    char **echo;          /* [n_prompts] echoed text (owned) or NULL */
+    struct oai_usage usage;
+    int first_done;       /* choices finished so far (the first one fills the log) */
+    struct sbuf pending;  /* streamed bytes not yet handed to MHD */
+    size_t off;
+    bool eof;             /* [DONE] is in pending */
+    int rr;               /* next choice to block on */
+    int waited_ms;        /* since the last disconnect check */
+};
+
+static void gen_free(struct gen *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_choices; i++) {
+        serve_release(g->s, g->ch[i].req, !g->ch[i].done);
+        oai_choice_free(&g->ch[i].out);
+    }
+    for (int i = 0; i < g->n_prompts; i++) {
+        free(g->ids[i]);
+        free(g->echo[i]);
+    }
+    free(g->ch);
+    free(g->ids);
+    free(g->n_ids);
+    free(g->echo);
+    sbuf_free(&g->pending);
+    free(g);
+}
+
+/* True when the client has hung up (or its socket failed). */
+static bool client_gone(int fd)
+{
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int append_chunk(struct gen *g, char *chunk)
+{
+    if (!chunk) return QERR_NOMEM;
+    int rc = sbuf_puts(&g->pending, chunk);
+    free(chunk);
+    return rc;
+}
+
+/* Takes in one event of choice i. */
+static int on_event(struct gen *g, int i, const struct req_event *ev)
+{
+    struct choice *c = &g->ch[i];
+    bool lp = g->meta.logprobs >= 0 && !ev->done;
+    struct oai_lp one;
+    if (lp) {
+        one = (struct oai_lp){.token = ev->token, .logprob = ev->logprob,
+                              .text_offset = c->text_len};
+        one.n_top = ev->n_top < 0 ? 0 : ev->n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : ev->n_top;
+        memcpy(one.top, ev->top, (size_t)one.n_top * sizeof one.top[0]);
+    }
+    size_t len = ev->text_len > 0 ? (size_t)ev->text_len : 0;
+    if (len > sizeof ev->text - 1) len = sizeof ev->text - 1;
+    enum finish_reason fin = ev->done ? ev->finish : FINISH_NONE;
+    if (ev->done && fin == FINISH_NONE) fin = FINISH_ERROR;
+    int rc = 0;
+    if (g->stream) {
+        if (ev->done && fin == FINISH_ERROR) {
+            struct oai_error e = {0};
+            oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
+                          ev->error[0] ? ev->error : "the engine failed this request");
+            rc = append_chunk(g, oai_write_error_chunk(&e));
+        }
+        if (!rc && (len || lp || ev->done))
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, ev->text, len, NULL, fin,
+                                                 lp ? &one : NULL, lp ? 1 : 0, g->include_usage));
+    } else {
+        if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        if (!rc && lp)
+            rc = oai_choice_add_lp(&c->out, one.token, one.logprob, one.text_offset, one.top,
+                                   one.n_top);
+    }
+    c->text_len += len;
+    if (ev->done) {
+        c->done = true;
+        c->out.finish = fin;
+        g->usage.completion_tokens += ev->completion_tokens;
+        if (c->prompt >= 0 && i % (g->n_choices / g->n_prompts) == 0)
+            g->usage.cached_tokens += ev->cached_tokens;
+        metrics_observe_request(&g->s->metrics, ev);
+        if (g->log) {
+            g->log->completion_tokens += ev->completion_tokens;
+            g->log->cached_tokens += ev->cached_tokens;
+            if (g->first_done == 0) {
+                g->log->ttft_ms = ev->completion_tokens > 0 ? ev->ttft_ms : -1;
+                g->log->finish = oai_finish_name(fin);
+            }
+            if (fin == FINISH_ERROR) {
+                g->log->has_error = true;
+                g->log->error = METRICS_ERR_INTERNAL;
+                fprintf(stderr, "quern serve: request %s choice %d failed: %s\n", g->log->id, i,
+                        ev->error);
+            }
+        }
+        g->first_done++;
+    }
+    return rc;
+}
+
+static bool all_done(const struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        if (!g->ch[i].done) return false;
+    return true;
+}
+
+/* Takes every event already waiting; returns how many, or a negative code. */
+static int drain_ready(struct gen *g)
+{
+    int got = 0;
+    struct req_event ev;
+    for (int i = 0; i < g->n_choices; i++) {
+        struct choice *c = &g->ch[i];
+        while (!c->done && request_next(c->req, &ev, 0) == 0) {
+            int rc = on_event(g, i, &ev);
+            if (rc) return rc;
+            got++;
+        }
+    }
+    return got;
+}
+
+/* Waits up to timeout_ms on the next live choice (round robin); 1 when an event came. */
+static int wait_one(struct gen *g, int timeout_ms)
+{
+    for (int k = 0; k < g->n_choices; k++) {
+        int i = (g->rr + k) % g->n_choices;
+        if (g->ch[i].done) continue;
+        g->rr = (i + 1) % g->n_choices;
+        struct req_event ev;
+        int rc = request_next(g->ch[i].req, &ev, timeout_ms);
+        if (rc == 0) {
+            rc = on_event(g, i, &ev);
+            return rc ? rc : 1;
+        }
+        g->waited_ms += timeout_ms;
+        return 0;
+    }
+    return 0;
+}
+
+/* Waits for more events; QERR_IO when the client went away. */
+static int wait_more(struct gen *g)
+{
+    int live = 0;
+    for (int i = 0; i < g->n_choices; i++) live += !g->ch[i].done;
+    int rc = drain_ready(g);
+    if (rc) return rc < 0 ? rc : 0;
+    rc = wait_one(g, live == 1 ? 200 : 10);
+    if (rc < 0) return rc;
+    if (rc == 0 && g->waited_ms >= 200) {
+        g->waited_ms = 0;
+        if (client_gone(g->fd)) return QERR_IO;
+    }
+    return 0;
+}
+
+static long stream_read(void *ctx, char *buf, size_t max)
+{
+    struct gen *g = ctx;
+    while (g->off == g->pending.len) {
+        sbuf_reset(&g->pending);
+        g->off = 0;
+        if (g->eof) return 0;
+        int rc = 0;
+        if (all_done(g)) {
+            if (g->include_usage) rc = append_chunk(g, oai_write_usage_chunk(&g->meta, &g->usage));
+            if (!rc) rc = sbuf_puts(&g->pending, OAI_SSE_DONE);
+            g->eof = true;
+        } else {
+            rc = wait_more(g);
+        }
+        if (rc) {
+            if (g->log) g->log->disconnected = rc == QERR_IO;
+            return -1;
+        }
+    }
+    size_t n = g->pending.len - g->off;
+    if (n > max) n = max;
+    memcpy(buf, g->pending.p + g->off, n);
+    g->off += n;
+    return (long)n;
+}
+
+static void stream_free(void *ctx)
+{
+    gen_free(ctx);
+}
+
+static const struct http_stream_ops gen_stream_ops = {.read = stream_read, .free = stream_free};
+
+static uint64_t random_seed(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        v = (uint64_t)t.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)t.tv_sec;
+    }
+    return v;
+}
+
+/* Tokenizes prompt p of r into g->ids[p] (and its echo text). */
+static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct gen *g, int p,
+                           struct oai_error *e)
+{
+    struct qerr q = {0};
+    const char *param = r->kind == OAI_CHAT ? "messages" : "prompt";
+    if (r->kind == OAI_CHAT) {
+        char *text = NULL;
+        int rc = api_chat_text(s, r, true, &text, e);
+        if (rc) return rc;
+        rc = tokenizer_encode(s->tok, text, strlen(text), tokenizer_adds_bos(s->tok), true,
+                              &g->ids[p], &g->n_ids[p], &q);
+        free(text);
+        if (rc) return oai_error_set(e, 400, "invalid_request_error", NULL, param, "%s", q.msg);
+    } else if (r->prompts[p].text) {
+        const struct oai_prompt *op = &r->prompts[p];
+        if (tokenizer_encode(s->tok, op->text, op->text_len, tokenizer_adds_bos(s->tok), false,
+                             &g->ids[p], &g->n_ids[p], &q))
+            return oai_error_set(e, 400, "invalid_request_error", NULL, param, "%s", q.msg);
+        if (r->echo && !(g->echo[p] = strndup(op->text, op->text_len)))
+            return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    } else {
+        const struct oai_prompt *op = &r->prompts[p];
+        for (size_t i = 0; i < op->n_ids; i++)
+            if (op->ids[i] >= s->vocab)
+                return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param,
+                                     "'prompt' token %zu is %d; the vocabulary has %d tokens", i,
+                                     op->ids[i], s->vocab);
+        g->ids[p] = malloc((op->n_ids ? op->n_ids : 1) * sizeof(int32_t));
+        if (!g->ids[p]) return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(g->ids[p], op->ids, op->n_ids * sizeof(int32_t));
+        g->n_ids[p] = op->n_ids;
+        if (r->echo && !(g->echo[p] = tokenizer_decode(s->tok, op->ids, op->n_ids)))
+            return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (g->n_ids[p] == 0)
+        return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param,
+                             "the %s has no tokens", param);
+    return 0;
+}
+
+static int submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
+{
+    if (q->code == QERR_FULL && (atomic_load(&s->state) != SERVE_READY || strstr(q->msg, "drain")))
+        return oai_error_set(e, 503, "server_error", "draining", NULL, "the server is draining");
+    if (q->code == QERR_FULL)
+        return oai_error_set(e, 429, "rate_limit_error", "queue_full", NULL,
+                             "the request queue is full (%s); retry later", q->msg);
+    if (q->code == QERR_INVALID)
+        return oai_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", q->msg);
+    return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", q->msg);
+}
+
+/* Builds g from the parsed request and submits every choice. */
+static int gen_start(struct serve *s, const struct http_req *rq, const struct oai_request *r,
+                     struct gen **out, struct oai_error *e)
+{
+    const char *nomem = "out of memory";
+    int n_prompts = r->kind == OAI_CHAT ? 1 : (int)r->n_prompts;
+    struct gen *g = calloc(1, sizeof *g);
+    if (!g) return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
+    g->s = s;
+    g->fd = rq->fd;
+    g->log = rq->log;
+    g->stream = r->stream;
+    g->include_usage = r->stream && r->include_usage;
+    g->n_prompts = n_prompts;
+    g->ids = calloc((size_t)n_prompts, sizeof *g->ids);
+    g->n_ids = calloc((size_t)n_prompts, sizeof *g->n_ids);
+    g->echo = calloc((size_t)n_prompts, sizeof *g->echo);
+    g->ch = calloc((size_t)n_prompts * (size_t)r->n, sizeof *g->ch);
+    int rc = 0;
+    if (!g->ids || !g->n_ids || !g->echo || !g->ch) {
+        rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
+        goto fail;
+    }
+    snprintf(g->id, sizeof g->id, "%s-%s", r->kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+             rq->log->id);
+    g->meta = (struct oai_meta){.kind = r->kind,
+                                .id = g->id,
+                                .model = s->o->served_name,
+                                .created = (long long)time(NULL),
+                                .logprobs = r->logprobs,
+                                .vocab = api_vocab(s)};
+    int max_tokens = r->max_tokens;
+    for (int p = 0; p < n_prompts; p++) {
+        if ((rc = tokenize_prompt(s, r, g, p, e))) goto fail;
+        int mt = max_tokens >= 0 ? max_tokens
+                 : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
+                                       : 16;
+        if (mt < 0 || g->n_ids[p] + (size_t)mt > (size_t)s->ctx_len) {
+            rc = oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                               r->kind == OAI_CHAT ? "messages" : "prompt",
+                               "This model's maximum context length is %d tokens. However, you "
+                               "requested %zu tokens (%zu in the %s, %d for the completion). "
+                               "Please reduce the length of the %s or the completion.",
+                               s->ctx_len, g->n_ids[p] + (size_t)(mt > 0 ? mt : 0), g->n_ids[p],
+                               r->kind == OAI_CHAT ? "messages" : "prompt", mt > 0 ? mt : 0,
+                               r->kind == OAI_CHAT ? "messages" : "prompt");
+            goto fail;
+        }
+        g->usage.prompt_tokens += (int)g->n_ids[p];
+    }
+    rq->log->prompt_tokens = g->usage.prompt_tokens;
+    uint64_t seed = r->has_seed ? r->sample.seed : random_seed();
+    for (int p = 0; p < n_prompts; p++) {
+        int mt = max_tokens >= 0 ? max_tokens
+                 : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
+                                       : 16;
+        for (int j = 0; j < r->n; j++) {
+            int i = p * r->n + j;
+            struct gen_request gr = {.prompt = g->ids[p],
+                                     .n_prompt = g->n_ids[p],
+                                     .sample = r->sample,
+                                     .max_tokens = mt,
+                                     .ignore_eos = r->ignore_eos,
+                                     .n_stop_strings = r->n_stop,
+                                     .top_logprobs = r->logprobs};
+            gr.sample.seed = seed + (uint64_t)j;
+            for (int k = 0; k < r->n_stop; k++) gr.stop_strings[k] = r->stop[k];
+            struct qerr q = {0};
+            g->ch[i].prompt = p;
+            if (serve_submit(s, &gr, &g->ch[i].req, &q)) {
+                rc = submit_error(s, &q, e);
+                goto fail;
+            }
+            g->n_choices = i + 1;
+            if (g->echo[p]) {
+                size_t el = strlen(g->echo[p]);
+                if (!g->stream && sbuf_append(&g->ch[i].out.text, g->echo[p], el)) {
+                    rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
+                    goto fail;
+                }
+                g->ch[i].text_len = el;
+            }
+        }
+    }
+    *out = g;
+    return 0;
+fail:
+    g->n_choices = g->n_choices; /* only the submitted ones are released */
+    gen_free(g);
+    return rc;
+}
+
+/* The first bytes of a stream: the assistant role (chat) or the echoed prompt (completions). */
+static int stream_begin(struct gen *g)
+{
+    int rc = 0;
+    for (int i = 0; i < g->n_choices && !rc; i++) {
+        if (g->meta.kind == OAI_CHAT) {
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, "assistant", FINISH_NONE,
+                                                 NULL, 0, g->include_usage));
+        } else if (g->echo[g->ch[i].prompt]) {
+            const char *t = g->echo[g->ch[i].prompt];
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, t, strlen(t), NULL, FINISH_NONE,
+                                                 NULL, 0, g->include_usage));
+        }
+    }
+    return rc;
+}
+
+/* Waits for every choice (non-streamed); QERR_IO when the client went away. */
+static int wait_all(struct gen *g)
+{
+    while (!all_done(g)) {
+        int rc = wait_more(g);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static void generate(struct serve *s, const struct http_req *rq, struct http_resp *out,
+                     enum oai_kind kind)
+{
+    if (!api_ready(s, rq->log, out)) return;
+    struct oai_request r;
+    struct oai_error e = {0};
+    if (oai_parse(kind, rq->body, rq->body_len, &r, &e)) {
+        api_error(&e, rq->log, out);
+        return;
+    }
+    struct gen *g = NULL;
+    if (gen_start(s, rq, &r, &g, &e)) {
+        oai_request_free(&r);
+        api_error(&e, rq->log, out);
+        return;
+    }
+    oai_request_free(&r); /* g copied what it needs; stop strings were copied by the engine */
+    if (g->stream) {
+        if (stream_begin(g)) {
+            gen_free(g);
+            oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+            api_error(&e, rq->log, out);
+            return;
+        }
+        out->status = 200;
+        out->content_type = "text/event-stream";
+        out->stream = &gen_stream_ops;
+        out->stream_ctx = g;
+        return;
+    }
+    int rc = wait_all(g);
+    if (rc == QERR_IO) {
+        rq->log->disconnected = true;
+        out->status = 0;
+    } else if (rc) {
+        oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        api_error(&e, rq->log, out);
+    } else {
+        bool failed = false;
+        for (int i = 0; i < g->n_choices; i++) failed |= g->ch[i].out.finish == FINISH_ERROR;
+        if (failed) {
+            oai_error_set(&e, 500, "server_error", "engine_error", NULL,
+                          "the engine failed this request (see the server log)");
+            api_error(&e, rq->log, out);
+        } else {
+            struct oai_choice *cs = malloc((size_t)g->n_choices * sizeof *cs);
+            if (cs)
+                for (int i = 0; i < g->n_choices; i++) cs[i] = g->ch[i].out;
+            char *body = cs ? oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage)
+                            : NULL;
+            free(cs);
+            if (!body) {
+                oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+                api_error(&e, rq->log, out);
+            } else {
+                out->status = 200;
+                out->content_type = "application/json";
+                out->body = body;
+                out->body_len = strlen(body);
+            }
+        }
+    }
+    gen_free(g);
+}
+
+void api_completions(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    generate(s, rq, out, OAI_COMPLETION);
+}
+
+void api_chat(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    generate(s, rq, out, OAI_CHAT);
+}

@@ -1,0 +1,21 @@
+/* cli: the quern subcommands. Each takes argc/argv after the subcommand name and returns the
+ * process exit code: 0 ok, 1 runtime error, 2 bad usage. */
+#ifndef QUERN_CLI_H
+#define QUERN_CLI_H
+
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+#define QUERN_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+int cli_generate(int argc, char **argv);
+int cli_info(int argc, char **argv);
+
+/* Parses a whole decimal integer / float into *out; false when text is not one or is out of
+ * [lo, hi]. */
+#include <stdbool.h>
+bool cli_parse_int(const char *text, long lo, long hi, long *out);
+bool cli_parse_float(const char *text, double lo, double hi, double *out);
+/* The model path: the --model argument, else $QUERN_MODEL, else the default. */
+const char *cli_model_path(const char *arg);
+
+#endif

@@ -1,0 +1,288 @@
+/* quern generate: one prompt, one sequence, text streamed to stdout as it is produced. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/chat.h"
+#include "../engine/generate.h"
+#include "../engine/tokenizer.h"
+#include "cli.h"
+
+static void generate_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: quern generate [--model PATH] --prompt TEXT [options]\n"
+            "  --model PATH      GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
+            "  --prompt TEXT     the prompt (UTF-8)\n"
+            "  -n N              tokens to generate (default 64)\n"
+            "  --chat            wrap the prompt in the model's chat template as a user message\n"
+            "  --system TEXT     system message for --chat (default: the template's own)\n"
+            "  --temp T          temperature, 0 = greedy (default 0.8)\n"
+            "  --top-k K         keep the K most likely tokens (default 40, 0 = off)\n"
+            "  --top-p P         nucleus sampling (default 0.95)\n"
+            "  --min-p P         drop tokens below P x the top probability (default 0.05)\n"
+            "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
+            "  --seed S          RNG seed (default 0)\n"
+            "  --threads N       CPU threads (default: all)\n"
+            "  --ignore-eos      keep generating past end-of-generation tokens\n"
+            "  --no-stats        do not print timings to stderr\n");
+}
+
+struct gen_state {
+    const struct tokenizer *tok;
+    struct detok dt;
+    bool ignore_eos;
+    int produced;
+    double t_first;
+    struct timespec t0;
+};
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static bool on_token(void *ctx, int32_t token, const float *logits)
+{
+    (void)logits;
+    struct gen_state *g = ctx;
+    if (g->produced++ == 0) g->t_first = seconds_since(&g->t0);
+    if (!g->ignore_eos && tokenizer_is_eog(g->tok, token)) return true;
+    char piece[256];
+    int n = detok_push(&g->dt, g->tok, token, piece, sizeof piece);
+    if (n > 0) {
+        fwrite(piece, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
+    return false;
+}
+
+struct gen_args {
+    const char *model, *prompt, *system;
+    long n_predict, threads;
+    bool chat, ignore_eos, stats;
+    struct sample_params sp;
+};
+
+static int parse_args(int argc, char **argv, struct gen_args *a)
+{
+    enum {
+        O_CHAT = 256,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_SEED,
+        O_THREADS,
+        O_IGNORE,
+        O_SYSTEM,
+        O_REPEAT,
+        O_NOSTATS
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"prompt", required_argument, 0, 'p'},
+                                         {"chat", no_argument, 0, O_CHAT},
+                                         {"temp", required_argument, 0, O_TEMP},
+                                         {"top-k", required_argument, 0, O_TOPK},
+                                         {"top-p", required_argument, 0, O_TOPP},
+                                         {"min-p", required_argument, 0, O_MINP},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"ignore-eos", no_argument, 0, O_IGNORE},
+                                         {"system", required_argument, 0, O_SYSTEM},
+                                         {"repeat-penalty", required_argument, 0, O_REPEAT},
+                                         {"no-stats", no_argument, 0, O_NOSTATS},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true};
+    sample_params_default(&a->sp);
+    a->sp.temperature = 0.8f;
+    a->sp.top_k = 40;
+    a->sp.top_p = 0.95f;
+    a->sp.min_p = 0.05f;
+    optind = 1;
+    int c;
+    double d;
+    long l;
+    while ((c = getopt_long(argc, argv, "m:p:n:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            a->model = optarg;
+            break;
+        case 'p':
+            a->prompt = optarg;
+            break;
+        case 'n':
+            if (!cli_parse_int(optarg, 0, 1000000, &a->n_predict)) {
+                fprintf(stderr, "quern generate: -n '%s' is not an integer in 0..1000000\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case O_CHAT:
+            a->chat = true;
+            break;
+        case O_IGNORE:
+            a->ignore_eos = true;
+            break;
+        case O_NOSTATS:
+            a->stats = false;
+            break;
+        case O_SYSTEM:
+            a->system = optarg;
+            break;
+        case O_TEMP:
+        case O_TOPP:
+        case O_MINP:
+        case O_REPEAT:
+            if (!cli_parse_float(optarg, 0, 100, &d)) {
+                fprintf(stderr, "quern generate: '%s' is not a number in 0..100\n", optarg);
+                return EXIT_USAGE;
+            }
+            if (c == O_TEMP) a->sp.temperature = (float)d;
+            if (c == O_TOPP) a->sp.top_p = (float)d;
+            if (c == O_MINP) a->sp.min_p = (float)d;
+            if (c == O_REPEAT) a->sp.repetition_penalty = (float)d;
+            break;
+        case O_TOPK:
+        case O_THREADS:
+        case O_SEED:
+            if (!cli_parse_int(optarg, 0, c == O_SEED ? 0x7fffffffffffffffL : 1024, &l)) {
+                fprintf(stderr, "quern generate: '%s' is not a valid integer for this option\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            if (c == O_TOPK) a->sp.top_k = (int)l;
+            if (c == O_THREADS) a->threads = l;
+            if (c == O_SEED) a->sp.seed = (uint64_t)l;
+            break;
+        case 'h':
+            generate_usage(stdout);
+            return -1;
+        default:
+            generate_usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern generate: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (!a->prompt) {
+        fprintf(stderr, "quern generate: --prompt is required (see quern generate --help)\n");
+        return EXIT_USAGE;
+    }
+    struct qerr err = {0};
+    if (sample_params_check(&a->sp, &err)) {
+        fprintf(stderr, "quern generate: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Builds the text to tokenize: the prompt itself or the chat-formatted conversation. */
+static int build_prompt(const struct gguf_file *f, const struct gen_args *a, char **out,
+                        struct qerr *err)
+{
+    if (!a->chat) {
+        *out = strdup(a->prompt);
+        return *out ? 0 : qerr_set(err, QERR_NOMEM, "out of memory");
+    }
+    struct gguf_str tmpl;
+    int rc = gguf_get_str(f, "tokenizer.chat_template", &tmpl, err);
+    if (rc) return qerr_wrap(err, "--chat");
+    struct chat_template ct;
+    if ((rc = chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, err))) return rc;
+    struct chat_msg msgs[2];
+    size_t n = 0;
+    if (a->system) msgs[n++] = (struct chat_msg){"system", a->system};
+    msgs[n++] = (struct chat_msg){"user", a->prompt};
+    rc = chat_format(&ct, msgs, n, true, out, err);
+    chat_template_free(&ct);
+    return rc;
+}
+
+int cli_generate(int argc, char **argv)
+{
+    struct gen_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? EXIT_OK : rc;
+    const char *path = cli_model_path(a.model);
+    struct qerr err = {0};
+    struct gguf_file *f = NULL;
+    struct tokenizer *tok = NULL;
+    struct backend *be = NULL;
+    struct model *m = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int exit_code = EXIT_RUNTIME;
+
+    if ((rc = gguf_open(path, &f, &err))) goto out;
+    if ((rc = tokenizer_load(f, &tok, &err))) goto out;
+    if ((rc = build_prompt(f, &a, &text, &err))) goto out;
+    /* special tokens are parsed only in text the chat template produced, never in raw user
+     * text, so a user cannot forge a turn boundary */
+    if ((rc = tokenizer_encode(tok, text, strlen(text), tokenizer_adds_bos(tok), a.chat, &ids,
+                               &n_ids, &err))) {
+        qerr_wrap(&err, "--prompt");
+        goto out;
+    }
+    if (n_ids == 0) {
+        rc = qerr_set(&err, QERR_INVALID, "--prompt: the prompt has no tokens");
+        goto out;
+    }
+    struct model_config cfg;
+    if ((rc = model_config_read(f, &cfg, &err))) goto out;
+    size_t total = n_ids + (size_t)a.n_predict;
+    if (total > (size_t)cfg.ctx_len) {
+        rc = qerr_set(&err, QERR_FULL,
+                      "prompt (%zu tokens) + -n %ld exceeds the context length of %d tokens", n_ids,
+                      a.n_predict, cfg.ctx_len);
+        goto out;
+    }
+    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = MATMUL_F32};
+    if ((rc = backend_cpu_create(&bo, &be, &err))) goto out;
+    int bs = 16;
+    struct model_opts mo = {.max_batch_tokens = 256,
+                            .max_logits = 1,
+                            .kv_blocks = (int)((total + (size_t)bs - 1) / (size_t)bs),
+                            .kv_block_size = bs};
+    if ((rc = model_load(f, be, &mo, &m, &err))) goto out;
+
+    struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
+    detok_init(&g.dt);
+    clock_gettime(CLOCK_MONOTONIC, &g.t0);
+    struct gen_opts go = {.n_predict = (int)a.n_predict, .prefill_chunk = 256, .sample = a.sp};
+    if (!a.chat) fputs(a.prompt, stdout);
+    rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
+    char tail[16];
+    int nt = detok_flush(&g.dt, tail, sizeof tail);
+    if (nt > 0) fwrite(tail, 1, (size_t)nt, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (rc) goto out;
+    double total_s = seconds_since(&g.t0);
+    if (a.stats && g.produced > 0) {
+        double decode_s = total_s - g.t_first;
+        fprintf(stderr,
+                "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens, decode "
+                "%.1f tok/s; %d threads\n",
+                n_ids, g.t_first, (double)n_ids / g.t_first, g.produced,
+                g.produced > 1 ? (g.produced - 1) / decode_s : 0.0, a.threads ? (int)a.threads : 0);
+    }
+    exit_code = EXIT_OK;
+out:
+    if (exit_code != EXIT_OK) fprintf(stderr, "quern generate: %s\n", err.msg);
+    free(ids);
+    free(text);
+    model_free(m);
+    backend_destroy(be);
+    tokenizer_free(tok);
+    gguf_close(f);
+    return exit_code;
+}

@@ -1,0 +1,34 @@
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cli.h"
+
+bool cli_parse_int(const char *text, long lo, long hi, long *out)
+{
+    if (!text || !*text) return false;
+    errno = 0;
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *text, double lo, double hi, double *out)
+{
+    if (!text || !*text) return false;
+    errno = 0;
+    char *end;
+    double v = strtod(text, &end);
+    if (errno || *end || !isfinite(v) || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+const char *cli_model_path(const char *arg)
+{
+    if (arg) return arg;
+    const char *env = getenv("QUERN_MODEL");
+    return env && *env ? env : QUERN_DEFAULT_MODEL;
+}

@@ -1,0 +1,34 @@
+/* quern: an LLM inference server. main only dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: quern <command> [options]\n"
+                 "\n"
+                 "commands:\n"
+                 "  generate   generate text from a prompt (quern generate --help)\n"
+                 "  info       describe a GGUF model file (quern info --help)\n"
+                 "\n"
+                 "exit codes: 0 ok, 1 runtime error, 2 bad usage\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
+    fprintf(stderr, "quern: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,224 @@
+#include "metrics.h"
+
+#include <string.h>
+
+/* Latency buckets (seconds), close to vLLM's so dashboards carry over. */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,
+                                     0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
+static const double tpot_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                     0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
+static const double e2e_bounds[] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,
+                                    5.0,  10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
+static const double queue_bounds[] = {0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
+                                      0.5,    1.0,   2.5,   5.0,  10.0,  20.0, 40.0, 60.0};
+
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
+_Static_assert(COUNT(ttft_bounds) <= METRICS_MAX_BUCKETS, "ttft buckets");
+_Static_assert(COUNT(tpot_bounds) <= METRICS_MAX_BUCKETS, "tpot buckets");
+_Static_assert(COUNT(e2e_bounds) <= METRICS_MAX_BUCKETS, "e2e buckets");
+_Static_assert(COUNT(queue_bounds) <= METRICS_MAX_BUCKETS, "queue buckets");
+
+static const int status_codes[METRICS_N_STATUS] = {200, 400, 401, 404, 405, 408,
+                                                   413, 429, 500, 503, 499};
+
+static const char *const error_names[METRICS_ERR_COUNT] = {
+    [METRICS_ERR_BAD_REQUEST] = "bad_request",   [METRICS_ERR_CONTEXT] = "context_length",
+    [METRICS_ERR_AUTH] = "unauthorized",         [METRICS_ERR_NOT_FOUND] = "not_found",
+    [METRICS_ERR_METHOD] = "method_not_allowed", [METRICS_ERR_TOO_LARGE] = "body_too_large",
+    [METRICS_ERR_QUEUE_FULL] = "queue_full",     [METRICS_ERR_UNAVAILABLE] = "unavailable",
+    [METRICS_ERR_INTERNAL] = "internal",         [METRICS_ERR_DISCONNECT] = "client_disconnect",
+};
+
+static const char *const finish_names[5] = {"none", "stop", "length", "abort", "error"};
+
+const char *metrics_error_name(enum metrics_error r)
+{
+    return (unsigned)r < METRICS_ERR_COUNT ? error_names[r] : "unknown";
+}
+
+int metrics_init(struct metrics *m)
+{
+    *m = (struct metrics){0};
+    if (pthread_mutex_init(&m->mu, NULL)) return QERR_NOMEM;
+    m->ttft = (struct histogram){.bounds = ttft_bounds, .n_bounds = COUNT(ttft_bounds)};
+    m->tpot = (struct histogram){.bounds = tpot_bounds, .n_bounds = COUNT(tpot_bounds)};
+    m->e2e = (struct histogram){.bounds = e2e_bounds, .n_bounds = COUNT(e2e_bounds)};
+    m->queue = (struct histogram){.bounds = queue_bounds, .n_bounds = COUNT(queue_bounds)};
+    return 0;
+}
+
+void metrics_free(struct metrics *m)
+{
+    pthread_mutex_destroy(&m->mu);
+}
+
+void histogram_observe(struct histogram *h, double v)
+{
+    int i = 0;
+    while (i < h->n_bounds && v > h->bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+void metrics_observe_request(struct metrics *m, const struct req_event *f)
+{
+    pthread_mutex_lock(&m->mu);
+    if ((unsigned)f->finish < 5) m->finished[f->finish]++;
+    m->prompt_tokens += (uint64_t)(f->prompt_tokens > 0 ? f->prompt_tokens : 0);
+    m->completion_tokens += (uint64_t)(f->completion_tokens > 0 ? f->completion_tokens : 0);
+    m->cached_tokens += (uint64_t)(f->cached_tokens > 0 ? f->cached_tokens : 0);
+    if (f->completion_tokens > 0) histogram_observe(&m->ttft, f->ttft_ms / 1000.0);
+    if (f->completion_tokens > 1)
+        histogram_observe(&m->tpot,
+                          (f->total_ms - f->ttft_ms) / 1000.0 / (f->completion_tokens - 1));
+    histogram_observe(&m->e2e, f->total_ms / 1000.0);
+    histogram_observe(&m->queue, f->queue_ms / 1000.0);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_count_error(struct metrics *m, enum metrics_error r)
+{
+    if ((unsigned)r >= METRICS_ERR_COUNT) return;
+    pthread_mutex_lock(&m->mu);
+    m->errors[r]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_count_status(struct metrics *m, int status)
+{
+    int i = 0;
+    while (i < METRICS_N_STATUS && status_codes[i] != status) i++;
+    pthread_mutex_lock(&m->mu);
+    m->status[i]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static int head(struct sbuf *o, const char *name, const char *type, const char *help)
+{
+    return sbuf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int gauge(struct sbuf *o, const char *name, const char *help, double v)
+{
+    int rc = head(o, name, "gauge", help);
+    return rc ? rc : sbuf_printf(o, "%s %.17g\n", name, v);
+}
+
+static int counter(struct sbuf *o, const char *name, const char *help, uint64_t v)
+{
+    int rc = head(o, name, "counter", help);
+    return rc ? rc : sbuf_printf(o, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static int hist(struct sbuf *o, const char *name, const char *help, const struct histogram *h)
+{
+    int rc = head(o, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->n_bounds && !rc; i++) {
+        cum += h->counts[i];
+        if (i < h->n_bounds)
+            rc = sbuf_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i],
+                             (unsigned long long)cum);
+        else
+            rc = sbuf_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    if (!rc) rc = sbuf_printf(o, "%s_sum %.17g\n", name, h->sum);
+    if (!rc) rc = sbuf_printf(o, "%s_count %llu\n", name, (unsigned long long)h->count);
+    return rc;
+}
+
+static int render_engine(const struct engine_stats *s, struct sbuf *o)
+{
+    int rc = 0;
+    rc = rc ? rc : gauge(o, "quern_requests_running", "Requests in the running batch.", s->running);
+    rc = rc ? rc
+            : gauge(o, "quern_requests_waiting", "Requests waiting to be admitted.", s->waiting);
+    rc = rc ? rc : gauge(o, "quern_kv_blocks_used", "KV cache blocks in use.", s->kv_blocks_used);
+    rc = rc ? rc
+            : gauge(o, "quern_kv_blocks_total", "KV cache blocks in the pool.", s->kv_blocks_total);
+    rc = rc ? rc
+            : gauge(o, "quern_kv_blocks_peak", "Most KV cache blocks ever in use at once.",
+                    s->kv_blocks_peak);
+    rc = rc ? rc
+            : gauge(o, "quern_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.",
+                    s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0);
+    rc = rc ? rc
+            : counter(o, "quern_prefix_cache_queries_total", "Prefix cache lookups.",
+                      s->prefix_lookups);
+    rc = rc ? rc
+            : counter(o, "quern_prefix_cache_hit_tokens_total",
+                      "Prompt tokens served from the prefix cache.", s->prefix_hit_tokens);
+    rc = rc ? rc
+            : counter(o, "quern_preemptions_total", "Sequences preempted for lack of KV blocks.",
+                      s->preemptions);
+    rc = rc ? rc
+            : counter(o, "quern_prompt_tokens_total", "Prompt tokens prefilled.", s->prompt_tokens);
+    rc =
+        rc ? rc
+           : counter(o, "quern_generation_tokens_total", "Tokens generated.", s->generation_tokens);
+    rc = rc ? rc : counter(o, "quern_engine_steps_total", "Engine steps run.", s->steps);
+    rc = rc ? rc
+            : gauge(o, "quern_engine_last_step_age_seconds",
+                    "Seconds since the engine finished a step while it had work.",
+                    s->last_step_age_s);
+    rc = rc ? rc
+            : head(o, "quern_engine_requests_finished_total", "counter",
+                   "Requests the engine finished, by finish reason.");
+    for (int i = 1; i < 5 && !rc; i++)
+        rc = sbuf_printf(o, "quern_engine_requests_finished_total{finished_reason=\"%s\"} %llu\n",
+                         finish_names[i], (unsigned long long)s->finished[i]);
+    return rc;
+}
+
+int metrics_render(struct metrics *m, const struct engine_stats *s, int state, struct sbuf *out)
+{
+    pthread_mutex_lock(&m->mu);
+    struct metrics c = *m; /* a consistent snapshot; the copy's mutex is never used */
+    pthread_mutex_unlock(&m->mu);
+
+    int rc = head(out, "quern_server_state", "gauge", "0 loading, 1 ready, 2 draining.");
+    if (!rc) rc = sbuf_printf(out, "quern_server_state %d\n", state);
+    if (!rc && s) rc = render_engine(s, out);
+    if (!rc)
+        rc = head(out, "quern_request_success_total", "counter",
+                  "Generation requests finished, by finish reason (one per choice).");
+    for (int i = 1; i < 5 && !rc; i++)
+        rc = sbuf_printf(out, "quern_request_success_total{finished_reason=\"%s\"} %llu\n",
+                         finish_names[i], (unsigned long long)c.finished[i]);
+    if (!rc)
+        rc = head(out, "quern_request_errors_total", "counter",
+                  "HTTP requests refused or failed, by reason.");
+    for (int i = 0; i < METRICS_ERR_COUNT && !rc; i++)
+        rc = sbuf_printf(out, "quern_request_errors_total{reason=\"%s\"} %llu\n", error_names[i],
+                         (unsigned long long)c.errors[i]);
+    if (!rc) rc = head(out, "quern_http_responses_total", "counter", "HTTP responses by status.");
+    for (int i = 0; i <= METRICS_N_STATUS && !rc; i++) {
+        if (i < METRICS_N_STATUS)
+            rc = sbuf_printf(out, "quern_http_responses_total{code=\"%d\"} %llu\n", status_codes[i],
+                             (unsigned long long)c.status[i]);
+        else
+            rc = sbuf_printf(out, "quern_http_responses_total{code=\"other\"} %llu\n",
+                             (unsigned long long)c.status[i]);
+    }
+    if (!rc)
+        rc = counter(out, "quern_request_prompt_tokens_total",
+                     "Prompt tokens of finished requests.", c.prompt_tokens);
+    if (!rc)
+        rc = counter(out, "quern_request_generation_tokens_total",
+                     "Tokens generated for finished requests.", c.completion_tokens);
+    if (!rc)
+        rc = counter(out, "quern_request_cached_tokens_total",
+                     "Prompt tokens of finished requests served from the prefix cache.",
+                     c.cached_tokens);
+    if (!rc) rc = hist(out, "quern_time_to_first_token_seconds", "Time to first token.", &c.ttft);
+    if (!rc)
+        rc = hist(out, "quern_time_per_output_token_seconds",
+                  "Time per output token after the first.", &c.tpot);
+    if (!rc)
+        rc = hist(out, "quern_e2e_request_latency_seconds", "End-to-end request latency.", &c.e2e);
+    if (!rc)
+        rc = hist(out, "quern_request_queue_time_seconds", "Time waiting before admission.",
+                  &c.queue);
+    return rc;
+}

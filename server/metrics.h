@@ -1,0 +1,69 @@
+/* metrics: the server's own counters and latency histograms, and the Prometheus text
+ * exposition (format 0.0.4) of them together with the engine's statistics.
+ *
+ * HTTP threads record into one struct metrics (a mutex guards it; every update is a few adds);
+ * GET /metrics renders a snapshot. Histograms are cumulative, with fixed upper bounds in
+ * seconds, as Prometheus expects. */
+#ifndef QUERN_METRICS_H
+#define QUERN_METRICS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "../engine/engine.h"
+#include "sbuf.h"
+
+#define METRICS_MAX_BUCKETS 20
+
+struct histogram {
+    const double *bounds; /* [n_bounds] ascending upper bounds; +Inf is implicit */
+    int n_bounds;
+    uint64_t counts[METRICS_MAX_BUCKETS + 1]; /* per bucket, not cumulative */
+    double sum;
+    uint64_t count;
+};
+
+/* Why a request was refused or failed (the reason label of quern_request_errors_total). */
+enum metrics_error {
+    METRICS_ERR_BAD_REQUEST, /* 400: malformed JSON, a bad field */
+    METRICS_ERR_CONTEXT,     /* 400: prompt + max_tokens over the context */
+    METRICS_ERR_AUTH,        /* 401 */
+    METRICS_ERR_NOT_FOUND,   /* 404 */
+    METRICS_ERR_METHOD,      /* 405 */
+    METRICS_ERR_TOO_LARGE,   /* 413 */
+    METRICS_ERR_QUEUE_FULL,  /* 429 */
+    METRICS_ERR_UNAVAILABLE, /* 503: loading or draining */
+    METRICS_ERR_INTERNAL,    /* 500 */
+    METRICS_ERR_DISCONNECT,  /* the client went away before the answer was complete */
+    METRICS_ERR_COUNT,
+};
+
+const char *metrics_error_name(enum metrics_error r);
+
+/* The HTTP statuses counted by code; anything else counts as "other". */
+#define METRICS_N_STATUS 11
+
+struct metrics {
+    pthread_mutex_t mu;
+    uint64_t finished[5]; /* engine requests by enum finish_reason, as the server saw them */
+    uint64_t errors[METRICS_ERR_COUNT];
+    uint64_t status[METRICS_N_STATUS + 1];
+    uint64_t prompt_tokens, completion_tokens, cached_tokens;
+    struct histogram ttft, tpot, e2e, queue;
+};
+
+int metrics_init(struct metrics *m);
+void metrics_free(struct metrics *m);
+
+void histogram_observe(struct histogram *h, double v);
+
+/* Records one finished engine request from its final event. */
+void metrics_observe_request(struct metrics *m, const struct req_event *final);
+void metrics_count_error(struct metrics *m, enum metrics_error r);
+void metrics_count_status(struct metrics *m, int status);
+
+/* Appends the exposition of m and, when s is non-NULL, of the engine's statistics; state is
+ * 0 loading, 1 ready, 2 draining (quern_server_state). 0 or QERR_NOMEM. */
+int metrics_render(struct metrics *m, const struct engine_stats *s, int state, struct sbuf *out);
+
+#endif

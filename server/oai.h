@@ -1,0 +1,161 @@
+/* oai: the OpenAI-compatible request and response shapes, with no HTTP and no engine in them.
+ *
+ * oai_parse turns a request body into a struct oai_request, checking every field it knows: a
+ * known field of the wrong type or out of range is an oai_error naming the field (param), with
+ * the HTTP status the server answers. Unknown fields are ignored; JSON null means "not given".
+ * Strings in the struct point into the parsed JSON tree the struct owns.
+ *
+ * The writers build response bodies and SSE chunks (each "data: {...}\n\n") as malloc'd
+ * strings the caller frees; NULL means out of memory. Token texts for logprobs come through an
+ * oai_vocab callback so the writers can be tested without a model. */
+#ifndef QUERN_OAI_H
+#define QUERN_OAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../engine/chat.h"
+#include "../engine/engine.h"
+#include "../engine/sample.h"
+#include "sbuf.h"
+
+struct cJSON;
+
+enum oai_kind {
+    OAI_COMPLETION, /* POST /v1/completions */
+    OAI_CHAT,       /* POST /v1/chat/completions */
+    OAI_TOKENIZE,   /* POST /tokenize: prompt or messages */
+    OAI_DETOKENIZE, /* POST /detokenize: tokens */
+};
+
+#define OAI_MAX_CHOICES  64 /* prompts x n in one request */
+#define OAI_MAX_PROMPTS  64
+#define OAI_MAX_LOGPROBS 20 /* completions logprobs and chat top_logprobs */
+
+struct oai_error {
+    struct qerr q;    /* code and one-line message naming the field */
+    int status;       /* the HTTP status to answer with */
+    const char *type; /* "invalid_request_error", "authentication_error", "server_error", ... */
+    const char *code; /* NULL or a machine-readable code ("context_length_exceeded", ...) */
+    char param[64];   /* the request field at fault, "" for none */
+};
+
+/* Fills e and returns QERR_INVALID (status 4xx) or QERR_NOMEM/other codes as given. */
+int oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
+                  const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+struct oai_prompt {
+    const char *text; /* a text prompt (in the JSON tree; UTF-8, may hold NULs up to text_len) */
+    size_t text_len;
+    int32_t *ids; /* a token-id prompt (owned; ids >= 0, not yet checked against the vocab) */
+    size_t n_ids;
+};
+
+struct oai_request {
+    enum oai_kind kind;
+    struct cJSON *root; /* owned */
+    const char *model;  /* NULL when not given */
+
+    /* completions, tokenize: one or more prompts */
+    struct oai_prompt *prompts; /* owned */
+    size_t n_prompts;
+    /* chat, tokenize: the conversation; content strings are in the tree or in owned[] */
+    struct chat_msg *msgs; /* owned */
+    char **owned;          /* [n_msgs] content joined from parts, or NULL */
+    size_t n_msgs;
+    /* detokenize */
+    int32_t *tokens; /* owned */
+    size_t n_tokens;
+
+    int n;          /* choices per prompt (1..) */
+    int max_tokens; /* -1: not given (completions default 16, chat: the rest of ctx) */
+    bool echo;      /* completions: prepend the prompt to the text */
+    int logprobs;   /* -1: none; else how many top alternatives per token (0..20) */
+    bool stream, include_usage;
+    struct sample_params sample;
+    bool has_seed;
+    bool ignore_eos;
+    int n_stop;
+    const char *stop[ENGINE_MAX_STOPS];
+    bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
+    bool add_generation_prompt; /* tokenize with messages (default true) */
+};
+
+/* Parses and validates body[0..len) for the endpoint kind. On failure *out is left empty (no
+ * free needed) and e says why; on success free *out with oai_request_free. */
+int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_request *out,
+              struct oai_error *e);
+void oai_request_free(struct oai_request *r);
+
+/* --- responses --- */
+
+/* A token's raw bytes (as tokenizer_token_bytes): byte count, possibly > cap, or -1. */
+struct oai_vocab {
+    int (*token_bytes)(const void *ctx, int32_t id, char *buf, size_t cap);
+    const void *ctx;
+};
+
+/* One generated token's log-probabilities. */
+struct oai_lp {
+    int32_t token;
+    float logprob;
+    size_t text_offset; /* where the token's text begins in its choice's text */
+    int n_top;
+    struct token_logprob top[OAI_MAX_LOGPROBS];
+};
+
+/* A choice being collected for a non-streamed response. */
+struct oai_choice {
+    struct sbuf text;
+    enum finish_reason finish;
+    struct oai_lp *lp; /* owned */
+    size_t n_lp, cap_lp;
+};
+
+/* Appends a token's logprobs (copying at most OAI_MAX_LOGPROBS alternatives). */
+int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t text_offset,
+                      const struct token_logprob *top, int n_top);
+void oai_choice_free(struct oai_choice *c);
+
+struct oai_meta {
+    enum oai_kind kind; /* OAI_COMPLETION or OAI_CHAT */
+    const char *id;     /* "cmpl-..." / "chatcmpl-..." */
+    const char *model;
+    long long created; /* unix seconds */
+    int logprobs;      /* -1: none; else top-N */
+    struct oai_vocab vocab;
+};
+
+struct oai_usage {
+    int prompt_tokens, completion_tokens, cached_tokens;
+};
+
+const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */
+
+char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, size_t n,
+                         const struct oai_usage *u);
+/* One streamed chunk for choice index: text[0..len) (chat: the delta content, with the role when
+ * role is non-NULL), finish (FINISH_NONE: null), logprobs lp[0..n_lp) (ignored unless
+ * m->logprobs >= 0) and, with usage_null, "usage":null (stream_options.include_usage). */
+char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
+                      const char *role, enum finish_reason finish, const struct oai_lp *lp,
+                      size_t n_lp, bool usage_null);
+/* The final usage chunk: empty choices, usage filled. */
+char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u);
+#define OAI_SSE_DONE "data: [DONE]\n\n"
+
+/* {"error":{"message","type","param","code"}} */
+char *oai_write_error(const struct oai_error *e);
+/* The same as an SSE event, for an error after the stream began. */
+char *oai_write_error_chunk(const struct oai_error *e);
+
+char *oai_write_models(const char *name, long long created, int ctx_len);
+char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len);
+char *oai_write_detokenized(const char *text, size_t len);
+
+/* A token's text as a client sees it: valid UTF-8 as is, otherwise "bytes:\xNN..." (as vLLM
+ * writes it). Writes at most cap - 1 bytes plus a NUL; returns the length. */
+size_t oai_token_text(const struct oai_vocab *v, int32_t id, char *out, size_t cap);
+
+#endif

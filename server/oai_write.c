@@ -1,0 +1,361 @@
+/* oai_write: response bodies and SSE chunks in the shapes OpenAI's API (and vLLM, llama.cpp)
+ * use. Everything is built as a cJSON tree and printed unformatted, so escaping is cJSON's job;
+ * the texts put in are valid UTF-8 (the engine never emits a partial sequence, token texts go
+ * through oai_token_text). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/utf8.h"
+#include "oai.h"
+
+const char *oai_finish_name(enum finish_reason r)
+{
+    switch (r) {
+    case FINISH_NONE:
+        return NULL;
+    case FINISH_STOP:
+        return "stop";
+    case FINISH_LENGTH:
+        return "length";
+    case FINISH_ABORT:
+        return "abort";
+    case FINISH_ERROR:
+        return "error";
+    }
+    return "error";
+}
+
+int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t text_offset,
+                      const struct token_logprob *top, int n_top)
+{
+    if (c->n_lp == c->cap_lp) {
+        size_t cap = c->cap_lp ? c->cap_lp * 2 : 16;
+        struct oai_lp *p = realloc(c->lp, cap * sizeof *p);
+        if (!p) return QERR_NOMEM;
+        c->lp = p;
+        c->cap_lp = cap;
+    }
+    struct oai_lp *l = &c->lp[c->n_lp++];
+    l->token = token;
+    l->logprob = logprob;
+    l->text_offset = text_offset;
+    l->n_top = n_top < 0 ? 0 : n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : n_top;
+    if (l->n_top) memcpy(l->top, top, (size_t)l->n_top * sizeof *top);
+    return 0;
+}
+
+void oai_choice_free(struct oai_choice *c)
+{
+    sbuf_free(&c->text);
+    free(c->lp);
+    *c = (struct oai_choice){0};
+}
+
+size_t oai_token_text(const struct oai_vocab *v, int32_t id, char *out, size_t cap)
+{
+    char raw[256];
+    int n = v->token_bytes(v->ctx, id, raw, sizeof raw);
+    if (n < 0) n = 0;
+    if ((size_t)n > sizeof raw) n = sizeof raw;
+    size_t len = 0;
+    if (utf8_check(raw, (size_t)n) == (size_t)n) {
+        len = (size_t)n < cap - 1 ? (size_t)n : cap - 1;
+        memcpy(out, raw, len);
+    } else {
+        len = (size_t)snprintf(out, cap, "bytes:");
+        for (int i = 0; i < n && len + 5 < cap; i++)
+            len += (size_t)snprintf(out + len, cap - len, "\\x%02x", (unsigned char)raw[i]);
+    }
+    out[len] = '\0';
+    return len;
+}
+
+/* OpenAI never sends -inf: vLLM clamps to -9999. */
+static double lp_value(float v)
+{
+    return isfinite(v) ? (double)v : -9999.0;
+}
+
+static char *print_free(cJSON *o)
+{
+    if (!o) return NULL;
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static char *sse(char *json)
+{
+    if (!json) return NULL;
+    size_t n = strlen(json);
+    char *s = malloc(n + 9);
+    if (s) {
+        memcpy(s, "data: ", 6);
+        memcpy(s + 6, json, n);
+        memcpy(s + 6 + n, "\n\n", 3);
+    }
+    free(json);
+    return s;
+}
+
+/* A string of len bytes (cJSON strings stop at a NUL; so do these). */
+static cJSON *str_n(const char *s, size_t len)
+{
+    char small[256];
+    char *tmp = len < sizeof small ? small : malloc(len + 1);
+    if (!tmp) return NULL;
+    memcpy(tmp, s, len);
+    tmp[len] = '\0';
+    cJSON *o = cJSON_CreateString(tmp);
+    if (tmp != small) free(tmp);
+    return o;
+}
+
+/* Completions logprobs: {"tokens","token_logprobs","top_logprobs","text_offset"}. */
+static cJSON *completion_lp(const struct oai_meta *m, const struct oai_lp *lp, size_t n)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    if (!toks || !lps || !tops || !offs) goto fail;
+    char t[1100];
+    for (size_t i = 0; i < n; i++) {
+        oai_token_text(&m->vocab, lp[i].token, t, sizeof t);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(lp[i].logprob)));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)lp[i].text_offset));
+        cJSON *top = cJSON_CreateObject();
+        /* the top alternatives, most likely first (a text seen twice keeps the first) */
+        int want = m->logprobs;
+        if (want > 0) {
+            for (int k = 0; k < lp[i].n_top && cJSON_GetArraySize(top) < want; k++) {
+                oai_token_text(&m->vocab, lp[i].top[k].token, t, sizeof t);
+                if (!cJSON_GetObjectItemCaseSensitive(top, t))
+                    cJSON_AddNumberToObject(top, t, lp_value(lp[i].top[k].logprob));
+            }
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+static cJSON *bytes_array(const struct oai_vocab *v, int32_t id)
+{
+    char raw[256];
+    int n = v->token_bytes(v->ctx, id, raw, sizeof raw);
+    if (n < 0) n = 0;
+    if ((size_t)n > sizeof raw) n = sizeof raw;
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n && a; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw[i]));
+    return a;
+}
+
+/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}. */
+static cJSON *chat_lp(const struct oai_meta *m, const struct oai_lp *lp, size_t n)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    if (!content) goto fail;
+    char t[1100];
+    for (size_t i = 0; i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        oai_token_text(&m->vocab, lp[i].token, t, sizeof t);
+        cJSON_AddStringToObject(e, "token", t);
+        cJSON_AddNumberToObject(e, "logprob", lp_value(lp[i].logprob));
+        cJSON_AddItemToObject(e, "bytes", bytes_array(&m->vocab, lp[i].token));
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < lp[i].n_top && k < m->logprobs; k++) {
+            cJSON *a = cJSON_CreateObject();
+            oai_token_text(&m->vocab, lp[i].top[k].token, t, sizeof t);
+            cJSON_AddStringToObject(a, "token", t);
+            cJSON_AddNumberToObject(a, "logprob", lp_value(lp[i].top[k].logprob));
+            cJSON_AddItemToObject(a, "bytes", bytes_array(&m->vocab, lp[i].top[k].token));
+            cJSON_AddItemToArray(tops, a);
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+static cJSON *logprobs_obj(const struct oai_meta *m, const struct oai_lp *lp, size_t n)
+{
+    if (m->logprobs < 0) return cJSON_CreateNull();
+    return m->kind == OAI_CHAT ? chat_lp(m, lp, n) : completion_lp(m, lp, n);
+}
+
+static cJSON *usage_obj(const struct oai_usage *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(o, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
+    return o;
+}
+
+static cJSON *head(const struct oai_meta *m, bool chunk)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", m->id);
+    const char *object = m->kind == OAI_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                             : "text_completion";
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)m->created);
+    cJSON_AddStringToObject(o, "model", m->model);
+    return o;
+}
+
+static cJSON *finish_obj(enum finish_reason f)
+{
+    const char *s = oai_finish_name(f);
+    return s ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, size_t n,
+                         const struct oai_usage *u)
+{
+    cJSON *o = head(m, false);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    if (!choices) goto fail;
+    for (size_t i = 0; i < n; i++) {
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, ch);
+        cJSON_AddNumberToObject(ch, "index", (double)i);
+        const char *text = c[i].text.p ? c[i].text.p : "";
+        if (m->kind == OAI_CHAT) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            if (!msg) goto fail;
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddItemToObject(msg, "content", str_n(text, c[i].text.len));
+        } else {
+            cJSON_AddItemToObject(ch, "text", str_n(text, c[i].text.len));
+        }
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
+        cJSON_AddItemToObject(ch, "finish_reason", finish_obj(c[i].finish));
+    }
+    cJSON_AddItemToObject(o, "usage", usage_obj(u));
+    return print_free(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
+                      const char *role, enum finish_reason finish, const struct oai_lp *lp,
+                      size_t n_lp, bool usage_null)
+{
+    cJSON *o = head(m, true);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    if (!choices || !ch) {
+        cJSON_Delete(ch);
+        goto fail;
+    }
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", index);
+    if (m->kind == OAI_CHAT) {
+        cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+        if (!delta) goto fail;
+        if (role) cJSON_AddStringToObject(delta, "role", role);
+        if (len || (role && finish == FINISH_NONE))
+            cJSON_AddItemToObject(delta, "content", str_n(text ? text : "", len));
+    } else {
+        cJSON_AddItemToObject(ch, "text", str_n(text ? text : "", len));
+    }
+    cJSON_AddItemToObject(ch, "logprobs", n_lp ? logprobs_obj(m, lp, n_lp) : cJSON_CreateNull());
+    cJSON_AddItemToObject(ch, "finish_reason", finish_obj(finish));
+    if (usage_null) cJSON_AddNullToObject(o, "usage");
+    return sse(print_free(o));
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u)
+{
+    cJSON *o = head(m, true);
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage_obj(u));
+    return sse(print_free(o));
+}
+
+static cJSON *error_obj(const struct oai_error *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(o, "error");
+    if (!err) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddStringToObject(err, "message", e->q.msg);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code)
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    return o;
+}
+
+char *oai_write_error(const struct oai_error *e)
+{
+    return print_free(error_obj(e));
+}
+
+char *oai_write_error_chunk(const struct oai_error *e)
+{
+    return sse(print_free(error_obj(e)));
+}
+
+char *oai_write_models(const char *name, long long created, int ctx_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *mo = cJSON_CreateObject();
+    if (!data || !mo) {
+        cJSON_Delete(mo);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToArray(data, mo);
+    cJSON_AddStringToObject(mo, "id", name);
+    cJSON_AddStringToObject(mo, "object", "model");
+    cJSON_AddNumberToObject(mo, "created", (double)created);
+    cJSON_AddStringToObject(mo, "owned_by", "quern");
+    cJSON_AddNumberToObject(mo, "max_model_len", ctx_len);
+    return print_free(o);
+}
+
+char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < n && a; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", (double)n);
+    cJSON_AddNumberToObject(o, "max_model_len", ctx_len);
+    return print_free(o);
+}
+
+char *oai_write_detokenized(const char *text, size_t len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "prompt", str_n(text, len));
+    return print_free(o);
+}

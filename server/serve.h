@@ -1,0 +1,63 @@
+/* serve: the state `quern serve` shares between its main thread (lifecycle, cli_serve.c), the
+ * HTTP threads (http.c, api.c) and, through the engine API, the engine thread.
+ *
+ * Lifetimes: the tokenizer and chat template are set before state becomes SERVE_READY and freed
+ * only after the HTTP daemon has stopped, so handlers read them without locks. The engine
+ * pointer is guarded by lock: handlers hold it for reading around engine_submit and
+ * engine_get_stats; the main thread takes it for writing to take the engine away before
+ * engine_free. Requests already submitted stay valid after engine_free until released. */
+#ifndef QUERN_SERVE_H
+#define QUERN_SERVE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../engine/chat.h"
+#include "../engine/engine.h"
+#include "../engine/tokenizer.h"
+#include "metrics.h"
+
+struct serve_opts {
+    const char *model_path;
+    const char *host;
+    int port; /* 0: any free port (the log line says which) */
+    int threads;
+    size_t kv_mem;
+    int max_batch_tokens, max_seqs, max_queue, ctx;
+    const char *api_key; /* NULL: no authentication */
+    const char *served_name;
+    double drain_timeout_s;
+    double watchdog_s;
+    size_t max_body;
+    int max_connections;
+    bool log_json;
+    bool f32; /* MATMUL_F32 instead of MATMUL_Q8 */
+};
+
+enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
+
+struct serve {
+    const struct serve_opts *o;
+    atomic_int state;      /* enum serve_state */
+    pthread_rwlock_t lock; /* guards engine */
+    struct engine *engine; /* NULL while loading and after shutdown */
+    const struct tokenizer *tok;
+    const struct chat_template *chat; /* NULL when the model has no usable template */
+    char chat_error[256];             /* why not */
+    int ctx_len, vocab;
+    struct metrics metrics;
+    atomic_long inflight; /* engine requests submitted and not yet released */
+    long long started;    /* unix seconds, the models' "created" */
+};
+
+/* engine_submit under the read lock; QERR_FULL with "draining" once the engine is gone. */
+int serve_submit(struct serve *s, const struct gen_request *r, struct request **out,
+                 struct qerr *err);
+/* Releases a request from serve_submit (aborting it first when abort is set). */
+void serve_release(struct serve *s, struct request *r, bool abort);
+/* engine_get_stats under the read lock; false when there is no engine. */
+bool serve_stats(struct serve *s, struct engine_stats *st);
+
+#endif

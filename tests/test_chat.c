@@ -1,0 +1,250 @@
+/* Chat templates: detection by marker, SmolLM2's default system prompt, the exact text of each
+ * format, refusals; then the real model's template against the golden formatted prompts. */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../engine/chat.h"
+#include "../engine/gguf.h"
+#include "../engine/tokenizer.h"
+#include "testutil.h"
+
+static const char k_smollm[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\n' }}{% endif %}";
+
+#define SMOL_SYS "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+/* Parses tmpl (which must be recognized) and formats msgs. */
+static char *format(const char *tmpl, const struct chat_msg *m, size_t n, bool gen,
+                    struct chat_template *ct)
+{
+    struct qerr err = {0};
+    ck_assert_msg(chat_template_parse(tmpl, strlen(tmpl), ct, &err) == 0, "%s", err.msg);
+    char *out;
+    ck_assert_msg(chat_format(ct, m, n, gen, &out, &err) == 0, "%s", err.msg);
+    return out;
+}
+
+START_TEST(smollm_single_user)
+{
+    struct chat_template ct;
+    struct chat_msg m[] = {{"user", "hi"}};
+    char *s = format(k_smollm, m, 1, true, &ct);
+    ck_assert_int_eq(ct.kind, CHAT_CHATML);
+    ck_assert_str_eq(chat_kind_name(ct.kind), "chatml");
+    ck_assert_str_eq(ct.default_system, SMOL_SYS);
+    ck_assert_str_eq(s, "<|im_start|>system\n" SMOL_SYS "<|im_end|>\n"
+                        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(s);
+    chat_template_free(&ct);
+    chat_template_free(&ct); /* idempotent */
+}
+END_TEST
+
+START_TEST(smollm_own_system_and_turns)
+{
+    struct chat_template ct;
+    struct chat_msg m[] = {
+        {"system", "Be brief."}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}};
+    char *s = format(k_smollm, m, 4, false, &ct);
+    ck_assert_str_eq(s, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                        "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n"
+                        "<|im_start|>user\nc<|im_end|>\n");
+    free(s);
+    /* no messages: the loop never runs, so no system turn either */
+    struct qerr err = {0};
+    ck_assert_int_eq(chat_format(&ct, NULL, 0, true, &s, &err), 0);
+    ck_assert_str_eq(s, "<|im_start|>assistant\n");
+    free(s);
+    chat_template_free(&ct);
+}
+END_TEST
+
+START_TEST(chatml_default_system_variants)
+{
+    struct chat_template ct;
+    struct qerr err = {0};
+    /* Qwen2.5 style: escaped newlines inside the literal, and an escaped quote */
+    const char *qwen = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+                       "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- "
+                       "'<|im_start|>system\\nYou are Qwen, it\\'s fine.<|im_end|>\\n' }}"
+                       "{%- endif %}";
+    ck_assert_int_eq(chat_template_parse(qwen, strlen(qwen), &ct, &err), 0);
+    ck_assert_str_eq(ct.default_system, "You are Qwen, it's fine.");
+    chat_template_free(&ct);
+    /* plain ChatML: the system text always comes from the messages */
+    const char *plain = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' "
+                        "+ message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
+    ck_assert_int_eq(chat_template_parse(plain, strlen(plain), &ct, &err), 0);
+    ck_assert_ptr_null(ct.default_system);
+    struct chat_msg m[] = {{"user", "hi"}};
+    char *s;
+    ck_assert_int_eq(chat_format(&ct, m, 1, true, &s, &err), 0);
+    ck_assert_str_eq(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(s);
+    chat_template_free(&ct);
+}
+END_TEST
+
+START_TEST(llama3)
+{
+    const char *tmpl =
+        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ "
+        "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = "
+        "bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt "
+        "%}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+    struct chat_template ct;
+    struct chat_msg m[] = {{"system", "S"}, {"user", "  hi \n"}};
+    char *s = format(tmpl, m, 2, true, &ct);
+    ck_assert_int_eq(ct.kind, CHAT_LLAMA3);
+    ck_assert_ptr_null(ct.default_system);
+    ck_assert_str_eq(s, "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                        "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(s);
+    chat_template_free(&ct);
+}
+END_TEST
+
+START_TEST(llama2_and_mistral)
+{
+    const char *l2 = "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n'"
+                     " + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}{% endif %}{% for message "
+                     "in messages %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
+                     "content.strip() + ' [/INST]' }}{% endif %}{% endfor %}";
+    struct chat_template ct;
+    struct chat_msg m[] = {{"system", "S"}, {"user", " u1 "}, {"assistant", "a1"}, {"user", "u2"}};
+    char *s = format(l2, m, 4, true, &ct);
+    ck_assert_int_eq(ct.kind, CHAT_LLAMA2);
+    ck_assert_str_eq(chat_template_name(&ct), "llama2-sys-strip");
+    ck_assert_str_eq(s, "[INST] <<SYS>>\nS\n<</SYS>>\n\nu1 [/INST]a1</s>[INST] u2 [/INST]");
+    free(s);
+    chat_template_free(&ct);
+
+    const char *v7 = "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+                     "{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}{% elif "
+                     "m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}{% endif %}"
+                     "{% endfor %}";
+    s = format(v7, m, 4, true, &ct);
+    ck_assert_str_eq(chat_template_name(&ct), "mistral-v7");
+    ck_assert_str_eq(s, "[SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST]  u1 [/INST] a1</s>[INST] "
+                        "u2[/INST]");
+    free(s);
+    chat_template_free(&ct);
+}
+END_TEST
+
+START_TEST(refusals)
+{
+    struct chat_template ct;
+    struct qerr err = {0};
+    const char *unknown =
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}";
+    ck_assert_int_eq(chat_template_parse(unknown, strlen(unknown), &ct, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not recognized"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "m['role']"));
+    ck_assert_int_eq(chat_template_parse("", 0, &ct, &err), QERR_UNSUPPORTED);
+    const char *phi4 = "{{'<|im_start|>' + m['role'] + '<|im_sep|>'}}";
+    ck_assert_int_eq(chat_template_parse(phi4, strlen(phi4), &ct, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not ChatML"));
+
+    ck_assert_int_eq(chat_template_parse(k_smollm, strlen(k_smollm), &ct, &err), 0);
+    struct chat_msg bad[] = {{"user", "hi"}, {"robot", "beep"}};
+    char *s = (char *)1;
+    ck_assert_int_eq(chat_format(&ct, bad, 2, true, &s, &err), QERR_INVALID);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(err.msg, "\"robot\""));
+    ck_assert_ptr_nonnull(strstr(err.msg, "message 1"));
+    struct chat_msg none[] = {{"user", NULL}};
+    ck_assert_int_eq(chat_format(&ct, none, 1, true, &s, &err), QERR_INVALID);
+    chat_template_free(&ct);
+}
+END_TEST
+
+/* The model's own template, and every chat prompt of the golden file. */
+START_TEST(model_template_and_golden)
+{
+    const char *mp = getenv("QUERN_MODEL");
+    if (!mp || access(mp, R_OK) != 0) {
+        printf("chat: model missing, model template check skipped\n");
+        return;
+    }
+    struct qerr err = {0};
+    struct gguf_file *f;
+    ck_assert_msg(gguf_open(mp, &f, &err) == 0, "%s", err.msg);
+    struct gguf_str tmpl;
+    ck_assert_int_eq(gguf_get_str(f, "tokenizer.chat_template", &tmpl, &err), 0);
+    struct chat_template ct;
+    ck_assert_msg(chat_template_parse(tmpl.ptr, tmpl.len, &ct, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(ct.kind, CHAT_CHATML);
+    ck_assert_str_eq(ct.default_system, SMOL_SYS);
+    struct tokenizer *tok;
+    ck_assert_msg(tokenizer_load(f, &tok, &err) == 0, "%s", err.msg);
+
+    const char *gp = tu_golden_path();
+    int checked = 0;
+    if (gp) {
+        size_t len;
+        char *json = tu_read_file(gp, &len);
+        cJSON *root = cJSON_ParseWithLength(json, len), *e;
+        ck_assert_ptr_nonnull(root);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "generate"))
+        {
+            if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "chat"))) continue;
+            const char *prompt = cJSON_GetObjectItemCaseSensitive(e, "prompt")->valuestring;
+            const char *want = cJSON_GetObjectItemCaseSensitive(e, "formatted")->valuestring;
+            const cJSON *pids = cJSON_GetObjectItemCaseSensitive(e, "prompt_ids");
+            struct chat_msg m[] = {{"user", prompt}};
+            char *s;
+            ck_assert_int_eq(chat_format(&ct, m, 1, true, &s, &err), 0);
+            ck_assert_str_eq(s, want);
+            int32_t *ids;
+            size_t n;
+            ck_assert_int_eq(
+                tokenizer_encode(tok, s, strlen(s), tokenizer_adds_bos(tok), true, &ids, &n, &err),
+                0);
+            ck_assert_uint_eq(n, (size_t)cJSON_GetArraySize(pids));
+            for (size_t i = 0; i < n; i++)
+                ck_assert_int_eq(ids[i], cJSON_GetArrayItem(pids, (int)i)->valueint);
+            free(ids);
+            free(s);
+            checked++;
+        }
+        cJSON_Delete(root);
+        free(json);
+        ck_assert_int_gt(checked, 0);
+    }
+    printf("chat: model template ok, %d golden chat prompts checked\n", checked);
+    tokenizer_free(tok);
+    chat_template_free(&ct);
+    gguf_close(f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("chat");
+    TCase *tc = tcase_create("templates");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, smollm_single_user);
+    tcase_add_test(tc, smollm_own_system_and_turns);
+    tcase_add_test(tc, chatml_default_system_variants);
+    tcase_add_test(tc, llama3);
+    tcase_add_test(tc, llama2_and_mistral);
+    tcase_add_test(tc, refusals);
+    tcase_add_test(tc, model_template_and_golden);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

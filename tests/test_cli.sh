@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The quern CLI from the outside: exit codes, one-line errors, a real generation, and a clean
+# valgrind run. Needs QUERN_BIN and QUERN_MODEL (meson's test env).
+set -u
+bin=${QUERN_BIN:?}
+model=${QUERN_MODEL:?}
+[ -f "$model" ] || { echo "skipping: no model at $model"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+
+# expect CODE PATTERN -- ARGS...: runs quern, checks the exit code and that stderr (or stdout,
+# for code 0) matches PATTERN.
+expect() {
+  local code=$1 pattern=$2
+  shift 3
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local text
+  if [ "$code" -eq 0 ]; then text=$(cat "$tmp/out"); else text=$(cat "$tmp/err"); fi
+  if [ "$rc" -ne "$code" ] || ! grep -qE -- "$pattern" <<<"$text"; then
+    echo "FAIL: quern ${*:0:120} -> exit $rc (want $code), output:"
+    sed 's/^/    /' "$tmp/out" "$tmp/err" | head -20
+    echo "    (wanted /$pattern/)"
+    fails=$((fails + 1))
+  else
+    echo "ok: quern ${*:0:120} -> $rc"
+  fi
+  if [ "$rc" -ne 0 ] && [ "$(wc -l <"$tmp/err")" -gt 12 ]; then
+    echo "FAIL: error output is not short for: quern $*"
+    fails=$((fails + 1))
+  fi
+}
+
+expect 2 'usage' -- 
+expect 2 "unknown command 'frobnicate'" -- frobnicate
+expect 0 'usage: quern generate' -- generate --help
+expect 0 'usage: quern info' -- info --help
+expect 2 '--prompt is required' -- generate --model "$model"
+expect 2 "-n '-1'" -- generate --model "$model" --prompt hi -n -1
+expect 2 "-n '99999999999'" -- generate --model "$model" --prompt hi -n 99999999999
+expect 2 'not a number' -- generate --model "$model" --prompt hi --temp abc
+expect 2 'unexpected argument' -- info --model "$model" extra
+expect 1 'exceeds the context length' -- generate --model "$model" --prompt hi -n 1000000
+expect 1 'cannot open' -- generate --model "$tmp/nope.gguf" --prompt hi
+expect 0 'architecture +llama' -- info --model "$model"
+expect 0 'Q4_1 +210 tensors' -- info --model "$model"
+expect 0 'chat template chatml' -- info --model "$model"
+
+head -c 4000000 "$model" >"$tmp/trunc.gguf"
+expect 1 'truncated' -- generate --model "$tmp/trunc.gguf" --prompt hi
+printf 'GGML%0100d' 0 >"$tmp/magic.gguf"
+expect 1 'bad magic' -- info --model "$tmp/magic.gguf"
+expect 1 'UTF-8' -- generate --model "$model" --prompt $'abc\xff\xfedef' -n 1
+long=$(printf 'word %.0s' $(seq 1 9000))
+expect 1 'exceeds the context length' -- generate --model "$model" --prompt "$long" -n 1
+
+expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --prompt "What is the capital of France?"
+expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n 8 --prompt "Once upon a time"
+# the same seed gives the same text
+"$bin" generate --model "$model" --temp 0.9 --seed 11 -n 12 --prompt "Hello" >"$tmp/a" 2>/dev/null
+"$bin" generate --model "$model" --temp 0.9 --seed 11 -n 12 --prompt "Hello" >"$tmp/b" 2>/dev/null
+if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
+  echo "FAIL: seeded output differs"; fails=$((fails + 1)); fi
+
+if [ -z "${QUERN_SANITIZED:-}" ] && command -v valgrind >/dev/null; then
+  if valgrind --quiet --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect \
+      "$bin" generate --model "$model" --threads 2 --temp 0 -n 3 --prompt "Hi there" \
+      >"$tmp/vg.out" 2>"$tmp/vg.err"; then
+    echo "ok: valgrind clean"
+  else
+    echo "FAIL: valgrind:"; tail -30 "$tmp/vg.err"; fails=$((fails + 1))
+  fi
+fi
+
+[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+echo "all CLI checks passed"

@@ -1,0 +1,403 @@
+/* GGUF reader: the real model file, and corrupt files built byte by byte: each must give one
+ * clear error naming the field, never a crash or a read outside the file. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../engine/gguf.h"
+#include "../engine/model.h"
+#include "testutil.h"
+
+/* A growable byte buffer to write small GGUF files with. */
+struct buf {
+    unsigned char *p;
+    size_t n, cap;
+};
+
+static void put(struct buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        ck_assert_ptr_nonnull(b->p);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+static void put_u32(struct buf *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+static void put_u64(struct buf *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
+static void put_str(struct buf *b, const char *s)
+{
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+static void kv_u32(struct buf *b, const char *k, uint32_t v)
+{
+    put_str(b, k);
+    put_u32(b, GGUF_U32);
+    put_u32(b, v);
+}
+static void kv_str(struct buf *b, const char *k, const char *v)
+{
+    put_str(b, k);
+    put_u32(b, GGUF_STRING);
+    put_str(b, v);
+}
+
+struct spec {
+    const char *magic;
+    uint32_t version;
+    uint32_t tensor_type;
+    uint64_t tensor_offset;
+    uint32_t n_dims;
+    uint64_t data_bytes; /* bytes of tensor data actually written */
+};
+
+static const struct spec good = {"GGUF", 3, QTYPE_F32, 0, 2, 8 * 4 * 4};
+
+/* One tensor "w" of 8x4 F32 plus a few keys. */
+static struct buf build(const struct spec *s)
+{
+    struct buf b = {0};
+    put(&b, s->magic, 4);
+    put_u32(&b, s->version);
+    put_u64(&b, 1); /* tensors */
+    put_u64(&b, 3); /* kvs */
+    kv_str(&b, "general.architecture", "llama");
+    kv_u32(&b, "llama.block_count", 2);
+    put_str(&b, "tokenizer.ggml.tokens");
+    put_u32(&b, GGUF_ARRAY);
+    put_u32(&b, GGUF_STRING);
+    put_u64(&b, 2);
+    put_str(&b, "a");
+    put_str(&b, "bc");
+    put_str(&b, "w");
+    put_u32(&b, s->n_dims);
+    put_u64(&b, 8);
+    if (s->n_dims > 1) put_u64(&b, 4);
+    for (uint32_t d = 2; d < s->n_dims; d++) put_u64(&b, 1);
+    put_u32(&b, s->tensor_type);
+    put_u64(&b, s->tensor_offset);
+    while (b.n % 32) put(&b, "", 1);
+    float v = 1.5f;
+    for (uint64_t i = 0; i < s->data_bytes / 4; i++) put(&b, &v, 4);
+    return b;
+}
+
+/* Opens b as a file; returns the rc and leaves the message in err. */
+static int open_buf(const struct buf *b, struct qerr *err)
+{
+    char *path = tu_write_temp(b->p, b->n);
+    ck_assert_ptr_nonnull(path);
+    struct gguf_file *f = NULL;
+    int rc = gguf_open(path, &f, err);
+    if (rc == 0) {
+        ck_assert_ptr_nonnull(f);
+        gguf_close(f);
+    } else {
+        ck_assert_ptr_null(f);
+        ck_assert_msg(strstr(err->msg, path) != NULL, "error must name the file: %s", err->msg);
+    }
+    unlink(path);
+    free(path);
+    return rc;
+}
+
+START_TEST(small_file_ok)
+{
+    struct buf b = build(&good);
+    char *path = tu_write_temp(b.p, b.n);
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_int_eq(gguf_open(path, &f, &err), 0);
+    uint32_t v;
+    ck_assert_int_eq(gguf_get_u32(f, "llama.block_count", &v, &err), 0);
+    ck_assert_uint_eq(v, 2);
+    struct gguf_str s;
+    ck_assert_int_eq(gguf_get_str(f, "general.architecture", &s, &err), 0);
+    ck_assert(gguf_str_eq(s, "llama"));
+    ck_assert_int_eq(gguf_get_u32(f, "general.architecture", &v, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "general.architecture"));
+    ck_assert_int_eq(gguf_get_u32(f, "nope", &v, &err), QERR_NOTFOUND);
+    const struct gguf_kv *kv;
+    ck_assert_int_eq(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &kv, &err), 0);
+    ck_assert_uint_eq(kv->arr_len, 2);
+    ck_assert(gguf_str_eq(kv->strs[1], "bc"));
+    const struct gguf_tensor *t = gguf_tensor_find(f, "w");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_uint_eq(t->ne[0], 8);
+    ck_assert_uint_eq(t->ne[1], 4);
+    ck_assert_float_eq(((const float *)t->data)[31], 1.5f);
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    free(b.p);
+}
+END_TEST
+
+/* Every proper prefix of a valid file is a truncated file: each must fail cleanly. */
+START_TEST(every_truncation_fails)
+{
+    struct buf b = build(&good);
+    for (size_t n = 0; n < b.n; n++) {
+        struct buf t = {b.p, n, n};
+        struct qerr err = {0};
+        int rc = open_buf(&t, &err);
+        ck_assert_msg(rc != 0, "prefix of %zu bytes opened", n);
+    }
+    free(b.p);
+}
+END_TEST
+
+START_TEST(bad_magic)
+{
+    struct spec s = good;
+    s.magic = "GGML";
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "magic"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(bad_version)
+{
+    struct spec s = good;
+    s.version = 7;
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "version 7"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(offset_past_end)
+{
+    struct spec s = good;
+    s.tensor_offset = 4096;
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'w'"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "past the end"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(offset_unaligned)
+{
+    struct spec s = good;
+    s.tensor_offset = 4;
+    s.data_bytes += 64;
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not aligned"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(unsupported_tensor_type)
+{
+    struct spec s = good;
+    s.tensor_type = 12; /* Q4_K */
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "type 12"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(too_many_dims)
+{
+    struct spec s = good;
+    s.n_dims = 5;
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "n_dims"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(huge_counts_and_lengths)
+{
+    /* a string length, an array count and a tensor count far beyond the file */
+    struct buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 1);
+    put_u64(&b, (uint64_t)1 << 62); /* key length */
+    put(&b, "xxxxxxxx", 8);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "truncated"));
+    free(b.p);
+
+    b = (struct buf){0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 1);
+    put_str(&b, "arr");
+    put_u32(&b, GGUF_ARRAY);
+    put_u32(&b, GGUF_U32);
+    put_u64(&b, (uint64_t)1 << 61);
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'arr'"));
+    free(b.p);
+
+    b = (struct buf){0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, UINT64_MAX); /* tensors */
+    put_u64(&b, 0);
+    put_u64(&b, 0);
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "tensor count"));
+    free(b.p);
+
+    b = (struct buf){0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 1);
+    put_str(&b, "k");
+    put_u32(&b, 99); /* unknown value type */
+    put_u64(&b, 0);
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "unknown value type 99"));
+    free(b.p);
+}
+END_TEST
+
+START_TEST(missing_file)
+{
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_int_eq(gguf_open("/nonexistent/model.gguf", &f, &err), QERR_IO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/model.gguf"));
+}
+END_TEST
+
+START_TEST(missing_key_and_bad_arch)
+{
+    /* the small file is llama but lacks embedding_length etc. */
+    struct buf b = build(&good);
+    char *path = tu_write_temp(b.p, b.n);
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_int_eq(gguf_open(path, &f, &err), 0);
+    struct model_config cfg;
+    ck_assert_int_eq(model_config_read(f, &cfg, &err), QERR_NOTFOUND);
+    ck_assert_ptr_nonnull(strstr(err.msg, "llama.embedding_length"));
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    free(b.p);
+
+    b = (struct buf){0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 1);
+    kv_str(&b, "general.architecture", "mamba");
+    path = tu_write_temp(b.p, b.n);
+    ck_assert_int_eq(gguf_open(path, &f, &err), 0);
+    ck_assert_int_eq(model_config_read(f, &cfg, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'mamba'"));
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    free(b.p);
+}
+END_TEST
+
+START_TEST(real_model)
+{
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_int_eq(gguf_open(tu_model_path(), &f, &err), 0);
+    ck_assert_uint_eq(gguf_version(f), 3);
+    ck_assert_uint_eq(gguf_tensor_count(f), 272);
+    const struct gguf_tensor *t = gguf_tensor_find(f, "token_embd.weight");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(t->type, QTYPE_Q8_0);
+    ck_assert_uint_eq(t->ne[0], 576);
+    ck_assert_uint_eq(t->ne[1], 49152);
+    t = gguf_tensor_find(f, "blk.0.ffn_down.weight");
+    ck_assert_int_eq(t->type, QTYPE_Q4_1);
+    ck_assert_uint_eq(t->ne[0], 1536);
+    struct model_config cfg;
+    ck_assert_int_eq(model_config_read(f, &cfg, &err), 0);
+    ck_assert_int_eq(cfg.n_layers, 30);
+    ck_assert_int_eq(cfg.dim, 576);
+    ck_assert_int_eq(cfg.n_kv_heads, 3);
+    ck_assert_int_eq(cfg.head_dim, 64);
+    ck_assert_int_eq(cfg.vocab, 49152);
+    ck_assert(cfg.tied_output);
+    ck_assert_float_eq(cfg.rope_base, 100000.0f);
+    const struct gguf_kv *kv;
+    ck_assert_int_eq(gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_STRING, &kv, &err), 0);
+    ck_assert_uint_eq(kv->arr_len, 48900);
+    gguf_close(f);
+}
+END_TEST
+
+/* The real file cut at several points, and with one tensor offset pointed past the end. */
+START_TEST(real_model_truncated)
+{
+    size_t len;
+    char *data = tu_read_file(tu_model_path(), &len);
+    ck_assert_ptr_nonnull(data);
+    size_t cuts[] = {3, 100, 5000, 1 << 20, len / 2, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        struct buf b = {(unsigned char *)data, cuts[i], cuts[i]};
+        struct qerr err = {0};
+        ck_assert_int_ne(open_buf(&b, &err), 0);
+        ck_assert_msg(strstr(err.msg, "truncated") || strstr(err.msg, "too small") ||
+                          strstr(err.msg, "past the end"),
+                      "cut at %zu: %s", cuts[i], err.msg);
+    }
+    free(data);
+}
+END_TEST
+
+int main(void)
+{
+    tu_model_path(); /* exits 77 (skip) before forking when the model is missing */
+    Suite *s = suite_create("gguf");
+    TCase *tc = tcase_create("reader");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, small_file_ok);
+    tcase_add_test(tc, every_truncation_fails);
+    tcase_add_test(tc, bad_magic);
+    tcase_add_test(tc, bad_version);
+    tcase_add_test(tc, offset_past_end);
+    tcase_add_test(tc, offset_unaligned);
+    tcase_add_test(tc, unsupported_tensor_type);
+    tcase_add_test(tc, too_many_dims);
+    tcase_add_test(tc, huge_counts_and_lengths);
+    tcase_add_test(tc, missing_file);
+    tcase_add_test(tc, missing_key_and_bad_arch);
+    tcase_add_test(tc, real_model);
+    tcase_add_test(tc, real_model_truncated);
+    suite_add_tcase(s, tc);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up (tools/setup.sh), runs every test in build/, then the unit tests again in a second
+# build with AddressSanitizer and UndefinedBehaviorSanitizer. What CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+meson test -C build --print-errorlogs --num-processes 2
+if [ ! -f build-asan/build.ninja ]; then
+  meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
+    -Db_lundef=false >/dev/null
+fi
+ninja -C build-asan >/dev/null
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  QUERN_SANITIZED=1 meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
+echo "test: all tests passed"
