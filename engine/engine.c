@@ -303,9 +303,9 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
         ev.logprob = sample_logprob(row, e->vocab, t);
         if (s->top_logprobs > 0) top_logprobs(row, e->vocab, s->top_logprobs, &ev);
     }
-    char piece[256];
+    char piece[2048]; /* > 3 * the longest token of any vocabulary we load, plus slack */
     int n = detok_push(&s->detok, e->tok, t, piece, sizeof piece);
-    if (n > 0 && !hold_append(s, piece, n)) return FINISH_ERROR;
+    if (n < 0 || (n > 0 && !hold_append(s, piece, n))) return FINISH_ERROR;
     enum finish_reason why = FINISH_NONE;
     int cut = s->n_stop_strings ? find_stop(s) : -1;
     if (cut >= 0) {
@@ -472,6 +472,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                         "engine: max-batch-tokens %d, max-seqs %d, max-queue %d, kv-block %d "
                         "must be positive",
                         o->max_batch_tokens, o->max_seqs, o->max_queue, o->kv_block_size);
+    if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
+        return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
+                        tokenizer_max_token_bytes(tok));
     struct model_config cfg;
     int rc = model_config_read(f, &cfg, err);
     if (rc) return rc;
@@ -584,6 +587,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
     s->top_logprobs = r->top_logprobs;
     detok_init(&s->detok);
+    s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     for (int i = 0; i < r->n_stop_strings; i++) {
         s->stop_strings[i] = strdup(r->stop_strings[i]);
         if (!s->stop_strings[i]) {

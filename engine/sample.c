@@ -112,7 +112,7 @@ static int32_t argmax(const float *x, int n)
     return best;
 }
 
-static void apply_penalties(struct sampler *s, float *logits)
+void sampler_penalize(struct sampler *s, float *logits)
 {
     const struct sample_params *p = &s->p;
     if (p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0) return;
@@ -148,7 +148,7 @@ static void sort_desc(int32_t *idx, int32_t *tmp, int n, const float *val)
 int32_t sampler_sample(struct sampler *s, float *logits)
 {
     const struct sample_params *p = &s->p;
-    apply_penalties(s, logits);
+    sampler_penalize(s, logits);
     if (p->temperature == 0 || p->top_k == 1) return argmax(logits, s->vocab);
 
     /* keep only candidates that can matter: top_k if set, else everything (pruned by top_p) */

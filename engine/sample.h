@@ -42,6 +42,9 @@ int sampler_init(struct sampler *s, const struct sample_params *p, int vocab, st
 void sampler_free(struct sampler *s);
 /* Records a token of the context (prompt or output) for the penalties. */
 void sampler_accept(struct sampler *s, int32_t token);
+/* Applies the repetition, presence and frequency penalties to logits[vocab] in place (the
+ * first stage of sampler_sample). */
+void sampler_penalize(struct sampler *s, float *logits);
 /* Chooses a token from logits[vocab] (modified in place). */
 int32_t sampler_sample(struct sampler *s, float *logits);
 /* Log-softmax of the unmodified logits at token: the log-probability a client sees. */

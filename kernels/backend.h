@@ -122,6 +122,8 @@ struct backend_cpu_opts {
 };
 
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);
+/* The ISA a CPU backend resolved at create (never CPU_ISA_AUTO). */
+enum cpu_isa backend_cpu_isa(const struct backend *be);
 
 static inline void backend_destroy(struct backend *be)
 {

@@ -26,8 +26,8 @@
 struct choice {
     struct request *req; /* NULL once released */
     bool done;
-    int prompt; /* index of its prompt */
-    size_t text_len; /* bytes of text so far (echo included): logprobs text_offset */
+    int prompt;            /* index of its prompt */
+    size_t text_len;       /* bytes of text so far (echo included): logprobs text_offset */
     struct oai_choice out; /* non-streamed: the collected text and logprobs */
 };
 
@@ -38,24 +38,34 @@ struct gen {
     bool stream, include_usage;
     int fd;
     struct req_log *log;
-    int n_choices, n_prompts;
-    struct choice *ch;    /* [n_choices] */
-    int32_t **ids;        /* [n_prompts] token ids (owned) */
-    size_t *n_ids;        /* [n_prompts] */
-    char **echo;          /* [n_prompts] echoed text (owned) or NULL */
+    int n_choices, n_prompts, n_per; /* choices submitted; prompts; choices per prompt */
+    struct choice *ch;               /* [n_prompts * n_per] */
+    int32_t **ids;                   /* [n_prompts] token ids (owned) */
+    size_t *n_ids;                   /* [n_prompts] */
+    char **echo;                     /* [n_prompts] echoed text (owned) or NULL */
     struct oai_usage usage;
-    int first_done;       /* choices finished so far (the first one fills the log) */
-    struct sbuf pending;  /* streamed bytes not yet handed to MHD */
+    int first_done;      /* choices finished so far (the first one fills the log) */
+    struct sbuf pending; /* streamed bytes not yet handed to MHD */
     size_t off;
-    bool eof;             /* [DONE] is in pending */
-    int rr;               /* next choice to block on */
-    int waited_ms;        /* since the last disconnect check */
+    bool eof;          /* [DONE] is in pending */
+    int rr;            /* next choice to block on */
+    double checked_ms; /* when the client socket was last polled */
 };
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
 
 static void gen_free(struct gen *g)
 {
     if (!g) return;
     for (int i = 0; i < g->n_choices; i++) {
+        /* one the client gave up on: its final event would come a step later, so it is
+         * counted here */
+        if (g->ch[i].req && !g->ch[i].done) metrics_count_finish(&g->s->metrics, FINISH_ABORT);
         serve_release(g->s, g->ch[i].req, !g->ch[i].done);
         oai_choice_free(&g->ch[i].out);
     }
@@ -94,8 +104,8 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     bool lp = g->meta.logprobs >= 0 && !ev->done;
     struct oai_lp one;
     if (lp) {
-        one = (struct oai_lp){.token = ev->token, .logprob = ev->logprob,
-                              .text_offset = c->text_len};
+        one =
+            (struct oai_lp){.token = ev->token, .logprob = ev->logprob, .text_offset = c->text_len};
         one.n_top = ev->n_top < 0 ? 0 : ev->n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : ev->n_top;
         memcpy(one.top, ev->top, (size_t)one.n_top * sizeof one.top[0]);
     }
@@ -125,8 +135,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         c->done = true;
         c->out.finish = fin;
         g->usage.completion_tokens += ev->completion_tokens;
-        if (c->prompt >= 0 && i % (g->n_choices / g->n_prompts) == 0)
-            g->usage.cached_tokens += ev->cached_tokens;
+        if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
         if (g->log) {
             g->log->completion_tokens += ev->completion_tokens;
@@ -183,7 +192,6 @@ static int wait_one(struct gen *g, int timeout_ms)
             rc = on_event(g, i, &ev);
             return rc ? rc : 1;
         }
-        g->waited_ms += timeout_ms;
         return 0;
     }
     return 0;
@@ -198,8 +206,10 @@ static int wait_more(struct gen *g)
     if (rc) return rc < 0 ? rc : 0;
     rc = wait_one(g, live == 1 ? 200 : 10);
     if (rc < 0) return rc;
-    if (rc == 0 && g->waited_ms >= 200) {
-        g->waited_ms = 0;
+    /* tokens may keep coming for a client that left: poll its socket every 200 ms */
+    double now = now_ms();
+    if (now - g->checked_ms >= 200) {
+        g->checked_ms = now;
         if (client_gone(g->fd)) return QERR_IO;
     }
     return 0;
@@ -317,6 +327,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     g->stream = r->stream;
     g->include_usage = r->stream && r->include_usage;
     g->n_prompts = n_prompts;
+    g->n_per = r->n;
     g->ids = calloc((size_t)n_prompts, sizeof *g->ids);
     g->n_ids = calloc((size_t)n_prompts, sizeof *g->n_ids);
     g->echo = calloc((size_t)n_prompts, sizeof *g->echo);
@@ -326,8 +337,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
-    snprintf(g->id, sizeof g->id, "%s-%s", r->kind == OAI_CHAT ? "chatcmpl" : "cmpl",
-             rq->log->id);
+    snprintf(g->id, sizeof g->id, "%s-%s", r->kind == OAI_CHAT ? "chatcmpl" : "cmpl", rq->log->id);
     g->meta = (struct oai_meta){.kind = r->kind,
                                 .id = g->id,
                                 .model = s->o->served_name,
@@ -337,7 +347,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     int max_tokens = r->max_tokens;
     for (int p = 0; p < n_prompts; p++) {
         if ((rc = tokenize_prompt(s, r, g, p, e))) goto fail;
-        int mt = max_tokens >= 0 ? max_tokens
+        int mt = max_tokens >= 0       ? max_tokens
                  : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
                                        : 16;
         if (mt < 0 || g->n_ids[p] + (size_t)mt > (size_t)s->ctx_len) {
@@ -356,7 +366,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     rq->log->prompt_tokens = g->usage.prompt_tokens;
     uint64_t seed = r->has_seed ? r->sample.seed : random_seed();
     for (int p = 0; p < n_prompts; p++) {
-        int mt = max_tokens >= 0 ? max_tokens
+        int mt = max_tokens >= 0       ? max_tokens
                  : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
                                        : 16;
         for (int j = 0; j < r->n; j++) {
@@ -390,8 +400,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     *out = g;
     return 0;
 fail:
-    g->n_choices = g->n_choices; /* only the submitted ones are released */
-    gen_free(g);
+    gen_free(g); /* releases (and aborts) only the choices already submitted */
     return rc;
 }
 
@@ -401,12 +410,12 @@ static int stream_begin(struct gen *g)
     int rc = 0;
     for (int i = 0; i < g->n_choices && !rc; i++) {
         if (g->meta.kind == OAI_CHAT) {
-            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, "assistant", FINISH_NONE,
-                                                 NULL, 0, g->include_usage));
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, "assistant", FINISH_NONE, NULL,
+                                                 0, g->include_usage));
         } else if (g->echo[g->ch[i].prompt]) {
             const char *t = g->echo[g->ch[i].prompt];
-            rc = append_chunk(g, oai_write_chunk(&g->meta, i, t, strlen(t), NULL, FINISH_NONE,
-                                                 NULL, 0, g->include_usage));
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, t, strlen(t), NULL, FINISH_NONE, NULL,
+                                                 0, g->include_usage));
         }
     }
     return rc;
@@ -470,8 +479,8 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
             struct oai_choice *cs = malloc((size_t)g->n_choices * sizeof *cs);
             if (cs)
                 for (int i = 0; i < g->n_choices; i++) cs[i] = g->ch[i].out;
-            char *body = cs ? oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage)
-                            : NULL;
+            char *body =
+                cs ? oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage) : NULL;
             free(cs);
             if (!body) {
                 oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");

@@ -9,6 +9,8 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 
 int cli_generate(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 /* Parses a whole decimal integer / float into *out; false when text is not one or is out of
  * [lo, hi]. */

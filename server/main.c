@@ -11,6 +11,8 @@ static void usage(FILE *out)
                  "commands:\n"
                  "  generate   generate text from a prompt (quern generate --help)\n"
                  "  info       describe a GGUF model file (quern info --help)\n"
+                 "  bench      measure throughput and latency (quern bench --help)\n"
+                 "  serve      run the OpenAI-compatible HTTP server (quern serve --help)\n"
                  "\n"
                  "exit codes: 0 ok, 1 runtime error, 2 bad usage\n");
 }
@@ -28,6 +30,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "quern: unknown command '%s'\n", cmd);
     usage(stderr);
     return EXIT_USAGE;

@@ -77,6 +77,14 @@ void metrics_observe_request(struct metrics *m, const struct req_event *f)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_count_finish(struct metrics *m, enum finish_reason f)
+{
+    if ((unsigned)f >= 5) return;
+    pthread_mutex_lock(&m->mu);
+    m->finished[f]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_count_error(struct metrics *m, enum metrics_error r)
 {
     if ((unsigned)r >= METRICS_ERR_COUNT) return;

@@ -59,6 +59,8 @@ void histogram_observe(struct histogram *h, double v);
 
 /* Records one finished engine request from its final event. */
 void metrics_observe_request(struct metrics *m, const struct req_event *final);
+/* Counts a request that finished without its final event being seen (a client gone). */
+void metrics_count_finish(struct metrics *m, enum finish_reason f);
 void metrics_count_error(struct metrics *m, enum metrics_error r);
 void metrics_count_status(struct metrics *m, int status);
 

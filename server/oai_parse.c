@@ -299,7 +299,7 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     struct sample_params *sp = &r->sample;
-    double d;
+    double d = 0;
     long long l;
     int rc;
 #define NUM(key, lo, lo_open, hi, hi_open, dst)                                                    \
@@ -334,10 +334,9 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
         if (!cJSON_IsObject(so))
             return bad(e, "stream_options", "'stream_options' must be an object, not %s",
                        json_type(so));
-        if (get_bool(so, "include_usage", &r->include_usage, e) < 0) {
-            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
-            return e->q.code;
-        }
+        if (get_bool(so, "include_usage", &r->include_usage, e) < 0)
+            return bad(e, "stream_options.include_usage",
+                       "'stream_options.include_usage' must be a boolean");
     }
     const char *user;
     if ((rc = get_str(root, "user", &user, e)) < 0) return rc;
@@ -440,12 +439,19 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
     if (bad_at != len)
         return oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
                              "the request body is not valid UTF-8 (byte %zu)", bad_at);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 1);
-    if (!root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
+    const char *nul = memchr(body, '\0', len);
+    if (nul)
         return oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
-                             "the request body is not valid JSON (near byte %zu of %zu)", at, len);
+                             "the request body has a NUL byte (byte %zu)", (size_t)(nul - body));
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    size_t at = end && end >= body ? (size_t)(end - body) : 0;
+    while (root && at < len && strchr(" \t\r\n", body[at]) && body[at]) at++;
+    if (!root || at < len) {
+        cJSON_Delete(root);
+        return oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
+                             "the request body is not valid JSON (%s byte %zu of %zu)",
+                             root ? "trailing data at" : "near", at, len);
     }
     out->root = root;
     int rc;

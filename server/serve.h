@@ -33,7 +33,7 @@ struct serve_opts {
     size_t max_body;
     int max_connections;
     bool log_json;
-    bool f32; /* MATMUL_F32 instead of MATMUL_Q8 */
+    bool q8; /* MATMUL_Q8 instead of MATMUL_F32 */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
@@ -45,7 +45,7 @@ struct serve {
     struct engine *engine; /* NULL while loading and after shutdown */
     const struct tokenizer *tok;
     const struct chat_template *chat; /* NULL when the model has no usable template */
-    char chat_error[256];             /* why not */
+    char chat_error[512];             /* why not */
     int ctx_len, vocab;
     struct metrics metrics;
     atomic_long inflight; /* engine requests submitted and not yet released */

@@ -23,7 +23,7 @@ static void setup(void)
     struct backend_cpu_opts bo = {.n_threads = 2, .precision = MATMUL_F32};
     ck_assert_msg(backend_cpu_create(&bo, &be, &err) == 0, "%s", err.msg);
     struct model_opts mo = {
-        .max_batch_tokens = 64, .max_logits = 64, .kv_blocks = 16, .kv_block_size = 16};
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
     ck_assert_msg(model_load(file, be, &mo, &model, &err) == 0, "%s", err.msg);
 }
 
@@ -135,6 +135,77 @@ START_TEST(greedy_matches_reference)
 }
 END_TEST
 
+/* Runs one forward over a batch: sequence 0 is `x` (tokens [from, n) computed now, [0, from)
+ * already in the cache), sequences 1..n_seqs-1 are prefill chunks of other text. Each sequence
+ * owns blocks [s * per_seq, (s + 1) * per_seq). Returns sequence 0's last logits in out. */
+static void batched_forward(const int32_t *x, int n, int from, int n_seqs, const int32_t *other,
+                            int n_other, float *out)
+{
+    enum { PER_SEQ = 8, BS = 16, MAXT = 1024 };
+    static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[64 * PER_SEQ],
+        lidx[64];
+    int t = 0, nl = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int j = 0; j < PER_SEQ; j++) table[s * PER_SEQ + j] = s * PER_SEQ + j;
+        int len = s == 0 ? n : 3 + (s * 7) % 29;
+        int start = s == 0 ? from : 0;
+        for (int p = start; p < len; p++, t++) {
+            ck_assert_int_lt(t, MAXT);
+            tokens[t] = s == 0 ? x[p] : other[(s * 13 + p) % n_other];
+            pos[t] = p;
+            seq[t] = s;
+            slot[t] = table[s * PER_SEQ + p / BS] * BS + p % BS;
+        }
+        lidx[nl++] = t - 1;
+    }
+    struct model_batch b = {.n_tokens = t,
+                            .tokens = tokens,
+                            .pos = pos,
+                            .seq = seq,
+                            .slot = slot,
+                            .n_seqs = n_seqs,
+                            .max_blocks = PER_SEQ,
+                            .block_table = table,
+                            .n_logits = nl,
+                            .logit_idx = lidx};
+    int vocab = model_get_config(model)->vocab;
+    float *logits = malloc((size_t)nl * (size_t)vocab * sizeof *logits);
+    struct qerr err = {0};
+    ck_assert_msg(model_forward(model, &b, logits, &err) == 0, "%s", err.msg);
+    memcpy(out, logits, (size_t)vocab * sizeof *out);
+    free(logits);
+}
+
+/* A sequence's logits are bit-identical alone and in batches of 2, 7 and 33 sequences mixed
+ * with prefill chunks, both when it is prefilled and when it decodes. */
+START_TEST(logits_batch_invariant)
+{
+    size_t nx, no;
+    int32_t *x = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(4), "prompt_ids"), &nx);
+    int32_t *other = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(1), "prompt_ids"), &no);
+    ck_assert_uint_le(nx, 120);
+    int vocab = model_get_config(model)->vocab;
+    float *alone = malloc((size_t)vocab * sizeof *alone);
+    float *got = malloc((size_t)vocab * sizeof *got);
+    batched_forward(x, (int)nx, 0, 1, other, (int)no, alone);
+    const int sizes[] = {2, 7, 33};
+    for (int k = 0; k < 3; k++) {
+        batched_forward(x, (int)nx, 0, sizes[k], other, (int)no, got);
+        ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
+                      "prefill logits differ in a batch of %d", sizes[k]);
+        /* decode: the first n-1 tokens alone, then the last one among other prefills */
+        batched_forward(x, (int)nx - 1, 0, 1, other, (int)no, got);
+        batched_forward(x, (int)nx, (int)nx - 1, sizes[k], other, (int)no, got);
+        ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
+                      "decode logits differ in a batch of %d", sizes[k]);
+    }
+    free(alone);
+    free(got);
+    free(x);
+    free(other);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -157,6 +228,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, logits_match_reference, 0, n);
     tcase_add_loop_test(tc, greedy_matches_reference, 0, n);
+    tcase_add_test(tc, logits_batch_invariant);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

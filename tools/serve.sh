@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# Sets up (tools/setup.sh) and runs quern on the default model. Until the HTTP daemon lands this
-# runs one chat generation; extra arguments go to `quern generate`.
+# Sets up (tools/setup.sh) and runs the HTTP daemon on the default model, on 127.0.0.1:8080.
+# Extra arguments go to `quern serve` (e.g. --port 9000 --api-key KEY; see quern serve --help).
+# Ctrl-C (SIGINT) or SIGTERM drains in-flight requests and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-if [ $# -eq 0 ]; then
-  set -- --chat --temp 0 -n 64 --prompt "What is the capital of France?"
-fi
-exec build/server/quern generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf "$@"
+exec build/server/quern serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf "$@"

@@ -1,18 +1,15 @@
-/* The CPU backend: host buffers, a persistent thread pool, and kernels split by rows (matmul),
- * by (token, head) pairs (attention) or by tokens (the rest). Splits never cut a reduction, so
- * results are the same for any thread count and any batch composition. */
+/* The CPU backend: host buffers, a persistent thread pool, load-time weight packing, and the
+ * kernels of one instruction set picked at create (cpu_isa.h, kern.h). Work is split by row
+ * groups (matmul), by (token, head) pairs (attention) or by tokens (the rest). Splits never cut
+ * a reduction, so results are the same for any thread count and any batch composition. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../backend.h"
-#include "ref.h"
-#include "threadpool.h"
+#include "cpu_ctx.h"
 
-struct cpu_ctx {
-    struct threadpool *pool;
-    enum matmul_precision precision;
-};
+#define SCRATCH_MIN_TOKENS 64 /* tokens every matmul can take in one pass, reserved at load */
 
 static struct cpu_ctx *ctx_of(struct backend *be)
 {
@@ -23,6 +20,8 @@ static void cpu_destroy(struct backend *be)
 {
     struct cpu_ctx *c = ctx_of(be);
     pool_destroy(c->pool);
+    cpu_rope_table_free(&c->rope);
+    free(c->scratch);
     free(c);
     free(be);
 }
@@ -50,116 +49,31 @@ static void cpu_buf_copy(struct backend *be, void *dst, const void *src, size_t 
 
 static int cpu_weight_prepare(struct backend *be, struct bweight *w, struct qerr *err)
 {
-    (void)be;
+    struct cpu_ctx *c = ctx_of(be);
     if (!qtype_supported(w->type))
-        return qerr_set(err, QERR_UNSUPPORTED, "cpu backend: weight type %s",
-                        qtype_name(w->type));
-    w->impl = NULL; /* the reference kernels read the file's layout directly */
+        return qerr_set(err, QERR_UNSUPPORTED, "cpu backend: weight type %s", qtype_name(w->type));
+    w->impl = NULL;
+    /* the SIMD kernels read a packed copy; the scalar ones (and float weights) the file */
+    if (c->k->matmul_q8 && qpack_type(w->type)) {
+        struct qpack *p;
+        int rc = qpack_create(w, &p, err);
+        if (rc) return rc;
+        w->impl = p;
+    }
+    size_t per_token = cpu_matmul_token_bytes(c, w);
+    if (per_token && cpu_scratch_reserve(c, SCRATCH_MIN_TOKENS * per_token + 4 * 64) != 0) {
+        qpack_free(w->impl);
+        w->impl = NULL;
+        return qerr_set(err, QERR_NOMEM, "cpu backend: out of memory for matmul scratch");
+    }
     return 0;
 }
 
 static void cpu_weight_release(struct backend *be, struct bweight *w)
 {
     (void)be;
+    qpack_free(w->impl);
     w->impl = NULL;
-}
-
-static void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens,
-                      int n, float *out)
-{
-    (void)be;
-    ref_embed(table, tokens, n, out);
-}
-
-static void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
-                        int dim, float eps)
-{
-    (void)be;
-    ref_rmsnorm(out, x, w, n, dim, eps);
-}
-
-static void cpu_add(struct backend *be, float *x, const float *y, size_t n)
-{
-    (void)be;
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
-
-struct matmul_job {
-    const struct bweight *w;
-    const float *x;
-    float *y;
-    int n;
-    int64_t rows_per_task;
-};
-
-static void matmul_task(void *arg, int task, int worker)
-{
-    (void)worker;
-    struct matmul_job *j = arg;
-    int64_t r0 = (int64_t)task * j->rows_per_task;
-    int64_t r1 = r0 + j->rows_per_task < j->w->rows ? r0 + j->rows_per_task : j->w->rows;
-    ref_matmul_rows(j->w, j->x, j->n, j->y, r0, r1);
-}
-
-static void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n,
-                       float *y)
-{
-    struct cpu_ctx *c = ctx_of(be);
-    struct matmul_job j = {.w = w, .x = x, .y = y, .n = n, .rows_per_task = 16};
-    int tasks = (int)((w->rows + j.rows_per_task - 1) / j.rows_per_task);
-    pool_run(c->pool, matmul_task, &j, tasks);
-}
-
-static void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
-                     int head_dim, int rot_dim, float freq_base)
-{
-    (void)be;
-    ref_rope(x, pos, n, n_heads, head_dim, rot_dim, freq_base);
-}
-
-static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                         const float *v, const struct attn_batch *b, int kv_dim)
-{
-    (void)be;
-    ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
-}
-
-struct attn_job {
-    float *out;
-    const float *q, *k_cache, *v_cache;
-    const struct attn_batch *b;
-    const struct attn_shape *s;
-};
-
-static void attn_task(void *arg, int task, int worker)
-{
-    (void)worker;
-    struct attn_job *j = arg;
-    ref_attention_one(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, task / j->s->n_heads,
-                      task % j->s->n_heads);
-}
-
-static void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                          const float *v_cache, const struct attn_batch *b,
-                          const struct attn_shape *s)
-{
-    struct attn_job j = {out, q, k_cache, v_cache, b, s};
-    pool_run(ctx_of(be)->pool, attn_task, &j, b->n_tokens * s->n_heads);
-}
-
-static void cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx,
-                         int n, int dim)
-{
-    (void)be;
-    for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * (size_t)dim, x + (size_t)idx[i] * (size_t)dim,
-               (size_t)dim * sizeof(float));
-}
-
-static void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
-{
-    (void)be;
-    ref_silu_mul(g, u, n);
 }
 
 static void cpu_sync(struct backend *be)
@@ -188,14 +102,18 @@ static const struct backend_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
-int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out,
-                       struct qerr *err)
+int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err)
 {
     int n = opts->n_threads;
     if (n <= 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         n = online > 0 ? (int)online : 1;
     }
+    if (opts->precision != MATMUL_F32 && opts->precision != MATMUL_Q8)
+        return qerr_set(err, QERR_INVALID, "cpu backend: matmul precision %d", opts->precision);
+    enum cpu_isa isa;
+    int rc = cpu_isa_resolve(opts->isa, &isa, err);
+    if (rc) return rc;
     struct backend *be = calloc(1, sizeof *be);
     struct cpu_ctx *c = calloc(1, sizeof *c);
     if (!be || !c) {
@@ -204,7 +122,10 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
         return qerr_set(err, QERR_NOMEM, "cpu backend: out of memory");
     }
     c->precision = opts->precision;
-    int rc = pool_create(n, &c->pool, err);
+    c->isa = isa;
+    c->k = cpu_kernels_for(isa);
+    c->n_threads = n;
+    rc = pool_create(n, &c->pool, err);
     if (rc) {
         free(be);
         free(c);
@@ -214,4 +135,10 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
     be->ctx = c;
     *out = be;
     return 0;
+}
+
+enum cpu_isa backend_cpu_isa(const struct backend *be)
+{
+    const struct cpu_ctx *c = be->ctx;
+    return c->isa;
 }

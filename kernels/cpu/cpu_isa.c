@@ -7,7 +7,8 @@ bool cpu_isa_supported(enum cpu_isa isa)
 {
     switch (isa) {
     case CPU_ISA_AUTO:
-    case CPU_ISA_SCALAR: return true;
+    case CPU_ISA_SCALAR:
+        return true;
 #if defined(__x86_64__) || defined(__i386__)
     case CPU_ISA_AVX2:
         __builtin_cpu_init();
@@ -20,7 +21,8 @@ bool cpu_isa_supported(enum cpu_isa isa)
                __builtin_cpu_supports("avx512vnni");
 #else
     case CPU_ISA_AVX2:
-    case CPU_ISA_AVX512: return false;
+    case CPU_ISA_AVX512:
+        return false;
 #endif
     }
     return false;
@@ -36,18 +38,21 @@ enum cpu_isa cpu_isa_best(void)
 const char *cpu_isa_name(enum cpu_isa isa)
 {
     switch (isa) {
-    case CPU_ISA_AUTO: return "auto";
-    case CPU_ISA_SCALAR: return "scalar";
-    case CPU_ISA_AVX2: return "avx2";
-    case CPU_ISA_AVX512: return "avx512";
+    case CPU_ISA_AUTO:
+        return "auto";
+    case CPU_ISA_SCALAR:
+        return "scalar";
+    case CPU_ISA_AVX2:
+        return "avx2";
+    case CPU_ISA_AVX512:
+        return "avx512";
     }
     return "unknown";
 }
 
 int cpu_isa_parse(const char *s)
 {
-    static const enum cpu_isa all[] = {CPU_ISA_AUTO, CPU_ISA_SCALAR, CPU_ISA_AVX2,
-                                       CPU_ISA_AVX512};
+    static const enum cpu_isa all[] = {CPU_ISA_AUTO, CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcasecmp(s, cpu_isa_name(all[i]))) return (int)all[i];
     return -1;

@@ -2,7 +2,8 @@
  *
  * Detection runs CPUID (through __builtin_cpu_supports) when the backend is created and the result
  * lives in the backend's context; nothing here keeps state. Kernels for each ISA are compiled with
- * per-function target attributes, so one binary runs on any x86-64 and picks its path at run time. */
+ * per-function target attributes, so one binary runs on any x86-64 and picks its path at run time.
+ */
 #ifndef QUERN_CPU_ISA_H
 #define QUERN_CPU_ISA_H
 

@@ -6,6 +6,7 @@ static const struct cpu_kernels kern_scalar = {
     .block_sums = scalar_block_sums,
     .matmul_q8 = NULL,
     .matmul_f32 = NULL,
+    .matmul_float = NULL,
     .rmsnorm = scalar_rmsnorm,
     .add = scalar_add,
     .silu_mul = scalar_silu_mul,
@@ -19,6 +20,7 @@ static const struct cpu_kernels kern_avx2 = {
     .block_sums = avx2_block_sums,
     .matmul_q8 = avx2_matmul_q8,
     .matmul_f32 = avx2_matmul_f32,
+    .matmul_float = avx2_matmul_float,
     .rmsnorm = avx2_rmsnorm,
     .add = avx2_add,
     .silu_mul = avx2_silu_mul,
@@ -32,6 +34,7 @@ static const struct cpu_kernels kern_avx512 = {
     .block_sums = avx512_block_sums,
     .matmul_q8 = avx512_matmul_q8,
     .matmul_f32 = avx512_matmul_f32,
+    .matmul_float = avx512_matmul_float,
     .rmsnorm = avx512_rmsnorm,
     .add = avx512_add,
     .silu_mul = avx512_silu_mul,
@@ -42,10 +45,13 @@ static const struct cpu_kernels kern_avx512 = {
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
 {
     switch (isa) {
-    case CPU_ISA_AVX512: return &kern_avx512;
-    case CPU_ISA_AVX2: return &kern_avx2;
+    case CPU_ISA_AVX512:
+        return &kern_avx512;
+    case CPU_ISA_AVX2:
+        return &kern_avx2;
     case CPU_ISA_AUTO:
-    case CPU_ISA_SCALAR: break;
+    case CPU_ISA_SCALAR:
+        break;
     }
     return &kern_scalar;
 }

@@ -6,6 +6,7 @@
  *   quantize_q8   bit-identical to ref_quantize_q8 on every ISA
  *   matmul_q8     bit-identical to ref_matmul_q8_rows on every ISA
  *   matmul_f32    within ~1e-5 (relative to sum |w x|) of ref_matmul_rows; its own fixed order
+ *   matmul_float  the same, for float weights
  *   rope          bit-identical to ref_rope (it reads a cos/sin table built as ref_rope does)
  *   the rest      within ~1e-5 of their ref_* function, in an order fixed by the shapes
  * and every kernel computes a token's output from that token's inputs alone, the same way
@@ -30,6 +31,10 @@ struct cpu_kernels {
     /* The float path on the packed layout: x[n][cols], xs[n][nb] from block_sums (Q4_1). */
     void (*matmul_f32)(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                        int64_t g1, int t0, int t1, float *y);
+    /* Float weights (F32/F16/BF16, the file's rows): y for rows [r0, r1) and tokens [t0, t1).
+     * NULL in the scalar table (ref_matmul_rows). */
+    void (*matmul_float)(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
+                         int t1, float *y);
     /* One row: out[dim] = x / rms(x) * w (out may alias x). */
     void (*rmsnorm)(float *out, const float *x, const float *w, int dim, float eps);
     void (*add)(float *x, const float *y, size_t n);
@@ -38,15 +43,18 @@ struct cpu_kernels {
      * rope_table in cpu_ops.c): x[2i] = x[2i] c - x[2i+1] s, x[2i+1] = x[2i+1] c + x[2i] s. */
     void (*rope)(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
-    /* One (token, head), as ref_attention_one. */
+    /* Tokens [t0, t1) of the batch x the query heads of kv head kvh, each as
+     * ref_attention_one. */
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct attn_batch *b, const struct attn_shape *s, int t, int h);
+                      const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                      int kvh);
 };
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa);
 
 /* The kernels the tables in kern.c point at; each ISA's live in its own files
- * (scalar: kern_scalar.c; avx2: mm_avx2.c, vec_avx2.c; avx512: mm_avx512.c, vec_avx512.c). */
+ * (scalar: kern_scalar.c; avx2: mm_avx2.c, mmf_avx2.c, vec_avx2.c, attn_avx2.c; avx512:
+ * mm_avx512.c, mmf_avx512.c, vec_avx512.c, attn_avx512.c). */
 
 /* scalar (matmul_q8 / matmul_f32 are absent: the reference runs on the file's layout) */
 void scalar_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -57,7 +65,8 @@ void scalar_silu_mul(float *g, const float *u, size_t n);
 void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
 void scalar_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct attn_batch *b, const struct attn_shape *s, int t, int h);
+                      const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                      int kvh);
 
 /* AVX2 + FMA + F16C */
 void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -66,13 +75,16 @@ void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, in
                     int t1, float *y);
 void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0, int64_t g1,
                      int t0, int t1, float *y);
+void avx2_matmul_float(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
+                       int t1, float *y);
 void avx2_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
 void avx2_add(float *x, const float *y, size_t n);
 void avx2_silu_mul(float *g, const float *u, size_t n);
 void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                const float *cs_sin);
 void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                    const struct attn_batch *b, const struct attn_shape *s, int t, int h);
+                    const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                    int kvh);
 
 /* AVX-512 F/BW/VL/VNNI */
 void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -81,12 +93,15 @@ void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, 
                       int t1, float *y);
 void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                        int64_t g1, int t0, int t1, float *y);
+void avx512_matmul_float(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
+                         int t1, float *y);
 void avx512_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
 void avx512_add(float *x, const float *y, size_t n);
 void avx512_silu_mul(float *g, const float *u, size_t n);
 void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
 void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct attn_batch *b, const struct attn_shape *s, int t, int h);
+                      const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                      int kvh);
 
 #endif

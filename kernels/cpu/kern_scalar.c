@@ -45,7 +45,11 @@ void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *
 }
 
 void scalar_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct attn_batch *b, const struct attn_shape *s, int t, int h)
+                      const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                      int kvh)
 {
-    ref_attention_one(out, q, k_cache, v_cache, b, s, t, h);
+    int group = s->n_heads / s->n_kv_heads;
+    for (int t = t0; t < t1; t++)
+        for (int g = 0; g < group; g++)
+            ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
 }

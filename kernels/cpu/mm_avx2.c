@@ -46,8 +46,7 @@ TGT INLINE int32_t hsum8i(__m256i v)
     return _mm_cvtsi128_si32(m);
 }
 
-TGT void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s,
-                          int32_t *sum)
+TGT void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < cols / QK; b++) {
@@ -63,11 +62,11 @@ TGT void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, flo
         __m256i qi[4];
         /* cvtps rounds half to even in the default MXCSR mode, as ref_quantize_q8 does */
         for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
-        __m256i total = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
-                                         _mm256_add_epi32(qi[2], qi[3]));
+        __m256i total =
+            _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
         /* |q| <= 127: the saturating packs are exact; the permute undoes their lane order */
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
-                                       _mm256_packs_epi32(qi[2], qi[3]));
+        __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(q + b * QK), p);
         int32_t isum = hsum8i(total);
@@ -122,6 +121,21 @@ TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 
 #define TMAX 4
 
+/* Software prefetch a fixed distance ahead of the weight stream (see mm_avx512.c). */
+#define PF_DIST 4096
+
+INLINE void prefetch_ahead(const uint8_t *qs, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(qs + PF_DIST + o, 0, 3);
+}
+
+INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
+{
+    const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
+    size_t len = (size_t)(g1 - g0) * w->group_bytes;
+    for (size_t o = 0; o < len && o < PF_DIST; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
                         const int T, const enum qtype type, float *y)
 {
@@ -134,6 +148,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
+        if (h == 0) prefetch_ahead(qs, w->quant_bytes);
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
         __m256 mw = _mm256_setzero_ps();
         if (type == QTYPE_Q4_1)
@@ -141,8 +156,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
         __m256i W[8], S[8];
         if (type == QTYPE_Q8_0)
             for (int c = 0; c < 8; c++) {
-                S[c] = _mm256_xor_si256(
-                    _mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h)), flip);
+                S[c] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h)),
+                                        flip);
                 W[c] = _mm256_abs_epi8(S[c]);
             }
         else
@@ -154,7 +169,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
             if (type == QTYPE_Q8_0) {
                 isum = _mm256_setzero_si256();
                 for (int c = 0; c < 8; c++) {
-                    __m256i p = _mm256_maddubs_epi16(W[c], _mm256_sign_epi8(bcast4(xb + 4 * c), S[c]));
+                    __m256i p =
+                        _mm256_maddubs_epi16(W[c], _mm256_sign_epi8(bcast4(xb + 4 * c), S[c]));
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
                 }
             } else {
@@ -163,7 +179,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                     p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[c], bcast4(xb + 4 * c)));
                 isum = _mm256_madd_epi16(p, ones);
                 if (type == QTYPE_Q4_0)
-                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
+                    isum =
+                        _mm256_add_epi32(isum, _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
             }
             __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[tb]));
             acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
@@ -178,6 +195,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                           int t0, int t1, float *y, const enum qtype type)
 {
+    prefetch_start(w, g0, g1);
     for (int64_t g = g0; g < g1; g++)
         for (int h = 0; h < 2; h++) {
             int t = t0;
@@ -194,10 +212,17 @@ TGT void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0
                         int t0, int t1, float *y)
 {
     switch (w->type) {
-    case QTYPE_Q8_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
-    case QTYPE_Q4_0: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
-    case QTYPE_Q4_1: q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
-    default: break;
+    case QTYPE_Q8_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0);
+        break;
+    case QTYPE_Q4_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0);
+        break;
+    case QTYPE_Q4_1:
+        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -224,6 +249,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
+        if (h == 0) prefetch_ahead(qs, w->quant_bytes);
         __m256 part[F32_TMAX][4];
         for (int t = 0; t < T; t++)
             for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
@@ -240,7 +266,8 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
                 __m256 wf = _mm256_cvtepi32_ps(wi);
                 for (int t = 0; t < T; t++) {
                     const float *xt = x + (size_t)(t0 + t) * (size_t)cols + b * QK;
-                    part[t][j] = _mm256_fmadd_ps(wf, _mm256_broadcast_ss(xt + 4 * c + j), part[t][j]);
+                    part[t][j] =
+                        _mm256_fmadd_ps(wf, _mm256_broadcast_ss(xt + 4 * c + j), part[t][j]);
                 }
             }
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
@@ -265,6 +292,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                            int64_t g1, int t0, int t1, float *y, const enum qtype type)
 {
+    prefetch_start(w, g0, g1);
     for (int64_t g = g0; g < g1; g++)
         for (int h = 0; h < 2; h++) {
             int t = t0;
@@ -277,9 +305,16 @@ TGT void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs,
                          int64_t g1, int t0, int t1, float *y)
 {
     switch (w->type) {
-    case QTYPE_Q8_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0); break;
-    case QTYPE_Q4_0: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0); break;
-    case QTYPE_Q4_1: f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1); break;
-    default: break;
+    case QTYPE_Q8_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0);
+        break;
+    case QTYPE_Q4_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0);
+        break;
+    case QTYPE_Q4_1:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1);
+        break;
+    default:
+        break;
     }
 }

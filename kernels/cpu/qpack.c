@@ -10,8 +10,7 @@ bool qpack_type(enum qtype t)
 }
 
 /* Scale and quant byte offsets of a file block of type t. */
-static void block_fields(enum qtype t, size_t *d_off, size_t *m_off, size_t *qs_off,
-                         size_t *qs_len)
+static void block_fields(enum qtype t, size_t *d_off, size_t *m_off, size_t *qs_off, size_t *qs_len)
 {
     *d_off = 0;
     *m_off = 0;

@@ -29,13 +29,13 @@
 struct qpack {
     enum qtype type;
     int64_t rows, cols;
-    int64_t nb;          /* 32-blocks per row */
-    int64_t ngroups;     /* ceil(rows / 16) */
-    size_t scale_bytes;  /* per block: 32, or 64 with Q4_1's minimums */
-    size_t quant_bytes;  /* per block: 256 (4-bit) or 512 (8-bit) */
-    size_t scales_size;  /* nb * scale_bytes rounded up to 64 */
-    size_t group_bytes;  /* scales_size + nb * quant_bytes */
-    uint8_t *data;       /* [ngroups][group_bytes], 64-byte aligned */
+    int64_t nb;         /* 32-blocks per row */
+    int64_t ngroups;    /* ceil(rows / 16) */
+    size_t scale_bytes; /* per block: 32, or 64 with Q4_1's minimums */
+    size_t quant_bytes; /* per block: 256 (4-bit) or 512 (8-bit) */
+    size_t scales_size; /* nb * scale_bytes rounded up to 64 */
+    size_t group_bytes; /* scales_size + nb * quant_bytes */
+    uint8_t *data;      /* [ngroups][group_bytes], 64-byte aligned */
     size_t data_bytes;
 };
 

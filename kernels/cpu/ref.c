@@ -107,8 +107,8 @@ void ref_attention_one(float *out, const float *q, const float *k_cache, const f
     float acc[512];
     for (int d = 0; d < hd; d++) acc[d] = 0;
     for (int j = 0; j <= b->pos[t]; j++) {
-        size_t slot = (size_t)table[j / b->block_size] * (size_t)b->block_size +
-                      (size_t)(j % b->block_size);
+        size_t slot =
+            (size_t)table[j / b->block_size] * (size_t)b->block_size + (size_t)(j % b->block_size);
         const float *kj = k_cache + slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
         const float *vj = v_cache + slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
         float sc = 0;
@@ -198,14 +198,15 @@ float ref_dot_q8(enum qtype t, const void *row, const struct q8act *a, int token
             acc = fmaf(fp16_to_f32(w->m), s[b], acc);
             break;
         }
-        default: return NAN; /* not a Q8-path type: the caller checks ref_q8_type */
+        default:
+            return NAN; /* not a Q8-path type: the caller checks ref_q8_type */
         }
     }
     return acc;
 }
 
-void ref_matmul_q8_rows(const struct bweight *w, const struct q8act *a, int n, float *y,
-                        int64_t r0, int64_t r1)
+void ref_matmul_q8_rows(const struct bweight *w, const struct q8act *a, int n, float *y, int64_t r0,
+                        int64_t r1)
 {
     size_t rb = qtype_row_bytes(w->type, (size_t)w->cols);
     for (int64_t r = r0; r < r1; r++) {

@@ -52,8 +52,8 @@ void ref_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s
  * The SIMD kernels reproduce this bit for bit, so every ISA gives the same Q8 result. */
 float ref_dot_q8(enum qtype t, const void *row, const struct q8act *a, int token);
 /* y[i][r] = ref_dot_q8(row r, token i) for rows [r0, r1) and all n tokens. */
-void ref_matmul_q8_rows(const struct bweight *w, const struct q8act *a, int n, float *y,
-                        int64_t r0, int64_t r1);
+void ref_matmul_q8_rows(const struct bweight *w, const struct q8act *a, int n, float *y, int64_t r0,
+                        int64_t r1);
 /* True for the weight types the Q8 path handles (the rest run the float path). */
 bool ref_q8_type(enum qtype t);
 

@@ -1,19 +1,29 @@
 /* threadpool: see threadpool.h.
  *
- * DESIGN. A job is published by writing fn/ctx/n_tasks and then bumping `generation` (release).
- * Workers spin on `generation` for a while (with pause) and only then sleep on the condvar, after
- * counting themselves in `sleepers`. pool_run takes the mutex and broadcasts only when someone
- * sleeps: a decode step runs hundreds of small jobs back to back and each one would otherwise
- * pay a futex call. The handshake is Dekker-style on two seq_cst atomics: the worker increments
- * `sleepers` and then re-reads `generation` (under the mutex); pool_run bumps `generation` and
- * then reads `sleepers`. At least one of them sees the other's write, so no wake-up is lost.
- * Tasks are claimed from an atomic counter, so a slow task does not hold the others back. The
- * hot atomics sit on their own cache lines. */
+ * DESIGN. One 64-bit atomic word describes the current job: its id (16 bits), its task count
+ * (24 bits) and the next unclaimed task (24 bits). pool_run writes fn/ctx, then publishes the
+ * word with a new id and task 0 (release); everyone, the caller included, claims tasks with one
+ * fetch_add on the word, which returns the job id, its size and the claimed index together.
+ * A claim past the end means the job is drained: the claimer stops without reading anything
+ * else. A claim inside it means that job is not finished (this task is not done), so the caller
+ * is still waiting for it and fn/ctx still describe it. The caller counts finished tasks and
+ * returns when all are done: it never waits for a worker that has not joined (one that is
+ * asleep, or was preempted while idle), which keeps a loaded machine from stalling every step.
+ *
+ * Idle workers spin on the word (with pause) and then sleep on the condvar after counting
+ * themselves in `sleepers`; pool_run takes the mutex and broadcasts only when someone sleeps, so
+ * the hundreds of small jobs of a decode step pay no futex call. The handshake is Dekker-style on
+ * seq_cst atomics: a worker increments `sleepers` and then re-reads the word (under the mutex);
+ * pool_run publishes the word and then reads `sleepers`. At least one sees the other's write, so
+ * no wake-up is lost. The hot atomics sit on their own cache lines. */
 #include "threadpool.h"
 
+#include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,6 +37,11 @@
 #define SPIN_ITERS 8192
 #define LINE       64
 
+#define JOB_SHIFT  48
+#define N_SHIFT    24
+#define FIELD_MASK ((UINT64_C(1) << N_SHIFT) - 1)
+#define MAX_TASKS  (1 << 22) /* leaves room for one overshooting claim per thread */
+
 struct worker {
     struct threadpool *pool;
     int id;
@@ -38,49 +53,54 @@ struct threadpool {
     struct worker *workers;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    /* the job: published by bumping generation after the fields are set */
+    /* the current job's function: valid while any of its tasks is unfinished */
     pool_fn fn;
     void *ctx;
-    int n_tasks;
-    _Alignas(LINE) atomic_uint generation;
+    _Alignas(LINE) _Atomic uint64_t word; /* job id | task count | next task */
     atomic_bool stop;
-    _Alignas(LINE) atomic_int next_task;
-    _Alignas(LINE) atomic_int active; /* workers still inside the current job */
+    _Alignas(LINE) atomic_int done; /* finished tasks of the current job */
     _Alignas(LINE) atomic_int sleepers;
 };
 
+static unsigned job_of(uint64_t w)
+{
+    return (unsigned)(w >> JOB_SHIFT);
+}
+
+/* Claims and runs tasks of whatever job is current until it is drained. */
 static void run_tasks(struct threadpool *p, int worker)
 {
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t, worker);
+        uint64_t w = atomic_fetch_add_explicit(&p->word, 1, memory_order_acq_rel);
+        uint64_t n = (w >> N_SHIFT) & FIELD_MASK, idx = w & FIELD_MASK;
+        if (idx >= n) return;
+        p->fn(p->ctx, (int)idx, worker);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
 
 static void *worker_main(void *arg)
 {
-    struct worker *w = arg;
-    struct threadpool *p = w->pool;
-    unsigned seen = 0;
+    struct worker *wk = arg;
+    struct threadpool *p = wk->pool;
+    unsigned seen = 0; /* the job this worker last helped with (0: none yet) */
     for (;;) {
-        unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        for (int spins = 0; g == seen && spins < SPIN_ITERS; spins++) {
+        unsigned j = job_of(atomic_load_explicit(&p->word, memory_order_acquire));
+        for (int spins = 0; j == seen && spins < SPIN_ITERS; spins++) {
             CPU_RELAX();
-            g = atomic_load_explicit(&p->generation, memory_order_acquire);
+            j = job_of(atomic_load_explicit(&p->word, memory_order_acquire));
         }
-        if (g == seen) {
+        if (j == seen) {
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
-            while ((g = atomic_load(&p->generation)) == seen && !atomic_load(&p->stop))
+            while ((j = job_of(atomic_load(&p->word))) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->wake, &p->mu);
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
-        seen = g;
-        run_tasks(p, w->id);
-        atomic_fetch_sub_explicit(&p->active, 1, memory_order_release);
+        seen = j;
+        run_tasks(p, wk->id);
     }
 }
 
@@ -91,10 +111,9 @@ int pool_create(int n_threads, struct threadpool **out, struct qerr *err)
     struct threadpool *p = aligned_alloc(LINE, (sizeof *p + LINE - 1) / LINE * LINE);
     if (!p) return qerr_set(err, QERR_NOMEM, "threadpool: out of memory");
     *p = (struct threadpool){.n_threads = n_threads};
-    atomic_init(&p->generation, 0);
+    atomic_init(&p->word, 0);
     atomic_init(&p->stop, false);
-    atomic_init(&p->next_task, 0);
-    atomic_init(&p->active, 0);
+    atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -116,12 +135,20 @@ int pool_create(int n_threads, struct threadpool **out, struct qerr *err)
     return 0;
 }
 
+/* Publishes a new job word: the next id (never 0, which workers start out having seen). */
+static void publish(struct threadpool *p, uint64_t n_tasks)
+{
+    unsigned next = (job_of(atomic_load_explicit(&p->word, memory_order_relaxed)) + 1) & 0xffff;
+    if (next == 0) next = 1;
+    atomic_store(&p->word, ((uint64_t)next << JOB_SHIFT) | (n_tasks << N_SHIFT));
+}
+
 void pool_destroy(struct threadpool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, true);
-    atomic_fetch_add(&p->generation, 1);
+    publish(p, 0);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     if (p->workers)
@@ -144,17 +171,23 @@ void pool_run(struct threadpool *p, pool_fn fn, void *ctx, int n_tasks)
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
+    assert(n_tasks <= MAX_TASKS);
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); /* seq_cst: publishes the job, orders the read below */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    publish(p, (uint64_t)n_tasks); /* seq_cst: releases the fields, orders the read below */
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
     run_tasks(p, 0);
-    while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) CPU_RELAX();
+    /* the others finish the tasks they claimed; if one was preempted mid-task (more threads
+     * than free cores), give it the core rather than spinning out our time slice */
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; spins++) {
+        if (spins < SPIN_ITERS)
+            CPU_RELAX();
+        else
+            sched_yield();
+    }
 }

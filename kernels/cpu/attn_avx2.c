@@ -1,0 +1,149 @@
+/* AVX2 attention over the paged KV cache: the design of attn_avx512.c with 8-key chunks (the
+ * width of a register) and 8-lane vectors. */
+#include <math.h>
+
+#include "attn_rows.h"
+#include "kern.h"
+#include "simd256.h"
+
+#define TGT    TGT256
+#define INLINE INLINE256
+#define CHUNK  8
+#define SPAN   128
+#define HD_MAX 128
+
+TGT INLINE __m256 first_lanes(int n)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+}
+
+struct row_state {
+    float m, l, corr;
+    _Alignas(32) float acc[HD_MAX];
+    _Alignas(32) float pa[HD_MAX];
+    _Alignas(32) float p[SPAN];
+};
+
+TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
+                         const float *k_cache, const float *v_cache, struct key_walk kw,
+                         float scale, const int NV)
+{
+    int max_keys = 0;
+    for (int r = 0; r < nr; r++) {
+        max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
+        st[r].m = -INFINITY;
+        st[r].l = 0;
+        for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].acc + 8 * v, _mm256_setzero_ps());
+    }
+    const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    size_t offs[SPAN];
+    for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
+        int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
+        int chunks = (span + CHUNK - 1) / CHUNK;
+        __m256 vmax[ATTN_ROWS];
+        for (int r = 0; r < nr; r++) vmax[r] = neg_inf;
+        /* 1. scores */
+        for (int c = 0; c < chunks; c++) {
+            size_t *o = offs + c * CHUNK;
+            int left = span - c * CHUNK;
+            for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
+            for (int r = 0; r < nr; r++) {
+                int row_left = rows[r].n_keys - j0 - c * CHUNK;
+                if (row_left <= 0) continue;
+                const float *qr = rows[r].q;
+                __m256 part[CHUNK];
+#pragma GCC unroll 8
+                for (int k = 0; k < CHUNK; k++) {
+                    const float *kp = k_cache + o[k];
+                    part[k] = _mm256_mul_ps(_mm256_loadu_ps(qr), _mm256_loadu_ps(kp));
+                    for (int v = 1; v < NV; v++)
+                        part[k] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * v),
+                                                  _mm256_loadu_ps(kp + 8 * v), part[k]);
+                }
+                __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part), vscale),
+                                             first_lanes(row_left));
+                _mm256_store_ps(st[r].p + c * CHUNK, sv);
+                vmax[r] = _mm256_max_ps(vmax[r], sv);
+            }
+        }
+        /* 2. maximum, rescale factor, weights */
+        for (int r = 0; r < nr; r++) {
+            int cnt = rows[r].n_keys - j0;
+            if (cnt <= 0) continue;
+            cnt = cnt < SPAN ? cnt : SPAN;
+            float mc = hmax8(vmax[r]);
+            float mnew = mc > st[r].m ? mc : st[r].m;
+            st[r].corr = _mm256_cvtss_f32(exp256(_mm256_set1_ps(st[r].m - mnew)));
+            __m256 vm = _mm256_set1_ps(mnew), lsum = _mm256_setzero_ps();
+            for (int c = 0; c * CHUNK < cnt; c++) {
+                __m256 p =
+                    _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(st[r].p + c * CHUNK), vm)),
+                                  first_lanes(cnt - c * CHUNK));
+                _mm256_store_ps(st[r].p + c * CHUNK, p);
+                lsum = _mm256_add_ps(lsum, p);
+            }
+            st[r].l = st[r].l * st[r].corr + hsum8(lsum);
+            st[r].m = mnew;
+            for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].pa + 8 * v, _mm256_setzero_ps());
+        }
+        /* 3. p . V in key order */
+        for (int c = 0; c < chunks; c++) {
+            const size_t *o = offs + c * CHUNK;
+            for (int r = 0; r < nr; r++) {
+                int n = rows[r].n_keys - j0 - c * CHUNK;
+                if (n <= 0) continue;
+                n = n < CHUNK ? n : CHUNK;
+                const float *p = st[r].p + c * CHUNK;
+                for (int v = 0; v < NV; v++) {
+                    __m256 pa = _mm256_load_ps(st[r].pa + 8 * v);
+                    for (int k = 0; k < n; k++)
+                        pa = _mm256_fmadd_ps(_mm256_set1_ps(p[k]),
+                                             _mm256_loadu_ps(v_cache + o[k] + 8 * v), pa);
+                    _mm256_store_ps(st[r].pa + 8 * v, pa);
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            if (rows[r].n_keys <= j0) continue;
+            __m256 vc = _mm256_set1_ps(st[r].corr);
+            for (int v = 0; v < NV; v++)
+                _mm256_store_ps(st[r].acc + 8 * v,
+                                _mm256_fmadd_ps(_mm256_load_ps(st[r].acc + 8 * v), vc,
+                                                _mm256_load_ps(st[r].pa + 8 * v)));
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        __m256 vl = _mm256_set1_ps(st[r].l);
+        for (int v = 0; v < NV; v++)
+            _mm256_storeu_ps(rows[r].out + 8 * v,
+                             _mm256_div_ps(_mm256_load_ps(st[r].acc + 8 * v), vl));
+    }
+}
+
+TGT void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                        int kvh)
+{
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    if (hd != 64 && hd != 128) {
+        for (int t = t0; t < t1; t++)
+            for (int g = 0; g < group; g++)
+                ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+        return;
+    }
+    struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = kvh};
+    struct attn_row rows[ATTN_ROWS];
+    struct row_state st[ATTN_ROWS];
+    int seq = -1, nr;
+    while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
+        struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
+                              .bs = b->block_size,
+                              .row = (size_t)s->n_kv_heads * (size_t)hd,
+                              .col = (size_t)kvh * (size_t)hd};
+        if (hd == 64)
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8);
+        else
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 16);
+    }
+}

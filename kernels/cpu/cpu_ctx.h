@@ -1,0 +1,55 @@
+/* cpu_ctx: the CPU backend's state, shared by the files that implement its ops
+ * (backend_cpu.c: buffers, weights, create; cpu_matmul.c; cpu_ops.c: the other ops). */
+#ifndef QUERN_CPU_CTX_H
+#define QUERN_CPU_CTX_H
+
+#include "kern.h"
+#include "threadpool.h"
+
+/* cos / sin of every rotated pair at every position seen so far, laid out as the rope kernels
+ * read them: row p holds cos[rot_dim] = (c0, c0, c1, c1, ...) and sin[rot_dim] =
+ * (-s0, s0, -s1, s1, ...), each angle computed exactly as ref_rope computes it. */
+struct rope_table {
+    float freq_base;
+    int rot_dim;
+    int n_pos;        /* rows filled */
+    int cap;          /* rows allocated */
+    float *cos, *sin; /* [cap][rot_dim] */
+};
+
+struct cpu_ctx {
+    struct threadpool *pool;
+    int n_threads;
+    enum matmul_precision precision;
+    enum cpu_isa isa;
+    const struct cpu_kernels *k;
+    /* activation scratch of one matmul (quantized tokens or block sums); grows on demand */
+    void *scratch;
+    size_t scratch_bytes;
+    struct rope_table rope;
+};
+
+/* Grows the scratch to at least bytes; 0, or -1 (the old scratch stays) when memory is short. */
+int cpu_scratch_reserve(struct cpu_ctx *c, size_t bytes);
+/* Scratch bytes one token of a matmul with this weight needs (0 when none). */
+size_t cpu_matmul_token_bytes(const struct cpu_ctx *c, const struct bweight *w);
+
+void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y);
+
+void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
+               float *out);
+void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                 float eps);
+void cpu_add(struct backend *be, float *x, const float *y, size_t n);
+void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+              int rot_dim, float freq_base);
+void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+                  const float *v, const struct attn_batch *b, int kv_dim);
+void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
+                   const float *v_cache, const struct attn_batch *b, const struct attn_shape *s);
+void cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
+                  int dim);
+void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cpu_rope_table_free(struct rope_table *rt);
+
+#endif

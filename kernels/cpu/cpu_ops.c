@@ -1,0 +1,248 @@
+/* cpu_ops: the CPU backend's ops other than matmul, each a loop over tokens (or token x head)
+ * calling the ISA's row kernel; large batches are split across the pool by whole rows, small
+ * ones run on the calling thread (a pool round trip costs more than a 576-wide RMSNorm). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ctx.h"
+
+#define PAR_ELEMS 65536 /* elements from which an elementwise op uses the pool */
+#define PAR_KEYS  2048  /* (key, head) pairs from which attention uses the pool */
+
+static struct cpu_ctx *ctx_of(struct backend *be)
+{
+    return be->ctx;
+}
+
+void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
+               float *out)
+{
+    (void)be;
+    ref_embed(table, tokens, n, out);
+}
+
+struct rows_job {
+    const struct cpu_kernels *k;
+    float *out;
+    const float *x, *w;
+    int n, dim, per_task;
+    float eps;
+};
+
+static void rmsnorm_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct rows_job *j = arg;
+    int t0 = task * j->per_task, t1 = t0 + j->per_task < j->n ? t0 + j->per_task : j->n;
+    for (int t = t0; t < t1; t++)
+        j->k->rmsnorm(j->out + (size_t)t * (size_t)j->dim, j->x + (size_t)t * (size_t)j->dim, j->w,
+                      j->dim, j->eps);
+}
+
+/* Tasks of whole rows covering about PAR_ELEMS / 4 elements each (1 task when small). */
+static int row_tasks(int n, int dim, int *per_task)
+{
+    size_t total = (size_t)n * (size_t)dim;
+    if (total < PAR_ELEMS) {
+        *per_task = n;
+        return 1;
+    }
+    size_t rows = (PAR_ELEMS / 4) / (size_t)dim;
+    *per_task = rows < 1 ? 1 : (int)rows;
+    return (n + *per_task - 1) / *per_task;
+}
+
+void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                 float eps)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    struct rows_job j = {.k = c->k, .out = out, .x = x, .w = w, .n = n, .dim = dim, .eps = eps};
+    int tasks = row_tasks(n, dim, &j.per_task);
+    pool_run(c->pool, rmsnorm_task, &j, tasks);
+}
+
+/* Elementwise ops split into aligned spans of SPAN elements. */
+#define SPAN 16384
+
+struct elem_job {
+    const struct cpu_kernels *k;
+    float *x;
+    const float *y;
+    size_t n;
+    bool silu;
+};
+
+static void elem_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct elem_job *j = arg;
+    size_t i0 = (size_t)task * SPAN, len = j->n - i0 < SPAN ? j->n - i0 : SPAN;
+    if (j->silu)
+        j->k->silu_mul(j->x + i0, j->y + i0, len);
+    else
+        j->k->add(j->x + i0, j->y + i0, len);
+}
+
+static void run_elem(struct cpu_ctx *c, float *x, const float *y, size_t n, bool silu)
+{
+    if (n < PAR_ELEMS) {
+        if (silu)
+            c->k->silu_mul(x, y, n);
+        else
+            c->k->add(x, y, n);
+        return;
+    }
+    struct elem_job j = {.k = c->k, .x = x, .y = y, .n = n, .silu = silu};
+    pool_run(c->pool, elem_task, &j, (int)((n + SPAN - 1) / SPAN));
+}
+
+void cpu_add(struct backend *be, float *x, const float *y, size_t n)
+{
+    run_elem(ctx_of(be), x, y, n, false);
+}
+
+void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
+{
+    run_elem(ctx_of(be), g, u, n, true);
+}
+
+void cpu_rope_table_free(struct rope_table *rt)
+{
+    free(rt->cos);
+    free(rt->sin);
+    *rt = (struct rope_table){0};
+}
+
+/* Makes rows 0..need-1 of the table valid for (freq_base, rot_dim); false when out of memory. */
+static bool rope_table_fill(struct rope_table *rt, int need, float freq_base, int rot_dim)
+{
+    if (rt->rot_dim != rot_dim || rt->freq_base != freq_base) {
+        cpu_rope_table_free(rt);
+        rt->rot_dim = rot_dim;
+        rt->freq_base = freq_base;
+    }
+    if (need <= rt->n_pos) return true;
+    if (need > rt->cap) {
+        int cap = rt->cap ? rt->cap : 256;
+        while (cap < need) cap *= 2;
+        size_t bytes = (size_t)cap * (size_t)rot_dim * sizeof(float);
+        float *nc = realloc(rt->cos, bytes);
+        if (!nc) return false;
+        rt->cos = nc;
+        float *ns = realloc(rt->sin, bytes);
+        if (!ns) return false;
+        rt->sin = ns;
+        rt->cap = cap;
+    }
+    for (int p = rt->n_pos; p < need; p++) {
+        float *cr = rt->cos + (size_t)p * (size_t)rot_dim,
+              *sr = rt->sin + (size_t)p * (size_t)rot_dim;
+        for (int d = 0; d < rot_dim; d += 2) {
+            /* the expression ref_rope evaluates, so the results match it bit for bit */
+            double theta = (double)p * pow((double)freq_base, -(double)d / rot_dim);
+            float co = (float)cos(theta), si = (float)sin(theta);
+            cr[d] = co;
+            cr[d + 1] = co;
+            sr[d] = -si;
+            sr[d + 1] = si;
+        }
+    }
+    rt->n_pos = need;
+    return true;
+}
+
+struct rope_job {
+    const struct cpu_kernels *k;
+    const struct rope_table *rt;
+    float *x;
+    const int32_t *pos;
+    int n, n_heads, head_dim, rot_dim, per_task;
+};
+
+static void rope_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct rope_job *j = arg;
+    int t0 = task * j->per_task, t1 = t0 + j->per_task < j->n ? t0 + j->per_task : j->n;
+    size_t stride = (size_t)j->n_heads * (size_t)j->head_dim;
+    for (int t = t0; t < t1; t++) {
+        size_t row = (size_t)j->pos[t] * (size_t)j->rot_dim;
+        j->k->rope(j->x + (size_t)t * stride, j->n_heads, j->head_dim, j->rot_dim, j->rt->cos + row,
+                   j->rt->sin + row);
+    }
+}
+
+void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+              int rot_dim, float freq_base)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    int need = 0;
+    for (int i = 0; i < n; i++) need = pos[i] + 1 > need ? pos[i] + 1 : need;
+    if (rot_dim <= 0 || !rope_table_fill(&c->rope, need, freq_base, rot_dim)) {
+        ref_rope(x, pos, n, n_heads, head_dim, rot_dim, freq_base); /* same values, slower */
+        return;
+    }
+    struct rope_job j = {.k = c->k,
+                         .rt = &c->rope,
+                         .x = x,
+                         .pos = pos,
+                         .n = n,
+                         .n_heads = n_heads,
+                         .head_dim = head_dim,
+                         .rot_dim = rot_dim};
+    int tasks = row_tasks(n, n_heads * head_dim, &j.per_task);
+    pool_run(c->pool, rope_task, &j, tasks);
+}
+
+void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+                  const float *v, const struct attn_batch *b, int kv_dim)
+{
+    (void)be;
+    ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
+}
+
+struct attn_job {
+    const struct cpu_kernels *k;
+    float *out;
+    const float *q, *k_cache, *v_cache;
+    const struct attn_batch *b;
+    const struct attn_shape *s;
+};
+
+/* tokens per attention task: with the GQA heads of one kv head, a set of rows that shares
+ * every K and V read (see attn_rows.h) */
+#define ATTN_TOKENS 4
+
+static void attn_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct attn_job *j = arg;
+    int kvh = task % j->s->n_kv_heads, t0 = task / j->s->n_kv_heads * ATTN_TOKENS;
+    int t1 = t0 + ATTN_TOKENS < j->b->n_tokens ? t0 + ATTN_TOKENS : j->b->n_tokens;
+    j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
+}
+
+void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
+                   const float *v_cache, const struct attn_batch *b, const struct attn_shape *s)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    struct attn_job j = {c->k, out, q, k_cache, v_cache, b, s};
+    int tasks = (b->n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS * s->n_kv_heads;
+    int64_t keys = 0;
+    for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
+    if (keys * s->n_heads < PAR_KEYS) {
+        for (int t = 0; t < tasks; t++) attn_task(&j, t, 0);
+        return;
+    }
+    pool_run(c->pool, attn_task, &j, tasks);
+}
+
+void cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
+                  int dim)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * (size_t)dim, x + (size_t)idx[i] * (size_t)dim,
+               (size_t)dim * sizeof(float));
+}

@@ -1,0 +1,362 @@
+/* quern bench: offline throughput and latency.
+ *
+ *   quern bench --model M --requests N --input-len L --output-len O [--concurrency C]
+ *     runs the engine on N synthetic prompts (random token ids, seeded) with C clients each
+ *     keeping one request in flight, and reports requests/s, prompt and output tokens/s, TTFT and
+ *     time-per-output-token percentiles, peak KV blocks, preemptions and the prefix-cache hit
+ *     rate (the figures vLLM's benchmark_serving prints).
+ *   quern bench --model M --pp 512 --tg 128 [--reps R]
+ *     measures prompt processing and generation of one sequence the way llama-bench does:
+ *     pp = a P-token prompt up to its first token, tg = T decode steps after a 1-token prompt. */
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/engine.h"
+#include "../engine/generate.h"
+#include "cli.h"
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
+            "                   [--concurrency C] [options]\n"
+            "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
+            "  --threads N           CPU threads (default: all)\n"
+            "  --precision f32|q8    matmul activations (default q8)\n"
+            "  --max-batch-tokens N  engine step budget (default 2048)\n"
+            "  --max-seqs N          running sequences (default 64)\n"
+            "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
+            "  --seed S              prompt generator seed (default 1)\n"
+            "  --json                print one JSON object instead of a table\n");
+}
+
+struct bench_args {
+    const char *model;
+    long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
+        seed;
+    enum matmul_precision precision;
+    bool json;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted v[n]. */
+static double pct(const double *v, int n, double p)
+{
+    if (n == 0) return 0;
+    int k = (int)ceil(p / 100.0 * n) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+struct client_ctx {
+    struct engine *e;
+    const struct bench_args *a;
+    int32_t *prompts; /* [requests][input_len] */
+    pthread_mutex_t *mu;
+    long *next;
+    double *ttft, *tpot;
+    long *done, *failed, *out_tokens;
+};
+
+static void *client_main(void *arg)
+{
+    struct client_ctx *c = arg;
+    for (;;) {
+        pthread_mutex_lock(c->mu);
+        long i = (*c->next)++;
+        pthread_mutex_unlock(c->mu);
+        if (i >= c->a->requests) return NULL;
+        struct gen_request r = {0};
+        r.prompt = c->prompts + i * c->a->input_len;
+        r.n_prompt = (size_t)c->a->input_len;
+        sample_params_default(&r.sample);
+        r.sample.temperature = 0;
+        r.max_tokens = (int)c->a->output_len;
+        r.ignore_eos = true;
+        r.top_logprobs = -1;
+        struct request *q;
+        struct qerr err = {0};
+        int rc = engine_submit(c->e, &r, &q, &err);
+        while (rc == QERR_FULL) { /* more clients than queue slots: wait and retry */
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            rc = engine_submit(c->e, &r, &q, &err);
+        }
+        struct req_event ev = {0};
+        if (!rc) {
+            do request_next(q, &ev, -1);
+            while (!ev.done);
+            request_release(q);
+        }
+        pthread_mutex_lock(c->mu);
+        if (rc || ev.finish == FINISH_ERROR) {
+            (*c->failed)++;
+        } else {
+            long k = (*c->done)++;
+            c->ttft[k] = ev.ttft_ms;
+            c->tpot[k] = ev.completion_tokens > 1
+                             ? (ev.total_ms - ev.ttft_ms) / (ev.completion_tokens - 1)
+                             : 0;
+            *c->out_tokens += ev.completion_tokens;
+        }
+        pthread_mutex_unlock(c->mu);
+    }
+}
+
+static int run_serving(const struct gguf_file *f, const struct tokenizer *tok,
+                       struct backend *be, const struct bench_args *a, struct qerr *err)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = (int)a->batch;
+    o.max_seqs = (int)a->seqs;
+    o.kv_mem = (size_t)a->kv_mib << 20;
+    o.max_queue = (int)(a->requests + a->concurrency);
+    o.prefix_cache = true;
+    struct engine *e;
+    int rc = engine_create(f, tok, be, &o, &e, err);
+    if (rc) return rc;
+    int vocab = engine_model_config(e)->vocab;
+    size_t n = (size_t)a->requests * (size_t)a->input_len;
+    int32_t *prompts = malloc(n * sizeof *prompts);
+    double *ttft = calloc((size_t)a->requests, sizeof *ttft);
+    double *tpot = calloc((size_t)a->requests, sizeof *tpot);
+    pthread_t *th = calloc((size_t)a->concurrency, sizeof *th);
+    if (!prompts || !ttft || !tpot || !th) {
+        rc = qerr_set(err, QERR_NOMEM, "bench: out of memory");
+        goto out;
+    }
+    uint64_t x = (uint64_t)a->seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        /* ids above the special tokens, so prompts are ordinary text pieces */
+        prompts[i] = 100 + (int32_t)(x % (uint64_t)(vocab - 100));
+    }
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    long next = 0, done = 0, failed = 0, out_tokens = 0;
+    struct client_ctx c = {e, a, prompts, &mu, &next, ttft, tpot, &done, &failed, &out_tokens};
+    double t0 = now_s();
+    for (long i = 0; i < a->concurrency; i++) pthread_create(&th[i], NULL, client_main, &c);
+    for (long i = 0; i < a->concurrency; i++) pthread_join(th[i], NULL);
+    double wall = now_s() - t0;
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    qsort(ttft, (size_t)done, sizeof *ttft, cmp_double);
+    qsort(tpot, (size_t)done, sizeof *tpot, cmp_double);
+    double rps = (double)done / wall, in_tps = (double)done * (double)a->input_len / wall,
+           out_tps = (double)out_tokens / wall;
+    double hit = st.prefix_lookups ? (double)st.prefix_hit_tokens / (double)st.prefix_lookups : 0;
+    if (a->json) {
+        printf("{\"requests\": %ld, \"failed\": %ld, \"concurrency\": %ld, \"input_len\": %ld, "
+               "\"output_len\": %ld, \"duration_s\": %.3f, \"requests_per_s\": %.3f, "
+               "\"prompt_tokens_per_s\": %.1f, \"output_tokens_per_s\": %.1f, "
+               "\"ttft_ms_p50\": %.1f, \"ttft_ms_p90\": %.1f, \"ttft_ms_p99\": %.1f, "
+               "\"tpot_ms_p50\": %.2f, \"tpot_ms_p90\": %.2f, \"tpot_ms_p99\": %.2f, "
+               "\"kv_blocks_peak\": %d, \"kv_blocks_total\": %d, \"preemptions\": %llu, "
+               "\"prefix_cache_hit_rate\": %.4f, \"steps\": %llu}\n",
+               done, failed, a->concurrency, a->input_len, a->output_len, wall, rps, in_tps,
+               out_tps, pct(ttft, (int)done, 50), pct(ttft, (int)done, 90),
+               pct(ttft, (int)done, 99), pct(tpot, (int)done, 50), pct(tpot, (int)done, 90),
+               pct(tpot, (int)done, 99), st.kv_blocks_peak, st.kv_blocks_total,
+               (unsigned long long)st.preemptions, hit, (unsigned long long)st.steps);
+    } else {
+        printf("requests          %ld done, %ld failed, concurrency %ld (input %ld, output %ld)\n",
+               done, failed, a->concurrency, a->input_len, a->output_len);
+        printf("duration          %.2f s\n", wall);
+        printf("requests/s        %.3f\n", rps);
+        printf("prompt tokens/s   %.1f\n", in_tps);
+        printf("output tokens/s   %.1f\n", out_tps);
+        printf("TTFT ms           p50 %.1f  p90 %.1f  p99 %.1f\n", pct(ttft, (int)done, 50),
+               pct(ttft, (int)done, 90), pct(ttft, (int)done, 99));
+        printf("TPOT ms           p50 %.2f  p90 %.2f  p99 %.2f\n", pct(tpot, (int)done, 50),
+               pct(tpot, (int)done, 90), pct(tpot, (int)done, 99));
+        printf("KV blocks peak    %d of %d\n", st.kv_blocks_peak, st.kv_blocks_total);
+        printf("preemptions       %llu\n", (unsigned long long)st.preemptions);
+        printf("prefix hit rate   %.1f%%\n", hit * 100);
+        printf("engine steps      %llu\n", (unsigned long long)st.steps);
+    }
+    rc = failed ? qerr_set(err, QERR_INVALID, "bench: %ld requests failed", failed) : 0;
+out:
+    free(prompts);
+    free(ttft);
+    free(tpot);
+    free(th);
+    engine_free(e);
+    return rc;
+}
+
+static void mean_sd(const double *v, int n, double *mean, double *sd)
+{
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+static bool stop_after_first(void *ctx, int32_t t, const float *l)
+{
+    (void)ctx, (void)t, (void)l;
+    return true;
+}
+
+static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct bench_args *a,
+                     struct qerr *err)
+{
+    int bs = 16;
+    long total = (a->pp > a->tg ? a->pp : a->tg) + 2;
+    struct model_opts mo = {.max_batch_tokens = (int)(a->batch < a->pp ? a->batch : a->pp),
+                            .max_logits = 1,
+                            .kv_blocks = (int)((total + bs - 1) / bs),
+                            .kv_block_size = bs};
+    if (mo.max_batch_tokens < 1) mo.max_batch_tokens = 1;
+    struct model *m;
+    int rc = model_load(f, be, &mo, &m, err);
+    if (rc) return rc;
+    int vocab = model_get_config(m)->vocab;
+    int32_t *prompt = malloc((size_t)(a->pp > 0 ? a->pp : 1) * sizeof *prompt);
+    double *pp = calloc((size_t)a->reps, sizeof *pp), *tg = calloc((size_t)a->reps, sizeof *tg);
+    if (!prompt || !pp || !tg) {
+        rc = qerr_set(err, QERR_NOMEM, "bench: out of memory");
+        goto out;
+    }
+    uint64_t x = (uint64_t)a->seed | 1;
+    for (long i = 0; i < a->pp; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = 100 + (int32_t)(x % (uint64_t)(vocab - 100));
+    }
+    struct gen_opts go = {.prefill_chunk = mo.max_batch_tokens};
+    sample_params_default(&go.sample);
+    go.sample.temperature = 0;
+    for (long r = -1; r < a->reps && !rc; r++) { /* r = -1 warms up */
+        if (a->pp > 0) {
+            go.n_predict = 1;
+            double t0 = now_s();
+            rc = generate_run(m, prompt, (size_t)a->pp, &go, stop_after_first, NULL, err);
+            if (r >= 0) pp[r] = (double)a->pp / (now_s() - t0);
+        }
+        if (a->tg > 0 && !rc) {
+            go.n_predict = (int)a->tg + 1; /* the first token comes from the 1-token prompt */
+            double t0 = now_s();
+            rc = generate_run(m, prompt, 1, &go, NULL, NULL, err);
+            if (r >= 0) tg[r] = (double)(a->tg + 1) / (now_s() - t0);
+        }
+    }
+    if (!rc) {
+        double ppm, pps, tgm, tgs;
+        mean_sd(pp, (int)a->reps, &ppm, &pps);
+        mean_sd(tg, (int)a->reps, &tgm, &tgs);
+        if (a->json)
+            printf("{\"pp\": %ld, \"tg\": %ld, \"reps\": %ld, \"threads\": %ld, "
+                   "\"pp_tokens_per_s\": %.2f, \"pp_sd\": %.2f, \"tg_tokens_per_s\": %.2f, "
+                   "\"tg_sd\": %.2f}\n",
+                   a->pp, a->tg, a->reps, a->threads, ppm, pps, tgm, tgs);
+        else {
+            printf("| test | t/s |\n|---|---|\n");
+            if (a->pp > 0) printf("| pp%ld | %.2f ± %.2f |\n", a->pp, ppm, pps);
+            if (a->tg > 0) printf("| tg%ld | %.2f ± %.2f |\n", a->tg, tgm, tgs);
+        }
+    }
+out:
+    free(prompt);
+    free(pp);
+    free(tg);
+    model_free(m);
+    return rc;
+}
+
+int cli_bench(int argc, char **argv)
+{
+    enum { O_REQ = 256, O_IN, O_OUT, O_CONC, O_THREADS, O_PP, O_TG, O_REPS, O_BATCH, O_SEQS,
+           O_KV, O_SEED, O_JSON, O_PREC };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},        {"requests", required_argument, 0, O_REQ},
+        {"input-len", required_argument, 0, O_IN},   {"output-len", required_argument, 0, O_OUT},
+        {"concurrency", required_argument, 0, O_CONC},
+        {"threads", required_argument, 0, O_THREADS}, {"pp", required_argument, 0, O_PP},
+        {"tg", required_argument, 0, O_TG},          {"reps", required_argument, 0, O_REPS},
+        {"max-batch-tokens", required_argument, 0, O_BATCH},
+        {"max-seqs", required_argument, 0, O_SEQS},  {"kv-mem", required_argument, 0, O_KV},
+        {"seed", required_argument, 0, O_SEED},      {"json", no_argument, 0, O_JSON},
+        {"precision", required_argument, 0, O_PREC}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    struct bench_args a = {.concurrency = 1, .reps = 5, .batch = 2048, .seqs = 64,
+                           .kv_mib = 1024, .seed = 1, .precision = MATMUL_Q8,
+                           .requests = -1, .input_len = -1, .output_len = -1, .pp = -1,
+                           .tg = -1};
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        long *dst = NULL, lo = 1, hi = 1000000;
+        switch (c) {
+        case 'm': a.model = optarg; continue;
+        case 'h': bench_usage(stdout); return EXIT_OK;
+        case O_JSON: a.json = true; continue;
+        case O_PREC:
+            if (!strcmp(optarg, "f32")) a.precision = MATMUL_F32;
+            else if (!strcmp(optarg, "q8")) a.precision = MATMUL_Q8;
+            else {
+                fprintf(stderr, "quern bench: --precision '%s' is not f32 or q8\n", optarg);
+                return EXIT_USAGE;
+            }
+            continue;
+        case O_REQ: dst = &a.requests; break;
+        case O_IN: dst = &a.input_len; break;
+        case O_OUT: dst = &a.output_len; lo = 1; break;
+        case O_CONC: dst = &a.concurrency; hi = 4096; break;
+        case O_THREADS: dst = &a.threads; lo = 0; hi = 1024; break;
+        case O_PP: dst = &a.pp; lo = 0; break;
+        case O_TG: dst = &a.tg; lo = 0; break;
+        case O_REPS: dst = &a.reps; hi = 1000; break;
+        case O_BATCH: dst = &a.batch; break;
+        case O_SEQS: dst = &a.seqs; hi = 4096; break;
+        case O_KV: dst = &a.kv_mib; hi = 1 << 20; break;
+        case O_SEED: dst = &a.seed; lo = 0; hi = 0x7fffffffL; break;
+        default: bench_usage(stderr); return EXIT_USAGE;
+        }
+        if (!cli_parse_int(optarg, lo, hi, dst)) {
+            fprintf(stderr, "quern bench: '%s' is not an integer in %ld..%ld\n", optarg, lo, hi);
+            return EXIT_USAGE;
+        }
+    }
+    bool serving = a.requests > 0 || a.input_len > 0 || a.output_len > 0;
+    bool single = a.pp >= 0 || a.tg >= 0;
+    if (optind < argc || serving == single ||
+        (serving && (a.requests < 1 || a.input_len < 1 || a.output_len < 1))) {
+        fprintf(stderr, "quern bench: give either --requests/--input-len/--output-len or "
+                        "--pp/--tg (see quern bench --help)\n");
+        return EXIT_USAGE;
+    }
+    if (a.pp < 0) a.pp = 0;
+    if (a.tg < 0) a.tg = 0;
+    struct qerr err = {0};
+    struct gguf_file *f = NULL;
+    struct tokenizer *tok = NULL;
+    struct backend *be = NULL;
+    int rc = gguf_open(cli_model_path(a.model), &f, &err);
+    if (!rc) rc = tokenizer_load(f, &tok, &err);
+    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = a.precision};
+    if (!rc) rc = backend_cpu_create(&bo, &be, &err);
+    if (!rc) rc = serving ? run_serving(f, tok, be, &a, &err) : run_pp_tg(f, be, &a, &err);
+    if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
+    backend_destroy(be);
+    tokenizer_free(tok);
+    gguf_close(f);
+    return rc ? EXIT_RUNTIME : EXIT_OK;
+}

@@ -1,0 +1,393 @@
+/* quern serve: the OpenAI-compatible HTTP daemon. Options and lifecycle only; the endpoints
+ * are in api*.c, the HTTP glue in http.c.
+ *
+ * Lifecycle, all on the main thread: block SIGTERM/SIGINT/SIGPIPE (every thread started later
+ * inherits the mask, so only sigwait here sees them) -> listen (health says "loading") -> load
+ * the model and start the engine -> ready -> sigwait -> drain: new work gets 503, in-flight
+ * requests run until they finish or --drain-timeout passes (a second signal cuts it short) ->
+ * engine_free aborts what is left (finish reason "abort"; the HTTP threads send those last
+ * chunks) -> stop HTTP -> exit 0. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/engine.h"
+#include "../engine/gguf.h"
+#include "../engine/tokenizer.h"
+#include "cli.h"
+#include "http.h"
+#include "serve.h"
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: quern serve [--model PATH] [options]\n"
+            "  --model PATH             GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL
+            ")\n"
+            "  --host ADDR              numeric address to listen on (default 127.0.0.1)\n"
+            "  --port N                 port (default 8080; 0: any free port)\n"
+            "  --threads N              CPU threads for the model (default: all)\n"
+            "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
+            "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
+            "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
+            "  --max-seqs N             sequences running at once (default 64)\n"
+            "  --max-queue N            waiting requests before 429 (default 256)\n"
+            "  --ctx N                  context length per request (default: the model's)\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' on /v1/* and\n"
+            "                           /tokenize, /detokenize (default: $QUERN_API_KEY; none)\n"
+            "  --served-model-name NAME the model id clients see (default: the file name)\n"
+            "  --max-body SIZE          largest request body (default 2M; more: 413)\n"
+            "  --max-connections N      open connections at once (default 512)\n"
+            "  --drain-timeout S        on SIGTERM/SIGINT, seconds to let requests finish\n"
+            "                           (default 30)\n"
+            "  --watchdog S             /health says 503 when the engine has work but no step\n"
+            "                           finished for S seconds (default 60)\n"
+            "  --log-format text|json   per-request log lines on stderr (default text)\n");
+}
+
+/* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
+static bool parse_size(const char *text, size_t *out)
+{
+    if (!text || !*text) return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || text[0] == '-') return false;
+    unsigned shift = 0;
+    if (*end) {
+        switch (*end) {
+        case 'k':
+        case 'K':
+            shift = 10;
+            break;
+        case 'm':
+        case 'M':
+            shift = 20;
+            break;
+        case 'g':
+        case 'G':
+            shift = 30;
+            break;
+        default:
+            return false;
+        }
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return false;
+    }
+    if (v > (~0ull >> shift)) return false;
+    *out = (size_t)(v << shift);
+    return true;
+}
+
+static const char *basename_of(const char *path, char *buf, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(buf, cap, "%s", b);
+    size_t n = strlen(buf);
+    if (n > 5 && !strcmp(buf + n - 5, ".gguf")) buf[n - 5] = '\0';
+    return buf;
+}
+
+static int parse_args(int argc, char **argv, struct serve_opts *o)
+{
+    enum {
+        O_HOST = 256,
+        O_PORT,
+        O_THREADS,
+        O_KVMEM,
+        O_MBT,
+        O_SEQS,
+        O_QUEUE,
+        O_CTX,
+        O_KEY,
+        O_NAME,
+        O_DRAIN,
+        O_WATCHDOG,
+        O_LOGFMT,
+        O_BODY,
+        O_CONNS,
+        O_PREC
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"host", required_argument, 0, O_HOST},
+                                         {"port", required_argument, 0, O_PORT},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"precision", required_argument, 0, O_PREC},
+                                         {"kv-mem", required_argument, 0, O_KVMEM},
+                                         {"max-batch-tokens", required_argument, 0, O_MBT},
+                                         {"max-seqs", required_argument, 0, O_SEQS},
+                                         {"max-queue", required_argument, 0, O_QUEUE},
+                                         {"ctx", required_argument, 0, O_CTX},
+                                         {"api-key", required_argument, 0, O_KEY},
+                                         {"served-model-name", required_argument, 0, O_NAME},
+                                         {"drain-timeout", required_argument, 0, O_DRAIN},
+                                         {"watchdog", required_argument, 0, O_WATCHDOG},
+                                         {"log-format", required_argument, 0, O_LOGFMT},
+                                         {"max-body", required_argument, 0, O_BODY},
+                                         {"max-connections", required_argument, 0, O_CONNS},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    *o = (struct serve_opts){.host = "127.0.0.1",
+                             .port = 8080,
+                             .drain_timeout_s = 30,
+                             .watchdog_s = 60,
+                             .max_body = 2u << 20,
+                             .max_connections = 512};
+    const char *env_key = getenv("QUERN_API_KEY");
+    if (env_key && *env_key) o->api_key = env_key;
+    optind = 1;
+    int c;
+    long l;
+    double d;
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        const char *bad = NULL;
+        switch (c) {
+        case 'm':
+            o->model_path = optarg;
+            break;
+        case O_HOST:
+            o->host = optarg;
+            break;
+        case O_KEY:
+            o->api_key = *optarg ? optarg : NULL;
+            break;
+        case O_NAME:
+            o->served_name = optarg;
+            break;
+        case O_PORT:
+            if (!cli_parse_int(optarg, 0, 65535, &l)) bad = "--port wants 0..65535";
+            o->port = (int)l;
+            break;
+        case O_THREADS:
+        case O_MBT:
+        case O_SEQS:
+        case O_QUEUE:
+        case O_CTX:
+        case O_CONNS:
+            if (!cli_parse_int(optarg, 1, 1 << 24, &l)) {
+                bad = "wants an integer in 1..16777216";
+                break;
+            }
+            if (c == O_THREADS) o->threads = (int)l;
+            if (c == O_MBT) o->max_batch_tokens = (int)l;
+            if (c == O_SEQS) o->max_seqs = (int)l;
+            if (c == O_QUEUE) o->max_queue = (int)l;
+            if (c == O_CTX) o->ctx = (int)l;
+            if (c == O_CONNS) o->max_connections = (int)l;
+            break;
+        case O_KVMEM:
+            if (!parse_size(optarg, &o->kv_mem) || o->kv_mem == 0)
+                bad = "--kv-mem wants a size such as 512M or 2G";
+            break;
+        case O_BODY:
+            if (!parse_size(optarg, &o->max_body) || o->max_body == 0)
+                bad = "--max-body wants a size such as 64K or 2M";
+            break;
+        case O_DRAIN:
+        case O_WATCHDOG:
+            if (!cli_parse_float(optarg, 0, 86400, &d)) {
+                bad = "wants seconds in 0..86400";
+                break;
+            }
+            if (c == O_DRAIN) o->drain_timeout_s = d;
+            if (c == O_WATCHDOG) o->watchdog_s = d;
+            break;
+        case O_LOGFMT:
+            if (!strcmp(optarg, "json"))
+                o->log_json = true;
+            else if (strcmp(optarg, "text"))
+                bad = "--log-format wants text or json";
+            break;
+        case O_PREC:
+            if (!strcmp(optarg, "q8"))
+                o->q8 = true;
+            else if (strcmp(optarg, "f32"))
+                bad = "--precision wants f32 or q8";
+            break;
+        case 'h':
+            serve_usage(stdout);
+            return -1;
+        default:
+            serve_usage(stderr);
+            return EXIT_USAGE;
+        }
+        if (bad) {
+            fprintf(stderr, "quern serve: '%s': %s\n", optarg, bad);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "quern serve: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    o->model_path = cli_model_path(o->model_path);
+    return 0;
+}
+
+/* Everything the daemon loads; freed in reverse by unload. */
+struct loaded {
+    struct gguf_file *f;
+    struct tokenizer *tok;
+    struct backend *be;
+    struct engine *e;
+    struct chat_template chat;
+    bool has_chat;
+};
+
+static int load(struct serve *s, struct loaded *L, struct qerr *err)
+{
+    const struct serve_opts *o = s->o;
+    int rc;
+    if ((rc = gguf_open(o->model_path, &L->f, err))) return rc;
+    if ((rc = tokenizer_load(L->f, &L->tok, err))) return rc;
+    if (tokenizer_pre_is_fallback(L->tok))
+        fprintf(stderr, "quern serve: warning: unknown pre-tokenizer '%s'; using GPT-2's\n",
+                tokenizer_pre_name(L->tok));
+    struct gguf_str tmpl;
+    struct qerr cerr = {0};
+    if (gguf_get_str(L->f, "tokenizer.chat_template", &tmpl, &cerr) == 0 &&
+        chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &L->chat, &cerr) == 0) {
+        L->has_chat = true;
+    } else {
+        snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
+        fprintf(stderr, "quern serve: warning: no chat endpoint: %s\n", cerr.msg);
+    }
+    struct backend_cpu_opts bo = {.n_threads = o->threads,
+                                  .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32};
+    if ((rc = backend_cpu_create(&bo, &L->be, err))) return rc;
+    struct engine_opts eo;
+    engine_opts_default(&eo);
+    if (o->max_batch_tokens) eo.max_batch_tokens = o->max_batch_tokens;
+    if (o->max_seqs) eo.max_seqs = o->max_seqs;
+    if (o->max_queue) eo.max_queue = o->max_queue;
+    if (o->kv_mem) eo.kv_mem = o->kv_mem;
+    if (o->ctx) eo.ctx_len = o->ctx;
+    if ((rc = engine_create(L->f, L->tok, L->be, &eo, &L->e, err))) return rc;
+    s->tok = L->tok;
+    s->chat = L->has_chat ? &L->chat : NULL;
+    s->vocab = tokenizer_vocab_size(L->tok);
+    s->ctx_len = engine_ctx_len(L->e);
+    return 0;
+}
+
+static void unload(struct loaded *L)
+{
+    engine_free(L->e);
+    backend_destroy(L->be);
+    if (L->has_chat) chat_template_free(&L->chat);
+    tokenizer_free(L->tok);
+    gguf_close(L->f);
+}
+
+/* Waits for SIGTERM or SIGINT for up to timeout_s (< 0: forever); the signal, or 0. */
+static int wait_signal(const sigset_t *set, double timeout_s)
+{
+    if (timeout_s < 0) {
+        int sig = 0;
+        while (sigwait(set, &sig) != 0) {
+        }
+        return sig;
+    }
+    struct timespec ts = {.tv_sec = (time_t)timeout_s,
+                          .tv_nsec = (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
+    int sig = sigtimedwait(set, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Lets in-flight requests finish for up to timeout_s; false when a second signal cut it short. */
+static bool drain(struct serve *s, const sigset_t *set, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    while (atomic_load(&s->inflight) > 0) {
+        double left = end - now_s();
+        if (left <= 0) return true;
+        if (wait_signal(set, left < 0.05 ? left : 0.05)) return false;
+    }
+    return true;
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc < 0 ? EXIT_OK : rc;
+    char name[256];
+    if (!o.served_name) o.served_name = basename_of(o.model_path, name, sizeof name);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    sigdelset(&set, SIGPIPE);
+
+    struct serve s = {.o = &o, .started = (long long)time(NULL)};
+    atomic_init(&s.state, SERVE_LOADING);
+    atomic_init(&s.inflight, 0);
+    if (metrics_init(&s.metrics) || pthread_rwlock_init(&s.lock, NULL)) {
+        fprintf(stderr, "quern serve: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    struct qerr err = {0};
+    struct http_server *h = NULL;
+    struct loaded L = {0};
+    int exit_code = EXIT_RUNTIME;
+    if ((rc = http_start(&s, &h, &err))) goto out;
+    fprintf(stderr, "quern serve: listening on http://%s%s%s:%d (loading %s)\n",
+            strchr(o.host, ':') ? "[" : "", o.host, strchr(o.host, ':') ? "]" : "", http_port(h),
+            o.model_path);
+
+    double t0 = now_s();
+    if ((rc = load(&s, &L, &err))) goto out;
+    pthread_rwlock_wrlock(&s.lock);
+    s.engine = L.e;
+    pthread_rwlock_unlock(&s.lock);
+    atomic_store(&s.state, SERVE_READY);
+    fprintf(stderr, "quern serve: ready in %.2f s: model '%s', context %d tokens%s%s\n",
+            now_s() - t0, o.served_name, s.ctx_len, o.api_key ? ", API key required" : "",
+            s.chat ? "" : ", no chat template");
+
+    int sig = wait_signal(&set, -1);
+    fprintf(stderr, "quern serve: %s: draining (%ld in flight, up to %.0f s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", (long)atomic_load(&s.inflight),
+            o.drain_timeout_s);
+    atomic_store(&s.state, SERVE_DRAINING);
+    engine_drain(L.e);
+    bool patient = drain(&s, &set, o.drain_timeout_s);
+    long left = (long)atomic_load(&s.inflight);
+    if (left)
+        fprintf(stderr, "quern serve: aborting %ld request%s%s\n", left, left == 1 ? "" : "s",
+                patient ? " still running" : " (second signal)");
+    /* take the engine away from the handlers, then free it: that aborts what is left, and the
+     * HTTP threads send those requests' last chunks */
+    pthread_rwlock_wrlock(&s.lock);
+    s.engine = NULL;
+    pthread_rwlock_unlock(&s.lock);
+    engine_free(L.e);
+    L.e = NULL;
+    drain(&s, &set, 5.0);
+    exit_code = EXIT_OK;
+out:
+    if (exit_code != EXIT_OK) fprintf(stderr, "quern serve: %s\n", err.msg);
+    http_stop(h);
+    unload(&L);
+    pthread_rwlock_destroy(&s.lock);
+    metrics_free(&s.metrics);
+    if (exit_code == EXIT_OK) fprintf(stderr, "quern serve: stopped\n");
+    return exit_code;
+}

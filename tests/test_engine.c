@@ -1,0 +1,449 @@
+/* The engine on the real model and real text (the GPL-3 text every Debian system carries):
+ * batched results equal one-at-a-time results under chunked prefill and preemption, the prefix
+ * cache, stop strings, seeded sampling inside a busy batch, and the KV pool's bookkeeping. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/engine.h"
+#include "../engine/kv_cache.h"
+#include "testutil.h"
+
+static struct gguf_file *file;
+static struct tokenizer *tok;
+static struct backend *be;
+static int32_t *text_ids; /* the whole text, tokenized */
+static size_t n_text;
+
+static void setup_once(void)
+{
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tokenizer_load(file, &tok, &err) == 0, "%s", err.msg);
+    struct backend_cpu_opts bo = {.n_threads = 2, .precision = MATMUL_F32};
+    ck_assert_msg(backend_cpu_create(&bo, &be, &err) == 0, "%s", err.msg);
+    size_t len;
+    char *text = tu_read_file("/usr/share/common-licenses/GPL-3", &len);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_int_eq(tokenizer_encode(tok, text, len, false, false, &text_ids, &n_text, &err), 0);
+    free(text);
+    ck_assert_uint_gt(n_text, 2000);
+}
+
+static void teardown_once(void)
+{
+    free(text_ids);
+    backend_destroy(be);
+    tokenizer_free(tok);
+    gguf_close(file);
+}
+
+static struct engine *make_engine(int batch, int seqs, int blocks, bool prefix)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = batch;
+    o.max_seqs = seqs;
+    o.kv_blocks = blocks;
+    o.prefix_cache = prefix;
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    return e;
+}
+
+/* Waits (up to 10 s) until the engine has published a step with nothing left to do. */
+static void wait_idle(struct engine *e, struct engine_stats *st)
+{
+    for (int i = 0; i < 1000; i++) {
+        engine_get_stats(e, st);
+        if (st->running == 0 && st->waiting == 0 && st->kv_blocks_used == 0) return;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+struct result {
+    int32_t tokens[256];
+    int n;
+    char text[4096];
+    size_t text_len;
+    struct req_event final;
+};
+
+static void greedy_request(struct gen_request *r, const int32_t *prompt, size_t n, int max_tokens)
+{
+    memset(r, 0, sizeof *r);
+    r->prompt = prompt;
+    r->n_prompt = n;
+    sample_params_default(&r->sample);
+    r->sample.temperature = 0;
+    r->max_tokens = max_tokens;
+    r->ignore_eos = true;
+    r->top_logprobs = -1;
+}
+
+static struct request *submit(struct engine *e, const struct gen_request *r)
+{
+    struct request *q;
+    struct qerr err = {0};
+    ck_assert_msg(engine_submit(e, r, &q, &err) == 0, "%s", err.msg);
+    return q;
+}
+
+static void collect(struct request *q, struct result *res)
+{
+    memset(res, 0, sizeof *res);
+    for (;;) {
+        struct req_event ev;
+        ck_assert_int_eq(request_next(q, &ev, 120000), 0);
+        if (ev.text_len > 0 && res->text_len + (size_t)ev.text_len < sizeof res->text) {
+            memcpy(res->text + res->text_len, ev.text, (size_t)ev.text_len);
+            res->text_len += (size_t)ev.text_len;
+        }
+        if (ev.done) {
+            res->final = ev;
+            break;
+        }
+        if (res->n < 256) res->tokens[res->n++] = ev.token;
+    }
+    request_release(q);
+}
+
+static void run_alone(struct engine *e, const struct gen_request *r, struct result *res)
+{
+    collect(submit(e, r), res);
+}
+
+/* Prompt i of the batch test: lengths from 1 to 700 tokens, from different places in the text. */
+static void batch_prompt(int i, int n_prompts, const int32_t **p, size_t *n)
+{
+    size_t len = i == 0 ? 1 : (size_t)(700 * i / (n_prompts - 1));
+    if (len < 1) len = 1;
+    size_t off = (size_t)(i * 97) % (n_text - len);
+    *p = text_ids + off;
+    *n = len;
+}
+
+START_TEST(batched_equals_sequential)
+{
+    int n_prompts = tu_sanitized() ? 8 : 24, n_out = tu_sanitized() ? 6 : 12;
+    static struct result alone[24], batched[24];
+    struct gen_request r;
+    /* alone: a pool big enough for one request at a time, one request in the engine */
+    struct engine *e = make_engine(256, 4, 64, false);
+    for (int i = 0; i < n_prompts; i++) {
+        const int32_t *p;
+        size_t n;
+        batch_prompt(i, n_prompts, &p, &n);
+        greedy_request(&r, p, n, n_out);
+        run_alone(e, &r, &alone[i]);
+        ck_assert_int_eq(alone[i].final.finish, FINISH_LENGTH);
+        ck_assert_int_eq(alone[i].n, n_out);
+    }
+    engine_free(e);
+    /* together: small step budget (chunked prefill) and a pool too small for all at once */
+    e = make_engine(64, 8, 80, true);
+    struct request *q[24];
+    for (int i = 0; i < n_prompts; i++) {
+        const int32_t *p;
+        size_t n;
+        batch_prompt(i, n_prompts, &p, &n);
+        greedy_request(&r, p, n, n_out);
+        q[i] = submit(e, &r);
+    }
+    for (int i = 0; i < n_prompts; i++) collect(q[i], &batched[i]);
+    struct engine_stats st;
+    wait_idle(e, &st);
+    printf("batched: %llu steps, %llu preemptions, peak %d/%d blocks\n",
+           (unsigned long long)st.steps, (unsigned long long)st.preemptions, st.kv_blocks_peak,
+           st.kv_blocks_total);
+    ck_assert_msg(st.preemptions > 0, "the pool was meant to force preemption");
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    engine_free(e);
+    for (int i = 0; i < n_prompts; i++) {
+        ck_assert_int_eq(batched[i].n, alone[i].n);
+        for (int k = 0; k < alone[i].n; k++)
+            ck_assert_msg(batched[i].tokens[k] == alone[i].tokens[k],
+                          "prompt %d token %d: batched %d, alone %d", i, k, batched[i].tokens[k],
+                          alone[i].tokens[k]);
+        ck_assert_str_eq(batched[i].text, alone[i].text);
+    }
+}
+END_TEST
+
+START_TEST(prefix_cache_reuses_blocks)
+{
+    /* two requests share a 300-token prefix and differ after it */
+    size_t shared = 300, tail = 20;
+    int32_t a[320], b[320];
+    memcpy(a, text_ids + 500, shared * sizeof *a);
+    memcpy(b, text_ids + 500, shared * sizeof *b);
+    memcpy(a + shared, text_ids + 1200, tail * sizeof *a);
+    memcpy(b + shared, text_ids + 1500, tail * sizeof *b);
+    struct gen_request r;
+    struct result ra, rb, rb_nocache;
+    struct engine *e = make_engine(128, 4, 128, true);
+    greedy_request(&r, a, shared + tail, 8);
+    run_alone(e, &r, &ra);
+    greedy_request(&r, b, shared + tail, 8);
+    run_alone(e, &r, &rb);
+    struct engine_stats st;
+    wait_idle(e, &st);
+    engine_free(e);
+    /* 300 shared tokens = 18 full blocks of 16 (288 tokens) */
+    ck_assert_int_eq(rb.final.cached_tokens, 288);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 288);
+    ck_assert_int_eq(ra.final.cached_tokens, 0);
+
+    e = make_engine(128, 4, 128, false);
+    greedy_request(&r, b, shared + tail, 8);
+    run_alone(e, &r, &rb_nocache);
+    engine_free(e);
+    ck_assert_int_eq(rb_nocache.final.cached_tokens, 0);
+    ck_assert_int_eq(rb.n, rb_nocache.n);
+    ck_assert_mem_eq(rb.tokens, rb_nocache.tokens, (size_t)rb.n * sizeof rb.tokens[0]);
+}
+END_TEST
+
+START_TEST(stop_string_across_tokens)
+{
+    const char *prompt = "The capital of France is";
+    int32_t *ids;
+    size_t n;
+    struct qerr err = {0};
+    ck_assert_int_eq(tokenizer_encode(tok, prompt, strlen(prompt), false, false, &ids, &n, &err), 0);
+    struct engine *e = make_engine(128, 4, 64, true);
+    struct gen_request r;
+    struct result full, cut;
+    greedy_request(&r, ids, n, 24);
+    run_alone(e, &r, &full);
+    /* a stop string made of the last 2 bytes of one token's text and the first 2 of the next */
+    int k = -1;
+    char stop[16] = {0};
+    size_t at = 0;
+    for (int i = 0; i + 1 < full.n && k < 0; i++) {
+        char a[64], b[64];
+        int la = tokenizer_token_bytes(tok, full.tokens[i], a, sizeof a);
+        int lb = tokenizer_token_bytes(tok, full.tokens[i + 1], b, sizeof b);
+        if (la >= 3 && lb >= 3 && i >= 2) {
+            memcpy(stop, a + la - 2, 2);
+            memcpy(stop + 2, b, 2);
+            k = i;
+        }
+        at += (size_t)(la > 0 ? la : 0);
+    }
+    ck_assert_msg(k >= 0, "no two long adjacent tokens in: %s", full.text);
+    const char *first = strstr(full.text, stop);
+    ck_assert_ptr_nonnull(first);
+    r.n_stop_strings = 1;
+    r.stop_strings[0] = stop;
+    run_alone(e, &r, &cut);
+    engine_free(e);
+    ck_assert_int_eq(cut.final.finish, FINISH_STOP);
+    ck_assert_uint_eq(cut.text_len, (size_t)(first - full.text));
+    ck_assert(strncmp(cut.text, full.text, cut.text_len) == 0);
+    ck_assert_ptr_null(strstr(cut.text, stop));
+    free(ids);
+}
+END_TEST
+
+START_TEST(seeded_sampling_same_in_busy_batch)
+{
+    int32_t *p = text_ids + 100;
+    struct gen_request r;
+    greedy_request(&r, p, 40, 16);
+    r.sample.temperature = 0.9f;
+    r.sample.top_k = 50;
+    r.sample.top_p = 0.95f;
+    r.sample.seed = 1234;
+    r.top_logprobs = 3;
+    struct result alone, busy;
+    struct engine *e = make_engine(128, 16, 256, true);
+    run_alone(e, &r, &alone);
+    /* the same request among 7 others of different lengths and seeds */
+    struct request *others[7], *mine = NULL;
+    for (int i = 0; i < 7; i++) {
+        struct gen_request o;
+        greedy_request(&o, text_ids + 900 + i * 50, (size_t)(10 + i * 23), 20);
+        o.sample.temperature = 1.0f;
+        o.sample.seed = (uint64_t)i;
+        others[i] = submit(e, &o);
+        if (i == 3) mine = submit(e, &r);
+    }
+    collect(mine, &busy);
+    for (int i = 0; i < 7; i++) {
+        struct result tmp;
+        collect(others[i], &tmp);
+    }
+    engine_free(e);
+    ck_assert_int_eq(busy.n, alone.n);
+    ck_assert_mem_eq(busy.tokens, alone.tokens, (size_t)alone.n * sizeof alone.tokens[0]);
+}
+END_TEST
+
+START_TEST(aborts_and_limits)
+{
+    struct engine *e = make_engine(64, 4, 64, true);
+    struct gen_request r;
+    struct qerr err = {0};
+    struct request *q;
+    /* over the context */
+    greedy_request(&r, text_ids, 100, 8192);
+    ck_assert_int_eq(engine_submit(e, &r, &q, &err), QERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "exceeds the context length"));
+    /* could never fit the pool (64 blocks = 1024 tokens) */
+    greedy_request(&r, text_ids, 1000, 100);
+    ck_assert_int_eq(engine_submit(e, &r, &q, &err), QERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "KV blocks"));
+    /* bad token id */
+    int32_t bad[2] = {5, 999999};
+    greedy_request(&r, bad, 2, 4);
+    ck_assert_int_eq(engine_submit(e, &r, &q, &err), QERR_INVALID);
+    /* abort mid-way: the request ends with abort and its blocks come back */
+    greedy_request(&r, text_ids, 200, 200);
+    q = submit(e, &r);
+    struct req_event ev;
+    ck_assert_int_eq(request_next(q, &ev, 60000), 0); /* first token */
+    request_abort(q);
+    do ck_assert_int_eq(request_next(q, &ev, 60000), 0);
+    while (!ev.done);
+    ck_assert_int_eq(ev.finish, FINISH_ABORT);
+    request_release(q);
+    /* a request released without reading is aborted too */
+    greedy_request(&r, text_ids + 50, 120, 100);
+    request_release(submit(e, &r));
+    /* max_tokens 0 finishes at once */
+    greedy_request(&r, text_ids, 10, 0);
+    struct result res;
+    run_alone(e, &r, &res);
+    ck_assert_int_eq(res.final.finish, FINISH_LENGTH);
+    ck_assert_int_eq(res.n, 0);
+    /* the engine still serves, and everything is free afterwards */
+    greedy_request(&r, text_ids, 10, 4);
+    run_alone(e, &r, &res);
+    ck_assert_int_eq(res.n, 4);
+    struct engine_stats st;
+    wait_idle(e, &st);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    ck_assert_uint_ge(st.finished[FINISH_ABORT], 2);
+    engine_free(e);
+}
+END_TEST
+
+/* The pool alone under thousands of random operations, checked after every one. */
+START_TEST(pool_invariants_random)
+{
+    enum { BLOCKS = 48, BS = 4, SEQS = 12, MAXB = 16 };
+    struct kv_pool *p;
+    struct qerr err = {0};
+    ck_assert_int_eq(kv_pool_create(BLOCKS, BS, &p, &err), 0);
+    int table[SEQS][MAXB], nb[SEQS] = {0};
+    uint64_t key[SEQS] = {0};
+    int32_t toks[SEQS][MAXB * BS];
+    uint64_t rng = 42;
+    for (int step = 0; step < 20000; step++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int s = (int)((rng >> 33) % SEQS), op = (int)((rng >> 20) % 4);
+        if (op <= 1 && nb[s] < MAXB) { /* grow: cached prefix first, else a new block */
+            int32_t *t = toks[s] + nb[s] * BS;
+            for (int i = 0; i < BS; i++) t[i] = (int32_t)((rng >> (i * 3)) % 3); /* few distinct */
+            int b = kv_prefix_lookup(p, key[s], t);
+            if (b < 0) b = kv_block_alloc(p);
+            if (b >= 0) {
+                table[s][nb[s]++] = b;
+                key[s] = kv_prefix_insert(p, b, key[s], t);
+            }
+        } else { /* finish, abort or preempt: release everything */
+            for (int i = 0; i < nb[s]; i++) kv_block_release(p, table[s][i]);
+            nb[s] = 0;
+            key[s] = 0;
+        }
+        ck_assert_msg(kv_pool_check(p, &err) == 0, "step %d: %s", step, err.msg);
+        /* ref counts equal the number of table references */
+        int refs[BLOCKS] = {0};
+        for (int q = 0; q < SEQS; q++)
+            for (int i = 0; i < nb[q]; i++) refs[table[q][i]]++;
+        for (int b = 0; b < BLOCKS; b++) ck_assert_int_eq(kv_block_ref(p, b), refs[b]);
+    }
+    for (int q = 0; q < SEQS; q++)
+        for (int i = 0; i < nb[q]; i++) kv_block_release(p, table[q][i]);
+    ck_assert_int_eq(kv_pool_free_count(p), BLOCKS);
+    ck_assert_int_eq(kv_pool_check(p, &err), 0);
+    kv_pool_free(p);
+}
+END_TEST
+
+/* The engine under random submits, aborts and releases with a tiny pool: every request ends,
+ * nothing leaks, the pool is whole at the end. */
+START_TEST(engine_random_workload)
+{
+    struct engine *e = make_engine(48, 6, 24, true);
+    uint64_t rng = 7;
+    struct request *live[32] = {0};
+    int steps = tu_sanitized() ? 60 : 200;
+    for (int it = 0; it < steps; it++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int slot = (int)((rng >> 33) % 32), op = (int)((rng >> 13) % 5);
+        if (!live[slot]) {
+            struct gen_request r;
+            size_t off = (size_t)((rng >> 7) % 64) * 16; /* shared prefixes happen often */
+            greedy_request(&r, text_ids + off, 1 + (size_t)((rng >> 17) % 150),
+                           1 + (int)((rng >> 27) % 24));
+            struct qerr err = {0};
+            int rc = engine_submit(e, &r, &live[slot], &err);
+            ck_assert(rc == 0 || rc == QERR_FULL);
+        } else if (op == 0) {
+            request_abort(live[slot]);
+        } else if (op == 1) {
+            request_release(live[slot]);
+            live[slot] = NULL;
+        } else {
+            struct req_event ev;
+            if (request_next(live[slot], &ev, 5) == 0 && ev.done) {
+                request_release(live[slot]);
+                live[slot] = NULL;
+            }
+        }
+    }
+    for (int i = 0; i < 32; i++)
+        if (live[i]) {
+            struct req_event ev;
+            do ck_assert_int_eq(request_next(live[i], &ev, 120000), 0);
+            while (!ev.done);
+            request_release(live[i]);
+        }
+    struct engine_stats st;
+    wait_idle(e, &st);
+    ck_assert_int_eq(st.running, 0);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    printf("random workload: %llu steps, %llu preemptions, prefix hits %llu tokens\n",
+           (unsigned long long)st.steps, (unsigned long long)st.preemptions,
+           (unsigned long long)st.prefix_hit_tokens);
+    engine_free(e);
+}
+END_TEST
+
+int main(void)
+{
+    tu_model_path();
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 900);
+    tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
+    tcase_add_test(tc, pool_invariants_random);
+    tcase_add_test(tc, aborts_and_limits);
+    tcase_add_test(tc, stop_string_across_tokens);
+    tcase_add_test(tc, prefix_cache_reuses_blocks);
+    tcase_add_test(tc, seeded_sampling_same_in_busy_batch);
+    tcase_add_test(tc, engine_random_workload);
+    tcase_add_test(tc, batched_equals_sequential);
+    suite_add_tcase(s, tc);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,676 @@
+#!/usr/bin/env python3
+"""quern serve from the outside: a real daemon on a free loopback port with the real model.
+
+Python's standard library and curl only; the official `openai` SDK part installs the SDK into a
+venv in the build directory (venv-openai) and is skipped when PyPI cannot be reached, when
+QUERN_TEST_NO_SDK is set, and in sanitizer builds (QUERN_SANITIZED). Needs QUERN_BIN and
+QUERN_MODEL (meson's test env). Exit 0 when every check passed, 1 when one failed, 77 (meson's
+"skipped") without a model. QUERN_TEST_ONLY=name,... runs only the tests whose names contain
+one of them.
+
+Two daemons: the main one (API key, default limits) for the API, streaming, concurrency,
+disconnects and error cases; a small one (--max-seqs 1 --max-queue 1) for the queue-full 429
+and for SIGTERM during a stream."""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+BIN = os.environ.get("QUERN_BIN", "")
+MODEL = os.environ.get("QUERN_MODEL", "")
+KEY = "test-key-123"
+FAILS = []
+
+
+def check(cond, what, detail=""):
+    if cond:
+        print(f"ok: {what}")
+    else:
+        FAILS.append(what)
+        print(f"FAIL: {what}" + (f"\n    {detail}" if detail else ""))
+    return cond
+
+
+class Daemon:
+    """quern serve on port 0; the port comes from its 'listening on' log line."""
+
+    def __init__(self, *args):
+        self.lines = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "--model", MODEL, "--port", "0", "--threads", "2", *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+        self.port = None
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.ready.wait(120) or self.port is None:
+            self.stop()
+            raise RuntimeError("daemon did not become ready:\n" + "\n".join(self.lines))
+
+    def _read(self):
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+            if "ready in" in line:
+                self.ready.set()
+
+    def conn(self, timeout=120):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, key=KEY, headers=None, timeout=120):
+        h = {"Content-Type": "application/json"}
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        h.update(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c = self.conn(timeout)
+        try:
+            c.request(method, path, body=body, headers=h)
+            r = c.getresponse()
+            data = r.read()
+            return r.status, dict(r.getheaders()), data
+        finally:
+            c.close()
+
+    def post(self, path, body, **kw):
+        status, headers, data = self.request("POST", path, body, **kw)
+        try:
+            return status, headers, json.loads(data)
+        except ValueError:
+            return status, headers, data
+
+    def stream(self, path, body, key=KEY):
+        """Yields each SSE data payload (parsed JSON, or the string '[DONE]')."""
+        c = self.conn()
+        c.request("POST", path, body=json.dumps(body),
+                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"stream status {r.status}: {r.read()[:300]}")
+        try:
+            while True:
+                line = r.readline()
+                if not line:
+                    return
+                line = line.decode("utf-8").rstrip("\n")
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                yield "[DONE]" if payload == "[DONE]" else json.loads(payload)
+        finally:
+            c.close()
+
+    def metrics(self):
+        _, _, data = self.request("GET", "/metrics", key=None)
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def collect(d, path, body):
+    """Streams body; returns (texts per index, finish per index, usage, events, done_last)."""
+    texts, finish, usage, events = {}, {}, None, []
+    for ev in d.stream(path, body):
+        events.append(ev)
+        if ev == "[DONE]":
+            continue
+        if ev.get("usage"):
+            usage = ev["usage"]
+        for ch in ev.get("choices", []):
+            i = ch["index"]
+            piece = ch["delta"].get("content") if "delta" in ch else ch.get("text")
+            texts[i] = texts.get(i, "") + (piece or "")
+            if ch.get("finish_reason"):
+                finish[i] = ch["finish_reason"]
+    return texts, finish, usage, events, bool(events) and events[-1] == "[DONE]"
+
+
+def wait_until(pred, timeout=15.0, step=0.1):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def test_basics(d):
+    st, _, body = d.request("GET", "/health", key=None)
+    check(st == 200 and json.loads(body)["status"] == "ok", "/health is 200 ok", body)
+    st, _, body = d.request("GET", "/v1/models")
+    check(st == 200 and json.loads(body)["data"][0]["id"] == "smol", "/v1/models lists the model",
+          body)
+    st, h, body = d.request("GET", "/v1/models", key=None)
+    err = json.loads(body).get("error", {})
+    check(st == 401 and err.get("type") and "API key" in err.get("message", ""),
+          "no API key: 401 with an OpenAI error body", body)
+    check(h.get("WWW-Authenticate") == "Bearer", "401 carries WWW-Authenticate", str(h))
+    st, _, _ = d.request("GET", "/v1/models", key="test-key-12")
+    check(st == 401, "a wrong API key (a prefix of the right one): 401")
+    st, _, _ = d.request("GET", "/v1/models", key="test-key-1234")
+    check(st == 401, "a wrong API key (the right one plus a byte): 401")
+    st, _, body = d.request("GET", "/metrics", key=None)
+    check(st == 200 and b"quern_kv_blocks_total" in body, "/metrics needs no key")
+
+    st, _, tok = d.post("/tokenize", {"prompt": "Hello world"})
+    check(st == 200 and tok["count"] == len(tok["tokens"]) > 0, "/tokenize", tok)
+    st, _, detok = d.post("/detokenize", {"tokens": tok["tokens"]})
+    check(st == 200 and detok["prompt"].endswith("Hello world"), "/detokenize round-trips", detok)
+    st, _, bad = d.post("/detokenize", {"tokens": [10**8]})
+    check(st == 400 and bad["error"]["param"] == "tokens", "/detokenize: id out of range 400", bad)
+
+
+def eog_count(completion_tokens, entries, finish):
+    """usage counts every sampled token; the end-of-generation token that stopped a choice has
+    no text and no logprobs entry."""
+    return completion_tokens == len(entries) + (1 if finish == "stop" and
+                                                completion_tokens > len(entries) else 0)
+
+
+def test_completion(d):
+    prompt = "The capital of France is"
+    st, _, tok = d.post("/tokenize", {"prompt": prompt})
+    st, _, r = d.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                          "logprobs": 3})
+    ok = st == 200 and r["object"] == "text_completion" and r["choices"][0]["text"]
+    check(ok, "completion: 200 with text", r)
+    if not ok:
+        return
+    u = r["usage"]
+    lp = r["choices"][0]["logprobs"]
+    check(u["prompt_tokens"] == tok["count"], "usage.prompt_tokens equals the tokenizer's count",
+          f"{u} vs {tok['count']}")
+    check(eog_count(u["completion_tokens"], lp["tokens"], r["choices"][0]["finish_reason"]) and
+          len(lp["tokens"]) == len(lp["token_logprobs"]) and
+          u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"],
+          "usage.completion_tokens equals the tokens returned", json.dumps(u))
+    check(all(len(t) <= 3 for t in lp["top_logprobs"]) and
+          all(v <= 0 for v in lp["token_logprobs"]) and
+          lp["text_offset"] == sorted(lp["text_offset"]), "completion logprobs are consistent", lp)
+    # token-id prompt gives the same text as the string
+    st, _, r2 = d.post("/v1/completions", {"prompt": tok["tokens"], "max_tokens": 12,
+                                           "temperature": 0})
+    check(st == 200 and r2["choices"][0]["text"] == r["choices"][0]["text"],
+          "a token-id prompt generates what its text does", r2)
+    # a list of prompts: one choice each, in order
+    st, _, r3 = d.post("/v1/completions", {"prompt": [prompt, "Once upon a time"],
+                                           "max_tokens": 6, "temperature": 0})
+    check(st == 200 and len(r3["choices"]) == 2 and
+          r3["choices"][0]["text"] == r["choices"][0]["text"][:len(r3["choices"][0]["text"])],
+          "a list of prompts gives one choice per prompt", r3)
+    # echo
+    st, _, r4 = d.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                           "echo": True})
+    check(st == 200 and r4["choices"][0]["text"].startswith(prompt), "echo prepends the prompt",
+          r4)
+    # chat
+    st, _, c = d.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    ok = st == 200 and c["object"] == "chat.completion"
+    check(ok and "Paris" in c["choices"][0]["message"]["content"], "chat: the capital is Paris", c)
+    if ok:
+        content = c["choices"][0]["logprobs"]["content"]
+        check(eog_count(c["usage"]["completion_tokens"], content,
+                        c["choices"][0]["finish_reason"]) and
+              all(len(e["top_logprobs"]) <= 2 and isinstance(e["bytes"], list) for e in content),
+              "chat logprobs: one entry per token, top_logprobs <= 2", content[:2])
+        check(c["choices"][0]["finish_reason"] == "stop", "chat: finish_reason stop at EOS", c)
+    st, _, t = d.post("/tokenize", {"messages": [{"role": "user",
+                                                  "content": "What is the capital of France?"}]})
+    check(ok and c["usage"]["prompt_tokens"] == t["count"],
+          "chat usage.prompt_tokens equals the tokenizer's count", f"{t.get('count')}")
+
+
+def test_streaming(d):
+    for path, body in (
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8,
+                             "seed": 7}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story."}],
+                                  "max_tokens": 24, "temperature": 0.8, "seed": 7}),
+    ):
+        st, _, full = d.post(path, body)
+        texts, finish, usage, events, done = collect(
+            d, path, dict(body, stream=True, stream_options={"include_usage": True}))
+        want = full["choices"][0]["text"] if "text" in full["choices"][0] else \
+            full["choices"][0]["message"]["content"]
+        check(texts.get(0) == want, f"{path}: streamed chunks reassemble to the same text",
+              f"{texts.get(0)!r} vs {want!r}")
+        check(finish.get(0) == full["choices"][0]["finish_reason"],
+              f"{path}: the last chunk carries the finish reason", f"{finish}")
+        same = usage and all(usage[k] == full["usage"][k] for k in
+                             ("prompt_tokens", "completion_tokens", "total_tokens"))
+        check(done and same, f"{path}: usage chunk (same counts) then [DONE]",
+              f"{usage} vs {full['usage']}")
+        fin_idx = [i for i, e in enumerate(events)
+                   if e != "[DONE]" and any(c.get("finish_reason") for c in e["choices"])]
+        check(len(fin_idx) == 1, f"{path}: exactly one chunk has a finish reason")
+        if "chat" in path:
+            check(events[0]["choices"][0]["delta"].get("role") == "assistant",
+                  "chat stream opens with the assistant role")
+    # seeded reproducibility
+    body = {"prompt": "My favourite food is", "max_tokens": 16, "temperature": 1.0, "seed": 1234}
+    a = d.post("/v1/completions", body)[2]["choices"][0]["text"]
+    b = d.post("/v1/completions", body)[2]["choices"][0]["text"]
+    check(a == b, "the same seed gives the same text", f"{a!r} vs {b!r}")
+
+
+def test_n_and_stop(d):
+    body = {"prompt": "My favourite colour is", "max_tokens": 10, "temperature": 1.0, "seed": 50}
+    st, _, r = d.post("/v1/completions", dict(body, n=3))
+    ok = st == 200 and [c["index"] for c in r["choices"]] == [0, 1, 2]
+    check(ok, "n=3 gives three choices", r)
+    if ok:
+        ones = [d.post("/v1/completions", dict(body, seed=50 + j))[2] for j in range(3)]
+        singles = [o["choices"][0]["text"] for o in ones]
+        check([c["text"] for c in r["choices"]] == singles,
+              "choice j of n=3 equals a single request with seed + j",
+              f"{[c['text'] for c in r['choices']]} vs {singles}")
+        want = sum(o["usage"]["completion_tokens"] for o in ones)
+        check(r["usage"]["completion_tokens"] == want and r["usage"]["prompt_tokens"] ==
+              d.post("/tokenize", {"prompt": body["prompt"]})[2]["count"],
+              "n=3 usage: the prompt once, the choices' tokens summed", f"{r['usage']} {want}")
+    texts, finish, _, _, done = collect(d, "/v1/completions", dict(body, n=3, stream=True))
+    check(done and sorted(texts) == [0, 1, 2] and
+          [texts[j] for j in range(3)] == [c["text"] for c in r["choices"]],
+          "n=3 streamed: every index reassembles to its choice", f"{texts}")
+    # stop strings: as a string and as a list
+    base = d.post("/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 16,
+                                      "temperature": 0})[2]["choices"][0]["text"]
+    m = re.search(r"\d+", base[3:])
+    if check(m is not None, "greedy counting continues with numbers", base):
+        stop = m.group(0)
+        cut = base[:3 + m.start()]
+        for form in (stop, [stop, "zzz"]):
+            st, _, r = d.post("/v1/completions", {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 16,
+                                                  "temperature": 0, "stop": form})
+            check(st == 200 and r["choices"][0]["text"] == cut and
+                  r["choices"][0]["finish_reason"] == "stop",
+                  f"stop {form!r} ends the text before it", f"{r} (want {cut!r})")
+        texts, finish, _, _, _ = collect(d, "/v1/completions", {
+            "prompt": "1, 2, 3, 4, 5,", "max_tokens": 16, "temperature": 0, "stop": stop,
+            "stream": True})
+        check(texts.get(0) == cut and finish.get(0) == "stop", "stop string while streaming",
+              f"{texts}")
+
+
+def test_errors(d):
+    def expect(status, what, body=None, path="/v1/completions", method="POST", param=None,
+               raw=None, headers=None, key=KEY):
+        st, h, data = d.request(method, path, raw if raw is not None else body, key=key,
+                                headers=headers)
+        try:
+            err = json.loads(data)["error"]
+            shape = all(k in err for k in ("message", "type", "param", "code"))
+        except (ValueError, KeyError, TypeError):
+            err, shape = {}, False
+        ok = st == status and shape and (param is None or err.get("param") == param)
+        check(ok, f"{what}: {status}", f"got {st} {data[:300]!r}")
+        return h, err
+
+    expect(400, "malformed JSON", raw='{"prompt": "x",')
+    expect(400, "truncated body", raw='{"prompt": "Once upon a ti')
+    expect(400, "invalid UTF-8", raw=b'{"prompt": "abc\xff\xfe"}')
+    expect(400, "10k nested arrays", raw='{"prompt":' + "[" * 10000 + "]" * 10000 + "}")
+    expect(400, "1 MiB of garbage", raw=os.urandom(1 << 20))
+    expect(400, "a string max_tokens", {"prompt": "x", "max_tokens": "5"}, param="max_tokens")
+    expect(400, "temperature out of range", {"prompt": "x", "temperature": 3}, param="temperature")
+    expect(400, "stop with a number", {"prompt": "x", "stop": [1]}, param="stop")
+    expect(400, "suffix", {"prompt": "x", "suffix": "y"}, param="suffix")
+    expect(400, "chat without messages", {"model": "x"}, path="/v1/chat/completions",
+           param="messages")
+    expect(400, "a bad role", {"messages": [{"role": "wizard", "content": "x"}]},
+           path="/v1/chat/completions", param="messages[0].role")
+    _, err = expect(400, "prompt + max_tokens over the context",
+                    {"prompt": "hello there", "max_tokens": 100000})
+    check(err.get("code") == "context_length_exceeded" and "100000" in err.get("message", "") and
+          re.search(r"\b8192\b", err.get("message", "")), "the context error names both counts",
+          err.get("message"))
+    expect(400, "a token id outside the vocabulary", {"prompt": [1, 2, 99999999]}, param="prompt")
+    expect(404, "an unknown route", path="/v1/nothing", method="GET")
+    h, _ = expect(405, "a wrong method", path="/v1/completions", method="GET")
+    check(h.get("Allow") == "POST", "405 carries Allow: POST", str(h))
+    expect(413, "a body over --max-body", raw="x" * (3 << 20))
+    # a chunked body over the limit
+    c = d.conn()
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Authorization", f"Bearer {KEY}")
+    c.putheader("Transfer-Encoding", "chunked")
+    c.endheaders()
+    try:
+        for _ in range(40):
+            c.send(b"10000\r\n" + b"y" * 0x10000 + b"\r\n")
+        c.send(b"0\r\n\r\n")
+        st = c.getresponse().status
+    except (BrokenPipeError, ConnectionResetError):
+        st = 413  # the daemon may close before reading it all; a 413 was queued first
+    c.close()
+    check(st == 413, "a chunked body over --max-body: 413", str(st))
+    # a body cut short: the client closes mid-body
+    s = socket.create_connection(("127.0.0.1", d.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+              b"Authorization: Bearer " + KEY.encode() + b"\r\n\r\n{\"prompt\":")
+    s.close()
+    st, _, _ = d.request("GET", "/health", key=None)
+    check(st == 200, "after all that, the daemon is healthy")
+
+
+def test_concurrent(d):
+    before = d.metrics()
+    n = 32
+    results = [None] * n
+
+    def client(i):
+        try:
+            results[i] = collect(d, "/v1/completions", {
+                "prompt": f"Story number {i}:", "max_tokens": 16, "temperature": 0.9,
+                "seed": i, "stream": True, "stream_options": {"include_usage": True}})
+        except Exception as e:  # noqa: BLE001 - reported below
+            results[i] = e
+
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    good = [r for r in results if isinstance(r, tuple) and r[4] and r[1].get(0) and
+            r[2] and r[2]["completion_tokens"] > 0]
+    check(len(good) == n, f"{n} concurrent streaming clients all finish ({time.time() - t0:.1f} s)",
+          f"{[r for r in results if r not in good][:2]}")
+    after = d.metrics()
+    key = 'quern_request_success_total{finished_reason="%s"}'
+    done = sum(after.get(key % f, 0) - before.get(key % f, 0) for f in ("stop", "length"))
+    check(done == n, "/metrics counts the finished requests", f"{done}")
+    gen = after["quern_request_generation_tokens_total"] - \
+        before["quern_request_generation_tokens_total"]
+    check(gen == sum(r[2]["completion_tokens"] for r in good), "/metrics counts their tokens")
+    check(after["quern_time_to_first_token_seconds_count"] -
+          before["quern_time_to_first_token_seconds_count"] == n, "TTFT histogram has them")
+    check(wait_until(lambda: kv_idle(d) and d.metrics().get("quern_kv_blocks_used") == 0),
+          "afterwards no request runs and every KV block is free", str(d.metrics()))
+
+
+def kv_idle(d):
+    m = d.metrics()
+    return m.get("quern_requests_running") == 0 and m.get("quern_requests_waiting") == 0
+
+
+def test_disconnect(d):
+    abort = 'quern_request_success_total{finished_reason="abort"}'
+    before = d.metrics()
+    # streaming: read a few chunks, then hang up
+    c = d.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({
+        "prompt": "Write a very long essay.", "max_tokens": 2000, "ignore_eos": True,
+        "stream": True}), headers={"Authorization": f"Bearer {KEY}"})
+    r = c.getresponse()
+    got = 0
+    while got < 3:
+        line = r.readline()
+        got += line.startswith(b"data: ")
+    running = d.metrics().get("quern_requests_running", 0)
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    check(running >= 1, "the long stream was running")
+    check(wait_until(lambda: kv_idle(d) and d.metrics()[abort] >= before[abort] + 1),
+          "a disconnect mid-stream aborts the request (metrics)", str(d.metrics().get(abort)))
+    check(d.metrics().get("quern_kv_blocks_used") == 0, "its KV blocks are free again")
+    # non-streamed: hang up while it generates
+    s = socket.create_connection(("127.0.0.1", d.port))
+    body = json.dumps({"prompt": "Write another very long essay.", "max_tokens": 2000,
+                       "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+              str(len(body)).encode() + b"\r\n\r\n" + body)
+    check(wait_until(lambda: d.metrics().get("quern_requests_running", 0) >= 1, 10),
+          "the long non-streamed request started")
+    s.close()
+    check(wait_until(lambda: kv_idle(d) and d.metrics()[abort] >= before[abort] + 2),
+          "a disconnect while waiting aborts the request too")
+    check(wait_until(lambda: d.metrics().get("quern_kv_blocks_used") == 0),
+          "and its KV blocks are free", str(d.metrics().get("quern_kv_blocks_used")))
+    st, _, r = d.post("/v1/completions", {"prompt": "Hi", "max_tokens": 4})
+    check(st == 200, "the daemon keeps serving after disconnects")
+    check(any('" 499 ' in l or " 499 " in l for l in d.lines), "the disconnect is logged as 499")
+
+
+def test_curl(d):
+    """The README's curl examples, streamed and not."""
+    base = f"http://127.0.0.1:{d.port}"
+    auth = ["-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json"]
+    body = json.dumps({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                       "max_tokens": 24, "temperature": 0})
+    r = subprocess.run(["curl", "-sS", "--max-time", "60", f"{base}/v1/chat/completions", *auth,
+                        "-d", body], capture_output=True, text=True)
+    check(r.returncode == 0 and "Paris" in json.loads(r.stdout or "{}").get(
+        "choices", [{}])[0].get("message", {}).get("content", ""), "curl: chat completion",
+          r.stdout + r.stderr)
+    r = subprocess.run(["curl", "-sS", "-N", "-i", "--max-time", "60",
+                        f"{base}/v1/chat/completions", *auth,
+                        "-d", body[:-1] + ', "stream": true}'], capture_output=True)
+    out = r.stdout.decode("utf-8", "replace")
+    head, _, rest = out.partition("\r\n\r\n")
+    events = [l for l in rest.split("\n") if l.startswith("data: ")]
+    check(r.returncode == 0 and "text/event-stream" in head and
+          re.search(r"(?i)transfer-encoding: chunked", head) and events and
+          events[-1] == "data: [DONE]" and rest.endswith("\n\n"),
+          "curl -N: an event stream ending in data: [DONE]", out[-500:] + r.stderr.decode())
+
+
+def test_sdk(d):
+    if os.environ.get("QUERN_TEST_NO_SDK") or os.environ.get("QUERN_SANITIZED"):
+        print("skip: openai SDK (QUERN_TEST_NO_SDK or a sanitizer build)")
+        return
+    venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(BIN))), "venv-openai")
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        if subprocess.run([sys.executable, "-m", "venv", venv],
+                          capture_output=True).returncode != 0:
+            print("skip: openai SDK (cannot create a venv)")
+            return
+    if subprocess.run([py, "-c", "import openai"], capture_output=True).returncode != 0:
+        r = subprocess.run([py, "-m", "pip", "install", "-q", "--retries", "0", "--timeout", "15",
+                            "openai"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print("skip: openai SDK (pip cannot reach PyPI): " + r.stderr.strip()[-200:])
+            return
+    script = r"""
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2])
+out = {}
+r = c.completions.create(model="smol", prompt="Once upon a time", max_tokens=12, temperature=0.7,
+                         seed=5, logprobs=2)
+out["completion"] = r.choices[0].text
+out["completion_tokens"] = r.usage.completion_tokens
+out["lp_tokens"] = len(r.choices[0].logprobs.tokens)
+out["finish"] = r.choices[0].finish_reason
+s = c.completions.create(model="smol", prompt="Once upon a time", max_tokens=12, temperature=0.7,
+                         seed=5, stream=True)
+out["completion_stream"] = "".join(ch.choices[0].text for ch in s if ch.choices)
+r = c.chat.completions.create(model="smol", messages=[{"role": "user",
+    "content": "What is the capital of France?"}], max_tokens=24, temperature=0)
+out["chat"] = r.choices[0].message.content
+out["chat_finish"] = r.choices[0].finish_reason
+s = c.chat.completions.create(model="smol", messages=[{"role": "user",
+    "content": "What is the capital of France?"}], max_tokens=24, temperature=0, stream=True,
+    stream_options={"include_usage": True})
+parts, usage = [], None
+for ch in s:
+    if ch.usage: usage = ch.usage.completion_tokens
+    for x in ch.choices:
+        if x.delta.content: parts.append(x.delta.content)
+out["chat_stream"] = "".join(parts)
+out["chat_stream_usage"] = usage
+r = c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
+                              max_tokens=5, n=3, temperature=1, seed=3)
+out["n"] = len(r.choices)
+out["models"] = [m.id for m in c.models.list()]
+try:
+    c.completions.create(model="smol", prompt="x", max_tokens=5, temperature=7)
+    out["bad"] = None
+except openai.BadRequestError as e:
+    out["bad"] = e.status_code
+bad = openai.OpenAI(base_url=sys.argv[1], api_key="wrong")
+try:
+    bad.models.list()
+    out["auth"] = None
+except openai.AuthenticationError as e:
+    out["auth"] = e.status_code
+print(json.dumps(out))
+"""
+    r = subprocess.run([py, "-c", script, f"http://127.0.0.1:{d.port}/v1", KEY],
+                       capture_output=True, text=True, timeout=240)
+    if not check(r.returncode == 0, "openai SDK script runs", r.stderr[-1500:]):
+        return
+    o = json.loads(r.stdout)
+    check(o["completion"] and o["completion"] == o["completion_stream"],
+          "SDK: completion, streamed and not, agree", json.dumps(o))
+    check(eog_count(o["completion_tokens"], [None] * o["lp_tokens"], o["finish"]),
+          "SDK: usage matches the logprobs tokens", json.dumps(o))
+    check("Paris" in o["chat"] and o["chat"] == o["chat_stream"] and o["chat_finish"] == "stop",
+          "SDK: chat, streamed and not", json.dumps(o))
+    check(o["chat_stream_usage"] and o["chat_stream_usage"] > 0, "SDK: stream usage chunk")
+    check(o["n"] == 3 and o["models"] == ["smol"], "SDK: n=3 and models.list")
+    check(o["bad"] == 400 and o["auth"] == 401, "SDK: 400 and 401 raise the SDK's errors")
+
+
+def check_sanitizers(d):
+    """A sanitizer build reports on the daemon's stderr: any report fails."""
+    marks = ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+             "runtime error:")
+    hits = [i for i, l in enumerate(d.lines) if any(m in l for m in marks)]
+    check(not hits, "no sanitizer reports from the daemon",
+          "\n    ".join(d.lines[hits[0]:hits[0] + 40]) if hits else "")
+
+
+def test_limits_and_sigterm():
+    d = Daemon("--max-seqs", "1", "--max-queue", "1", "--drain-timeout", "3")
+    try:
+        def open_stream(tokens):
+            c = d.conn()
+            c.request("POST", "/v1/completions", body=json.dumps({
+                "prompt": "Count forever:", "max_tokens": tokens, "ignore_eos": True,
+                "stream": True}), headers={"Content-Type": "application/json"})
+            return c, c.getresponse()
+
+        a = open_stream(3000)
+        check(wait_until(lambda: d.metrics().get("quern_requests_running") == 1),
+              "first request runs")
+        b_holder = []
+        t = threading.Thread(target=lambda: b_holder.append(open_stream(3000)))
+        t.start()
+        check(wait_until(lambda: d.metrics().get("quern_requests_waiting") == 1),
+              "second request waits")
+        st, h, body = d.request("POST", "/v1/completions",
+                                {"prompt": "x", "max_tokens": 4}, key=None)
+        check(st == 429 and h.get("Retry-After") and b"queue" in body,
+              "queue full: 429 with Retry-After", f"{st} {h} {body[:200]!r}")
+        t.join(30)
+        for c, _ in [a] + b_holder:
+            c.close()
+        check(wait_until(lambda: kv_idle(d)), "closing both frees the engine")
+
+        # SIGTERM during a stream: the stream ends with a finish reason, then the process exits 0
+        c, r = open_stream(5000)
+        first = r.readline()
+        check(first.startswith(b"data: "), "a long stream started")
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        st, _, body = d.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2},
+                                key=None)
+        check(st == 503, "while draining, new work gets 503", f"{st} {body[:200]!r}")
+        st, _, body = d.request("GET", "/health", key=None)
+        check(st == 503 and b"draining" in body, "while draining, /health is 503")
+        finish, done = None, False
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: [DONE]"):
+                done = True
+            elif line.startswith(b"data: "):
+                for ch in json.loads(line[6:]).get("choices", []):
+                    finish = ch.get("finish_reason") or finish
+        c.close()
+        check(finish == "abort" and done,
+              "SIGTERM during a stream: after --drain-timeout it ends with finish_reason abort "
+              "and [DONE]", f"{finish} {done}")
+        rc = d.proc.wait(30)
+        d.reader.join(10)
+        check(rc == 0, "the daemon exits 0 after SIGTERM", str(rc))
+        check(any("draining" in l for l in d.lines) and any("stopped" in l for l in d.lines),
+              "drain and stop are logged")
+        check_sanitizers(d)
+    finally:
+        d.stop()
+
+
+def main():
+    if not BIN or not os.path.exists(BIN):
+        print("skip: QUERN_BIN not set or missing")
+        return 77
+    if not MODEL or not os.path.exists(MODEL):
+        print(f"skip: no model at {MODEL!r}")
+        return 77
+    d = Daemon("--api-key", KEY, "--served-model-name", "smol")
+    only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
+    try:
+        for t in (test_basics, test_completion, test_streaming, test_n_and_stop, test_errors,
+                  test_concurrent, test_disconnect, test_curl, test_sdk):
+            if only and not any(o in t.__name__ for o in only.split(",")):
+                continue
+            t0 = time.time()
+            try:
+                t(d)
+            except Exception as e:  # noqa: BLE001 - one broken part must not hide the rest
+                check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
+            print(f"-- {t.__name__}: {time.time() - t0:.1f} s")
+        log_ok = any(re.search(r"quern: req [0-9a-f]{16} POST /v1/\S+ 200 prompt=\d+ "
+                               r"output=\d+", l) for l in d.lines)
+        check(log_ok, "one log line per request on stderr")
+    finally:
+        rc = d.stop()
+        d.reader.join(10)
+        check(rc == 0, "the main daemon exits 0 on SIGTERM", str(rc))
+        check_sanitizers(d)
+    t0 = time.time()
+    try:
+        if not only or "sigterm" in only:
+            test_limits_and_sigterm()
+    except Exception as e:  # noqa: BLE001
+        check(False, f"test_limits_and_sigterm raised {type(e).__name__}: {e}")
+    print(f"-- test_limits_and_sigterm: {time.time() - t0:.1f} s")
+    if FAILS:
+        print(f"\n{len(FAILS)} check(s) failed; daemon log tail:")
+        for l in d.lines[-40:]:
+            print("    " + l)
+        return 1
+    print("test_http: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

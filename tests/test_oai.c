@@ -1,0 +1,846 @@
+/* The HTTP daemon's pure parts, without an engine or a socket: request parsing and validation
+ * (every field, wrong types, ranges, the prompt and stop forms, messages, hostile bodies), the
+ * response and SSE writers, error bodies, and the Prometheus text of the metrics. */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../server/metrics.h"
+#include "../server/oai.h"
+#include "../server/sbuf.h"
+
+static int parse(enum oai_kind k, const char *body, struct oai_request *r, struct oai_error *e)
+{
+    memset(e, 0, sizeof *e);
+    return oai_parse(k, body, strlen(body), r, e);
+}
+
+/* body must be refused with status and param. */
+static void expect_bad(enum oai_kind k, const char *body, int status, const char *param)
+{
+    struct oai_request r;
+    struct oai_error e;
+    int rc = parse(k, body, &r, &e);
+    ck_assert_msg(rc < 0, "accepted: %s", body);
+    ck_assert_msg(e.status == status, "%s: status %d, want %d (%s)", body, e.status, status,
+                  e.q.msg);
+    ck_assert_msg(!strcmp(e.param, param), "%s: param '%s', want '%s' (%s)", body, e.param, param,
+                  e.q.msg);
+    if (*param)
+        ck_assert_msg(strstr(e.q.msg, param), "message does not name %s: %s", param, e.q.msg);
+    ck_assert_ptr_null(r.root);
+}
+
+START_TEST(completion_all_fields)
+{
+    struct oai_request r;
+    struct oai_error e;
+    const char *body =
+        "{\"model\":\"m\",\"prompt\":\"hello\",\"max_tokens\":7,\"temperature\":0.5,"
+        "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":0.5,"
+        "\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"seed\":42,\"stop\":[\"a\",\"bc\"],"
+        "\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"user\":\"u\",\"n\":3,\"echo\":true,\"logprobs\":2,\"unknown_field\":{\"x\":[1]}}";
+    ck_assert_int_eq(parse(OAI_COMPLETION, body, &r, &e), 0);
+    ck_assert_str_eq(r.model, "m");
+    ck_assert_int_eq(r.n_prompts, 1);
+    ck_assert_str_eq(r.prompts[0].text, "hello");
+    ck_assert_int_eq(r.prompts[0].text_len, 5);
+    ck_assert_int_eq(r.max_tokens, 7);
+    ck_assert_float_eq_tol(r.sample.temperature, 0.5, 1e-6);
+    ck_assert_float_eq_tol(r.sample.top_p, 0.9, 1e-6);
+    ck_assert_int_eq(r.sample.top_k, 40);
+    ck_assert_float_eq_tol(r.sample.min_p, 0.05, 1e-6);
+    ck_assert_float_eq_tol(r.sample.presence_penalty, 0.5, 1e-6);
+    ck_assert_float_eq_tol(r.sample.frequency_penalty, -0.5, 1e-6);
+    ck_assert_float_eq_tol(r.sample.repetition_penalty, 1.1, 1e-6);
+    ck_assert(r.has_seed);
+    ck_assert_uint_eq(r.sample.seed, 42);
+    ck_assert_int_eq(r.n_stop, 2);
+    ck_assert_str_eq(r.stop[0], "a");
+    ck_assert_str_eq(r.stop[1], "bc");
+    ck_assert(r.ignore_eos && r.stream && r.include_usage && r.echo);
+    ck_assert_int_eq(r.n, 3);
+    ck_assert_int_eq(r.logprobs, 2);
+    oai_request_free(&r);
+    ck_assert_ptr_null(r.root);
+}
+END_TEST
+
+START_TEST(completion_defaults)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(
+        parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":null,\"seed\":null}", &r, &e), 0);
+    ck_assert_int_eq(r.max_tokens, -1);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_int_eq(r.logprobs, -1);
+    ck_assert_int_eq(r.n_stop, 0);
+    ck_assert(!r.has_seed && !r.stream && !r.echo && !r.ignore_eos && !r.include_usage);
+    ck_assert_float_eq(r.sample.temperature, 1.0f);
+    ck_assert_float_eq(r.sample.top_p, 1.0f);
+    ck_assert_int_eq(r.sample.top_k, 0);
+    ck_assert_ptr_null(r.model);
+    oai_request_free(&r);
+    /* vLLM's top_k -1 means off; max_completion_tokens wins over max_tokens */
+    ck_assert_int_eq(parse(OAI_CHAT,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_k\":-1,"
+                           "\"max_tokens\":5,\"max_completion_tokens\":9}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.sample.top_k, 0);
+    ck_assert_int_eq(r.max_tokens, 9);
+    oai_request_free(&r);
+}
+END_TEST
+
+START_TEST(wrong_types)
+{
+    static const struct {
+        const char *field, *value;
+    } cases[] = {
+        {"max_tokens", "\"10\""},
+        {"max_tokens", "1.5"},
+        {"temperature", "\"hot\""},
+        {"temperature", "true"},
+        {"top_p", "[1]"},
+        {"top_k", "2.5"},
+        {"top_k", "\"3\""},
+        {"min_p", "{}"},
+        {"presence_penalty", "\"0\""},
+        {"frequency_penalty", "[]"},
+        {"repetition_penalty", "false"},
+        {"seed", "\"1\""},
+        {"seed", "0.5"},
+        {"n", "\"2\""},
+        {"stream", "1"},
+        {"stream", "\"true\""},
+        {"ignore_eos", "0"},
+        {"echo", "\"yes\""},
+        {"logprobs", "true"},
+        {"stop", "5"},
+        {"stop", "{}"},
+        {"stop", "[\"a\",3]"},
+        {"user", "7"},
+        {"model", "1"},
+        {"stream_options", "true"},
+        {"max_completion_tokens", "\"5\""},
+    };
+    char body[256], param[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", cases[i].field, cases[i].value);
+        expect_bad(OAI_COMPLETION, body, 400, cases[i].field);
+    }
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":1}}", 400,
+               "stream_options.include_usage");
+    /* chat: logprobs is a boolean there */
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],";
+    snprintf(body, sizeof body, "%s\"logprobs\":3}", chat);
+    expect_bad(OAI_CHAT, body, 400, "logprobs");
+    snprintf(body, sizeof body, "%s\"logprobs\":true,\"top_logprobs\":\"2\"}", chat);
+    expect_bad(OAI_CHAT, body, 400, "top_logprobs");
+    (void)param;
+}
+END_TEST
+
+START_TEST(ranges)
+{
+    static const struct {
+        const char *field, *value;
+        bool ok;
+    } cases[] = {
+        {"temperature", "0", true},
+        {"temperature", "2", true},
+        {"temperature", "-0.1", false},
+        {"temperature", "2.01", false},
+        {"top_p", "1", true},
+        {"top_p", "0", false},
+        {"top_p", "1.5", false},
+        {"min_p", "0", true},
+        {"min_p", "1", true},
+        {"min_p", "-0.1", false},
+        {"top_k", "0", true},
+        {"top_k", "-2", false},
+        {"presence_penalty", "2", true},
+        {"presence_penalty", "2.5", false},
+        {"frequency_penalty", "-2", true},
+        {"frequency_penalty", "-3", false},
+        {"repetition_penalty", "1", true},
+        {"repetition_penalty", "0", false},
+        {"repetition_penalty", "11", false},
+        {"n", "1", true},
+        {"n", "0", false},
+        {"n", "65", false},
+        {"max_tokens", "0", true},
+        {"max_tokens", "-1", false},
+        {"max_tokens", "1e12", false},
+        {"logprobs", "0", true},
+        {"logprobs", "20", true},
+        {"logprobs", "21", false},
+        {"logprobs", "-1", false},
+        {"seed", "-5", true},
+        {"seed", "1e30", false},
+    };
+    char body[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", cases[i].field, cases[i].value);
+        if (cases[i].ok) {
+            struct oai_request r;
+            struct oai_error e;
+            ck_assert_msg(parse(OAI_COMPLETION, body, &r, &e) == 0, "%s: %s", body, e.q.msg);
+            oai_request_free(&r);
+        } else {
+            expect_bad(OAI_COMPLETION, body, 400, cases[i].field);
+        }
+    }
+    /* chat needs at least one token; top_logprobs bounded and needs logprobs */
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],";
+    snprintf(body, sizeof body, "%s\"max_tokens\":0}", chat);
+    expect_bad(OAI_CHAT, body, 400, "max_tokens");
+    snprintf(body, sizeof body, "%s\"logprobs\":true,\"top_logprobs\":21}", chat);
+    expect_bad(OAI_CHAT, body, 400, "top_logprobs");
+    snprintf(body, sizeof body, "%s\"top_logprobs\":2}", chat);
+    expect_bad(OAI_CHAT, body, 400, "top_logprobs");
+    struct oai_request r;
+    struct oai_error e;
+    snprintf(body, sizeof body, "%s\"logprobs\":true,\"top_logprobs\":3}", chat);
+    ck_assert_int_eq(parse(OAI_CHAT, body, &r, &e), 0);
+    ck_assert_int_eq(r.logprobs, 3);
+    oai_request_free(&r);
+    snprintf(body, sizeof body, "%s\"logprobs\":true}", chat);
+    ck_assert_int_eq(parse(OAI_CHAT, body, &r, &e), 0);
+    ck_assert_int_eq(r.logprobs, 0);
+    oai_request_free(&r);
+    snprintf(body, sizeof body, "%s\"logprobs\":false}", chat);
+    ck_assert_int_eq(parse(OAI_CHAT, body, &r, &e), 0);
+    ck_assert_int_eq(r.logprobs, -1);
+    oai_request_free(&r);
+    /* prompts x n bounded */
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"],\"n\":40}", 400, "n");
+}
+END_TEST
+
+START_TEST(stop_forms)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":\"\\n\\n\"}", &r, &e), 0);
+    ck_assert_int_eq(r.n_stop, 1);
+    ck_assert_str_eq(r.stop[0], "\n\n");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_stop, 0);
+    oai_request_free(&r);
+    /* empty strings stop nothing and are dropped */
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"\",\"é\"]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_stop, 1);
+    ck_assert_str_eq(r.stop[0], "é");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":\"\"}", &r, &e), 0);
+    ck_assert_int_eq(r.n_stop, 0);
+    oai_request_free(&r);
+    expect_bad(
+        OAI_COMPLETION,
+        "{\"prompt\":\"x\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}", 400,
+        "stop");
+}
+END_TEST
+
+START_TEST(prompt_forms)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":[\"ab\",\"c\"]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 2);
+    ck_assert_str_eq(r.prompts[0].text, "ab");
+    ck_assert_str_eq(r.prompts[1].text, "c");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":[1,2,3]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 1);
+    ck_assert_ptr_null(r.prompts[0].text);
+    ck_assert_int_eq(r.prompts[0].n_ids, 3);
+    ck_assert_int_eq(r.prompts[0].ids[2], 3);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":[[5],[6,7]]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 2);
+    ck_assert_int_eq(r.prompts[1].n_ids, 2);
+    ck_assert_int_eq(r.prompts[1].ids[1], 7);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":[\"a\",[6,7]]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 2);
+    oai_request_free(&r);
+    /* a string with an escaped NUL keeps the bytes before it; unicode escapes decode */
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"caf\\u00e9 \\ud83d\\ude00\"}", &r, &e),
+                     0);
+    ck_assert_str_eq(r.prompts[0].text, "caf\xc3\xa9 \xf0\x9f\x98\x80");
+    oai_request_free(&r);
+
+    expect_bad(OAI_COMPLETION, "{}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":null}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":5}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":{}}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[1,-2]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[1,2.5]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[1,3e10]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[[1],[]]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[\"a\",5]}", 400, "prompt");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":[\"a\",null]}", 400, "prompt");
+    /* too many prompts */
+    struct sbuf b = {0};
+    sbuf_puts(&b, "{\"prompt\":[");
+    for (int i = 0; i <= OAI_MAX_PROMPTS; i++) sbuf_printf(&b, "%s\"p\"", i ? "," : "");
+    sbuf_puts(&b, "]}");
+    expect_bad(OAI_COMPLETION, b.p, 400, "prompt");
+    sbuf_free(&b);
+    /* fill-in-the-middle and logit bias are refused clearly; empty ones are harmless */
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"end\"}", 400, "suffix");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":10}}", 400, "logit_bias");
+    ck_assert_int_eq(
+        parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"\",\"logit_bias\":{}}", &r, &e), 0);
+    oai_request_free(&r);
+}
+END_TEST
+
+START_TEST(messages)
+{
+    struct oai_request r;
+    struct oai_error e;
+    const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                       "{\"type\":\"text\",\"text\":\"b\"}],\"name\":\"x\"},"
+                       "{\"role\":\"assistant\",\"content\":null},"
+                       "{\"role\":\"developer\",\"content\":\"dev\"}]}";
+    ck_assert_int_eq(parse(OAI_CHAT, body, &r, &e), 0);
+    ck_assert_int_eq(r.n_msgs, 4);
+    ck_assert_str_eq(r.msgs[0].role, "system");
+    ck_assert_str_eq(r.msgs[0].content, "be brief");
+    ck_assert_str_eq(r.msgs[1].role, "user");
+    ck_assert_str_eq(r.msgs[1].content, "ab");
+    ck_assert_str_eq(r.msgs[2].role, "assistant");
+    ck_assert_str_eq(r.msgs[2].content, "");
+    ck_assert_str_eq(r.msgs[3].role, "system");
+    ck_assert_int_eq(r.max_tokens, -1);
+    oai_request_free(&r);
+
+    expect_bad(OAI_CHAT, "{}", 400, "messages");
+    expect_bad(OAI_CHAT, "{\"messages\":[]}", 400, "messages");
+    expect_bad(OAI_CHAT, "{\"messages\":\"hi\"}", 400, "messages");
+    expect_bad(OAI_CHAT, "{\"messages\":[\"hi\"]}", 400, "messages[0]");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role");
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\"}]}", 400,
+               "messages[1].role");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":5,\"content\":\"a\"}]}", 400,
+               "messages[0].role");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+               "messages[0].content");
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+               "messages[0].content");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+               400, "messages[0].content");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[7]}]}", 400,
+               "messages[0].content");
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],";
+    char b[256];
+    snprintf(b, sizeof b, "%s\"tools\":[{\"type\":\"function\"}]}", m);
+    expect_bad(OAI_CHAT, b, 400, "tools");
+    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"json_object\"}}", m);
+    expect_bad(OAI_CHAT, b, 400, "response_format");
+    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"text\"},\"tools\":[]}", m);
+    ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    oai_request_free(&r);
+}
+END_TEST
+
+START_TEST(tokenize_bodies)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(
+        parse(OAI_TOKENIZE, "{\"prompt\":\"hi\",\"add_special_tokens\":false}", &r, &e), 0);
+    ck_assert(!r.add_special);
+    ck_assert_str_eq(r.prompts[0].text, "hi");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_TOKENIZE,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                           "\"add_generation_prompt\":false}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_msgs, 1);
+    ck_assert(!r.add_generation_prompt && r.add_special);
+    oai_request_free(&r);
+    expect_bad(OAI_TOKENIZE, "{\"prompt\":[1,2]}", 400, "prompt");
+    expect_bad(OAI_TOKENIZE, "{\"prompt\":\"x\",\"add_special_tokens\":1}", 400,
+               "add_special_tokens");
+    ck_assert_int_eq(parse(OAI_DETOKENIZE, "{\"tokens\":[1,2,3]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_tokens, 3);
+    ck_assert_int_eq(r.tokens[0], 1);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_DETOKENIZE, "{\"tokens\":[]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_tokens, 0);
+    oai_request_free(&r);
+    expect_bad(OAI_DETOKENIZE, "{\"tokens\":\"1 2\"}", 400, "tokens");
+    expect_bad(OAI_DETOKENIZE, "{\"tokens\":[-1]}", 400, "tokens");
+}
+END_TEST
+
+/* Malformed bodies: 400 with no param and a JSON-ish code, never a crash. */
+START_TEST(hostile_bodies)
+{
+    expect_bad(OAI_COMPLETION, "", 400, "");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\"", 400, "");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\"} trailing", 400, "");
+    expect_bad(OAI_COMPLETION, "[1,2]", 400, "");
+    expect_bad(OAI_COMPLETION, "\"just a string\"", 400, "");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"abc\xff\xfe\"}", 400, "");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"\xc0\xaf\"}", 400, "");     /* overlong */
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"\xed\xa0\x80\"}", 400, ""); /* surrogate */
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"\\ud800\"}", 400, "");      /* lone escape */
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_COMPLETION, " \n{\"prompt\":\"x\"}\r\n ", &r, &e), 0);
+    oai_request_free(&r);
+    /* an embedded NUL byte is not JSON */
+    static const char nul[] = "{\"prompt\":\"a\0b\"}";
+    ck_assert_int_lt(oai_parse(OAI_COMPLETION, nul, sizeof nul - 1, &r, &e), 0);
+    ck_assert_int_eq(e.status, 400);
+    /* 10k nested arrays: cJSON's nesting limit, not the stack */
+    size_t depth = 10000;
+    char *deep = malloc(2 * depth + 16);
+    size_t n = 0;
+    n += (size_t)sprintf(deep, "{\"prompt\":");
+    for (size_t i = 0; i < depth; i++) deep[n++] = '[';
+    for (size_t i = 0; i < depth; i++) deep[n++] = ']';
+    deep[n++] = '}';
+    deep[n] = '\0';
+    expect_bad(OAI_COMPLETION, deep, 400, "");
+    free(deep);
+    /* 1 MiB of garbage bytes */
+    size_t big = 1 << 20;
+    char *junk = malloc(big + 1);
+    unsigned x = 12345;
+    for (size_t i = 0; i < big; i++) {
+        x = x * 1103515245u + 12345u;
+        junk[i] = (char)(x >> 16);
+    }
+    junk[big] = '\0';
+    ck_assert_int_lt(oai_parse(OAI_COMPLETION, junk, big, &r, &e), 0);
+    ck_assert_int_eq(e.status, 400);
+    free(junk);
+}
+END_TEST
+
+/* A fake vocabulary: token i is "t<i>", 7 is half of "é" (invalid alone), 8 is "é". */
+static int fake_bytes(const void *ctx, int32_t id, char *buf, size_t cap)
+{
+    (void)ctx;
+    char tmp[32];
+    int n;
+    if (id == 7)
+        n = snprintf(tmp, sizeof tmp, "\xc3");
+    else if (id == 8)
+        n = snprintf(tmp, sizeof tmp, "\xc3\xa9");
+    else
+        n = snprintf(tmp, sizeof tmp, "t%d", id);
+    memcpy(buf, tmp, (size_t)n < cap ? (size_t)n : cap);
+    return n;
+}
+
+static const struct oai_meta *meta(enum oai_kind k, int logprobs)
+{
+    static struct oai_meta m;
+    m = (struct oai_meta){.kind = k,
+                          .id = k == OAI_CHAT ? "chatcmpl-1" : "cmpl-1",
+                          .model = "smol",
+                          .created = 1700000000,
+                          .logprobs = logprobs,
+                          .vocab = {.token_bytes = fake_bytes, .ctx = NULL}};
+    return &m;
+}
+
+/* Parses "data: {...}\n\n" and returns the JSON. */
+static cJSON *sse_json(const char *chunk)
+{
+    ck_assert_ptr_nonnull(chunk);
+    ck_assert_msg(!strncmp(chunk, "data: ", 6), "chunk: %s", chunk);
+    size_t n = strlen(chunk);
+    ck_assert_msg(n > 8 && !strcmp(chunk + n - 2, "\n\n"), "chunk end: %s", chunk);
+    ck_assert_msg(!memchr(chunk + 6, '\n', n - 8), "newline inside the chunk: %s", chunk);
+    cJSON *j = cJSON_ParseWithLength(chunk + 6, n - 8);
+    ck_assert_msg(j != NULL, "chunk JSON: %s", chunk);
+    return j;
+}
+
+START_TEST(write_completion)
+{
+    struct oai_choice c[2] = {0};
+    sbuf_puts(&c[0].text, "hello \"world\"\n");
+    c[0].finish = FINISH_LENGTH;
+    sbuf_puts(&c[1].text, "é");
+    c[1].finish = FINISH_STOP;
+    struct token_logprob top[2] = {{1, -0.1f}, {8, -2.5f}};
+    ck_assert_int_eq(oai_choice_add_lp(&c[0], 1, -0.1f, 0, top, 2), 0);
+    ck_assert_int_eq(oai_choice_add_lp(&c[0], 7, -INFINITY, 2, top, 2), 0);
+    struct oai_usage u = {.prompt_tokens = 5, .completion_tokens = 9, .cached_tokens = 3};
+    char *s = oai_write_response(meta(OAI_COMPLETION, 2), c, 2, &u);
+    cJSON *j = cJSON_Parse(s);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "id")->valuestring, "cmpl-1");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "model")->valuestring, "smol");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "created")->valuedouble, 1700000000);
+    cJSON *ch = cJSON_GetObjectItem(j, "choices");
+    ck_assert_int_eq(cJSON_GetArraySize(ch), 2);
+    cJSON *c0 = cJSON_GetArrayItem(ch, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "text")->valuestring, "hello \"world\"\n");
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+    ck_assert_int_eq(cJSON_GetObjectItem(c0, "index")->valueint, 0);
+    cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+    cJSON *toks = cJSON_GetObjectItem(lp, "tokens");
+    ck_assert_str_eq(cJSON_GetArrayItem(toks, 0)->valuestring, "t1");
+    ck_assert_str_eq(cJSON_GetArrayItem(toks, 1)->valuestring, "bytes:\\xc3");
+    cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    ck_assert_float_eq_tol(cJSON_GetArrayItem(tlp, 0)->valuedouble, -0.1, 1e-6);
+    ck_assert_float_eq(cJSON_GetArrayItem(tlp, 1)->valuedouble, -9999.0);
+    cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs");
+    cJSON *t0 = cJSON_GetArrayItem(tops, 0);
+    ck_assert_int_eq(cJSON_GetArraySize(t0), 2);
+    ck_assert_float_eq_tol(cJSON_GetObjectItem(t0, "é")->valuedouble, -2.5, 1e-6);
+    cJSON *off = cJSON_GetObjectItem(lp, "text_offset");
+    ck_assert_int_eq(cJSON_GetArrayItem(off, 1)->valueint, 2);
+    cJSON *c1 = cJSON_GetArrayItem(ch, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(c1, "text")->valuestring, "é");
+    ck_assert_str_eq(cJSON_GetObjectItem(c1, "finish_reason")->valuestring, "stop");
+    cJSON *us = cJSON_GetObjectItem(j, "usage");
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "prompt_tokens")->valueint, 5);
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "completion_tokens")->valueint, 9);
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "total_tokens")->valueint, 14);
+    ck_assert_int_eq(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(us, "prompt_tokens_details"), "cached_tokens")
+            ->valueint,
+        3);
+    cJSON_Delete(j);
+    free(s);
+    /* without logprobs: null */
+    s = oai_write_response(meta(OAI_COMPLETION, -1), c, 1, &u);
+    j = cJSON_Parse(s);
+    ck_assert(cJSON_IsNull(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs")));
+    cJSON_Delete(j);
+    free(s);
+    oai_choice_free(&c[0]);
+    oai_choice_free(&c[1]);
+}
+END_TEST
+
+START_TEST(write_chat)
+{
+    struct oai_choice c = {0};
+    sbuf_puts(&c.text, "Paris.");
+    c.finish = FINISH_STOP;
+    struct token_logprob top[3] = {{8, -0.5f}, {2, -1.5f}, {3, -3.0f}};
+    oai_choice_add_lp(&c, 8, -0.5f, 0, top, 3);
+    struct oai_usage u = {.prompt_tokens = 1, .completion_tokens = 1};
+    char *s = oai_write_response(meta(OAI_CHAT, 2), &c, 1, &u);
+    cJSON *j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion");
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(c0, "message");
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, "Paris.");
+    cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content");
+    cJSON *e0 = cJSON_GetArrayItem(content, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(e0, "token")->valuestring, "é");
+    cJSON *bytes = cJSON_GetObjectItem(e0, "bytes");
+    ck_assert_int_eq(cJSON_GetArraySize(bytes), 2);
+    ck_assert_int_eq(cJSON_GetArrayItem(bytes, 0)->valueint, 0xc3);
+    cJSON *tops = cJSON_GetObjectItem(e0, "top_logprobs");
+    ck_assert_int_eq(cJSON_GetArraySize(tops), 2); /* top_logprobs = 2 of the 3 given */
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(tops, 1), "token")->valuestring, "t2");
+    cJSON_Delete(j);
+    free(s);
+    oai_choice_free(&c);
+}
+END_TEST
+
+START_TEST(write_chunks)
+{
+    /* chat: the role chunk, a content chunk, the finish chunk, usage, [DONE] */
+    char *s =
+        oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, "assistant", FINISH_NONE, NULL, 0, false);
+    cJSON *j = sse_json(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *d = cJSON_GetObjectItem(c0, "delta");
+    ck_assert_str_eq(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+    ck_assert_str_eq(cJSON_GetObjectItem(d, "content")->valuestring, "");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    ck_assert_ptr_null(cJSON_GetObjectItem(j, "usage"));
+    cJSON_Delete(j);
+    free(s);
+
+    s = oai_write_chunk(meta(OAI_CHAT, -1), 1, "a\nb\"c", 5, NULL, FINISH_NONE, NULL, 0, true);
+    j = sse_json(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    ck_assert_int_eq(cJSON_GetObjectItem(c0, "index")->valueint, 1);
+    d = cJSON_GetObjectItem(c0, "delta");
+    ck_assert_str_eq(cJSON_GetObjectItem(d, "content")->valuestring, "a\nb\"c");
+    ck_assert_ptr_null(cJSON_GetObjectItem(d, "role"));
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
+    cJSON_Delete(j);
+    free(s);
+
+    s = oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, NULL, FINISH_STOP, NULL, 0, false);
+    j = sse_json(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(c0, "delta")), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    cJSON_Delete(j);
+    free(s);
+
+    /* completions: text chunks, with logprobs */
+    struct oai_lp lp = {
+        .token = 3, .logprob = -1.0f, .text_offset = 4, .n_top = 1, .top = {{3, -1.0f}}};
+    s = oai_write_chunk(meta(OAI_COMPLETION, 1), 0, "t3", 2, NULL, FINISH_ABORT, &lp, 1, false);
+    j = sse_json(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "text")->valuestring, "t3");
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "abort");
+    cJSON *l = cJSON_GetObjectItem(c0, "logprobs");
+    ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "text_offset"), 0)->valueint, 4);
+    cJSON_Delete(j);
+    free(s);
+
+    struct oai_usage u = {.prompt_tokens = 2, .completion_tokens = 3};
+    s = oai_write_usage_chunk(meta(OAI_CHAT, -1), &u);
+    j = sse_json(s);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valueint,
+                     5);
+    cJSON_Delete(j);
+    free(s);
+    ck_assert_str_eq(OAI_SSE_DONE, "data: [DONE]\n\n");
+}
+END_TEST
+
+START_TEST(write_errors_and_misc)
+{
+    struct oai_error e = {0};
+    ck_assert_int_lt(oai_error_set(&e, 400, "invalid_request_error", "invalid_value", "top_p",
+                                   "'top_p' is %g", 3.0),
+                     0);
+    char *s = oai_write_error(&e);
+    cJSON *j = cJSON_Parse(s);
+    cJSON *err = cJSON_GetObjectItem(j, "error");
+    ck_assert_str_eq(cJSON_GetObjectItem(err, "message")->valuestring, "'top_p' is 3");
+    ck_assert_str_eq(cJSON_GetObjectItem(err, "type")->valuestring, "invalid_request_error");
+    ck_assert_str_eq(cJSON_GetObjectItem(err, "param")->valuestring, "top_p");
+    ck_assert_str_eq(cJSON_GetObjectItem(err, "code")->valuestring, "invalid_value");
+    cJSON_Delete(j);
+    free(s);
+    oai_error_set(&e, 404, "invalid_request_error", NULL, NULL, "no route");
+    s = oai_write_error(&e);
+    j = cJSON_Parse(s);
+    err = cJSON_GetObjectItem(j, "error");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(err, "param")));
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(err, "code")));
+    cJSON_Delete(j);
+    free(s);
+    s = oai_write_error_chunk(&e);
+    j = sse_json(s);
+    ck_assert_ptr_nonnull(cJSON_GetObjectItem(j, "error"));
+    cJSON_Delete(j);
+    free(s);
+
+    s = oai_write_models("smol", 5, 8192);
+    j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
+    cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "id")->valuestring, "smol");
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "object")->valuestring, "model");
+    ck_assert_int_eq(cJSON_GetObjectItem(m0, "max_model_len")->valueint, 8192);
+    cJSON_Delete(j);
+    free(s);
+
+    int32_t ids[3] = {1, 22, 333};
+    s = oai_write_tokens(ids, 3, 100);
+    ck_assert_str_eq(s, "{\"tokens\":[1,22,333],\"count\":3,\"max_model_len\":100}");
+    free(s);
+    s = oai_write_detokenized("a\"b", 3);
+    ck_assert_str_eq(s, "{\"prompt\":\"a\\\"b\"}");
+    free(s);
+    ck_assert_str_eq(oai_finish_name(FINISH_STOP), "stop");
+    ck_assert_str_eq(oai_finish_name(FINISH_LENGTH), "length");
+    ck_assert_str_eq(oai_finish_name(FINISH_ABORT), "abort");
+    ck_assert_ptr_null(oai_finish_name(FINISH_NONE));
+}
+END_TEST
+
+START_TEST(metrics_text)
+{
+    struct metrics m;
+    ck_assert_int_eq(metrics_init(&m), 0);
+    struct req_event f = {.done = true,
+                          .finish = FINISH_STOP,
+                          .prompt_tokens = 10,
+                          .completion_tokens = 5,
+                          .cached_tokens = 4,
+                          .ttft_ms = 30,
+                          .total_ms = 70,
+                          .queue_ms = 2};
+    metrics_observe_request(&m, &f);
+    f.finish = FINISH_ABORT;
+    f.ttft_ms = 5000;
+    metrics_observe_request(&m, &f);
+    metrics_count_error(&m, METRICS_ERR_QUEUE_FULL);
+    metrics_count_status(&m, 200);
+    metrics_count_status(&m, 429);
+    metrics_count_status(&m, 418);
+    struct engine_stats st = {.running = 2,
+                              .waiting = 1,
+                              .kv_blocks_total = 100,
+                              .kv_blocks_used = 25,
+                              .prefix_hit_tokens = 64,
+                              .preemptions = 3,
+                              .prompt_tokens = 1000,
+                              .generation_tokens = 500,
+                              .finished = {0, 7, 2, 1, 0},
+                              .last_step_age_s = 0.25};
+    struct sbuf b = {0};
+    ck_assert_int_eq(metrics_render(&m, &st, 1, &b), 0);
+    const char *t = b.p;
+    static const char *want[] = {
+        "quern_server_state 1\n",
+        "quern_requests_running 2\n",
+        "quern_requests_waiting 1\n",
+        "quern_kv_blocks_used 25\n",
+        "quern_kv_blocks_total 100\n",
+        "quern_kv_cache_usage_ratio 0.25\n",
+        "quern_prefix_cache_hit_tokens_total 64\n",
+        "quern_preemptions_total 3\n",
+        "quern_prompt_tokens_total 1000\n",
+        "quern_generation_tokens_total 500\n",
+        "quern_engine_requests_finished_total{finished_reason=\"stop\"} 7\n",
+        "quern_request_success_total{finished_reason=\"stop\"} 1\n",
+        "quern_request_success_total{finished_reason=\"abort\"} 1\n",
+        "quern_request_errors_total{reason=\"queue_full\"} 1\n",
+        "quern_http_responses_total{code=\"429\"} 1\n",
+        "quern_http_responses_total{code=\"other\"} 1\n",
+        "quern_request_generation_tokens_total 10\n",
+        "# TYPE quern_time_to_first_token_seconds histogram\n",
+        "quern_time_to_first_token_seconds_bucket{le=\"0.04\"} 1\n",
+        "quern_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n",
+        "quern_time_to_first_token_seconds_count 2\n",
+        "quern_time_to_first_token_seconds_sum 5.03",
+        "quern_time_per_output_token_seconds_count 2\n",
+        "quern_e2e_request_latency_seconds_count 2\n",
+        "quern_request_queue_time_seconds_count 2\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(strstr(t, want[i]), "missing '%s' in:\n%s", want[i], t);
+    /* every line is a comment or `name{labels} value`, and every family has HELP and TYPE */
+    regex_t re;
+    ck_assert_int_eq(regcomp(&re,
+                             "^[a-zA-Z_:][a-zA-Z0-9_:]*(\\{[a-zA-Z_]+=\"[^\"]*\"\\})? "
+                             "(-?[0-9.]+(e[-+]?[0-9]+)?|\\+Inf|NaN)$",
+                             REG_EXTENDED | REG_NOSUB),
+                     0);
+    char *copy = strdup(t);
+    int samples = 0;
+    for (char *save, *line = strtok_r(copy, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#') {
+            ck_assert_msg(!strncmp(line, "# HELP ", 7) || !strncmp(line, "# TYPE ", 7), "%s", line);
+            continue;
+        }
+        ck_assert_msg(regexec(&re, line, 0, NULL, 0) == 0, "bad sample line: '%s'", line);
+        char name[128];
+        sscanf(line, "%127[a-zA-Z0-9_:]", name);
+        char *suffix;
+        if ((suffix = strstr(name, "_bucket")) || (suffix = strstr(name, "_sum")) ||
+            (suffix = strstr(name, "_count")))
+            if (suffix[strcspn(suffix + 1, "_") + 1] == '\0') *suffix = '\0';
+        char type_line[192];
+        snprintf(type_line, sizeof type_line, "# TYPE %s ", name);
+        ck_assert_msg(strstr(t, type_line), "no TYPE for %s", name);
+        samples++;
+    }
+    ck_assert_int_gt(samples, 60);
+    free(copy);
+    regfree(&re);
+    /* buckets are cumulative */
+    const char *p = t;
+    unsigned long long prev = 0, v;
+    while ((p = strstr(p, "quern_e2e_request_latency_seconds_bucket{le="))) {
+        p = strchr(p, '}') + 2;
+        v = strtoull(p, NULL, 10);
+        ck_assert_uint_ge(v, prev);
+        prev = v;
+    }
+    ck_assert_uint_eq(prev, 2);
+    /* loading: no engine section */
+    sbuf_reset(&b);
+    ck_assert_int_eq(metrics_render(&m, NULL, 0, &b), 0);
+    ck_assert_ptr_null(strstr(b.p, "quern_kv_blocks_used"));
+    ck_assert_ptr_nonnull(strstr(b.p, "quern_server_state 0\n"));
+    sbuf_free(&b);
+    metrics_free(&m);
+}
+END_TEST
+
+START_TEST(sbuf_basics)
+{
+    struct sbuf b = {0};
+    char *e = sbuf_take(&b);
+    ck_assert_str_eq(e, "");
+    free(e);
+    for (int i = 0; i < 1000; i++) ck_assert_int_eq(sbuf_printf(&b, "%d,", i), 0);
+    ck_assert_int_eq(b.len, strlen(b.p));
+    ck_assert(!strncmp(b.p, "0,1,2,", 6));
+    sbuf_reset(&b);
+    ck_assert_int_eq(b.len, 0);
+    ck_assert_str_eq(b.p, "");
+    ck_assert_int_eq(sbuf_append(&b, "a\0b", 3), 0);
+    ck_assert_int_eq(b.len, 3);
+    sbuf_free(&b);
+    ck_assert_ptr_null(b.p);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("oai");
+    TCase *p = tcase_create("parse");
+    tcase_add_test(p, completion_all_fields);
+    tcase_add_test(p, completion_defaults);
+    tcase_add_test(p, wrong_types);
+    tcase_add_test(p, ranges);
+    tcase_add_test(p, stop_forms);
+    tcase_add_test(p, prompt_forms);
+    tcase_add_test(p, messages);
+    tcase_add_test(p, tokenize_bodies);
+    tcase_add_test(p, hostile_bodies);
+    suite_add_tcase(s, p);
+    TCase *w = tcase_create("write");
+    tcase_add_test(w, write_completion);
+    tcase_add_test(w, write_chat);
+    tcase_add_test(w, write_chunks);
+    tcase_add_test(w, write_errors_and_misc);
+    tcase_add_test(w, metrics_text);
+    tcase_add_test(w, sbuf_basics);
+    suite_add_tcase(s, w);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

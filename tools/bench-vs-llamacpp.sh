@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# bench-vs-llamacpp.sh — single-stream throughput of quern vs llama.cpp on this machine.
+#
+# For each model file (default: SmolLM2-135M-Instruct Q8_0, Q4_0, Q4_1 under models/) and each
+# thread count (default 1 2) it runs, interleaved so that machine drift hits both programs:
+#   quern:     build/server/quern bench --model FILE --pp 512 --tg 128 --threads T --reps 3 --json
+#   llama.cpp: llama-bench -m FILE -p 512 -n 128 -t T -r 3 -o json
+# and prints a markdown table (type, threads, test, quern t/s, llama.cpp t/s, ratio). A program
+# that fails on a file gets its error in its cell instead of a number.
+#
+# It also measures memory read bandwidth (a small C read loop compiled here with gcc, 1 GiB
+# buffer, per thread count) and prints the decode roofline per file: bytes of weights read per
+# generated token (every tensor in full, except token_embd: one row for the lookup, plus all of
+# it again when the output matrix is tied to it; parsed from the GGUF with the Python stdlib)
+# divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it. A second
+# ceiling uses bandwidth measured on a buffer the size of those bytes, which counts what the
+# L3 cache holds between tokens.
+#
+#   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--raw DIR] [--no-bw]
+#                              [MODEL.gguf ...]
+# Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it).
+# Make the Q8_0/Q4_0 files first with tools/make-bench-models.sh.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+QUERN=${QUERN:-$ROOT/build/server/quern}
+LLAMA_BIN=${LLAMA_BIN:-$ROOT/third_party/llama.cpp/build/bin}
+reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1
+models=()
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        -r|--reps) reps=$2; shift 2 ;;
+        --pp) pp=$2; shift 2 ;;
+        --tg) tg=$2; shift 2 ;;
+        -t|--threads) threads=$2; shift 2 ;;
+        --raw) raw=$2; shift 2 ;;
+        --no-bw) do_bw=0; shift ;;
+        -h|--help) usage 0 ;;
+        -*) echo "bench-vs-llamacpp: unknown option '$1'" >&2; usage ;;
+        *) models+=("$1"); shift ;;
+    esac
+done
+if [[ ${#models[@]} -eq 0 ]]; then
+    for q in Q8_0 Q4_0 Q4_1; do models+=("$ROOT/models/SmolLM2-135M-Instruct.$q.gguf"); done
+fi
+for f in "${models[@]}"; do
+    [[ -f "$f" ]] || { echo "bench-vs-llamacpp: no $f (tools/make-bench-models.sh makes the variants)" >&2; exit 1; }
+done
+[[ -x "$QUERN" ]] || { echo "bench-vs-llamacpp: no $QUERN (build quern first)" >&2; exit 1; }
+[[ -x "$LLAMA_BIN/llama-bench" ]] || { echo "bench-vs-llamacpp: no $LLAMA_BIN/llama-bench (tools/build-llamacpp.sh)" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+[[ -z "$raw" ]] || mkdir -p "$raw"
+log() { echo "bench-vs-llamacpp: $*" >&2; }
+
+# ---- GGUF: bytes read per generated token (stdlib only) ----
+cat >"$work/gguf_bpt.py" <<'PY'
+import struct, sys
+# ggml type id -> (elements per block, bytes per block)
+T = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+     9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+     15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+     21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+     27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
+N = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K",
+     11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS", 30: "BF16",
+     39: "MXFP4"}
+SC = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+class R:
+    def __init__(self, fh): self.fh = fh
+    def get(self, fmt):
+        n = struct.calcsize("<" + fmt); b = self.fh.read(n)
+        if len(b) != n: raise ValueError("truncated GGUF")
+        return struct.unpack("<" + fmt, b)[0]
+    def str(self): return self.fh.read(self.get("Q")).decode("utf-8", "replace")
+    def skip(self, t):
+        if t in SC: self.fh.seek(struct.calcsize("<" + SC[t]), 1)
+        elif t == 8: self.fh.seek(self.get("Q"), 1)
+        elif t == 9:
+            et, n = self.get("I"), self.get("Q")
+            if et in SC: self.fh.seek(n * struct.calcsize("<" + SC[et]), 1)
+            else:
+                for _ in range(n): self.skip(et)
+        else: raise ValueError("bad GGUF kv type %d" % t)
+
+def tensors(path):
+    with open(path, "rb") as fh:
+        r = R(fh)
+        if fh.read(4) != b"GGUF": raise ValueError(path + ": not a GGUF file")
+        r.get("I"); nt, nkv = r.get("Q"), r.get("Q")
+        for _ in range(nkv):
+            r.str(); r.skip(r.get("I"))
+        out = {}
+        for _ in range(nt):
+            name = r.str(); dims = [r.get("Q") for _ in range(r.get("I"))]
+            typ = r.get("I"); r.get("Q")
+            if typ not in T: raise ValueError("%s: unknown ggml type %d" % (name, typ))
+            be, bb = T[typ]; ne = 1
+            for x in dims: ne *= x
+            out[name] = (typ, dims, ne // be * bb, dims[0] // be * bb)
+        return out
+
+for path in sys.argv[1:]:
+    ts = tensors(path)
+    total = sum(t[2] for t in ts.values())
+    emb = ts.get("token_embd.weight")
+    tied = "output.weight" not in ts
+    per_tok = total
+    if emb:
+        per_tok += emb[3] - emb[2]        # the embedding lookup reads one row
+        if tied: per_tok += emb[2]        # the tied output matrix reads all of it
+    by_type = {}
+    for name, t in ts.items():
+        if len(t[1]) >= 2 and name != "token_embd.weight":
+            by_type[t[0]] = by_type.get(t[0], 0) + t[2]
+    main = N.get(max(by_type, key=by_type.get), "?") if by_type else "?"
+    print("%s\t%s\t%s\t%d\t%d\t%s" % (path, main, N.get(emb[0], str(emb[0])) if emb else "-",
+                                       total, per_tok, "tied" if tied else "untied"))
+PY
+
+declare -A label bpt bw_dram bw_fit
+for f in "${models[@]}"; do
+    IFS=$'\t' read -r _ main embt _total per_tok tied < <(python3 "$work/gguf_bpt.py" "$f")
+    label[$f]="$main (embd $embt)"
+    bpt[$f]=$per_tok
+done
+
+# ---- memory read bandwidth ----
+if [[ $do_bw -eq 1 ]]; then
+    cat >"$work/membw.c" <<'C'
+/* membw THREADS MIB REPS: each thread first-touches, then reads its own slice of a MIB-MiB
+ * buffer, all threads starting together; prints the best of REPS in GB/s (1e9 B/s). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef long long v8 __attribute__((vector_size(64)));
+static int nt, reps;
+static size_t slice;
+static char *buf;
+static pthread_barrier_t bar;
+static double t0[64], t1[64], best;
+static volatile long long sink;
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static void *run(void *arg) {
+    long id = (long)arg;
+    const v8 *p = (const v8 *)(buf + (size_t)id * slice);
+    size_t n = slice / sizeof(v8);
+    memset(buf + (size_t)id * slice, 1, slice);
+    for (int r = 0; r < reps; r++) {
+        pthread_barrier_wait(&bar);
+        t0[id] = now();
+        v8 a = {0}, b = {0}, c = {0}, d = {0};
+        for (size_t i = 0; i < n; i += 4) {
+            a += p[i]; b += p[i + 1]; c += p[i + 2]; d += p[i + 3];
+        }
+        a += b + c + d;
+        sink += a[0] + a[7];
+        t1[id] = now();
+        pthread_barrier_wait(&bar);
+        if (id == 0) {
+            double s = t0[0], e = t1[0];
+            for (int k = 1; k < nt; k++) {
+                if (t0[k] < s) s = t0[k];
+                if (t1[k] > e) e = t1[k];
+            }
+            double gbs = (double)slice * nt / (e - s) / 1e9;
+            if (gbs > best) best = gbs;
+        }
+    }
+    return NULL;
+}
+int main(int argc, char **argv) {
+    if (argc != 4) { fprintf(stderr, "usage: membw THREADS MIB REPS\n"); return 2; }
+    nt = atoi(argv[1]); reps = atoi(argv[3]);
+    double mib = atof(argv[2]);
+    if (nt < 1 || nt > 64 || reps < 1 || mib <= 0) { fprintf(stderr, "membw: bad args\n"); return 2; }
+    slice = ((size_t)(mib * 1048576.0 / nt) + 1023) / 1024 * 1024; /* whole 4-vector steps */
+    if (posix_memalign((void **)&buf, 4096, slice * (size_t)nt)) { perror("membw"); return 1; }
+    pthread_barrier_init(&bar, NULL, (unsigned)nt);
+    pthread_t th[64];
+    for (long i = 0; i < nt; i++) pthread_create(&th[i], NULL, run, (void *)i);
+    for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+    printf("%.2f\n", best);
+    return 0;
+}
+C
+    gcc -O2 -march=native -pthread -o "$work/membw" "$work/membw.c"
+    for t in $threads; do
+        bw_dram[$t]=$("$work/membw" "$t" 1024 10)
+        log "read bandwidth, $t thread(s), 1 GiB buffer: ${bw_dram[$t]} GB/s"
+        for f in "${models[@]}"; do
+            mib=$(awk -v b="${bpt[$f]}" 'BEGIN { printf "%.3f", b / 1048576 }')
+            bw_fit[$f,$t]=$("$work/membw" "$t" "$mib" 30)
+            log "read bandwidth, $t thread(s), $mib MiB buffer (${label[$f]}): ${bw_fit[$f,$t]} GB/s"
+        done
+    done
+fi
+
+# ---- interleaved runs ----
+# cell FILE.json FILE.err KIND: prints "pp_ts pp_sd tg_ts tg_sd" or "ERR message"
+cell() {
+    python3 - "$@" "$pp" "$tg" <<'PY'
+import json, sys
+out, err, kind, pp, tg = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def fail():
+    try: lines = [l.strip() for l in open(err, errors="replace") if l.strip()]
+    except OSError: lines = []
+    msg = lines[-1] if lines else "no output"
+    for l in lines:
+        if "error" in l.lower() or "unsupported" in l.lower() or "not supported" in l.lower():
+            msg = l; break
+    print("ERR " + msg.replace("|", "/")[:90])
+try:
+    d = json.load(open(out))
+    if kind == "quern":
+        print(d["pp_tokens_per_s"], d["pp_sd"], d["tg_tokens_per_s"], d["tg_sd"])
+    else:
+        p = next(x for x in d if x["n_prompt"] == pp and x["n_gen"] == 0)
+        g = next(x for x in d if x["n_prompt"] == 0 and x["n_gen"] == tg)
+        print(p["avg_ts"], p["stddev_ts"], g["avg_ts"], g["stddev_ts"])
+except Exception:
+    fail()
+PY
+}
+declare -A res
+llama_commit="" llama_cpu=""
+n=0
+for f in "${models[@]}"; do
+    for t in $threads; do
+        n=$((n + 1))
+        tag=$(basename "$f" .gguf).t$t
+        log "[$n] quern     $(basename "$f") threads=$t"
+        "$QUERN" bench --model "$f" --pp "$pp" --tg "$tg" --threads "$t" --reps "$reps" --json \
+            >"$work/$tag.quern.json" 2>"$work/$tag.quern.err" || true
+        res[$f,$t,quern]=$(cell "$work/$tag.quern.json" "$work/$tag.quern.err" quern)
+        log "    -> ${res[$f,$t,quern]}"
+        log "[$n] llama.cpp $(basename "$f") threads=$t"
+        "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json \
+            >"$work/$tag.llama.json" 2>"$work/$tag.llama.err" || true
+        res[$f,$t,llama]=$(cell "$work/$tag.llama.json" "$work/$tag.llama.err" llama)
+        log "    -> ${res[$f,$t,llama]}"
+        if [[ -z "$llama_commit" ]]; then
+            read -r llama_commit llama_cpu < <(python3 -c '
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))[0]; print(d.get("build_commit", "?"), d.get("cpu_info", "?"))
+except Exception: print("? ?")' "$work/$tag.llama.json") || true
+        fi
+        [[ -z "$raw" ]] || cp "$work/$tag".* "$raw"/
+    done
+done
+
+# ---- report ----
+fmt() { # fmt "RESULT" which(pp|tg): "123.45 ± 1.20" or the error
+    local r=$1 w=$2
+    if [[ $r == ERR* ]]; then echo "${r#ERR }"; return; fi
+    read -r a b c d <<<"$r"
+    if [[ $w == pp ]]; then printf "%.2f ± %.2f" "$a" "$b"; else printf "%.2f ± %.2f" "$c" "$d"; fi
+}
+val() { # val "RESULT" which: the mean or empty
+    local r=$1 w=$2
+    [[ $r == ERR* ]] && return 0
+    read -r a _ c _ <<<"$r"
+    if [[ $w == pp ]]; then echo "$a"; else echo "$c"; fi
+}
+ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }' || echo "-"; }
+
+echo "## quern vs llama.cpp — single stream, pp$pp / tg$tg, $reps reps (mean ± sd, tokens/s)"
+echo
+echo "quern: git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty');" \
+     "llama.cpp: build_commit ${llama_commit:-?} (third_party/llama.cpp/.llama-cpp-commit: $(cat "$ROOT/third_party/llama.cpp/.llama-cpp-commit" 2>/dev/null || echo '?'));" \
+     "CPU: ${llama_cpu:-?}, $(nproc) cores"
+echo
+echo "| type | threads | test | quern t/s | llama.cpp t/s | quern/llama.cpp |"
+echo "|---|---|---|---|---|---|"
+for f in "${models[@]}"; do
+    for t in $threads; do
+        for w in pp tg; do
+            q=${res[$f,$t,quern]} l=${res[$f,$t,llama]}
+            [[ $w == pp ]] && test=pp$pp || test=tg$tg
+            echo "| ${label[$f]} | $t | $test | $(fmt "$q" $w) | $(fmt "$l" $w) | $(ratio "$(val "$q" $w)" "$(val "$l" $w)") |"
+        done
+    done
+done
+
+if [[ $do_bw -eq 1 ]]; then
+    echo
+    echo "## decode roofline (weights only; KV cache reads not counted)"
+    echo
+    echo "read bandwidth, 1 GiB buffer:$(for t in $threads; do printf " %s thread(s) %s GB/s;" "$t" "${bw_dram[$t]}"; done)"
+    echo
+    echo "| type | threads | MB read / token | DRAM roofline t/s | quern tg t/s | % | llama.cpp tg t/s | % | BW at that size GB/s | cache-aware roofline t/s | quern % | llama.cpp % |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for f in "${models[@]}"; do
+        for t in $threads; do
+            qv=$(val "${res[$f,$t,quern]}" tg) lv=$(val "${res[$f,$t,llama]}" tg)
+            awk -v b="${bpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" -v q="$qv" -v l="$lv" \
+                -v lab="${label[$f]}" -v t="$t" 'BEGIN {
+                    m = bw * 1e9 / b; mf = bf * 1e9 / b
+                    printf "| %s | %s | %.2f | %.1f | %s | %s | %s | %s | %.2f | %.1f | %s | %s |\n",
+                        lab, t, b / 1e6, m,
+                        q == "" ? "-" : sprintf("%.2f", q), q == "" ? "-" : sprintf("%.0f%%", 100 * q / m),
+                        l == "" ? "-" : sprintf("%.2f", l), l == "" ? "-" : sprintf("%.0f%%", 100 * l / m),
+                        bf, mf,
+                        q == "" ? "-" : sprintf("%.0f%%", 100 * q / mf), l == "" ? "-" : sprintf("%.0f%%", 100 * l / mf) }'
+        done
+    done
+fi
