@@ -13,7 +13,12 @@
 #
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default nproc),
 #      LLAMA_TARGETS (default: llama-bench llama-server llama-quantize llama-cli).
+#
+# The body is one function, so bash parses it whole before running it (editing the
+# file while it runs cannot change what a running build does).
 set -euo pipefail
+
+main() {
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
@@ -24,7 +29,7 @@ TARGETS=${LLAMA_TARGETS:-"llama-bench llama-server llama-quantize llama-cli"}
 
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$VER" ]]; then
     tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
+    trap 'rm -rf "$tmp"' EXIT  # $tmp is global on purpose: the trap runs after main
     echo "== downloading llama-cpp-python==$VER sdist" >&2
     python3 -m pip download --no-deps --no-binary :all: \
         "llama-cpp-python==$VER" -d "$tmp" >&2
@@ -71,3 +76,5 @@ for t in $TARGETS; do
 done
 cmake --build "$DEST/build" --config Release -j "$JOBS" --target "${want[@]}" >&2
 echo "$DEST/build/bin"
+}
+main "$@"
