@@ -27,7 +27,7 @@ static void bench_usage(FILE *out)
             "                   [--concurrency C] [options]\n"
             "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
             "  --threads N           CPU threads (default: all)\n"
-            "  --precision f32|q8    matmul activations (default q8)\n"
+            "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
             "  --max-batch-tokens N  engine step budget (default 2048)\n"
             "  --max-seqs N          running sequences (default 64)\n"
             "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
@@ -297,7 +297,7 @@ int cli_bench(int argc, char **argv)
         {"precision", required_argument, 0, O_PREC}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1, .reps = 5, .batch = 2048, .seqs = 64,
-                           .kv_mib = 1024, .seed = 1, .precision = MATMUL_Q8,
+                           .kv_mib = 1024, .seed = 1, .precision = MATMUL_F32,
                            .requests = -1, .input_len = -1, .output_len = -1, .pp = -1,
                            .tg = -1};
     optind = 1;

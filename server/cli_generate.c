@@ -26,6 +26,7 @@ static void generate_usage(FILE *out)
             "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
             "  --seed S          RNG seed (default 0)\n"
             "  --threads N       CPU threads (default: all)\n"
+            "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, faster)\n"
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -65,6 +66,7 @@ struct gen_args {
     const char *model, *prompt, *system;
     long n_predict, threads;
     bool chat, ignore_eos, stats;
+    enum matmul_precision precision;
     struct sample_params sp;
 };
 
@@ -81,7 +83,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_IGNORE,
         O_SYSTEM,
         O_REPEAT,
-        O_NOSTATS
+        O_NOSTATS,
+        O_PREC
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -97,8 +100,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"repeat-penalty", required_argument, 0, O_REPEAT},
                                          {"no-stats", no_argument, 0, O_NOSTATS},
                                          {"help", no_argument, 0, 'h'},
+                                         {"precision", required_argument, 0, O_PREC},
                                          {0, 0, 0, 0}};
-    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true};
+    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
     sample_params_default(&a->sp);
     a->sp.temperature = 0.8f;
     a->sp.top_k = 40;
@@ -134,6 +138,14 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_SYSTEM:
             a->system = optarg;
+            break;
+        case O_PREC:
+            if (!strcmp(optarg, "q8")) a->precision = MATMUL_Q8;
+            else if (!strcmp(optarg, "f32")) a->precision = MATMUL_F32;
+            else {
+                fprintf(stderr, "quern generate: --precision '%s' is not q8 or f32\n", optarg);
+                return EXIT_USAGE;
+            }
             break;
         case O_TEMP:
         case O_TOPP:
@@ -245,7 +257,7 @@ int cli_generate(int argc, char **argv)
                       a.n_predict, cfg.ctx_len);
         goto out;
     }
-    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = MATMUL_F32};
+    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = a.precision};
     if ((rc = backend_cpu_create(&bo, &be, &err))) goto out;
     int bs = 16;
     struct model_opts mo = {.max_batch_tokens = 256,

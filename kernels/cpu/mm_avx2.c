@@ -122,11 +122,13 @@ TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 #define TMAX 4
 
 /* Software prefetch a fixed distance ahead of the weight stream (see mm_avx512.c). */
-#define PF_DIST 4096
+#define PF_DIST 16384
 
-INLINE void prefetch_ahead(const uint8_t *qs, size_t bytes)
+INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs)
 {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(qs + PF_DIST + o, 0, 3);
+    const uint8_t *p = qs + PF_DIST;
+    if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
+    for (size_t o = 0; o < w->quant_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
 INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
@@ -148,7 +150,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
-        if (h == 0) prefetch_ahead(qs, w->quant_bytes);
+        if (h == 0) prefetch_ahead(w, qs);
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
         __m256 mw = _mm256_setzero_ps();
         if (type == QTYPE_Q4_1)
@@ -249,7 +251,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
-        if (h == 0) prefetch_ahead(qs, w->quant_bytes);
+        if (h == 0) prefetch_ahead(w, qs);
         __m256 part[F32_TMAX][4];
         for (int t = 0; t < T; t++)
             for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
