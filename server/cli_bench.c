@@ -22,17 +22,16 @@
 
 static void bench_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
-            "                   [--concurrency C] [options]\n"
-            "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
-            "  --threads N           CPU threads (default: all)\n"
-            "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
-            "  --max-batch-tokens N  engine step budget (default 2048)\n"
-            "  --max-seqs N          running sequences (default 64)\n"
-            "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
-            "  --seed S              prompt generator seed (default 1)\n"
-            "  --json                print one JSON object instead of a table\n");
+    fprintf(out, "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
+                 "                   [--concurrency C] [options]\n"
+                 "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
+                 "  --threads N           CPU threads (default: all)\n"
+                 "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
+                 "  --max-batch-tokens N  engine step budget (default 2048)\n"
+                 "  --max-seqs N          running sequences (default 64)\n"
+                 "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
+                 "  --seed S              prompt generator seed (default 1)\n"
+                 "  --json                print one JSON object instead of a table\n");
 }
 
 struct bench_args {
@@ -119,8 +118,8 @@ static void *client_main(void *arg)
     }
 }
 
-static int run_serving(const struct gguf_file *f, const struct tokenizer *tok,
-                       struct backend *be, const struct bench_args *a, struct qerr *err)
+static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
+                       const struct bench_args *a, struct qerr *err)
 {
     struct engine_opts o;
     engine_opts_default(&o);
@@ -283,52 +282,125 @@ out:
 
 int cli_bench(int argc, char **argv)
 {
-    enum { O_REQ = 256, O_IN, O_OUT, O_CONC, O_THREADS, O_PP, O_TG, O_REPS, O_BATCH, O_SEQS,
-           O_KV, O_SEED, O_JSON, O_PREC };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},        {"requests", required_argument, 0, O_REQ},
-        {"input-len", required_argument, 0, O_IN},   {"output-len", required_argument, 0, O_OUT},
-        {"concurrency", required_argument, 0, O_CONC},
-        {"threads", required_argument, 0, O_THREADS}, {"pp", required_argument, 0, O_PP},
-        {"tg", required_argument, 0, O_TG},          {"reps", required_argument, 0, O_REPS},
-        {"max-batch-tokens", required_argument, 0, O_BATCH},
-        {"max-seqs", required_argument, 0, O_SEQS},  {"kv-mem", required_argument, 0, O_KV},
-        {"seed", required_argument, 0, O_SEED},      {"json", no_argument, 0, O_JSON},
-        {"precision", required_argument, 0, O_PREC}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    struct bench_args a = {.concurrency = 1, .reps = 5, .batch = 2048, .seqs = 64,
-                           .kv_mib = 1024, .seed = 1, .precision = MATMUL_F32,
-                           .requests = -1, .input_len = -1, .output_len = -1, .pp = -1,
+    enum {
+        O_REQ = 256,
+        O_IN,
+        O_OUT,
+        O_CONC,
+        O_THREADS,
+        O_PP,
+        O_TG,
+        O_REPS,
+        O_BATCH,
+        O_SEQS,
+        O_KV,
+        O_SEED,
+        O_JSON,
+        O_PREC
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"requests", required_argument, 0, O_REQ},
+                                         {"input-len", required_argument, 0, O_IN},
+                                         {"output-len", required_argument, 0, O_OUT},
+                                         {"concurrency", required_argument, 0, O_CONC},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"pp", required_argument, 0, O_PP},
+                                         {"tg", required_argument, 0, O_TG},
+                                         {"reps", required_argument, 0, O_REPS},
+                                         {"max-batch-tokens", required_argument, 0, O_BATCH},
+                                         {"max-seqs", required_argument, 0, O_SEQS},
+                                         {"kv-mem", required_argument, 0, O_KV},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"precision", required_argument, 0, O_PREC},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    struct bench_args a = {.concurrency = 1,
+                           .reps = 5,
+                           .batch = 2048,
+                           .seqs = 64,
+                           .kv_mib = 1024,
+                           .seed = 1,
+                           .precision = MATMUL_F32,
+                           .requests = -1,
+                           .input_len = -1,
+                           .output_len = -1,
+                           .pp = -1,
                            .tg = -1};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         long *dst = NULL, lo = 1, hi = 1000000;
         switch (c) {
-        case 'm': a.model = optarg; continue;
-        case 'h': bench_usage(stdout); return EXIT_OK;
-        case O_JSON: a.json = true; continue;
+        case 'm':
+            a.model = optarg;
+            continue;
+        case 'h':
+            bench_usage(stdout);
+            return EXIT_OK;
+        case O_JSON:
+            a.json = true;
+            continue;
         case O_PREC:
-            if (!strcmp(optarg, "f32")) a.precision = MATMUL_F32;
-            else if (!strcmp(optarg, "q8")) a.precision = MATMUL_Q8;
+            if (!strcmp(optarg, "f32"))
+                a.precision = MATMUL_F32;
+            else if (!strcmp(optarg, "q8"))
+                a.precision = MATMUL_Q8;
             else {
                 fprintf(stderr, "quern bench: --precision '%s' is not f32 or q8\n", optarg);
                 return EXIT_USAGE;
             }
             continue;
-        case O_REQ: dst = &a.requests; break;
-        case O_IN: dst = &a.input_len; break;
-        case O_OUT: dst = &a.output_len; lo = 1; break;
-        case O_CONC: dst = &a.concurrency; hi = 4096; break;
-        case O_THREADS: dst = &a.threads; lo = 0; hi = 1024; break;
-        case O_PP: dst = &a.pp; lo = 0; break;
-        case O_TG: dst = &a.tg; lo = 0; break;
-        case O_REPS: dst = &a.reps; hi = 1000; break;
-        case O_BATCH: dst = &a.batch; break;
-        case O_SEQS: dst = &a.seqs; hi = 4096; break;
-        case O_KV: dst = &a.kv_mib; hi = 1 << 20; break;
-        case O_SEED: dst = &a.seed; lo = 0; hi = 0x7fffffffL; break;
-        default: bench_usage(stderr); return EXIT_USAGE;
+        case O_REQ:
+            dst = &a.requests;
+            break;
+        case O_IN:
+            dst = &a.input_len;
+            break;
+        case O_OUT:
+            dst = &a.output_len;
+            lo = 1;
+            break;
+        case O_CONC:
+            dst = &a.concurrency;
+            hi = 4096;
+            break;
+        case O_THREADS:
+            dst = &a.threads;
+            lo = 0;
+            hi = 1024;
+            break;
+        case O_PP:
+            dst = &a.pp;
+            lo = 0;
+            break;
+        case O_TG:
+            dst = &a.tg;
+            lo = 0;
+            break;
+        case O_REPS:
+            dst = &a.reps;
+            hi = 1000;
+            break;
+        case O_BATCH:
+            dst = &a.batch;
+            break;
+        case O_SEQS:
+            dst = &a.seqs;
+            hi = 4096;
+            break;
+        case O_KV:
+            dst = &a.kv_mib;
+            hi = 1 << 20;
+            break;
+        case O_SEED:
+            dst = &a.seed;
+            lo = 0;
+            hi = 0x7fffffffL;
+            break;
+        default:
+            bench_usage(stderr);
+            return EXIT_USAGE;
         }
         if (!cli_parse_int(optarg, lo, hi, dst)) {
             fprintf(stderr, "quern bench: '%s' is not an integer in %ld..%ld\n", optarg, lo, hi);

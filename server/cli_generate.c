@@ -140,8 +140,10 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             a->system = optarg;
             break;
         case O_PREC:
-            if (!strcmp(optarg, "q8")) a->precision = MATMUL_Q8;
-            else if (!strcmp(optarg, "f32")) a->precision = MATMUL_F32;
+            if (!strcmp(optarg, "q8"))
+                a->precision = MATMUL_Q8;
+            else if (!strcmp(optarg, "f32"))
+                a->precision = MATMUL_F32;
             else {
                 fprintf(stderr, "quern generate: --precision '%s' is not q8 or f32\n", optarg);
                 return EXIT_USAGE;

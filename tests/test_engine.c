@@ -214,7 +214,8 @@ START_TEST(stop_string_across_tokens)
     int32_t *ids;
     size_t n;
     struct qerr err = {0};
-    ck_assert_int_eq(tokenizer_encode(tok, prompt, strlen(prompt), false, false, &ids, &n, &err), 0);
+    ck_assert_int_eq(tokenizer_encode(tok, prompt, strlen(prompt), false, false, &ids, &n, &err),
+                     0);
     struct engine *e = make_engine(128, 4, 64, true);
     struct gen_request r;
     struct result full, cut;

@@ -127,13 +127,12 @@ START_TEST(q8_logits_near_reference)
             ck_assert_msg(fabs(row[id] - ref) < 1.5, "pos %d token %d: q8 %.3f, reference %.3f",
                           pos, id, row[id], ref);
         }
-        double margin = cJSON_GetArrayItem(vals, 0)->valuedouble -
-                        cJSON_GetArrayItem(vals, 1)->valuedouble;
+        double margin =
+            cJSON_GetArrayItem(vals, 0)->valuedouble - cJSON_GetArrayItem(vals, 1)->valuedouble;
         int best = 0;
         for (int i = 1; i < vocab; i++)
             if (row[i] > row[best]) best = i;
-        if (margin > 1.0)
-            ck_assert_int_eq(best, cJSON_GetArrayItem(ids, 0)->valueint);
+        if (margin > 1.0) ck_assert_int_eq(best, cJSON_GetArrayItem(ids, 0)->valueint);
     }
     free(logits);
     free(seq);
@@ -195,8 +194,7 @@ static void batched_forward(const int32_t *x, int n, int from, int n_seqs, const
                             int n_other, float *out)
 {
     enum { PER_SEQ = 8, BS = 16, MAXT = 1024 };
-    static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[64 * PER_SEQ],
-        lidx[64];
+    static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[64 * PER_SEQ], lidx[64];
     int t = 0, nl = 0;
     for (int s = 0; s < n_seqs; s++) {
         for (int j = 0; j < PER_SEQ; j++) table[s * PER_SEQ + j] = s * PER_SEQ + j;
