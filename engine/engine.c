@@ -463,6 +463,22 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+/* Frees what engine_create built; the engine thread is not running. */
+static void engine_release(struct engine *e)
+{
+    model_free(e->model);
+    kv_pool_free(e->pool);
+    sched_plan_free(&e->plan);
+    free(e->incoming);
+    free(e->waiting);
+    free(e->running);
+    free(e->logits);
+    free(e->work);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
 int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
                   const struct engine_opts *o, struct engine **out, struct qerr *err)
 {
@@ -527,17 +543,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     *out = e;
     return 0;
 fail:
-    model_free(e->model);
-    kv_pool_free(e->pool);
-    sched_plan_free(&e->plan);
-    free(e->incoming);
-    free(e->waiting);
-    free(e->running);
-    free(e->logits);
-    free(e->work);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->wake);
-    free(e);
+    engine_release(e);
     return rc;
 }
 
@@ -549,17 +555,7 @@ void engine_free(struct engine *e)
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
-    model_free(e->model);
-    kv_pool_free(e->pool);
-    sched_plan_free(&e->plan);
-    free(e->incoming);
-    free(e->waiting);
-    free(e->running);
-    free(e->logits);
-    free(e->work);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->wake);
-    free(e);
+    engine_release(e);
 }
 
 static int seq_from_request(struct engine *e, const struct gen_request *r, struct seq **out,
