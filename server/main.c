@@ -13,6 +13,8 @@ static void usage(FILE *out)
                  "  info       describe a GGUF model file (quern info --help)\n"
                  "  bench      measure throughput and latency (quern bench --help)\n"
                  "  serve      run the OpenAI-compatible HTTP server (quern serve --help)\n"
+                 "  quantize   rewrite a GGUF model in Q8_0/Q4_0/Q4_1 (quern quantize --help)\n"
+                 "  eval       perplexity and KL divergence over a text (quern eval --help)\n"
                  "\n"
                  "exit codes: 0 ok, 1 runtime error, 2 bad usage\n");
 }
@@ -32,6 +34,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cli_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cli_eval(argc - 1, argv + 1);
     fprintf(stderr, "quern: unknown command '%s'\n", cmd);
     usage(stderr);
     return EXIT_USAGE;

@@ -16,18 +16,29 @@
 # ceiling uses bandwidth measured on a buffer the size of those bytes, which counts what the
 # L3 cache holds between tokens.
 #
-#   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--raw DIR] [--no-bw]
+# Shared machines: before each run it waits (up to --idle-wait S, default 60) for the CPUs to
+# be idle, and it reports the CPU time other processes took during each run ("others %", of
+# all cores); with --rounds N it runs everything N times and keeps each cell's best round.
+#
+# The quern binary is copied at the start, so a rebuild of build/ during the run does not mix
+# two builds into one table. --quern-args adds flags to quern bench (e.g. "--precision q8").
+#
+#   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--rounds N]
+#                              [--idle-wait S] [--quern-args "ARGS"] [--raw DIR] [--no-bw]
 #                              [MODEL.gguf ...]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it).
 # Make the Q8_0/Q4_0 files first with tools/make-bench-models.sh.
 set -euo pipefail
 
+# One function, parsed whole before it runs: editing this file mid-run cannot derail a run.
+main() {
+
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUERN=${QUERN:-$ROOT/build/server/quern}
 LLAMA_BIN=${LLAMA_BIN:-$ROOT/third_party/llama.cpp/build/bin}
-reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1
+reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1 rounds=1 idle_wait=60 quern_args=""
 models=()
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -r|--reps) reps=$2; shift 2 ;;
@@ -35,6 +46,9 @@ while [[ $# -gt 0 ]]; do
         --tg) tg=$2; shift 2 ;;
         -t|--threads) threads=$2; shift 2 ;;
         --raw) raw=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
+        --idle-wait) idle_wait=$2; shift 2 ;;
+        --quern-args) quern_args=$2; shift 2 ;;
         --no-bw) do_bw=0; shift ;;
         -h|--help) usage 0 ;;
         -*) echo "bench-vs-llamacpp: unknown option '$1'" >&2; usage ;;
@@ -52,8 +66,40 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+cp "$QUERN" "$work/quern"
+quern_rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty')"
+quern_built=$(date -r "$QUERN" '+%F %T')
+QUERN=$work/quern
+read -r -a qargs <<<"$quern_args"
 [[ -z "$raw" ]] || mkdir -p "$raw"
 log() { echo "bench-vs-llamacpp: $*" >&2; }
+ncpu=$(nproc)
+
+# cpu_busy: busy and total jiffies of all CPUs so far (/proc/stat)
+cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# wait_idle: until the CPUs were < 10% busy over half a second, at most $idle_wait seconds
+wait_idle() {
+    local a b c d i
+    for ((i = 0; i < idle_wait * 2; i++)); do
+        read -r a b < <(cpu_busy); sleep 0.5; read -r c d < <(cpu_busy)
+        if (( (c - a) * 10 < (d - b) )); then return 0; fi
+    done
+    log "CPUs still busy after ${idle_wait}s; measuring anyway"
+}
+# measure OUT ERR CMD...: waits for idle, runs CMD >OUT 2>ERR and sets $others to the % of all
+# cores' time that other processes used while it ran
+others=""
+measure() {
+    local out=$1 err=$2 b0 t0 b1 t1 w0 w1 tf
+    shift 2
+    wait_idle
+    tf=$work/time.$$
+    read -r b0 t0 < <(cpu_busy); w0=$EPOCHREALTIME
+    { TIMEFORMAT='%U %S'; time "$@" >"$out" 2>"$err"; } 2>"$tf" || true
+    read -r b1 t1 < <(cpu_busy); w1=$EPOCHREALTIME
+    others=$(awk -v b="$((b1 - b0))" -v hz="$(getconf CLK_TCK)" -v w0="$w0" -v w1="$w1" -v n="$ncpu" \
+        '{ own = $1 + $2 } END { o = (b / hz - own) / ((w1 - w0) * n) * 100; printf "%.0f", o < 0 ? 0 : o }' "$tf")
+}
 
 # ---- GGUF: bytes read per generated token (stdlib only) ----
 cat >"$work/gguf_bpt.py" <<'PY'
@@ -195,6 +241,7 @@ int main(int argc, char **argv) {
 C
     gcc -O2 -march=native -pthread -o "$work/membw" "$work/membw.c"
     for t in $threads; do
+        wait_idle
         bw_dram[$t]=$("$work/membw" "$t" 1024 10)
         log "read bandwidth, $t thread(s), 1 GiB buffer: ${bw_dram[$t]} GB/s"
         for f in "${models[@]}"; do
@@ -231,31 +278,47 @@ except Exception:
     fail()
 PY
 }
-declare -A res
+declare -A res oth
 llama_commit="" llama_cpu=""
+# better NEW OLD WHICH(2|4: pp|tg field): true when result NEW beats OLD (errors lose)
+better() {
+    [[ $1 == ERR* ]] && return 1
+    [[ -z $2 || $2 == ERR* ]] && return 0
+    awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " "); exit !(x[1] + x[3] > y[1] + y[3]) }'
+}
 n=0
-for f in "${models[@]}"; do
-    for t in $threads; do
-        n=$((n + 1))
-        tag=$(basename "$f" .gguf).t$t
-        log "[$n] quern     $(basename "$f") threads=$t"
-        "$QUERN" bench --model "$f" --pp "$pp" --tg "$tg" --threads "$t" --reps "$reps" --json \
-            >"$work/$tag.quern.json" 2>"$work/$tag.quern.err" || true
-        res[$f,$t,quern]=$(cell "$work/$tag.quern.json" "$work/$tag.quern.err" quern)
-        log "    -> ${res[$f,$t,quern]}"
-        log "[$n] llama.cpp $(basename "$f") threads=$t"
-        "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json \
-            >"$work/$tag.llama.json" 2>"$work/$tag.llama.err" || true
-        res[$f,$t,llama]=$(cell "$work/$tag.llama.json" "$work/$tag.llama.err" llama)
-        log "    -> ${res[$f,$t,llama]}"
-        if [[ -z "$llama_commit" ]]; then
-            read -r llama_commit llama_cpu < <(python3 -c '
+for ((round = 1; round <= rounds; round++)); do
+    for f in "${models[@]}"; do
+        for t in $threads; do
+            n=$((n + 1))
+            tag=$(basename "$f" .gguf).t$t.r$round
+            for prog in quern llama; do
+                log "[$n] round $round: $prog $(basename "$f") threads=$t"
+                if [[ $prog == quern ]]; then
+                    measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
+                        "$QUERN" bench --model "$f" --pp "$pp" --tg "$tg" --threads "$t" --reps "$reps" --json "${qargs[@]}"
+                else
+                    measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
+                        "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json
+                fi
+                r=$(cell "$work/$tag.$prog.json" "$work/$tag.$prog.err" "$prog")
+                log "    -> $r  (others used ${others}% of the CPUs)"
+                # pp and tg of one program come from the same round: the one with the best sum
+                if better "$r" "${res[$f,$t,$prog]:-}"; then
+                    res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others
+                elif [[ -z ${res[$f,$t,$prog]:-} ]]; then
+                    res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others
+                fi
+            done
+            if [[ -z "$llama_commit" ]]; then
+                read -r llama_commit llama_cpu < <(python3 -c '
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))[0]; print(d.get("build_commit", "?"), d.get("cpu_info", "?"))
 except Exception: print("? ?")' "$work/$tag.llama.json") || true
-        fi
-        [[ -z "$raw" ]] || cp "$work/$tag".* "$raw"/
+            fi
+            [[ -z "$raw" ]] || cp "$work/$tag".* "$raw"/
+        done
     done
 done
 
@@ -274,20 +337,20 @@ val() { # val "RESULT" which: the mean or empty
 }
 ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }' || echo "-"; }
 
-echo "## quern vs llama.cpp — single stream, pp$pp / tg$tg, $reps reps (mean ± sd, tokens/s)"
+echo "## quern vs llama.cpp — single stream, pp$pp / tg$tg, $reps reps (mean ± sd, tokens/s), best of $rounds round(s)"
 echo
-echo "quern: git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty');" \
+echo "quern: git $quern_rev, binary built $quern_built, bench args '${quern_args:-(defaults)}';" \
      "llama.cpp: build_commit ${llama_commit:-?} (third_party/llama.cpp/.llama-cpp-commit: $(cat "$ROOT/third_party/llama.cpp/.llama-cpp-commit" 2>/dev/null || echo '?'));" \
      "CPU: ${llama_cpu:-?}, $(nproc) cores"
 echo
-echo "| type | threads | test | quern t/s | llama.cpp t/s | quern/llama.cpp |"
-echo "|---|---|---|---|---|---|"
+echo "| type | threads | test | quern t/s | llama.cpp t/s | quern/llama.cpp | others % (quern / llama.cpp run) |"
+echo "|---|---|---|---|---|---|---|"
 for f in "${models[@]}"; do
     for t in $threads; do
         for w in pp tg; do
             q=${res[$f,$t,quern]} l=${res[$f,$t,llama]}
             [[ $w == pp ]] && test=pp$pp || test=tg$tg
-            echo "| ${label[$f]} | $t | $test | $(fmt "$q" $w) | $(fmt "$l" $w) | $(ratio "$(val "$q" $w)" "$(val "$l" $w)") |"
+            echo "| ${label[$f]} | $t | $test | $(fmt "$q" $w) | $(fmt "$l" $w) | $(ratio "$(val "$q" $w)" "$(val "$l" $w)") | ${oth[$f,$t,quern]} / ${oth[$f,$t,llama]} |"
         done
     done
 done
@@ -315,3 +378,5 @@ if [[ $do_bw -eq 1 ]]; then
         done
     done
 fi
+}
+main "$@"

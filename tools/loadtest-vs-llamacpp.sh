@@ -7,13 +7,20 @@
 #   llama.cpp: llama-server -m FILE -t 2 -np 16 -c 16384 --host 127.0.0.1 --port P
 #   quern:     build/server/quern serve --model FILE --host 127.0.0.1 --port Q
 # and prints requests/s, output tokens/s and TTFT/latency p50 for each, with quern/llama.cpp
-# ratios (means over the rounds).
+# ratios (means over the rounds). Each server gets 2 short warm-up requests first. On a shared
+# machine it waits (up to IDLE_WAIT s, default 60) for idle CPUs before each measurement and
+# reports the % of all cores' time other processes took during it ("others %").
 #
 #   tools/loadtest-vs-llamacpp.sh [-n REQUESTS] [-c CONCURRENCY] [-t MAX_TOKENS] [--rounds R]
 #                                 [--chat] [--logs DIR] [MODEL.gguf]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-server; tools/build-llamacpp.sh),
-#      QUERN_SERVE_ARGS / LLAMA_SERVER_ARGS (extra flags, word-split), THREADS (default 2).
+#      QUERN_SERVE_ARGS / LLAMA_SERVER_ARGS (extra flags, word-split; e.g. QUERN_SERVE_ARGS=
+#      "--precision q8"), THREADS (default 2),
+#      IDLE_WAIT (default 60).
 set -euo pipefail
+
+# One function, parsed whole before it runs: editing this file mid-run cannot derail a run.
+main() {
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUERN=${QUERN:-$ROOT/build/server/quern}
@@ -22,7 +29,7 @@ THREADS=${THREADS:-2}
 LOADTEST=$ROOT/tools/loadtest.sh
 n=64 c=16 t=128 rounds=1 chat=() logs=""
 model=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -n) n=$2; shift 2 ;;
@@ -37,6 +44,21 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 log() { echo "loadtest-vs-llamacpp: $*" >&2; }
+IDLE_WAIT=${IDLE_WAIT:-60}
+ncpu=$(nproc)
+# cpu_busy: busy and total jiffies of all CPUs so far (/proc/stat)
+cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# wait_idle: until the CPUs (a server idling counts) were < 10% busy over half a second
+wait_idle() {
+    local a b c d i
+    for ((i = 0; i < IDLE_WAIT * 2; i++)); do
+        read -r a b < <(cpu_busy); sleep 0.5; read -r c d < <(cpu_busy)
+        if (( (c - a) * 10 < (d - b) )); then return 0; fi
+    done
+    log "CPUs still busy after ${IDLE_WAIT}s; measuring anyway"
+}
+# proc_jiffies PID: utime + stime of one process (the server: its threads included)
+proc_jiffies() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 [[ -f "$model" ]] || { log "no model $model"; exit 1; }
 [[ -x "$LOADTEST" ]] || { log "no $LOADTEST"; exit 1; }
 [[ -x "$LLAMA_BIN/llama-server" ]] || { log "no $LLAMA_BIN/llama-server (tools/build-llamacpp.sh)"; exit 1; }
@@ -92,25 +114,36 @@ stop_server() {
     server_pid=""
 }
 
-# run_one NAME ROUND: one server, one loadtest; appends "name rps tps ttft50 lat50 non200" to results
+# run_one NAME ROUND: one server, one loadtest; appends
+# "name rps tps ttft50 lat50 others% non200" to results
 run_one() {
-    local name=$1 r=$2 port out rc=0
+    local name=$1 r=$2 port out rc=0 b0 t0 b1 t1 s0 s1 own w0 w1 others
     port=$(free_port)
     log "round $r: $name on port $port"
-    start_server "$name" "$port" || { echo "$name - - - - startup-failed" >>"$work/results"; return 0; }
+    start_server "$name" "$port" || { echo "$name - - - - - startup-failed" >>"$work/results"; return 0; }
     out=$work/$name.r$r.txt
-    "$LOADTEST" -n "$n" -c "$c" -t "$t" -u "http://127.0.0.1:$port" "${chat[@]}" >"$out" 2>&1 || rc=$?
+    "$LOADTEST" -n 2 -c 1 -t 8 -u "http://127.0.0.1:$port" "${chat[@]}" >/dev/null 2>&1 || true
+    wait_idle
+    read -r b0 t0 < <(cpu_busy); s0=$(proc_jiffies "$server_pid"); w0=$EPOCHREALTIME
+    # bash's `times` would miss the server; count the loadtest client as "own" via time
+    { TIMEFORMAT='%U %S'; time "$LOADTEST" -n "$n" -c "$c" -t "$t" -u "http://127.0.0.1:$port" "${chat[@]}" \
+        >"$out" 2>&1; } 2>"$work/time" || rc=$?
+    read -r b1 t1 < <(cpu_busy); s1=$(proc_jiffies "$server_pid"); w1=$EPOCHREALTIME
+    others=$(awk -v b="$((b1 - b0))" -v s="$((s1 - s0))" -v hz="$(getconf CLK_TCK)" -v w0="$w0" \
+        -v w1="$w1" -v n="$ncpu" '{ own = $1 + $2 + s / hz }
+        END { o = (b / hz - own) / ((w1 - w0) * n) * 100; printf "%.0f", o < 0 ? 0 : o }' "$work/time")
+    log "others used ${others}% of the CPUs during the $name run"
     stop_server
     cat "$out" >&2
     [[ -z "$logs" ]] || cp "$out" "$work/$name.log" "$logs/" 2>/dev/null || true
-    awk -v name="$name" -v rc="$rc" '
+    awk -v name="$name" -v rc="$rc" -v oth="$others" '
         /requests\/s/      { rps = $2 }
         /output tokens\/s/ { tps = $3 }
         /^ *TTFT/          { ttft = $3 }
         /^ *latency/       { lat = $3 }
         /non-200/          { bad = $2 }
-        END { printf "%s %s %s %s %s %s\n", name, rps == "" ? "-" : rps, tps == "" ? "-" : tps,
-                     ttft == "" ? "-" : ttft, lat == "" ? "-" : lat, bad == "" ? "rc" rc : bad }' \
+        END { printf "%s %s %s %s %s %s %s\n", name, rps == "" ? "-" : rps, tps == "" ? "-" : tps,
+                     ttft == "" ? "-" : ttft, lat == "" ? "-" : lat, oth, bad == "" ? "rc" rc : bad }' \
         "$out" >>"$work/results"
 }
 
@@ -121,20 +154,23 @@ done
 
 echo "## serving: quern vs llama.cpp — $(basename "$model"), $n requests, concurrency $c, max_tokens $t, $THREADS threads, $rounds round(s)"
 echo
-echo "| server | requests/s | output tok/s | TTFT p50 s | latency p50 s | non-200 |"
-echo "|---|---|---|---|---|---|"
+echo "| server | requests/s | output tok/s | TTFT p50 s | latency p50 s | others % | non-200 |"
+echo "|---|---|---|---|---|---|---|"
 awk '
     function add(k, v) { if (v != "-") { s[$1, k] += v; m[$1, k]++ } }
-    { add("rps", $2); add("tps", $3); add("ttft", $4); add("lat", $5); bad[$1] = bad[$1] " " $6 }
+    { add("rps", $2); add("tps", $3); add("ttft", $4); add("lat", $5); oth[$1] = oth[$1] " " $6
+      bad[$1] = bad[$1] " " $7 }
     function avg(x, k) { return m[x, k] ? sprintf("%.3f", s[x, k] / m[x, k]) : "-" }
     END {
-        printf "| quern | %s | %s | %s | %s |%s |\n", avg("quern", "rps"), avg("quern", "tps"), avg("quern", "ttft"), avg("quern", "lat"), bad["quern"]
-        printf "| llama.cpp | %s | %s | %s | %s |%s |\n", avg("llama", "rps"), avg("llama", "tps"), avg("llama", "ttft"), avg("llama", "lat"), bad["llama"]
+        printf "| quern | %s | %s | %s | %s |%s |%s |\n", avg("quern", "rps"), avg("quern", "tps"), avg("quern", "ttft"), avg("quern", "lat"), oth["quern"], bad["quern"]
+        printf "| llama.cpp | %s | %s | %s | %s |%s |%s |\n", avg("llama", "rps"), avg("llama", "tps"), avg("llama", "ttft"), avg("llama", "lat"), oth["llama"], bad["llama"]
         r = "| quern/llama.cpp"
         split("rps tps ttft lat", ks, " ")
         for (i = 1; i <= 4; i++) {
             a = avg("quern", ks[i]); b = avg("llama", ks[i])
             r = r sprintf(" | %s", (a != "-" && b != "-" && b + 0 > 0) ? sprintf("%.2f", a / b) : "-")
         }
-        print r " | |"
+        print r " | | |"
     }' "$work/results"
+}
+main "$@"

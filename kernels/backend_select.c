@@ -1,0 +1,100 @@
+/* backend_select: `--device auto|cpu|cuda[:N]` (backend_select.h). */
+#include "backend_select.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef QUERN_HAVE_CUDA
+#include "cuda/backend_cuda.h"
+#endif
+
+int backend_device_parse(const char *device, enum backend_kind *kind, int *index,
+                         struct qerr *err)
+{
+    *kind = BACKEND_KIND_AUTO;
+    *index = 0;
+    if (!device || !*device || strcmp(device, "auto") == 0) return 0;
+    if (strcmp(device, "cpu") == 0) {
+        *kind = BACKEND_KIND_CPU;
+        return 0;
+    }
+    if (strncmp(device, "cuda", 4) == 0) {
+        const char *rest = device + 4;
+        *kind = BACKEND_KIND_CUDA;
+        if (!*rest) return 0;
+        if (*rest == ':' && rest[1] >= '0' && rest[1] <= '9') {
+            char *end;
+            errno = 0;
+            long v = strtol(rest + 1, &end, 10);
+            if (!*end && errno == 0 && v <= 1024) {
+                *index = (int)v;
+                return 0;
+            }
+        }
+    }
+    return qerr_set(err, QERR_INVALID, "--device '%s': want auto, cpu, cuda or cuda:N", device);
+}
+
+bool backend_have_cuda(void)
+{
+#ifdef QUERN_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+static bool force_cpu(void)
+{
+    const char *v = getenv("QUERN_FORCE_CPU");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static int create_cpu(int threads, enum matmul_precision precision, const char *why,
+                      struct backend **out, struct qerr *err)
+{
+    struct backend_cpu_opts o = {.n_threads = threads, .precision = precision, .isa = CPU_ISA_AUTO};
+    int rc = backend_cpu_create(&o, out, err);
+    if (rc) return rc;
+    err->code = 0;
+    snprintf(err->msg, sizeof err->msg, "cpu%s%.480s%s", why ? " (" : "", why ? why : "",
+             why ? ")" : "");
+    return 0;
+}
+
+int backend_create_auto(const char *device, int threads, enum matmul_precision precision,
+                        struct backend **out, struct qerr *err)
+{
+    struct qerr local = {0};
+    if (!err) err = &local;
+    *out = NULL;
+    enum backend_kind kind;
+    int index;
+    int rc = backend_device_parse(device, &kind, &index, err);
+    if (rc) return rc;
+    if (force_cpu()) return create_cpu(threads, precision, "QUERN_FORCE_CPU is set", out, err);
+    if (kind == BACKEND_KIND_CPU) return create_cpu(threads, precision, NULL, out, err);
+#ifdef QUERN_HAVE_CUDA
+    struct backend_cuda_opts co = {.device = index, .precision = precision};
+    struct qerr cerr = {0};
+    rc = backend_cuda_create(&co, out, &cerr);
+    if (rc == 0) {
+        err->code = 0;
+        snprintf(err->msg, sizeof err->msg, "%s", backend_cuda_describe(*out));
+        return 0;
+    }
+    if (kind == BACKEND_KIND_CUDA) return qerr_set(err, rc, "%s", cerr.msg);
+    char why[sizeof cerr.msg];
+    snprintf(why, sizeof why, "auto: %.490s", cerr.msg);
+    return create_cpu(threads, precision, why, out, err);
+#else
+    if (kind == BACKEND_KIND_CUDA)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "--device %s: this build has no CUDA backend (nvcc was not found, or "
+                        "-Dcuda=disabled)",
+                        device);
+    return create_cpu(threads, precision, "auto: built without CUDA", out, err);
+#endif
+}

@@ -1,0 +1,35 @@
+/* backend_select: picks and creates the compute backend a `--device` string names.
+ *
+ *   auto     the CUDA backend on device 0 when this build has it (QUERN_HAVE_CUDA) and a device
+ *            is usable; otherwise the CPU backend. A missing driver, no GPU, a too-old GPU or a
+ *            CUDA start-up failure all lead to the CPU, never to an error.
+ *   cpu      the CPU backend (`threads` workers, 0: all CPUs).
+ *   cuda     the CUDA backend on device 0; cuda:N on device N. An error when it cannot start.
+ *
+ * $QUERN_FORCE_CPU=1 makes every choice the CPU (a debug switch, as calm's).
+ *
+ * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
+ * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB", or "cpu (auto: cuda: no
+ * usable device: CUDA driver version is insufficient for CUDA runtime version ...)". */
+#ifndef QUERN_BACKEND_SELECT_H
+#define QUERN_BACKEND_SELECT_H
+
+#include "backend.h"
+
+enum backend_kind {
+    BACKEND_KIND_AUTO = 0,
+    BACKEND_KIND_CPU = 1,
+    BACKEND_KIND_CUDA = 2,
+};
+
+/* Parses "auto" (also NULL or ""), "cpu", "cuda" or "cuda:N" (N a decimal ordinal). */
+int backend_device_parse(const char *device, enum backend_kind *kind, int *index,
+                         struct qerr *err);
+
+/* True when this build contains the CUDA backend. */
+bool backend_have_cuda(void);
+
+int backend_create_auto(const char *device, int threads, enum matmul_precision precision,
+                        struct backend **out, struct qerr *err);
+
+#endif

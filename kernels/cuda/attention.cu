@@ -1,0 +1,137 @@
+/* attention: causal attention over the paged KV cache, one thread block per (token, head).
+ *
+ * DESIGN
+ * The block's 4 warps split the context 0..pos into chunks of 32 positions, dealt round-robin
+ * (warp w takes chunks w, w + 4, ...). For a chunk, lane l scores position 32c + l (its K row
+ * read through the block table, a dot product with q from shared memory in order d = 0..hd-1),
+ * the warp takes the chunk's max, rescales its running sum and output (online softmax, as
+ * ref_attention_one), then adds the chunk's 32 weighted V rows with lane l owning dims l, l + 32,
+ * ... (coalesced V reads). At the end the 4 partial (max, sum, output) are merged in warp order.
+ *
+ * Every choice (chunking, the warp of a chunk, the lane of a position, the merge order) depends
+ * only on the token's position, never on n_tokens or on the other tokens of the batch, so a
+ * token's output is bit-identical alone and inside any batch. GQA: head h reads kv head
+ * h / (n_heads / n_kv_heads); the heads of a group re-read the same K/V, which L2 serves.
+ *
+ * Not yet: a split of long contexts over several blocks (FlashDecoding) for decode batches too
+ * small to fill the GPU, a tiled prefill kernel sharing K/V tiles among a chunk's queries, and an
+ * fp16 KV cache (the contract's cache is fp32). */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define ATT_WARPS 4
+#define ATT_DIMS_PER_LANE (CUDA_MAX_HEAD_DIM / 32)
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention_kernel(float *out, const float *q, const float *kc, const float *vc,
+                     const int32_t *pos, const int32_t *seq, const int32_t *table, int max_blocks,
+                     int bs, int n_heads, int n_kv_heads, int hd, float scale)
+{
+    __shared__ float q_s[CUDA_MAX_HEAD_DIM];
+    __shared__ float acc_s[ATT_WARPS][CUDA_MAX_HEAD_DIM];
+    __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kv_dim = n_kv_heads * hd;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int p = pos[t];
+    const int32_t *tbl = table + (size_t)seq[t] * (size_t)max_blocks;
+    const float *qh = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[d] = qh[d];
+    __syncthreads();
+
+    const bool vec = (hd & 3) == 0;
+    float m = -INFINITY, l = 0;
+    float acc[ATT_DIMS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] = 0;
+
+    for (int c0 = warp * 32; c0 <= p; c0 += ATT_WARPS * 32) {
+        const int j = c0 + lane;
+        const bool valid = j <= p;
+        int64_t slot = 0;
+        float sc = -INFINITY;
+        if (valid) {
+            slot = (int64_t)tbl[j / bs] * bs + j % bs;
+            const float *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
+            float dot = 0;
+            if (vec) {
+                for (int d = 0; d < hd; d += 4) {
+                    float4 k4 = *(const float4 *)(kj + d);
+                    dot = fmaf(q_s[d], k4.x, dot);
+                    dot = fmaf(q_s[d + 1], k4.y, dot);
+                    dot = fmaf(q_s[d + 2], k4.z, dot);
+                    dot = fmaf(q_s[d + 3], k4.w, dot);
+                }
+            } else {
+                for (int d = 0; d < hd; d++) dot = fmaf(q_s[d], kj[d], dot);
+            }
+            sc = dot * scale;
+        }
+        const float cmax = warp_max(sc);
+        const float m_new = fmaxf(m, cmax);
+        const float corr = expf(m - m_new); /* 0 for the first chunk (m = -inf) */
+        const float pl = valid ? expf(sc - m_new) : 0.0f;
+        l = l * corr + warp_sum(pl);
+#pragma unroll
+        for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] *= corr;
+        const int cnt = min(32, p - c0 + 1);
+        for (int jj = 0; jj < cnt; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, pl, jj);
+            const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
+            const float *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
+#pragma unroll
+            for (int i = 0; i < ATT_DIMS_PER_LANE; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) acc[i] = fmaf(pj, vj[d], acc[i]);
+            }
+        }
+        m = m_new;
+    }
+
+    /* merge the warps' partials in warp order */
+#pragma unroll
+    for (int i = 0; i < ATT_DIMS_PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < hd) acc_s[warp][d] = acc[i];
+    }
+    if (lane == 0) {
+        m_s[warp] = m;
+        l_s[warp] = l;
+    }
+    __syncthreads();
+    float mt = m_s[0];
+    for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+    float den = 0, f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
+        den = fmaf(l_s[w], f[w], den);
+    }
+    float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float num = 0;
+        for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+        oh[d] = num / den;
+    }
+}
+
+void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
+                       const float *v_cache, const struct attn_batch *b,
+                       const struct attn_shape *s)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (b->n_tokens <= 0) return;
+    if (s->head_dim < 1 || s->head_dim > CUDA_MAX_HEAD_DIM || s->n_kv_heads < 1 ||
+        s->n_heads % s->n_kv_heads || s->n_heads > 65535) {
+        cuda_fail(c, QERR_INVALID, "cuda: attention: %d heads, %d kv heads, head_dim %d",
+                  s->n_heads, s->n_kv_heads, s->head_dim);
+        return;
+    }
+    cuda_use_device(c);
+    dim3 grid((unsigned)b->n_tokens, (unsigned)s->n_heads);
+    attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+        out, q, k_cache, v_cache, b->pos, b->seq, b->block_table, b->max_blocks, b->block_size,
+        s->n_heads, s->n_kv_heads, s->head_dim, s->scale);
+    CUDA_LAUNCHED(c, "attention_kernel");
+}

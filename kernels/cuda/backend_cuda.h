@@ -1,0 +1,64 @@
+/* backend_cuda: the CUDA implementation of kernels/backend.h (issue 6).
+ *
+ * Built only when meson finds nvcc (QUERN_HAVE_CUDA); callers that may run without it go through
+ * kernels/backend_select.h. Every entry point is C; the kernels live in these .cu files:
+ *   backend_cuda.cu  context, buffers, the ops table, errors
+ *   matmul_q.cu      weight upload (cuda_pack.h layout) and the dequant-fused GEMV / cuBLAS GEMM
+ *   attention.cu     paged attention
+ *   elementwise.cu   embed, rmsnorm, add, rope, kv_write, get_rows, silu_mul, activation quantization
+ *
+ * Ops enqueue on the backend's stream and return; buf_read and sync wait. Ops return no status
+ * (the contract is void): the first CUDA error an op meets is kept and reported by
+ * backend_cuda_status, and after it buf_read fills its destination with NaN bytes (0xff) so a
+ * failed step never looks like a valid one. */
+#ifndef QUERN_BACKEND_CUDA_H
+#define QUERN_BACKEND_CUDA_H
+
+#include <stddef.h>
+
+#include "../backend.h"
+
+struct backend_cuda_opts {
+    int device; /* CUDA device ordinal */
+    /* MATMUL_F32: fp32 activations, weights dequantized in registers, fp32 FMA.
+     * MATMUL_Q8: activations quantized per 32-block to int8 exactly as ref_quantize_q8 does,
+     * integer dot products (dp4a) per block, fp32 accumulation across blocks. */
+    enum matmul_precision precision;
+    /* Tokens one matmul pass takes (the per-step arena is sized for this many tokens of the
+     * widest weight); larger batches run in passes. 0: 1024. */
+    int max_tokens;
+    /* Batches of at least this many tokens run the cuBLAS fp16 GEMM over a persistent fp16 copy of
+     * every weight (more memory, tensor cores). That path is NOT batch-invariant: a token's
+     * logits then depend on how many tokens share its step. 0: never (the default; every batch
+     * size runs the batch-invariant GEMV kernels). Ignored when built without cuBLAS. */
+    int gemm_min_tokens;
+};
+
+/* 0 when device `device` is usable by this build's kernels (present, compute capability 8.0 or
+ * newer), with its description in desc ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") when desc is
+ * not NULL. QERR_UNSUPPORTED when no device is usable (no driver, no GPU, too old), naming the
+ * reason; QERR_INVALID when the ordinal is out of range. Never exits. */
+int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err);
+
+int backend_cuda_create(const struct backend_cuda_opts *o, struct backend **out, struct qerr *err);
+
+/* The first CUDA error any op of this backend met (0 and err untouched when none). */
+int backend_cuda_status(struct backend *be, struct qerr *err);
+
+/* One line describing the device, as backend_cuda_probe gives it. */
+const char *backend_cuda_describe(const struct backend *be);
+
+/* Bytes of device memory the prepared copy of a weight occupies (packed quants, scales and the
+ * fp16 copy when the GEMM path keeps one); 0 when w is not prepared by a CUDA backend. */
+size_t backend_cuda_weight_bytes(const struct bweight *w);
+
+/* Switches the matmul precision of a created backend (prepared weights serve both). Between
+ * steps only. QERR_INVALID for an unknown precision. */
+int backend_cuda_set_precision(struct backend *be, enum matmul_precision p, struct qerr *err);
+
+/* Device-to-device copy bandwidth over a buffer of `bytes` (bytes read plus bytes written per
+ * second, best of `iters` copies): the ceiling the GEMV numbers are compared with. */
+int backend_cuda_copy_bandwidth(struct backend *be, size_t bytes, int iters, double *gbps,
+                                struct qerr *err);
+
+#endif

@@ -1,0 +1,171 @@
+/* cuda_common: what the CUDA backend's .cu files share: the context, error checking, the view of
+ * a prepared weight, warp reductions and the launchers each file defines for the others.
+ *
+ * C-style CUDA: structs and functions; templates only for compile-time tile sizes and weight
+ * types (register arrays need constant indices). Entry points other translation units call from
+ * C are in backend_cuda.h (extern "C"). */
+#ifndef QUERN_CUDA_COMMON_CUH
+#define QUERN_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+#ifdef QUERN_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
+
+/* the C headers pin block layouts with C11's _Static_assert, which C++ spells static_assert */
+#define _Static_assert static_assert
+extern "C" {
+#include "../backend.h"
+#include "backend_cuda.h"
+#include "cuda_pack.h"
+}
+#undef _Static_assert
+
+#define CUDA_MAX_HEAD_DIM 512 /* as the reference (ref_attention_one) allows */
+#define CUDA_MAX_ROPE_PAIRS (CUDA_MAX_HEAD_DIM / 2)
+
+/* 1/freq of every rotated pair, computed on the host exactly as ref_rope computes it and passed
+ * to the kernel by value (2 KiB of the 4 KiB parameter space). */
+struct rope_freqs {
+    double inv[CUDA_MAX_ROPE_PAIRS];
+};
+
+struct cuda_ctx {
+    int device;
+    enum matmul_precision precision;
+    int max_tokens;      /* tokens per matmul pass */
+    int gemm_min_tokens; /* 0: the cuBLAS path is off */
+    bool sync_launch;    /* $QUERN_SYNC_LAUNCH: wait after every op, to pin an error on it */
+    cudaStream_t stream;
+    char desc[160];
+#ifdef QUERN_HAVE_CUBLAS
+    cublasHandle_t cublas;
+    void *cublas_ws; /* given to cuBLAS so it never allocates inside a step */
+    size_t cublas_ws_bytes;
+#endif
+    /* Per-step arena, sized at weight_prepare (load time) for max_tokens tokens of the widest
+     * weight; the matmul carves it per call into (all [tokens][...]):
+     *   Q8 activations: q int8 [cols], d float [nb], s float [nb], sum int32 [nb]
+     *   or an fp16 copy of x [cols] (cuBLAS path), or an aligned fp32 copy of x [cols] */
+    void *arena;
+    size_t arena_bytes;
+    int64_t arena_cols;
+    /* the rope frequencies of the last (base, rot_dim) seen */
+    float rope_base;
+    int rope_rot;
+    struct rope_freqs rope;
+    /* the first error an op met */
+    int err_code;
+    char err_msg[384];
+};
+
+/* A prepared weight (bweight.impl): its layout and the device copy, one allocation. */
+struct cuda_weight {
+    struct cuda_pack_layout L;
+    uint8_t *dev;  /* L.total bytes */
+    __half *f16;   /* [rows][cols] dequantized copy for the cuBLAS path, or NULL */
+};
+
+static inline struct cuda_ctx *cuda_ctx_of(const struct backend *be)
+{
+    return (struct cuda_ctx *)be->ctx;
+}
+
+/* Records the first failure (later ones are dropped) and returns false when e is an error. */
+bool cuda_check(struct cuda_ctx *c, cudaError_t e, const char *what, const char *file, int line);
+#define CUDA_OK(c, call) cuda_check((c), (call), #call, __FILE__, __LINE__)
+/* After a launch: the launch error, and with $QUERN_SYNC_LAUNCH the execution error too. */
+void cuda_launched(struct cuda_ctx *c, const char *kernel, const char *file, int line);
+#define CUDA_LAUNCHED(c, kernel) cuda_launched((c), (kernel), __FILE__, __LINE__)
+/* Records a failure that is not a CUDA error (a bad argument). */
+void cuda_fail(struct cuda_ctx *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Makes the backend's device current on the calling thread (the engine runs ops on its own). */
+void cuda_use_device(struct cuda_ctx *c);
+/* Grows the per-step arena to hold max_tokens tokens of a weight with `cols` columns. Load time
+ * only (it may cudaMalloc). */
+int cuda_arena_reserve(struct cuda_ctx *c, int64_t cols, struct qerr *err);
+/* Bytes the arena needs per token for a weight of `cols` columns. */
+size_t cuda_arena_token_bytes(int64_t cols);
+
+/* ---- warp reductions (xor butterflies: every lane ends with the same bits) ---- */
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float fp16_bits_to_f32(uint32_t h)
+{
+    return __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h)
+{
+    return __uint_as_float((h & 0xffffu) << 16);
+}
+
+/* ---- ops (the backend_ops slots), defined in the file named ---- */
+
+/* matmul_q.cu */
+int cuda_op_weight_prepare(struct backend *be, struct bweight *w, struct qerr *err);
+void cuda_op_weight_release(struct backend *be, struct bweight *w);
+void cuda_op_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y);
+
+/* elementwise.cu */
+void cuda_op_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
+                   float *out);
+void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
+                     int dim, float eps);
+void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);
+void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
+                  int head_dim, int rot_dim, float freq_base);
+void cuda_op_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+                      const float *v, const struct attn_batch *b, int kv_dim);
+void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
+                      int dim);
+void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+
+/* attention.cu */
+void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
+                       const float *v_cache, const struct attn_batch *b,
+                       const struct attn_shape *s);
+
+/* ---- launchers shared between files (elementwise.cu) ---- */
+
+/* Quantizes x[n][cols] per 32-block as ref_quantize_q8 does (bit for bit). */
+void cuda_quantize_q8(struct cuda_ctx *c, const float *x, int n, int64_t cols, int8_t *q,
+                      float *d, float *s, int32_t *sum);
+/* dst[i] = fp16(src[i]), round to nearest even. */
+void cuda_f32_to_f16(struct cuda_ctx *c, const float *src, __half *dst, size_t n);
+/* Dequantizes a whole prepared weight to fp16 [rows][cols]. */
+void cuda_weight_to_f16(struct cuda_ctx *c, const struct cuda_weight *w, __half *dst);
+
+#endif

@@ -1,0 +1,621 @@
+/* matmul_q: weight upload and y[n][rows] = x[n][cols] W^T on the GPU.
+ *
+ * DESIGN
+ * Weights are packed on the host (cuda_pack.h: quants and scales as separate arrays over
+ * (row, 32-block)) and uploaded once at weight_prepare. Three paths:
+ *
+ * 1. GEMV, MATMUL_F32 (any weight type): a warp owns GEMV_ROWS rows and a tile of T <= 8 tokens.
+ *    Lane l takes the row's 32-blocks l, l + 32, ...: one 16-byte load of quants (two for Q8_0)
+ *    and one scale per row and block, 32 lanes reading 512 contiguous bytes. The block is
+ *    dequantized in registers (nibble - 8, nibble, int8 as small exact floats), dotted with the
+ *    token's 32 fp32 activations (float4 loads), and folded into the lane's sum with one fma per
+ *    block by the block's scale. Float weights (F32/F16/BF16, rows padded to 8) go 8 elements per
+ *    lane and step the same way.
+ * 2. GEMV, MATMUL_Q8 (Q4_0, Q4_1, Q8_0): the activations are first quantized per 32-block to
+ *    int8 exactly as ref_quantize_q8 (into the arena); a block's dot product is exact in integers
+ *    (dp4a), then acc = fma(dw * dx, isum, acc) (+ fma(m, s, acc) for Q4_1) as ref_dot_q8.
+ *    This is the fast decode path: a lane reads 18-34 bytes of weight and 32 bytes of activation
+ *    per block and token.
+ *    In both GEMV paths each (row, token) is reduced by the same lane sums in the same order
+ *    followed by the same xor butterfly, whatever T, the tile, or n: batch-invariant. Batches
+ *    larger than 8 tokens run as tiles of 8 (grid.y), each re-reading the weight (from L2 when it
+ *    fits), so prefill costs more passes over the weight than a GEMM would.
+ * 3. GEMM, cuBLAS (opt-in: backend_cuda_opts.gemm_min_tokens): for batches of at least that many
+ *    tokens, x is converted to fp16 and cublasGemmEx multiplies it with a persistent fp16 copy of
+ *    the weight (dequantized once at load; +2 bytes per weight of device memory), fp32 accumulate,
+ *    tensor cores. cuBLAS picks its kernel (and split) by shape, so this path is NOT
+ *    batch-invariant; and it rounds activations to fp16. That is why it is off by default: the
+ *    contract (kernels/backend.h) is batch invariance, and the GEMV tiles keep it for every n. A
+ *    dequant-in-shared-memory tensor-core GEMM with a fixed k order (Marlin-style) would give
+ *    both; it is the next step (issue 6).
+ *
+ * Reduction order differs from the CPU's (kernels/cpu/ref.c sums 16 interleaved lanes), so the
+ * CUDA result equals the reference within the normalized tolerance of the conformance test, not
+ * bit for bit; the integer parts of the Q8 path are exact. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+#define GEMV_WARPS 4 /* warps per block */
+#define GEMV_ROWS 2  /* rows per warp */
+#define GEMV_TILE 8  /* the largest token tile */
+
+static inline bool is_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* ---- per-block helpers ---- */
+
+#define MAGIC_2P23 8388608.0f /* 2^23: a float whose low mantissa bits hold a small integer */
+
+/* Element e of a packed block as an exact float, with full-rate integer and add instructions
+ * (no int-to-float conversion): 2^23 + v is exact, and so is subtracting 2^23 + offset. */
+__device__ __forceinline__ float nib_at(uint32_t word, int shift, float off)
+{
+    return __int_as_float(0x4b000000u | ((word >> shift) & 15u)) - off;
+}
+
+__device__ __forceinline__ float i8_at(uint32_t word, int shift)
+{
+    return __int_as_float(0x4b000000u | (((word >> shift) & 0xffu) ^ 0x80u)) - (MAGIC_2P23 + 128.0f);
+}
+
+__device__ __forceinline__ uint32_t u4_word(const uint4 &v, int k)
+{
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+/* The 32 weights of one block, unscaled, in element order: Q4_0 nib - 8, Q4_1 nib, Q8_0 q.
+ * Byte j of a Q4 block holds element j (low nibble) and j + 16 (high nibble). */
+template <int QT>
+__device__ __forceinline__ void block_values(const uint4 &a, const uint4 &b, float *v)
+{
+#pragma unroll
+    for (int e = 0; e < QK; e++) {
+        if (QT == QTYPE_Q8_0) {
+            const uint32_t w = e < 16 ? u4_word(a, e / 4) : u4_word(b, (e - 16) / 4);
+            v[e] = i8_at(w, 8 * (e % 4));
+        } else {
+            const int j = e & 15;
+            const uint32_t w = u4_word(a, j / 4);
+            v[e] = nib_at(w, 8 * (j % 4) + (e < 16 ? 0 : 4),
+                          QT == QTYPE_Q4_0 ? MAGIC_2P23 + 8.0f : MAGIC_2P23);
+        }
+    }
+}
+
+/* ---- path 1: fp32 activations, quantized weights ---- */
+
+template <int QT, int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_f32_quant_kernel(const uint8_t *__restrict__ qs, const uint8_t *__restrict__ sc,
+                          int64_t rows, int64_t nb, const float *__restrict__ x, int n,
+                          float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.y * GEMV_WARPS + warp) * GEMV_ROWS;
+    if (r0 >= rows) return;
+    const int t0 = blockIdx.x * T, nt = min(T, n - t0);
+    const int64_t cols = nb * QK;
+    const float *xt = x + (size_t)t0 * (size_t)cols;
+    int64_t row[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) row[r] = min(r0 + r, rows - 1); /* clamped: loads stay in */
+    float acc[GEMV_ROWS][T];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+    for (int64_t b = lane; b < nb; b += 32) {
+        float wv[GEMV_ROWS][QK];
+        float d[GEMV_ROWS], mn[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const int64_t blk = row[r] * nb + b;
+            uint4 lo, hi;
+            if (QT == QTYPE_Q8_0) {
+                lo = *(const uint4 *)(qs + blk * QK);
+                hi = *(const uint4 *)(qs + blk * QK + 16);
+                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+                mn[r] = 0.0f;
+            } else {
+                lo = *(const uint4 *)(qs + blk * (QK / 2));
+                hi = lo;
+                if (QT == QTYPE_Q4_0) {
+                    d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+                    mn[r] = 0.0f;
+                } else {
+                    const uint32_t dm = ((const uint32_t *)sc)[blk];
+                    d[r] = fp16_bits_to_f32(dm);
+                    mn[r] = fp16_bits_to_f32(dm >> 16);
+                }
+            }
+            block_values<QT>(lo, hi, wv[r]);
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (t >= nt) break;
+            const float4 *xb = (const float4 *)(xt + (size_t)t * (size_t)cols + (size_t)b * QK);
+            float s[GEMV_ROWS], sx = 0.0f;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) s[r] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < QK / 4; k++) {
+                const float4 x4 = xb[k];
+                if (QT == QTYPE_Q4_1) sx += (x4.x + x4.y) + (x4.z + x4.w);
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    s[r] = fmaf(wv[r][4 * k], x4.x, s[r]);
+                    s[r] = fmaf(wv[r][4 * k + 1], x4.y, s[r]);
+                    s[r] = fmaf(wv[r][4 * k + 2], x4.z, s[r]);
+                    s[r] = fmaf(wv[r][4 * k + 3], x4.w, s[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                acc[r][t] = fmaf(d[r], s[r], acc[r][t]);
+                if (QT == QTYPE_Q4_1) acc[r][t] = fmaf(mn[r], sx, acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && t < nt && r0 + r < rows)
+                y[(size_t)(t0 + t) * (size_t)rows + (size_t)(r0 + r)] = v;
+        }
+}
+
+/* ---- path 1: fp32 activations, float weights (rows padded to 8 elements) ---- */
+
+__device__ __forceinline__ void load8(int FT, const uint8_t *vals, int64_t off, float *w)
+{
+    if (FT == QTYPE_F32) {
+        const float4 a = *(const float4 *)(vals + off * 4), b = *(const float4 *)(vals + off * 4 + 16);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+        const uint4 v = *(const uint4 *)(vals + off * 2);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (FT == QTYPE_F16) {
+                w[2 * i] = fp16_bits_to_f32(u[i]);
+                w[2 * i + 1] = fp16_bits_to_f32(u[i] >> 16);
+            } else {
+                w[2 * i] = bf16_bits_to_f32(u[i]);
+                w[2 * i + 1] = bf16_bits_to_f32(u[i] >> 16);
+            }
+        }
+    }
+}
+
+template <int FT, int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_f32_float_kernel(const uint8_t *__restrict__ vals, int64_t rows, int64_t cols,
+                          int64_t row_elems, const float *__restrict__ x, int n, bool xvec,
+                          float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.y * GEMV_WARPS + warp) * GEMV_ROWS;
+    if (r0 >= rows) return;
+    const int t0 = blockIdx.x * T, nt = min(T, n - t0);
+    const float *xt = x + (size_t)t0 * (size_t)cols;
+    int64_t row[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) row[r] = min(r0 + r, rows - 1);
+    float acc[GEMV_ROWS][T];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+    for (int64_t c8 = (int64_t)lane * 8; c8 < cols; c8 += 32 * 8) {
+        float w[GEMV_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) load8(FT, vals, row[r] * row_elems + c8, w[r]);
+        const bool full = c8 + 8 <= cols;
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (t >= nt) break;
+            const float *xr = xt + (size_t)t * (size_t)cols + (size_t)c8;
+            float xv[8];
+            if (full && xvec) {
+                const float4 a = *(const float4 *)xr, b = *(const float4 *)(xr + 4);
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) xv[e] = c8 + e < cols ? xr[e] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][t] = fmaf(w[r][e], xv[e], acc[r][t]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && t < nt && r0 + r < rows)
+                y[(size_t)(t0 + t) * (size_t)rows + (size_t)(r0 + r)] = v;
+        }
+}
+
+/* ---- path 2: int8 activations, quantized weights ---- */
+
+template <int QT, int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_q8_kernel(const uint8_t *__restrict__ qs, const uint8_t *__restrict__ sc, int64_t rows,
+                   int64_t nb, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                   const float *__restrict__ xs, const int32_t *__restrict__ xsum, int n,
+                   float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.y * GEMV_WARPS + warp) * GEMV_ROWS;
+    if (r0 >= rows) return;
+    const int t0 = blockIdx.x * T, nt = min(T, n - t0);
+    const int64_t cols = nb * QK;
+    int64_t row[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) row[r] = min(r0 + r, rows - 1);
+    float acc[GEMV_ROWS][T];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+
+    for (int64_t b = lane; b < nb; b += 32) {
+        uint4 wq[GEMV_ROWS], wq2[GEMV_ROWS];
+        float d[GEMV_ROWS], mn[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            const int64_t blk = row[r] * nb + b;
+            if (QT == QTYPE_Q8_0) {
+                wq[r] = *(const uint4 *)(qs + blk * QK);
+                wq2[r] = *(const uint4 *)(qs + blk * QK + 16);
+                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+                mn[r] = 0.0f;
+            } else if (QT == QTYPE_Q4_0) {
+                wq[r] = *(const uint4 *)(qs + blk * (QK / 2));
+                wq2[r] = wq[r];
+                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+                mn[r] = 0.0f;
+            } else {
+                wq[r] = *(const uint4 *)(qs + blk * (QK / 2));
+                wq2[r] = wq[r];
+                const uint32_t dm = ((const uint32_t *)sc)[blk];
+                d[r] = fp16_bits_to_f32(dm);
+                mn[r] = fp16_bits_to_f32(dm >> 16);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (t >= nt) break;
+            const size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            const int4 *qb = (const int4 *)(xq + (size_t)(t0 + t) * (size_t)cols + (size_t)b * QK);
+            const int4 q0 = qb[0], q1 = qb[1];
+            const int xw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+            const float dx = xd[tb];
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                int isum = 0;
+                if (QT == QTYPE_Q8_0) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        isum = __dp4a((int)(k < 4 ? u4_word(wq[r], k) : u4_word(wq2[r], k - 4)),
+                                      xw[k], isum);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const uint32_t wv = u4_word(wq[r], k);
+                        isum = __dp4a((int)(wv & 0x0f0f0f0fu), xw[k], isum);
+                        isum = __dp4a((int)((wv >> 4) & 0x0f0f0f0fu), xw[4 + k], isum);
+                    }
+                    if (QT == QTYPE_Q4_0) isum -= 8 * xsum[tb]; /* sum((nib - 8) q), exactly */
+                }
+                acc[r][t] = fmaf(__fmul_rn(d[r], dx), (float)isum, acc[r][t]);
+                if (QT == QTYPE_Q4_1) acc[r][t] = fmaf(mn[r], xs[tb], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && t < nt && r0 + r < rows)
+                y[(size_t)(t0 + t) * (size_t)rows + (size_t)(r0 + r)] = v;
+        }
+}
+
+/* ---- launchers ---- */
+
+/* The token tile of a launch: the smallest of 1, 2, 4, 8 that holds n (8 for larger n, as
+ * several tiles). The tile never changes a result, only how many tokens share a weight load. */
+static int tile_for(int n)
+{
+    return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+}
+
+/* x: token tiles (fastest, so the tiles of one row group run side by side and share its weight
+ * through L2), y: groups of GEMV_WARPS * GEMV_ROWS rows (at most 65535: 524280 rows). */
+static dim3 gemv_grid(int64_t rows, int n, int T)
+{
+    const int64_t rows_per_block = GEMV_WARPS * GEMV_ROWS;
+    return dim3((unsigned)((n + T - 1) / T),
+                (unsigned)((rows + rows_per_block - 1) / rows_per_block));
+}
+
+template <int QT, int T>
+static void launch_f32_quant_t(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                               int n, float *y)
+{
+    gemv_f32_quant_kernel<QT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
+        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, x, n, y);
+}
+
+template <int QT>
+static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                             int n, float *y)
+{
+    switch (tile_for(n)) {
+    case 1: launch_f32_quant_t<QT, 1>(c, w, x, n, y); break;
+    case 2: launch_f32_quant_t<QT, 2>(c, w, x, n, y); break;
+    case 4: launch_f32_quant_t<QT, 4>(c, w, x, n, y); break;
+    default: launch_f32_quant_t<QT, 8>(c, w, x, n, y); break;
+    }
+}
+
+template <int FT, int T>
+static void launch_f32_float_t(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                               int n, bool xvec, float *y)
+{
+    gemv_f32_float_kernel<FT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
+        w->dev + w->L.qs_off, w->L.rows, w->L.cols, w->L.row_elems, x, n, xvec, y);
+}
+
+template <int FT>
+static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                             int n, bool xvec, float *y)
+{
+    switch (tile_for(n)) {
+    case 1: launch_f32_float_t<FT, 1>(c, w, x, n, xvec, y); break;
+    case 2: launch_f32_float_t<FT, 2>(c, w, x, n, xvec, y); break;
+    case 4: launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y); break;
+    default: launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y); break;
+    }
+}
+
+/* Arena parts for Q8 activations of n tokens: q [n][cols], d, s [n][nb] float, sum [n][nb]. */
+struct q8_parts {
+    int8_t *q;
+    float *d, *s;
+    int32_t *sum;
+};
+
+static size_t up256(size_t v)
+{
+    return (v + 255) / 256 * 256;
+}
+
+static struct q8_parts q8_carve(struct cuda_ctx *c, int n, int64_t cols)
+{
+    size_t nb = (size_t)cols / QK, nt = (size_t)n;
+    struct q8_parts p;
+    uint8_t *a = (uint8_t *)c->arena;
+    p.q = (int8_t *)a;
+    a += up256(nt * (size_t)cols);
+    p.d = (float *)a;
+    a += up256(nt * nb * sizeof(float));
+    p.s = (float *)a;
+    a += up256(nt * nb * sizeof(float));
+    p.sum = (int32_t *)a;
+    return p;
+}
+
+template <int QT, int T>
+static void launch_q8_t(struct cuda_ctx *c, const struct cuda_weight *w, const struct q8_parts *p,
+                        int n, float *y)
+{
+    gemv_q8_kernel<QT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
+        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, p->q, p->d, p->s, p->sum,
+        n, y);
+}
+
+template <int QT>
+static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const struct q8_parts *p,
+                      int n, float *y)
+{
+    switch (tile_for(n)) {
+    case 1: launch_q8_t<QT, 1>(c, w, p, n, y); break;
+    case 2: launch_q8_t<QT, 2>(c, w, p, n, y); break;
+    case 4: launch_q8_t<QT, 4>(c, w, p, n, y); break;
+    default: launch_q8_t<QT, 8>(c, w, p, n, y); break;
+    }
+}
+
+#ifdef QUERN_HAVE_CUBLAS
+/* y[n][rows] = x[n][cols] W^T with W fp16 [rows][cols] row-major: in cuBLAS's column-major
+ * terms y^T (rows x n) = W (cols x rows, ld cols)^T * x^T (cols x n, ld cols). */
+static void gemm_cublas(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+                        float *y)
+{
+    __half *x16 = (__half *)c->arena;
+    cuda_f32_to_f16(c, x, x16, (size_t)n * (size_t)w->L.cols);
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t s = cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n,
+                                    (int)w->L.cols, &alpha, w->f16, CUDA_R_16F, (int)w->L.cols,
+                                    x16, CUDA_R_16F, (int)w->L.cols, &beta, y, CUDA_R_32F,
+                                    (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        cuda_fail(c, QERR_IO, "cuda: cublasGemmEx %lld x %lld x %d: %s", (long long)w->L.rows,
+                  (long long)w->L.cols, n, cublasGetStatusString(s));
+}
+#endif
+
+/* One pass of at most max_tokens tokens. */
+static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+                        float *y)
+{
+    const enum qtype t = w->L.type;
+#ifdef QUERN_HAVE_CUBLAS
+    if (w->f16 && c->gemm_min_tokens > 0 && n >= c->gemm_min_tokens) {
+        gemm_cublas(c, w, x, n, y);
+        CUDA_LAUNCHED(c, "cublasGemmEx");
+        return;
+    }
+#endif
+    if (c->precision == MATMUL_Q8 && cuda_pack_is_quant(t)) {
+        struct q8_parts p = q8_carve(c, n, w->L.cols);
+        cuda_quantize_q8(c, x, n, w->L.cols, p.q, p.d, p.s, p.sum);
+        switch (t) {
+        case QTYPE_Q4_0: launch_q8<QTYPE_Q4_0>(c, w, &p, n, y); break;
+        case QTYPE_Q4_1: launch_q8<QTYPE_Q4_1>(c, w, &p, n, y); break;
+        default: launch_q8<QTYPE_Q8_0>(c, w, &p, n, y); break;
+        }
+        CUDA_LAUNCHED(c, "gemv_q8_kernel");
+        return;
+    }
+    if (cuda_pack_is_quant(t)) {
+        /* float4 activation loads: a misaligned x (an offset the engine never passes) is copied
+         * into the arena first */
+        if (!is_aligned16(x)) {
+            float *xa = (float *)c->arena;
+            CUDA_OK(c, cudaMemcpyAsync(xa, x, (size_t)n * (size_t)w->L.cols * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, c->stream));
+            x = xa;
+        }
+        switch (t) {
+        case QTYPE_Q4_0: launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y); break;
+        case QTYPE_Q4_1: launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y); break;
+        default: launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y); break;
+        }
+        CUDA_LAUNCHED(c, "gemv_f32_quant_kernel");
+        return;
+    }
+    const bool xvec = w->L.cols % 4 == 0 && is_aligned16(x);
+    switch (t) {
+    case QTYPE_F32: launch_f32_float<QTYPE_F32>(c, w, x, n, xvec, y); break;
+    case QTYPE_F16: launch_f32_float<QTYPE_F16>(c, w, x, n, xvec, y); break;
+    default: launch_f32_float<QTYPE_BF16>(c, w, x, n, xvec, y); break;
+    }
+    CUDA_LAUNCHED(c, "gemv_f32_float_kernel");
+}
+
+void cuda_op_matmul(struct backend *be, const struct bweight *bw, const float *x, int n, float *y)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    const struct cuda_weight *w = (const struct cuda_weight *)bw->impl;
+    if (n <= 0) return;
+    if (!w) {
+        cuda_fail(c, QERR_INVALID, "cuda: matmul: weight not prepared");
+        return;
+    }
+    if ((w->L.rows + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS) > 65535) {
+        cuda_fail(c, QERR_UNSUPPORTED, "cuda: matmul: %lld rows (at most %d)",
+                  (long long)w->L.rows, 65535 * GEMV_WARPS * GEMV_ROWS);
+        return;
+    }
+    if (!c->arena || c->arena_cols < w->L.cols) {
+        cuda_fail(c, QERR_INVALID, "cuda: matmul: arena holds %lld columns, weight has %lld",
+                  (long long)c->arena_cols, (long long)w->L.cols);
+        return;
+    }
+    cuda_use_device(c);
+    for (int t0 = 0; t0 < n; t0 += c->max_tokens) {
+        const int nt = n - t0 < c->max_tokens ? n - t0 : c->max_tokens;
+        matmul_pass(c, w, x + (size_t)t0 * (size_t)w->L.cols, nt,
+                    y + (size_t)t0 * (size_t)w->L.rows);
+    }
+}
+
+/* ---- weights ---- */
+
+int cuda_op_weight_prepare(struct backend *be, struct bweight *bw, struct qerr *err)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    bw->impl = NULL;
+    struct cuda_weight *w = (struct cuda_weight *)calloc(1, sizeof *w);
+    if (!w) return qerr_set(err, QERR_NOMEM, "cuda backend: out of memory");
+    int rc = cuda_pack_plan(bw->type, bw->rows, bw->cols, &w->L, err);
+    if (!rc && bw->rows > (int64_t)65535 * GEMV_WARPS * GEMV_ROWS)
+        rc = qerr_set(err, QERR_UNSUPPORTED, "cuda backend: a weight of %lld rows (at most %d)",
+                      (long long)bw->rows, 65535 * GEMV_WARPS * GEMV_ROWS);
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    cuda_use_device(c);
+    if ((rc = cuda_arena_reserve(c, bw->cols, err))) {
+        free(w);
+        return rc;
+    }
+    void *host = malloc(w->L.total);
+    if (!host) {
+        size_t mib = w->L.total >> 20;
+        free(w);
+        return qerr_set(err, QERR_NOMEM, "cuda backend: out of host memory packing %zu MiB", mib);
+    }
+    cuda_pack_weight(&w->L, bw->host, host);
+    size_t want = w->L.total;
+#ifdef QUERN_HAVE_CUBLAS
+    const bool keep_f16 = c->gemm_min_tokens > 0;
+#else
+    const bool keep_f16 = false;
+#endif
+    size_t f16_bytes = keep_f16 ? (size_t)bw->rows * (size_t)bw->cols * sizeof(__half) : 0;
+    cudaError_t e = cudaMalloc((void **)&w->dev, want);
+    if (e == cudaSuccess && f16_bytes) e = cudaMalloc((void **)&w->f16, f16_bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        if (w->dev) cudaFree(w->dev);
+        free(host);
+        free(w);
+        return qerr_set(err, QERR_NOMEM,
+                        "cuda: out of device memory for a %s %lld x %lld weight: asked %.1f MiB, "
+                        "%.1f MiB of %.1f MiB free",
+                        qtype_name(bw->type), (long long)bw->rows, (long long)bw->cols,
+                        (double)(want + f16_bytes) / 1048576.0, (double)free_b / 1048576.0,
+                        (double)total_b / 1048576.0);
+    }
+    e = cudaMemcpyAsync(w->dev, host, want, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess && w->f16) {
+        cuda_weight_to_f16(c, w, w->f16);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    free(host);
+    if (e != cudaSuccess) {
+        cudaFree(w->dev);
+        if (w->f16) cudaFree(w->f16);
+        free(w);
+        return qerr_set(err, QERR_IO, "cuda: uploading a %s %lld x %lld weight: %s",
+                        qtype_name(bw->type), (long long)bw->rows, (long long)bw->cols,
+                        cudaGetErrorString(e));
+    }
+    bw->impl = w;
+    return 0;
+}
+
+void cuda_op_weight_release(struct backend *be, struct bweight *bw)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    struct cuda_weight *w = (struct cuda_weight *)bw->impl;
+    if (!w) return;
+    cuda_use_device(c);
+    cudaStreamSynchronize(c->stream); /* no queued op may still read it */
+    cudaFree(w->dev);
+    if (w->f16) cudaFree(w->f16);
+    free(w);
+    bw->impl = NULL;
+}
