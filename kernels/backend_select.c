@@ -10,8 +10,7 @@
 #include "cuda/backend_cuda.h"
 #endif
 
-int backend_device_parse(const char *device, enum backend_kind *kind, int *index,
-                         struct qerr *err)
+int backend_device_parse(const char *device, enum backend_kind *kind, int *index, struct qerr *err)
 {
     *kind = BACKEND_KIND_AUTO;
     *index = 0;

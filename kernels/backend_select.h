@@ -23,8 +23,7 @@ enum backend_kind {
 };
 
 /* Parses "auto" (also NULL or ""), "cpu", "cuda" or "cuda:N" (N a decimal ordinal). */
-int backend_device_parse(const char *device, enum backend_kind *kind, int *index,
-                         struct qerr *err);
+int backend_device_parse(const char *device, enum backend_kind *kind, int *index, struct qerr *err);
 
 /* True when this build contains the CUDA backend. */
 bool backend_have_cuda(void);

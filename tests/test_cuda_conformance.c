@@ -156,8 +156,7 @@ static void prepare(struct backend *be, struct bweight *w)
 }
 
 /* y[n][rows] on the device, x given on the host. */
-static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n,
-                       float *y)
+static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
 {
     size_t xb = (size_t)n * (size_t)w->cols * 4, yb = (size_t)n * (size_t)w->rows * 4;
     float *dx = dev_upload(be, x, xb), *dy = dev_alloc(be, yb);
@@ -244,8 +243,10 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
         double *worst = k == 0 ? worst_f32 : k == 1 ? worst_q8 : worst_gemm;
         if (e > *worst) *worst = e;
         ck_assert_msg(e <= tol, "%s %s %lld x %lld n %d: normalized error %.3g > %.1g",
-                      k == 0 ? "F32" : k == 1 ? "Q8" : "GEMM", qtype_name(t), (long long)rows,
-                      (long long)cols, n, e, tol);
+                      k == 0   ? "F32"
+                      : k == 1 ? "Q8"
+                               : "GEMM",
+                      qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
         if (invariance && k < 2) {
             for (int i = 0; i < n; i++) {
                 run_matmul(be, &wb, x + (size_t)i * (size_t)cols, 1, y1);
@@ -283,8 +284,8 @@ START_TEST(matmul_quant_odd_shapes)
                 int n = ns[(size_t)(k + _i) % (sizeof ns / sizeof ns[0])];
                 check_matmul(types[ti], rows[ri], cols[ci], n, k % 4 == 0, &wf, &wq, &wg);
             }
-    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k,
-           wf, wq, wg);
+    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k, wf,
+           wq, wg);
 }
 END_TEST
 
@@ -444,8 +445,8 @@ START_TEST(rope_matches_reference)
         ref_rope(r, pos, n, heads, hd, rot, base);
         for (size_t k = 0; k < len; k++) {
             exact += memcmp(&o[k], &r[k], 4) == 0;
-            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0,
-                          "rope hd %d rot %d [%zu]: %.9g vs %.9g", hd, rot, k, o[k], r[k]);
+            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0, "rope hd %d rot %d [%zu]: %.9g vs %.9g",
+                          hd, rot, k, o[k], r[k]);
         }
         total += len;
         dev_free(gpu, dx);
@@ -462,8 +463,8 @@ END_TEST
 START_TEST(embed_get_rows_kv_write_exact)
 {
     rng_state = 0xe4bed;
-    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0, QTYPE_F16, QTYPE_BF16,
-                                QTYPE_F32};
+    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0,
+                                QTYPE_F16,  QTYPE_BF16, QTYPE_F32};
     const int n = 19, rows = 301, cols = 576;
     int32_t tok[19];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)(rnd() % rows);
@@ -516,11 +517,9 @@ START_TEST(embed_get_rows_kv_write_exact)
     float *got = malloc((size_t)slots * kv_dim * 4);
     size_t at;
     dev_read(gpu, got, dkc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu",
-                  at);
+    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu", at);
     dev_read(gpu, got, dvc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu",
-                  at);
+    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu", at);
     void *bufs[] = {dtok, dout, didx, dsel, dk, dv, dkc, dvc, dslot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu, bufs[i]);
     free(ref);
@@ -541,9 +540,9 @@ END_TEST
 START_TEST(attention_matches_reference)
 {
     rng_state = 0xa77e;
-    const int cfg[][4] = {{9, 3, 64, 0},  {9, 3, 64, 1},  {32, 8, 128, 0}, {8, 2, 128, 1},
-                          {6, 2, 32, 0},  {2, 1, 64, 1},  {16, 1, 64, 1},  {4, 4, 256, 0},
-                          {2, 2, 10, 0},  {3, 1, 512, 1}};
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {32, 8, 128, 0}, {8, 2, 128, 1},
+                          {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1},  {4, 4, 256, 0},
+                          {2, 2, 10, 0}, {3, 1, 512, 1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
@@ -833,8 +832,8 @@ static cJSON *load_golden(void)
 static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out)
 {
     struct qerr err = {0};
-    struct backend_cuda_opts o = {.device = 0, .precision = p, .max_tokens = 40,
-                                  .gemm_min_tokens = gemm_min};
+    struct backend_cuda_opts o = {
+        .device = 0, .precision = p, .max_tokens = 40, .gemm_min_tokens = gemm_min};
     int rc = backend_cuda_create(&o, out, &err);
     if (rc) fprintf(stderr, "cuda backend: %s\n", err.msg);
     return rc;

@@ -86,8 +86,8 @@ static void *random_weight_bytes(enum qtype t, size_t elems)
     return p;
 }
 
-static void prepare(struct backend *be, struct bweight *w, enum qtype t, int64_t rows,
-                    int64_t cols, const void *host)
+static void prepare(struct backend *be, struct bweight *w, enum qtype t, int64_t rows, int64_t cols,
+                    const void *host)
 {
     struct qerr err = {0};
     *w = (struct bweight){.type = t, .rows = rows, .cols = cols, .host = host};
@@ -126,8 +126,8 @@ struct shape {
 };
 
 static const struct shape gemv_shapes[] = {
-    {"llama3-8b", 4096, 4096},   {"llama3-8b", 14336, 4096},  {"llama3-8b", 4096, 14336},
-    {"llama3-8b", 128256, 4096}, {"smollm2", 576, 576},       {"smollm2", 1536, 576},
+    {"llama3-8b", 4096, 4096},   {"llama3-8b", 14336, 4096}, {"llama3-8b", 4096, 14336},
+    {"llama3-8b", 128256, 4096}, {"smollm2", 576, 576},      {"smollm2", 1536, 576},
     {"smollm2", 576, 1536},      {"smollm2", 49152, 576},
 };
 
@@ -220,7 +220,8 @@ static void bench_gemm(int device, bool quick)
                 check_status(be[p], "gemm");
                 printf("| %lld x %lld | %d | %s | %.2f | %.1f |\n", (long long)sh->rows,
                        (long long)sh->cols, n,
-                       p == 0 ? "GEMV tiles, int8 (batch-invariant)" : "cuBLAS fp16 (not invariant)",
+                       p == 0 ? "GEMV tiles, int8 (batch-invariant)"
+                              : "cuBLAS fp16 (not invariant)",
                        dt * 1e3, 2.0 * (double)sh->rows * (double)sh->cols * n / dt / 1e12);
                 fflush(stdout);
             }
@@ -264,7 +265,8 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
     /* one random source big enough for the largest matrix; every weight reads a prefix */
     size_t big = (size_t)m->vocab * (size_t)m->dim;
     if ((size_t)m->ffn * (size_t)m->dim > big) big = (size_t)m->ffn * (size_t)m->dim;
-    void *host = random_weight_bytes(m->type, big), *host_e = random_weight_bytes(m->embd_type, big);
+    void *host = random_weight_bytes(m->type, big),
+         *host_e = random_weight_bytes(m->embd_type, big);
     struct synth_layer *L = calloc((size_t)m->n_layers, sizeof *L);
     struct bweight embd;
     prepare(be, &embd, m->embd_type, m->vocab, m->dim, host_e);
@@ -345,8 +347,8 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
                 be->ops->buf_write(be, d_pos, pos, (size_t)B * 4);
                 be->ops->buf_write(be, d_seq, seq, (size_t)B * 4);
                 be->ops->buf_write(be, d_slot, slot, (size_t)B * 4);
-                struct attn_batch ab = {B, d_pos, d_seq, d_slot, B, d_tab, blocks_per_seq,
-                                        SYNTH_BS};
+                struct attn_batch ab = {B, d_pos, d_seq,          d_slot,
+                                        B, d_tab, blocks_per_seq, SYNTH_BS};
                 be->ops->embed(be, &embd, d_tok, B, x);
                 for (int l = 0; l < m->n_layers; l++) {
                     struct synth_layer *y = &L[l];
@@ -378,8 +380,8 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
             double kv_bytes = (double)B * (ctx + steps / 2.0) * kv_dim * 4.0 * 2.0 * m->n_layers;
             double roof = (double)copy_gbps * 1e9 / ((double)wbytes + kv_bytes);
             printf("| %s | %s | %d | %s | %.2f | %.0f | %.0f | %.0f%% |\n", m->name,
-                   qtype_name(m->type), B, prec == MATMUL_Q8 ? "int8" : "fp32", dt * 1e3,
-                   B / dt, B * roof, 100.0 / (dt * roof));
+                   qtype_name(m->type), B, prec == MATMUL_Q8 ? "int8" : "fp32", dt * 1e3, B / dt,
+                   B * roof, 100.0 / (dt * roof));
             fflush(stdout);
         }
     backend_cuda_set_precision(be, MATMUL_Q8, NULL);
@@ -392,7 +394,8 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
         for (int i = 0; i < 4; i++) be->ops->buf_free(be, bufs[i]);
     }
     be->ops->weight_release(be, &embd);
-    void *bufs[] = {out_norm, x, xn, q, k, v, att, g, u, logits, d_tok, d_pos, d_seq, d_slot, d_tab};
+    void *bufs[] = {out_norm, x,      xn,    q,     k,     v,      att,  g,
+                    u,        logits, d_tok, d_pos, d_seq, d_slot, d_tab};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->buf_free(be, bufs[i]);
     free(L);
     free(h_logits);

@@ -20,7 +20,7 @@
 
 #include "cuda_common.cuh"
 
-#define ATT_WARPS 4
+#define ATT_WARPS         4
 #define ATT_DIMS_PER_LANE (CUDA_MAX_HEAD_DIM / 32)
 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                       const float *v_cache, const struct attn_batch *b,
-                       const struct attn_shape *s)
+                       const float *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (b->n_tokens <= 0) return;

@@ -286,7 +286,8 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
             s = cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes);
         if (s != CUBLAS_STATUS_SUCCESS) {
             cuda_destroy(be);
-            return qerr_set(err, QERR_IO, "cuda: cuBLAS setup failed: %s", cublasGetStatusString(s));
+            return qerr_set(err, QERR_IO, "cuda: cuBLAS setup failed: %s",
+                            cublasGetStatusString(s));
         }
     }
 #else

@@ -5,7 +5,8 @@
  *   backend_cuda.cu  context, buffers, the ops table, errors
  *   matmul_q.cu      weight upload (cuda_pack.h layout) and the dequant-fused GEMV / cuBLAS GEMM
  *   attention.cu     paged attention
- *   elementwise.cu   embed, rmsnorm, add, rope, kv_write, get_rows, silu_mul, activation quantization
+ *   elementwise.cu   embed, rmsnorm, add, rope, kv_write, get_rows, silu_mul, activation
+ * quantization
  *
  * Ops enqueue on the backend's stream and return; buf_read and sync wait. Ops return no status
  * (the contract is void): the first CUDA error an op meets is kept and reported by

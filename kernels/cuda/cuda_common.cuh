@@ -25,7 +25,7 @@ extern "C" {
 }
 #undef _Static_assert
 
-#define CUDA_MAX_HEAD_DIM 512 /* as the reference (ref_attention_one) allows */
+#define CUDA_MAX_HEAD_DIM   512 /* as the reference (ref_attention_one) allows */
 #define CUDA_MAX_ROPE_PAIRS (CUDA_MAX_HEAD_DIM / 2)
 
 /* 1/freq of every rotated pair, computed on the host exactly as ref_rope computes it and passed
@@ -66,8 +66,8 @@ struct cuda_ctx {
 /* A prepared weight (bweight.impl): its layout and the device copy, one allocation. */
 struct cuda_weight {
     struct cuda_pack_layout L;
-    uint8_t *dev;  /* L.total bytes */
-    __half *f16;   /* [rows][cols] dequantized copy for the cuBLAS path, or NULL */
+    uint8_t *dev; /* L.total bytes */
+    __half *f16;  /* [rows][cols] dequantized copy for the cuBLAS path, or NULL */
 };
 
 static inline struct cuda_ctx *cuda_ctx_of(const struct backend *be)
@@ -142,8 +142,8 @@ void cuda_op_matmul(struct backend *be, const struct bweight *w, const float *x,
 /* elementwise.cu */
 void cuda_op_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
                    float *out);
-void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
-                     int dim, float eps);
+void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                     float eps);
 void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);
 void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
                   int head_dim, int rot_dim, float freq_base);
@@ -161,8 +161,8 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const flo
 /* ---- launchers shared between files (elementwise.cu) ---- */
 
 /* Quantizes x[n][cols] per 32-block as ref_quantize_q8 does (bit for bit). */
-void cuda_quantize_q8(struct cuda_ctx *c, const float *x, int n, int64_t cols, int8_t *q,
-                      float *d, float *s, int32_t *sum);
+void cuda_quantize_q8(struct cuda_ctx *c, const float *x, int n, int64_t cols, int8_t *q, float *d,
+                      float *s, int32_t *sum);
 /* dst[i] = fp16(src[i]), round to nearest even. */
 void cuda_f32_to_f16(struct cuda_ctx *c, const float *src, __half *dst, size_t n);
 /* Dequantizes a whole prepared weight to fp16 [rows][cols]. */

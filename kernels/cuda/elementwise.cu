@@ -129,8 +129,8 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int d
         oi[j] = __fmul_rn(__fmul_rn(xi[j], scale), w[j]);
 }
 
-void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
-                     int dim, float eps)
+void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                     float eps)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (n <= 0 || dim <= 0) return;
@@ -246,7 +246,7 @@ void cuda_op_kv_write(struct backend *be, float *k_cache, float *v_cache, const 
     if (b->n_tokens <= 0 || kv_dim <= 0) return;
     cuda_use_device(c);
     kv_write_kernel<<<b->n_tokens, EW_THREADS, 0, c->stream>>>(k_cache, v_cache, k, v, b->slot,
-                                                                 kv_dim);
+                                                               kv_dim);
     CUDA_LAUNCHED(c, "kv_write_kernel");
 }
 
@@ -293,8 +293,8 @@ __global__ void quantize_q8_kernel(const float *x, int64_t cols, int64_t nb, int
     }
 }
 
-void cuda_quantize_q8(struct cuda_ctx *c, const float *x, int n, int64_t cols, int8_t *q,
-                      float *d, float *s, int32_t *sum)
+void cuda_quantize_q8(struct cuda_ctx *c, const float *x, int n, int64_t cols, int8_t *q, float *d,
+                      float *s, int32_t *sum)
 {
     int64_t nb = cols / QK;
     size_t threads = (size_t)n * (size_t)nb * 32;
@@ -331,6 +331,6 @@ void cuda_weight_to_f16(struct cuda_ctx *c, const struct cuda_weight *w, __half 
 {
     size_t total = (size_t)w->L.rows * (size_t)w->L.cols;
     weight_to_f16_kernel<<<grid_for(total, EW_THREADS), EW_THREADS, 0, c->stream>>>(wview_of(w),
-                                                                                      dst);
+                                                                                    dst);
     CUDA_LAUNCHED(c, "weight_to_f16_kernel");
 }

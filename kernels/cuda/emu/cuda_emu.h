@@ -101,7 +101,8 @@ inline __half __float2half_rn(float f)
     uint32_t x = emu_f_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return __half{(uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0))};
+    if (ax >= 0x7f800000u)
+        return __half{(uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0))};
     if (ax >= 0x477ff000u) return __half{(uint16_t)(sign | 0x7c00)};
     if (ax < 0x38800000u) {
         float v = emu_bits_f(ax) * 0x1p24f;
@@ -245,7 +246,8 @@ inline void emu_launch(dim3 grid, dim3 block, std::function<void()> body)
         fprintf(stderr, "cuda_emu: unsupported block %u x %u x %u\n", block.x, block.y, block.z);
         abort();
     }
-    if (!emu.stacks && !(emu.stacks = (char *)aligned_alloc(64, (size_t)EMU_MAX_THREADS * EMU_STACK)))
+    if (!emu.stacks &&
+        !(emu.stacks = (char *)aligned_alloc(64, (size_t)EMU_MAX_THREADS * EMU_STACK)))
         abort();
     emu.grid = grid;
     emu.block = block;
@@ -291,7 +293,7 @@ typedef enum cudaError {
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event {
     int unused;
-} *cudaEvent_t;
+} * cudaEvent_t;
 enum cudaMemcpyKind {
     cudaMemcpyHostToDevice = 1,
     cudaMemcpyDeviceToHost = 2,
@@ -306,8 +308,9 @@ struct cudaDeviceProp {
 
 inline const char *cudaGetErrorString(cudaError_t e)
 {
-    return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory"
-                                                                          : "invalid value";
+    return e == cudaSuccess                 ? "no error"
+           : e == cudaErrorMemoryAllocation ? "out of memory"
+                                            : "invalid value";
 }
 inline const char *cudaGetErrorName(cudaError_t e)
 {
