@@ -156,7 +156,8 @@ static void prepare(struct backend *be, struct bweight *w)
 }
 
 /* y[n][rows] on the device, x given on the host. */
-static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
+static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n,
+                       float *y)
 {
     size_t xb = (size_t)n * (size_t)w->cols * 4, yb = (size_t)n * (size_t)w->rows * 4;
     float *dx = dev_upload(be, x, xb), *dy = dev_alloc(be, yb);
@@ -243,10 +244,8 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
         double *worst = k == 0 ? worst_f32 : k == 1 ? worst_q8 : worst_gemm;
         if (e > *worst) *worst = e;
         ck_assert_msg(e <= tol, "%s %s %lld x %lld n %d: normalized error %.3g > %.1g",
-                      k == 0   ? "F32"
-                      : k == 1 ? "Q8"
-                               : "GEMM",
-                      qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
+                      k == 0 ? "F32" : k == 1 ? "Q8" : "GEMM", qtype_name(t), (long long)rows,
+                      (long long)cols, n, e, tol);
         if (invariance && k < 2) {
             for (int i = 0; i < n; i++) {
                 run_matmul(be, &wb, x + (size_t)i * (size_t)cols, 1, y1);
@@ -284,8 +283,8 @@ START_TEST(matmul_quant_odd_shapes)
                 int n = ns[(size_t)(k + _i) % (sizeof ns / sizeof ns[0])];
                 check_matmul(types[ti], rows[ri], cols[ci], n, k % 4 == 0, &wf, &wq, &wg);
             }
-    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k, wf,
-           wq, wg);
+    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k,
+           wf, wq, wg);
 }
 END_TEST
 
@@ -305,19 +304,25 @@ START_TEST(matmul_float_weights)
 }
 END_TEST
 
-/* The default model's shapes (SmolLM2-135M: dim 576, kv 192, ffn 1536, vocab 49152). */
+/* The default model's shapes (SmolLM2-135M: dim 576, kv 192, ffn 1536, vocab 49152), and rows
+ * as wide as Llama's (130 blocks: lanes that loop three times, a last step with one block). */
 START_TEST(matmul_model_shapes)
 {
     rng_state = 0x135;
-    const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+    const struct {
+        int64_t rows, cols;
+        enum qtype t;
+    } shapes[] = {{576, 576, QTYPE_Q4_1},    {192, 576, QTYPE_Q4_1},  {1536, 576, QTYPE_Q4_1},
+                  {576, 1536, QTYPE_Q4_1},   {49152, 576, QTYPE_Q8_0}, {37, 4160, QTYPE_Q4_0},
+                  {37, 4160, QTYPE_Q8_0}};
     const int ns[] = {1, 8, 64};
     double wf = 0, wq = 0, wg = 0;
-    for (size_t si = 0; si < 5; si++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (size_t ni = 0; ni < 3; ni++) {
             int n = ns[ni];
-            if (shapes[si][0] > 10000 && n > 8) n = 17; /* keep the scalar reference quick */
-            enum qtype t = shapes[si][0] > 10000 ? QTYPE_Q8_0 : QTYPE_Q4_1;
-            check_matmul(t, shapes[si][0], shapes[si][1], n, ni == 1 && si < 4, &wf, &wq, &wg);
+            if (shapes[si].rows > 10000 && n > 8) n = 17; /* keep the scalar reference quick */
+            check_matmul(shapes[si].t, shapes[si].rows, shapes[si].cols, n,
+                         ni == 1 && shapes[si].rows < 10000, &wf, &wq, &wg);
         }
     printf("matmul model shapes: worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", wf, wq,
            wg);
@@ -445,8 +450,8 @@ START_TEST(rope_matches_reference)
         ref_rope(r, pos, n, heads, hd, rot, base);
         for (size_t k = 0; k < len; k++) {
             exact += memcmp(&o[k], &r[k], 4) == 0;
-            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0, "rope hd %d rot %d [%zu]: %.9g vs %.9g",
-                          hd, rot, k, o[k], r[k]);
+            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0,
+                          "rope hd %d rot %d [%zu]: %.9g vs %.9g", hd, rot, k, o[k], r[k]);
         }
         total += len;
         dev_free(gpu, dx);
@@ -463,8 +468,8 @@ END_TEST
 START_TEST(embed_get_rows_kv_write_exact)
 {
     rng_state = 0xe4bed;
-    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0,
-                                QTYPE_F16,  QTYPE_BF16, QTYPE_F32};
+    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0, QTYPE_F16, QTYPE_BF16,
+                                QTYPE_F32};
     const int n = 19, rows = 301, cols = 576;
     int32_t tok[19];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)(rnd() % rows);
@@ -517,9 +522,11 @@ START_TEST(embed_get_rows_kv_write_exact)
     float *got = malloc((size_t)slots * kv_dim * 4);
     size_t at;
     dev_read(gpu, got, dkc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu", at);
+    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu",
+                  at);
     dev_read(gpu, got, dvc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu", at);
+    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu",
+                  at);
     void *bufs[] = {dtok, dout, didx, dsel, dk, dv, dkc, dvc, dslot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu, bufs[i]);
     free(ref);
@@ -540,9 +547,9 @@ END_TEST
 START_TEST(attention_matches_reference)
 {
     rng_state = 0xa77e;
-    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {32, 8, 128, 0}, {8, 2, 128, 1},
-                          {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1},  {4, 4, 256, 0},
-                          {2, 2, 10, 0}, {3, 1, 512, 1}};
+    const int cfg[][4] = {{9, 3, 64, 0},  {9, 3, 64, 1},  {32, 8, 128, 0}, {8, 2, 128, 1},
+                          {6, 2, 32, 0},  {2, 1, 64, 1},  {16, 1, 64, 1},  {4, 4, 256, 0},
+                          {2, 2, 10, 0},  {3, 1, 512, 1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
@@ -707,8 +714,8 @@ END_TEST
 
 /* Sequence 0 is x (tokens [from, n) now, [0, from) already cached), sequences 1.. are prefill
  * chunks of other text; returns sequence 0's last logits (as tests/test_model.c). */
-static void batched_forward(const int32_t *x, int n, int from, int n_seqs, const int32_t *other,
-                            int n_other, float *out)
+static void batched_forward(struct backend *be, const int32_t *x, int n, int from, int n_seqs,
+                            const int32_t *other, int n_other, float *out)
 {
     enum { PER_SEQ = 8, BS = 16, MAXT = 1024 };
     static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[64 * PER_SEQ], lidx[64];
@@ -740,13 +747,21 @@ static void batched_forward(const int32_t *x, int n, int from, int n_seqs, const
     float *logits = malloc((size_t)nl * (size_t)vocab * sizeof *logits);
     struct qerr err = {0};
     ck_assert_msg(model_forward(model, &b, logits, &err) == 0, "%s", err.msg);
-    ck_assert_msg(backend_cuda_status(gpu, &err) == 0, "%s", err.msg);
+    ck_assert_msg(backend_cuda_status(be, &err) == 0, "%s", err.msg);
     memcpy(out, logits, (size_t)vocab * sizeof *out);
     free(logits);
 }
 
+/* On the F32 and the Q8 backend (_i): a sequence's logits are bit-identical alone and in batches
+ * of 2, 7 and 33 sequences mixed with prefill chunks, when it is prefilled and when it decodes. */
 START_TEST(model_logits_batch_invariant)
 {
+    struct backend *be = _i ? gpu_q8 : gpu;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(getenv("QUERN_MODEL"), &file, &err) == 0, "%s", err.msg);
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    ck_assert_msg(model_load(file, be, &mo, &model, &err) == 0, "%s", err.msg);
     size_t nx, no;
     int32_t *x = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(4), "prompt_ids"), &nx);
     int32_t *other = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(1), "prompt_ids"), &no);
@@ -754,21 +769,22 @@ START_TEST(model_logits_batch_invariant)
     int vocab = model_get_config(model)->vocab;
     float *alone = malloc((size_t)vocab * sizeof *alone);
     float *got = malloc((size_t)vocab * sizeof *got);
-    batched_forward(x, (int)nx, 0, 1, other, (int)no, alone);
+    batched_forward(be, x, (int)nx, 0, 1, other, (int)no, alone);
     const int sizes[] = {2, 7, 33};
     for (int k = 0; k < 3; k++) {
-        batched_forward(x, (int)nx, 0, sizes[k], other, (int)no, got);
+        batched_forward(be, x, (int)nx, 0, sizes[k], other, (int)no, got);
         ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
-                      "prefill logits differ in a batch of %d", sizes[k]);
-        batched_forward(x, (int)nx - 1, 0, 1, other, (int)no, got);
-        batched_forward(x, (int)nx, (int)nx - 1, sizes[k], other, (int)no, got);
+                      "%s: prefill logits differ in a batch of %d", _i ? "Q8" : "F32", sizes[k]);
+        batched_forward(be, x, (int)nx - 1, 0, 1, other, (int)no, got);
+        batched_forward(be, x, (int)nx, (int)nx - 1, sizes[k], other, (int)no, got);
         ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
-                      "decode logits differ in a batch of %d", sizes[k]);
+                      "%s: decode logits differ in a batch of %d", _i ? "Q8" : "F32", sizes[k]);
     }
     free(alone);
     free(got);
     free(x);
     free(other);
+    model_teardown();
 }
 END_TEST
 
@@ -832,8 +848,8 @@ static cJSON *load_golden(void)
 static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out)
 {
     struct qerr err = {0};
-    struct backend_cuda_opts o = {
-        .device = 0, .precision = p, .max_tokens = 40, .gemm_min_tokens = gemm_min};
+    struct backend_cuda_opts o = {.device = 0, .precision = p, .max_tokens = 40,
+                                  .gemm_min_tokens = gemm_min};
     int rc = backend_cuda_create(&o, out, &err);
     if (rc) fprintf(stderr, "cuda backend: %s\n", err.msg);
     return rc;
@@ -873,8 +889,12 @@ int main(void)
         tcase_add_checked_fixture(tm, model_setup, model_teardown);
         tcase_add_loop_test(tm, model_logits_match_golden, 0, n);
         tcase_add_loop_test(tm, model_greedy_matches_golden, 0, n);
-        tcase_add_test(tm, model_logits_batch_invariant);
         suite_add_tcase(s, tm);
+        /* its own case, so CK_RUN_CASE=model_invariance runs it alone (the CPU emulation) */
+        TCase *ti = tcase_create("model_invariance");
+        tcase_set_timeout(ti, 600);
+        tcase_add_loop_test(ti, model_logits_batch_invariant, 0, 2);
+        suite_add_tcase(s, ti);
     }
     SRunner *r = srunner_create(s);
     srunner_set_fork_status(r, CK_NOFORK);

@@ -303,6 +303,7 @@ for ((round = 1; round <= rounds; round++)); do
                 fi
                 r=$(cell "$work/$tag.$prog.json" "$work/$tag.$prog.err" "$prog")
                 log "    -> $r  (others used ${others}% of the CPUs)"
+                echo "$others" >"$work/$tag.$prog.others"
                 # pp and tg of one program come from the same round: the one with the best sum
                 if better "$r" "${res[$f,$t,$prog]:-}"; then
                     res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others

@@ -18,7 +18,7 @@
 #
 # Device tool call (from the repository root here):
 #   tools/gpu-debs.sh            # once, on the development machine
-#   run(command: "tools/gpu-check.sh", carry: ["build-debs"], timeout_s: 560)
+#   run(command: "bash tools/gpu-check.sh", carry: ["build-debs"], timeout_s: 560)
 # Everything is also written to $OUT (the tool's return folder) when it is set, else
 # build-gpu/out: gpu-check.md (all tables), build.log, tests.log, bench.md, torch.md.
 #

@@ -7,7 +7,8 @@
 # Optionally (--model) also splits models/SmolLM2-135M-Instruct.Q4_1.gguf (98 MB, over the 64 MiB
 # a call carries) into build-model-a/ and build-model-b/: carry build-model-a in one call (its
 # command can be `true`), then build-model-b with the gpu-check.sh call, which joins the two
-# halves (ignored paths stay on a warm machine between calls) and runs the golden tests too.
+# halves (ignored paths stay on a warm machine between calls, and a machine stays warm only ~30 s
+# after a call: make the second call at once) and runs the golden tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -39,8 +39,8 @@
 #include "cuda_common.cuh"
 
 #define GEMV_WARPS 4 /* warps per block */
-#define GEMV_ROWS  2 /* rows per warp */
-#define GEMV_TILE  8 /* the largest token tile */
+#define GEMV_ROWS 2  /* rows per warp */
+#define GEMV_TILE 8  /* the largest token tile */
 
 static inline bool is_aligned16(const void *p)
 {
@@ -60,8 +60,7 @@ __device__ __forceinline__ float nib_at(uint32_t word, int shift, float off)
 
 __device__ __forceinline__ float i8_at(uint32_t word, int shift)
 {
-    return __int_as_float(0x4b000000u | (((word >> shift) & 0xffu) ^ 0x80u)) -
-           (MAGIC_2P23 + 128.0f);
+    return __int_as_float(0x4b000000u | (((word >> shift) & 0xffu) ^ 0x80u)) - (MAGIC_2P23 + 128.0f);
 }
 
 __device__ __forceinline__ uint32_t u4_word(const uint4 &v, int k)
@@ -178,10 +177,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 __device__ __forceinline__ void load8(int FT, const uint8_t *vals, int64_t off, float *w)
 {
     if (FT == QTYPE_F32) {
-        const float4 a = *(const float4 *)(vals + off * 4),
-                     b = *(const float4 *)(vals + off * 4 + 16);
-        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z,
-        w[7] = b.w;
+        const float4 a = *(const float4 *)(vals + off * 4), b = *(const float4 *)(vals + off * 4 + 16);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
     } else {
         const uint4 v = *(const uint4 *)(vals + off * 2);
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
@@ -254,6 +251,80 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 /* ---- path 2: int8 activations, quantized weights ---- */
 
+/* One 32-block of one row as loaded: quants (lo: bytes 0..15, hi: 16..31 for Q8_0), scale d and
+ * Q4_1's minimum m. */
+struct wblock {
+    uint4 lo, hi;
+    float d, m;
+};
+
+template <int QT>
+__device__ __forceinline__ struct wblock load_wblock(const uint8_t *__restrict__ qs,
+                                                     const uint8_t *__restrict__ sc, int64_t blk)
+{
+    struct wblock w;
+    if (QT == QTYPE_Q8_0) {
+        w.lo = *(const uint4 *)(qs + blk * QK);
+        w.hi = *(const uint4 *)(qs + blk * QK + 16);
+    } else {
+        w.lo = *(const uint4 *)(qs + blk * (QK / 2));
+        w.hi = w.lo;
+    }
+    if (QT == QTYPE_Q4_1) {
+        const uint32_t dm = ((const uint32_t *)sc)[blk];
+        w.d = fp16_bits_to_f32(dm);
+        w.m = fp16_bits_to_f32(dm >> 16);
+    } else {
+        w.d = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+        w.m = 0.0f;
+    }
+    return w;
+}
+
+/* Folds block b of GEMV_ROWS rows into acc for the tile's tokens, as ref_dot_q8 folds a block:
+ * an exact integer dot product, then acc = fma(dw * dx, isum, acc) (+ fma(m, s, acc)). */
+template <int QT, int T>
+__device__ __forceinline__ void q8_block(const struct wblock *w, int64_t b, int64_t nb,
+                                         int64_t cols, int t0, int nt,
+                                         const int8_t *__restrict__ xq,
+                                         const float *__restrict__ xd,
+                                         const float *__restrict__ xs,
+                                         const int32_t *__restrict__ xsum, float (*acc)[T])
+{
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        if (t >= nt) break;
+        const size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+        const int4 *qb = (const int4 *)(xq + (size_t)(t0 + t) * (size_t)cols + (size_t)b * QK);
+        const int4 q0 = qb[0], q1 = qb[1];
+        const int xw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const float dx = xd[tb];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            int isum = 0;
+            if (QT == QTYPE_Q8_0) {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    isum = __dp4a((int)(k < 4 ? u4_word(w[r].lo, k) : u4_word(w[r].hi, k - 4)),
+                                  xw[k], isum);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t wv = u4_word(w[r].lo, k);
+                    isum = __dp4a((int)(wv & 0x0f0f0f0fu), xw[k], isum);
+                    isum = __dp4a((int)((wv >> 4) & 0x0f0f0f0fu), xw[4 + k], isum);
+                }
+                if (QT == QTYPE_Q4_0) isum -= 8 * xsum[tb]; /* sum((nib - 8) q), exactly */
+            }
+            acc[r][t] = fmaf(__fmul_rn(w[r].d, dx), (float)isum, acc[r][t]);
+            if (QT == QTYPE_Q4_1) acc[r][t] = fmaf(w[r].m, xs[tb], acc[r][t]);
+        }
+    }
+}
+
+/* Lane l folds blocks l, l + 32, l + 64, ... in that order; each step loads two of them (both
+ * rows) before using either, so a 4096-row matrix at batch 1 (few warps per SM) still keeps
+ * enough bytes in flight to stream HBM. */
 template <int QT, int T>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_q8_kernel(const uint8_t *__restrict__ qs, const uint8_t *__restrict__ sc, int64_t rows,
@@ -275,59 +346,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
 
-    for (int64_t b = lane; b < nb; b += 32) {
-        uint4 wq[GEMV_ROWS], wq2[GEMV_ROWS];
-        float d[GEMV_ROWS], mn[GEMV_ROWS];
+    for (int64_t b = lane; b < nb; b += 64) {
+        const bool second = b + 32 < nb;
+        struct wblock w0[GEMV_ROWS], w1[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
-            const int64_t blk = row[r] * nb + b;
-            if (QT == QTYPE_Q8_0) {
-                wq[r] = *(const uint4 *)(qs + blk * QK);
-                wq2[r] = *(const uint4 *)(qs + blk * QK + 16);
-                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-                mn[r] = 0.0f;
-            } else if (QT == QTYPE_Q4_0) {
-                wq[r] = *(const uint4 *)(qs + blk * (QK / 2));
-                wq2[r] = wq[r];
-                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-                mn[r] = 0.0f;
-            } else {
-                wq[r] = *(const uint4 *)(qs + blk * (QK / 2));
-                wq2[r] = wq[r];
-                const uint32_t dm = ((const uint32_t *)sc)[blk];
-                d[r] = fp16_bits_to_f32(dm);
-                mn[r] = fp16_bits_to_f32(dm >> 16);
-            }
+            w0[r] = load_wblock<QT>(qs, sc, row[r] * nb + b);
+            if (second) w1[r] = load_wblock<QT>(qs, sc, row[r] * nb + b + 32);
         }
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            if (t >= nt) break;
-            const size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-            const int4 *qb = (const int4 *)(xq + (size_t)(t0 + t) * (size_t)cols + (size_t)b * QK);
-            const int4 q0 = qb[0], q1 = qb[1];
-            const int xw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-            const float dx = xd[tb];
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
-                int isum = 0;
-                if (QT == QTYPE_Q8_0) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        isum = __dp4a((int)(k < 4 ? u4_word(wq[r], k) : u4_word(wq2[r], k - 4)),
-                                      xw[k], isum);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const uint32_t wv = u4_word(wq[r], k);
-                        isum = __dp4a((int)(wv & 0x0f0f0f0fu), xw[k], isum);
-                        isum = __dp4a((int)((wv >> 4) & 0x0f0f0f0fu), xw[4 + k], isum);
-                    }
-                    if (QT == QTYPE_Q4_0) isum -= 8 * xsum[tb]; /* sum((nib - 8) q), exactly */
-                }
-                acc[r][t] = fmaf(__fmul_rn(d[r], dx), (float)isum, acc[r][t]);
-                if (QT == QTYPE_Q4_1) acc[r][t] = fmaf(mn[r], xs[tb], acc[r][t]);
-            }
-        }
+        q8_block<QT, T>(w0, b, nb, cols, t0, nt, xq, xd, xs, xsum, acc);
+        if (second) q8_block<QT, T>(w1, b + 32, nb, cols, t0, nt, xq, xd, xs, xsum, acc);
     }
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -366,22 +394,14 @@ static void launch_f32_quant_t(struct cuda_ctx *c, const struct cuda_weight *w, 
 }
 
 template <int QT>
-static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
-                             float *y)
+static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                             int n, float *y)
 {
     switch (tile_for(n)) {
-    case 1:
-        launch_f32_quant_t<QT, 1>(c, w, x, n, y);
-        break;
-    case 2:
-        launch_f32_quant_t<QT, 2>(c, w, x, n, y);
-        break;
-    case 4:
-        launch_f32_quant_t<QT, 4>(c, w, x, n, y);
-        break;
-    default:
-        launch_f32_quant_t<QT, 8>(c, w, x, n, y);
-        break;
+    case 1: launch_f32_quant_t<QT, 1>(c, w, x, n, y); break;
+    case 2: launch_f32_quant_t<QT, 2>(c, w, x, n, y); break;
+    case 4: launch_f32_quant_t<QT, 4>(c, w, x, n, y); break;
+    default: launch_f32_quant_t<QT, 8>(c, w, x, n, y); break;
     }
 }
 
@@ -394,22 +414,14 @@ static void launch_f32_float_t(struct cuda_ctx *c, const struct cuda_weight *w, 
 }
 
 template <int FT>
-static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
-                             bool xvec, float *y)
+static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
+                             int n, bool xvec, float *y)
 {
     switch (tile_for(n)) {
-    case 1:
-        launch_f32_float_t<FT, 1>(c, w, x, n, xvec, y);
-        break;
-    case 2:
-        launch_f32_float_t<FT, 2>(c, w, x, n, xvec, y);
-        break;
-    case 4:
-        launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y);
-        break;
-    default:
-        launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y);
-        break;
+    case 1: launch_f32_float_t<FT, 1>(c, w, x, n, xvec, y); break;
+    case 2: launch_f32_float_t<FT, 2>(c, w, x, n, xvec, y); break;
+    case 4: launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y); break;
+    default: launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y); break;
     }
 }
 
@@ -445,8 +457,8 @@ static void launch_q8_t(struct cuda_ctx *c, const struct cuda_weight *w, const s
                         int n, float *y)
 {
     gemv_q8_kernel<QT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
-        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, p->q, p->d, p->s, p->sum, n,
-        y);
+        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, p->q, p->d, p->s, p->sum,
+        n, y);
 }
 
 template <int QT>
@@ -454,18 +466,10 @@ static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const str
                       int n, float *y)
 {
     switch (tile_for(n)) {
-    case 1:
-        launch_q8_t<QT, 1>(c, w, p, n, y);
-        break;
-    case 2:
-        launch_q8_t<QT, 2>(c, w, p, n, y);
-        break;
-    case 4:
-        launch_q8_t<QT, 4>(c, w, p, n, y);
-        break;
-    default:
-        launch_q8_t<QT, 8>(c, w, p, n, y);
-        break;
+    case 1: launch_q8_t<QT, 1>(c, w, p, n, y); break;
+    case 2: launch_q8_t<QT, 2>(c, w, p, n, y); break;
+    case 4: launch_q8_t<QT, 4>(c, w, p, n, y); break;
+    default: launch_q8_t<QT, 8>(c, w, p, n, y); break;
     }
 }
 
@@ -478,10 +482,10 @@ static void gemm_cublas(struct cuda_ctx *c, const struct cuda_weight *w, const f
     __half *x16 = (__half *)c->arena;
     cuda_f32_to_f16(c, x, x16, (size_t)n * (size_t)w->L.cols);
     const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t s =
-        cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n, (int)w->L.cols, &alpha,
-                     w->f16, CUDA_R_16F, (int)w->L.cols, x16, CUDA_R_16F, (int)w->L.cols, &beta, y,
-                     CUDA_R_32F, (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s = cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n,
+                                    (int)w->L.cols, &alpha, w->f16, CUDA_R_16F, (int)w->L.cols,
+                                    x16, CUDA_R_16F, (int)w->L.cols, &beta, y, CUDA_R_32F,
+                                    (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         cuda_fail(c, QERR_IO, "cuda: cublasGemmEx %lld x %lld x %d: %s", (long long)w->L.rows,
                   (long long)w->L.cols, n, cublasGetStatusString(s));
@@ -504,15 +508,9 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
         struct q8_parts p = q8_carve(c, n, w->L.cols);
         cuda_quantize_q8(c, x, n, w->L.cols, p.q, p.d, p.s, p.sum);
         switch (t) {
-        case QTYPE_Q4_0:
-            launch_q8<QTYPE_Q4_0>(c, w, &p, n, y);
-            break;
-        case QTYPE_Q4_1:
-            launch_q8<QTYPE_Q4_1>(c, w, &p, n, y);
-            break;
-        default:
-            launch_q8<QTYPE_Q8_0>(c, w, &p, n, y);
-            break;
+        case QTYPE_Q4_0: launch_q8<QTYPE_Q4_0>(c, w, &p, n, y); break;
+        case QTYPE_Q4_1: launch_q8<QTYPE_Q4_1>(c, w, &p, n, y); break;
+        default: launch_q8<QTYPE_Q8_0>(c, w, &p, n, y); break;
         }
         CUDA_LAUNCHED(c, "gemv_q8_kernel");
         return;
@@ -527,30 +525,18 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
             x = xa;
         }
         switch (t) {
-        case QTYPE_Q4_0:
-            launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y);
-            break;
-        case QTYPE_Q4_1:
-            launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y);
-            break;
-        default:
-            launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y);
-            break;
+        case QTYPE_Q4_0: launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y); break;
+        case QTYPE_Q4_1: launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y); break;
+        default: launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y); break;
         }
         CUDA_LAUNCHED(c, "gemv_f32_quant_kernel");
         return;
     }
     const bool xvec = w->L.cols % 4 == 0 && is_aligned16(x);
     switch (t) {
-    case QTYPE_F32:
-        launch_f32_float<QTYPE_F32>(c, w, x, n, xvec, y);
-        break;
-    case QTYPE_F16:
-        launch_f32_float<QTYPE_F16>(c, w, x, n, xvec, y);
-        break;
-    default:
-        launch_f32_float<QTYPE_BF16>(c, w, x, n, xvec, y);
-        break;
+    case QTYPE_F32: launch_f32_float<QTYPE_F32>(c, w, x, n, xvec, y); break;
+    case QTYPE_F16: launch_f32_float<QTYPE_F16>(c, w, x, n, xvec, y); break;
+    default: launch_f32_float<QTYPE_BF16>(c, w, x, n, xvec, y); break;
     }
     CUDA_LAUNCHED(c, "gemv_f32_float_kernel");
 }
@@ -565,8 +551,8 @@ void cuda_op_matmul(struct backend *be, const struct bweight *bw, const float *x
         return;
     }
     if ((w->L.rows + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS) > 65535) {
-        cuda_fail(c, QERR_UNSUPPORTED, "cuda: matmul: %lld rows (at most %d)", (long long)w->L.rows,
-                  65535 * GEMV_WARPS * GEMV_ROWS);
+        cuda_fail(c, QERR_UNSUPPORTED, "cuda: matmul: %lld rows (at most %d)",
+                  (long long)w->L.rows, 65535 * GEMV_WARPS * GEMV_ROWS);
         return;
     }
     if (!c->arena || c->arena_cols < w->L.cols) {

@@ -179,7 +179,7 @@ struct emu_state {
     bool done[EMU_MAX_THREADS];
     unsigned current;
     emu_barrier block_bar, warp_bar[EMU_MAX_THREADS / 32];
-    uint64_t slots[EMU_MAX_THREADS];
+    uint64_t slots[2][EMU_MAX_THREADS];
     std::function<void()> body;
     dim3 grid, block;
     uint3 block_idx;
@@ -208,16 +208,20 @@ inline void __syncthreads()
     emu_barrier_wait(&emu.block_bar, emu.block.x);
 }
 
+/* One barrier per shuffle: rounds alternate between two slot arrays. A lane can write the array
+ * of round g again (round g + 2) only after every lane reached round g + 1's barrier, that is
+ * after every lane read round g's values. */
 template <typename T> inline T emu_exchange(T v, int src_lane)
 {
     static_assert(sizeof(T) <= 8, "shuffle of a wider type");
     unsigned tid = threadIdx.x, warp = tid / 32;
+    emu_barrier *b = &emu.warp_bar[warp];
+    unsigned buf = b->gen & 1; /* the same for every lane of this round */
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof v);
-    emu.slots[tid] = bits;
-    emu_barrier_wait(&emu.warp_bar[warp], 32);
-    uint64_t got = emu.slots[warp * 32 + ((unsigned)src_lane & 31)];
-    emu_barrier_wait(&emu.warp_bar[warp], 32);
+    emu.slots[buf][tid] = bits;
+    emu_barrier_wait(b, 32);
+    uint64_t got = emu.slots[buf][warp * 32 + ((unsigned)src_lane & 31)];
     T r;
     memcpy(&r, &got, sizeof r);
     return r;
