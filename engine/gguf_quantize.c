@@ -36,6 +36,7 @@ struct fill_ctx {
     const struct gguf_file *in;
     const struct plan *plan;
     float *row; /* [max row length] one dequantized row */
+    enum qround round;
 };
 
 static void tensor_name(const struct gguf_tensor *t, char *buf, size_t cap)
@@ -70,7 +71,7 @@ static int fill(void *vctx, uint64_t index, void *dst, size_t nbytes, struct qer
                                 r, j, (double)v, qtype_name(p->dst));
             }
         }
-        int rc = qtype_quantize_row(p->dst, c->row, out + r * dst_rb, ne0, err);
+        int rc = qtype_quantize_row(p->dst, c->round, c->row, out + r * dst_rb, ne0, err);
         if (rc) return rc;
     }
     return 0;
@@ -120,7 +121,7 @@ int gguf_quantize(const struct gguf_file *in, const char *out, const struct gguf
     struct gguf_writer *w = NULL;
     uint64_t n = gguf_tensor_count(in);
     struct plan *plan = calloc(n ? n : 1, sizeof *plan);
-    struct fill_ctx fc = {.in = in, .plan = plan};
+    struct fill_ctx fc = {.in = in, .plan = plan, .round = o->round};
     int rc = plan ? 0 : qerr_set(err, QERR_NOMEM, "out of memory");
     if (!rc) rc = gguf_writer_init(&w, err);
     for (uint64_t i = 0; !rc && i < gguf_kv_count(in); i++)

@@ -7,7 +7,8 @@
  *   - token_embd.weight / output.weight with keep_output: unchanged (bytes copied);
  *   - every other tensor of 2+ dims: the target type. A tensor already of that type is copied
  *     byte for byte; any other is dequantized row by row (F32/F16/BF16/Q8_0/Q4_0/Q4_1) and
- *     quantized with the reference quantizers (quant/quantize.h).
+ *     quantized with the reference quantizers (quant/quantize.h), or with searched scales
+ *     (round = QROUND_SEARCH).
  * Everything is checked before the output is created: a row length that is not a multiple of
  * the target's block is QERR_INVALID naming the tensor, and no file is written. The output is
  * written atomically (engine/gguf_write.h): on any failure nothing is left behind. */
@@ -17,12 +18,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../quant/quantize.h"
 #include "gguf.h"
 #include "gguf_write.h"
 
 struct gguf_quantize_opts {
     enum qtype type;                /* F32, F16, Q8_0, Q4_0 or Q4_1 */
     bool keep_output;               /* token_embd.weight and output.weight keep their type */
+    enum qround round;              /* QROUND_REF: llama-quantize's bytes */
     const struct gguf_write_io *io; /* NULL: the system calls */
 };
 

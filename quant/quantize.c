@@ -83,7 +83,8 @@ bool qtype_can_quantize(enum qtype t)
     return false;
 }
 
-int qtype_quantize_row(enum qtype t, const float *x, void *dst, size_t n, struct qerr *err)
+int qtype_quantize_row(enum qtype t, enum qround round, const float *x, void *dst, size_t n,
+                       struct qerr *err)
 {
     if (!qtype_can_quantize(t))
         return qerr_set(err, QERR_UNSUPPORTED, "cannot quantize to %s", qtype_name(t));
@@ -101,10 +102,16 @@ int qtype_quantize_row(enum qtype t, const float *x, void *dst, size_t n, struct
         break;
     }
     case QTYPE_Q8_0:
-        quantize_row_q8_0(x, dst, n);
+        if (round == QROUND_SEARCH)
+            quantize_row_q8_0_search(x, dst, n);
+        else
+            quantize_row_q8_0(x, dst, n);
         break;
     case QTYPE_Q4_0:
-        quantize_row_q4_0(x, dst, n);
+        if (round == QROUND_SEARCH)
+            quantize_row_q4_0_search(x, dst, n);
+        else
+            quantize_row_q4_0(x, dst, n);
         break;
     case QTYPE_Q4_1:
         quantize_row_q4_1(x, dst, n);

@@ -26,11 +26,23 @@ void quantize_row_q8_0(const float *x, struct block_q8_0 *y, size_t n);
 void quantize_row_q4_0(const float *x, struct block_q4_0 *y, size_t n);
 void quantize_row_q4_1(const float *x, struct block_q4_1 *y, size_t n);
 
+/* The same formats with each block's scale searched (quantize_search.c): the candidate scales
+ * around the reference one, each refitted by least squares, judged by the squared error under
+ * the fp16-rounded scale; the reference scale is a candidate, so the error is never larger. */
+void quantize_row_q8_0_search(const float *x, struct block_q8_0 *y, size_t n);
+void quantize_row_q4_0_search(const float *x, struct block_q4_0 *y, size_t n);
+
+enum qround {
+    QROUND_REF = 0,    /* ggml's reference rounding: llama-quantize's bytes */
+    QROUND_SEARCH = 1, /* searched scales for Q8_0 and Q4_0 (Q4_1 keeps the reference) */
+};
+
 /* True when qtype_quantize_row can produce type t (F32, F16, Q8_0, Q4_0, Q4_1). */
 bool qtype_can_quantize(enum qtype t);
 
 /* Writes n floats as qtype_row_bytes(t, n) bytes of type t. QERR_UNSUPPORTED for a type that
  * cannot be produced, QERR_INVALID when n is not a multiple of the type's block. */
-int qtype_quantize_row(enum qtype t, const float *x, void *dst, size_t n, struct qerr *err);
+int qtype_quantize_row(enum qtype t, enum qround round, const float *x, void *dst, size_t n,
+                       struct qerr *err);
 
 #endif

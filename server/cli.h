@@ -19,6 +19,14 @@ int cli_eval(int argc, char **argv);
 #include <stdbool.h>
 bool cli_parse_int(const char *text, long lo, long hi, long *out);
 bool cli_parse_float(const char *text, double lo, double hi, double *out);
+/* The backend `--device` names (auto, cpu, cuda, cuda:N; kernels/backend_select.h), with its
+ * one-line reason logged to stderr as "quern PROG: backend: ...". */
+#include "../kernels/backend_select.h"
+int cli_backend_create(const char *prog, const char *device, int threads,
+                       enum matmul_precision precision, struct backend **out, struct qerr *err);
+#define CLI_DEVICE_HELP                                                                            \
+    "  --device D        auto (default: a usable GPU, else the CPU), cpu, cuda or cuda:N\n"
+
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);
 

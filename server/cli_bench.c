@@ -27,6 +27,8 @@ static void bench_usage(FILE *out)
                  "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
                  "  --threads N           CPU threads (default: all)\n"
                  "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
+                 "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
+                 "                        cuda:N\n"
                  "  --max-batch-tokens N  engine step budget (default 2048)\n"
                  "  --max-seqs N          running sequences (default 64)\n"
                  "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
@@ -35,7 +37,7 @@ static void bench_usage(FILE *out)
 }
 
 struct bench_args {
-    const char *model;
+    const char *model, *device;
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
     enum matmul_precision precision;
@@ -236,7 +238,7 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
         goto out;
     }
     uint64_t x = (uint64_t)a->seed | 1;
-    for (long i = 0; i < a->pp; i++) {
+    for (long i = 0; i < (a->pp > 0 ? a->pp : 1); i++) { /* tg alone still needs prompt[0] */
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         prompt[i] = 100 + (int32_t)(x % (uint64_t)(vocab - 100));
     }
@@ -296,7 +298,8 @@ int cli_bench(int argc, char **argv)
         O_KV,
         O_SEED,
         O_JSON,
-        O_PREC
+        O_PREC,
+        O_DEVICE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -313,6 +316,7 @@ int cli_bench(int argc, char **argv)
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
                                          {"precision", required_argument, 0, O_PREC},
+                                         {"device", required_argument, 0, O_DEVICE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -351,6 +355,17 @@ int cli_bench(int argc, char **argv)
                 return EXIT_USAGE;
             }
             continue;
+        case O_DEVICE: {
+            enum backend_kind kind;
+            int index;
+            struct qerr derr = {0};
+            if (backend_device_parse(optarg, &kind, &index, &derr)) {
+                fprintf(stderr, "quern bench: %s\n", derr.msg);
+                return EXIT_USAGE;
+            }
+            a.device = optarg;
+            continue;
+        }
         case O_REQ:
             dst = &a.requests;
             break;
@@ -423,8 +438,7 @@ int cli_bench(int argc, char **argv)
     struct backend *be = NULL;
     int rc = gguf_open(cli_model_path(a.model), &f, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
-    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = a.precision};
-    if (!rc) rc = backend_cpu_create(&bo, &be, &err);
+    if (!rc) rc = cli_backend_create("bench", a.device, (int)a.threads, a.precision, &be, &err);
     if (!rc) rc = serving ? run_serving(f, tok, be, &a, &err) : run_pp_tg(f, be, &a, &err);
     if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
     backend_destroy(be);

@@ -34,18 +34,19 @@ static void eval_usage(FILE *out)
         "                   is scored, as llama.cpp's perplexity does\n"
         "  --chunks K       score at most K windows (default: all the text fills)\n"
         "  --precision P    f32 (default) or q8: activations quantized to int8 in matmuls\n"
-        "  --threads N      CPU threads (default: all)\n");
+        "  --threads N      CPU threads (default: all)\n"
+        "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, cuda:N\n");
 }
 
 struct eval_args {
-    const char *model, *ref, *text;
+    const char *model, *ref, *text, *device;
     long ctx, chunks, threads;
     enum matmul_precision precision;
 };
 
 static int parse_args(int argc, char **argv, struct eval_args *a)
 {
-    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS };
+    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"ref", required_argument, 0, O_REF},
                                          {"text", required_argument, 0, O_TEXT},
@@ -53,6 +54,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                                          {"chunks", required_argument, 0, O_CHUNKS},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"threads", required_argument, 0, O_THREADS},
+                                         {"device", required_argument, 0, O_DEVICE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     *a = (struct eval_args){.ctx = 512, .precision = MATMUL_F32};
@@ -98,6 +100,17 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                 return EXIT_USAGE;
             }
             break;
+        case O_DEVICE: {
+            enum backend_kind kind;
+            int index;
+            struct qerr derr = {0};
+            if (backend_device_parse(optarg, &kind, &index, &derr)) {
+                fprintf(stderr, "quern eval: %s\n", derr.msg);
+                return EXIT_USAGE;
+            }
+            a->device = optarg;
+            break;
+        }
         case 'h':
             eval_usage(stdout);
             return -1;
@@ -143,8 +156,8 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
     if (a->ctx > l->cfg.ctx_len)
         return qerr_set(err, QERR_INVALID, "--ctx %ld exceeds the context length %d of %s", a->ctx,
                         l->cfg.ctx_len, path);
-    struct backend_cpu_opts bo = {.n_threads = (int)a->threads, .precision = a->precision};
-    if ((rc = backend_cpu_create(&bo, &l->be, err))) return rc;
+    if ((rc = cli_backend_create("eval", a->device, (int)a->threads, a->precision, &l->be, err)))
+        return rc;
     int batch = a->ctx < 512 ? (int)a->ctx : 512, bs = 16;
     struct model_opts mo = {.max_batch_tokens = batch,
                             .max_logits = batch,

@@ -26,7 +26,8 @@ static void generate_usage(FILE *out)
             "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
             "  --seed S          RNG seed (default 0)\n"
             "  --threads N       CPU threads (default: all)\n"
-            "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, faster)\n"
+            "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
+            "faster)\n" CLI_DEVICE_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -63,7 +64,7 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 }
 
 struct gen_args {
-    const char *model, *prompt, *system;
+    const char *model, *prompt, *system, *device;
     long n_predict, threads;
     bool chat, ignore_eos, stats;
     enum matmul_precision precision;
@@ -84,7 +85,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_SYSTEM,
         O_REPEAT,
         O_NOSTATS,
-        O_PREC
+        O_PREC,
+        O_DEVICE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -101,6 +103,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"no-stats", no_argument, 0, O_NOSTATS},
                                          {"help", no_argument, 0, 'h'},
                                          {"precision", required_argument, 0, O_PREC},
+                                         {"device", required_argument, 0, O_DEVICE},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
     sample_params_default(&a->sp);
@@ -139,6 +142,17 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case O_SYSTEM:
             a->system = optarg;
             break;
+        case O_DEVICE: {
+            enum backend_kind kind;
+            int index;
+            struct qerr derr = {0};
+            if (backend_device_parse(optarg, &kind, &index, &derr)) {
+                fprintf(stderr, "quern generate: %s\n", derr.msg);
+                return EXIT_USAGE;
+            }
+            a->device = optarg;
+            break;
+        }
         case O_PREC:
             if (!strcmp(optarg, "q8"))
                 a->precision = MATMUL_Q8;
@@ -259,8 +273,8 @@ int cli_generate(int argc, char **argv)
                       a.n_predict, cfg.ctx_len);
         goto out;
     }
-    struct backend_cpu_opts bo = {.n_threads = (int)a.threads, .precision = a.precision};
-    if ((rc = backend_cpu_create(&bo, &be, &err))) goto out;
+    if ((rc = cli_backend_create("generate", a.device, (int)a.threads, a.precision, &be, &err)))
+        goto out;
     int bs = 16;
     struct model_opts mo = {.max_batch_tokens = 256,
                             .max_logits = 1,

@@ -12,11 +12,15 @@ static void quantize_usage(FILE *out)
 {
     fprintf(out,
             "usage: quern quantize --in MODEL.gguf --out OUT.gguf --type TYPE [--keep-output]\n"
+            "                      [--rounding search|ref]\n"
             "  --in PATH       the GGUF model to read (F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors)\n"
             "  --out PATH      the GGUF file to write (replaced atomically; nothing is left\n"
             "                  behind on failure)\n"
             "  --type TYPE     q8_0, q4_0 or q4_1 (also f32 or f16: a dequantized copy)\n"
             "  --keep-output   keep token_embd.weight and output.weight in their source type\n"
+            "  --rounding R    search (default): each Q8_0/Q4_0 block's scale chosen for the\n"
+            "                  least squared error; ref: ggml's reference rounding, the bytes\n"
+            "                  llama-quantize writes (Q4_1 always uses ref)\n"
             "1-D tensors (norms) are written as F32. Rows must be a multiple of 32 elements.\n");
 }
 
@@ -24,16 +28,20 @@ struct quantize_args {
     const char *in, *out;
     int type;
     bool keep_output;
+    enum qround round;
 };
 
 static int parse_args(int argc, char **argv, struct quantize_args *a)
 {
-    enum { O_KEEP = 256 };
-    static const struct option opts[] = {
-        {"in", required_argument, 0, 'i'},   {"out", required_argument, 0, 'o'},
-        {"type", required_argument, 0, 't'}, {"keep-output", no_argument, 0, O_KEEP},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
-    *a = (struct quantize_args){.type = -1};
+    enum { O_KEEP = 256, O_ROUND };
+    static const struct option opts[] = {{"in", required_argument, 0, 'i'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"type", required_argument, 0, 't'},
+                                         {"keep-output", no_argument, 0, O_KEEP},
+                                         {"rounding", required_argument, 0, O_ROUND},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    *a = (struct quantize_args){.type = -1, .round = QROUND_SEARCH};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "i:o:t:h", opts, NULL)) != -1) {
@@ -56,6 +64,17 @@ static int parse_args(int argc, char **argv, struct quantize_args *a)
             break;
         case O_KEEP:
             a->keep_output = true;
+            break;
+        case O_ROUND:
+            if (strcmp(optarg, "search") == 0) {
+                a->round = QROUND_SEARCH;
+            } else if (strcmp(optarg, "ref") == 0) {
+                a->round = QROUND_REF;
+            } else {
+                fprintf(stderr, "quern quantize: unknown --rounding '%s' (want search or ref)\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
             break;
         case 'h':
             quantize_usage(stdout);
@@ -88,7 +107,8 @@ int cli_quantize(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = gguf_open(a.in, &f, &err);
     struct gguf_quantize_stats st;
-    struct gguf_quantize_opts o = {.type = (enum qtype)a.type, .keep_output = a.keep_output};
+    struct gguf_quantize_opts o = {
+        .type = (enum qtype)a.type, .keep_output = a.keep_output, .round = a.round};
     if (!rc) rc = gguf_quantize(f, a.out, &o, &st, &err);
     gguf_close(f);
     if (rc) {

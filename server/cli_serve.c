@@ -32,6 +32,8 @@ static void serve_usage(FILE *out)
             "  --port N                 port (default 8080; 0: any free port)\n"
             "  --threads N              CPU threads for the model (default: all)\n"
             "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
+            "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
+            "                           cuda:N\n"
             "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
             "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
             "  --max-seqs N             sequences running at once (default 64)\n"
@@ -113,13 +115,15 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_LOGFMT,
         O_BODY,
         O_CONNS,
-        O_PREC
+        O_PREC,
+        O_DEVICE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"host", required_argument, 0, O_HOST},
                                          {"port", required_argument, 0, O_PORT},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"precision", required_argument, 0, O_PREC},
+                                         {"device", required_argument, 0, O_DEVICE},
                                          {"kv-mem", required_argument, 0, O_KVMEM},
                                          {"max-batch-tokens", required_argument, 0, O_MBT},
                                          {"max-seqs", required_argument, 0, O_SEQS},
@@ -211,6 +215,16 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             else if (strcmp(optarg, "f32"))
                 bad = "--precision wants f32 or q8";
             break;
+        case O_DEVICE: {
+            enum backend_kind kind;
+            int index;
+            struct qerr derr = {0};
+            if (backend_device_parse(optarg, &kind, &index, &derr))
+                bad = "--device wants auto, cpu, cuda or cuda:N";
+            else
+                o->device = optarg;
+            break;
+        }
         case 'h':
             serve_usage(stdout);
             return -1;
@@ -259,9 +273,9 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
         snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
         fprintf(stderr, "quern serve: warning: no chat endpoint: %s\n", cerr.msg);
     }
-    struct backend_cpu_opts bo = {.n_threads = o->threads,
-                                  .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32};
-    if ((rc = backend_cpu_create(&bo, &L->be, err))) return rc;
+    if ((rc = cli_backend_create("serve", o->device, o->threads, o->q8 ? MATMUL_Q8 : MATMUL_F32,
+                                 &L->be, err)))
+        return rc;
     struct engine_opts eo;
     engine_opts_default(&eo);
     if (o->max_batch_tokens) eo.max_batch_tokens = o->max_batch_tokens;

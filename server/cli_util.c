@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "cli.h"
@@ -31,4 +32,12 @@ const char *cli_model_path(const char *arg)
     if (arg) return arg;
     const char *env = getenv("QUERN_MODEL");
     return env && *env ? env : QUERN_DEFAULT_MODEL;
+}
+
+int cli_backend_create(const char *prog, const char *device, int threads,
+                       enum matmul_precision precision, struct backend **out, struct qerr *err)
+{
+    int rc = backend_create_auto(device, threads, precision, out, err);
+    if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
+    return rc;
 }

@@ -33,7 +33,8 @@ struct serve_opts {
     size_t max_body;
     int max_connections;
     bool log_json;
-    bool q8; /* MATMUL_Q8 instead of MATMUL_F32 */
+    bool q8;            /* MATMUL_Q8 instead of MATMUL_F32 */
+    const char *device; /* --device: auto (NULL), cpu, cuda, cuda:N */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

@@ -63,9 +63,31 @@ expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n
 if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
   echo "FAIL: seeded output differs"; fails=$((fails + 1)); fi
 
+# --device: a bad name is a usage error; cuda without a usable GPU (or without CUDA in the
+# build) is a runtime error naming why; auto falls back to the CPU and says so
+expect 2 "--device 'tpu': want auto, cpu, cuda or cuda:N" -- generate --model "$model" --device tpu -n 1 --prompt hi
+expect 2 "want auto, cpu, cuda or cuda:N" -- generate --model "$model" --device cuda:x -n 1 --prompt hi
+# backend_line DEVICE PATTERN: the one log line naming the backend
+backend_line() {
+  if "$bin" generate --model "$model" --device "$1" -n 1 --prompt hi 2>&1 >/dev/null |
+      grep -qE "^quern generate: backend: $2"; then
+    echo "ok: --device $1 logs 'backend: $2'"
+  else
+    echo "FAIL: --device $1 does not log /backend: $2/"; fails=$((fails + 1))
+  fi
+}
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect 1 'cuda' -- generate --model "$model" --device cuda -n 1 --prompt hi
+  backend_line auto 'cpu \(auto: .+\)$'
+fi
+backend_line cpu 'cpu$'
+
+# valgrind on the CPU path (--device cpu; the CUDA device probe is test_cuda_select's). One
+# suppression: glibc's loader, run by libcublasLt's initializer (tests/valgrind.supp says why)
 if [ -z "${QUERN_SANITIZED:-}" ] && command -v valgrind >/dev/null; then
   if valgrind --quiet --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect \
-      "$bin" generate --model "$model" --threads 2 --temp 0 -n 3 --prompt "Hi there" \
+      --suppressions="$(dirname "$0")/valgrind.supp" \
+      "$bin" generate --model "$model" --device cpu --threads 2 --temp 0 -n 3 --prompt "Hi there" \
       >"$tmp/vg.out" 2>"$tmp/vg.err"; then
     echo "ok: valgrind clean"
   else

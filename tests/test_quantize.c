@@ -1,7 +1,8 @@
 /* Reference quantizers (quant/quantize.h): blocks worked out by hand down to the byte, the
  * rounding rules of ggml's quantize_row_*_ref (ties, clamps, the sign of the Q4_0 scale), error
  * bounds of quantize -> dequantize on random rows, the real model's Q4_1 blocks surviving
- * dequantize -> quantize unchanged, and the eval statistics (engine/eval.h). */
+ * dequantize -> quantize unchanged, the searched scales never worse than the reference, and the
+ * eval statistics (engine/eval.h). */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
@@ -179,7 +180,7 @@ static void check_roundtrip(enum qtype t, float half_steps, double max_rel_rms)
         for (int i = 0; i < N; i++) x[i] = rnd_normal(&seed, scale);
         if (r % 7 == 0) x[r % N] *= 30.0f; /* an outlier */
         struct qerr err = {0};
-        ck_assert_int_eq(qtype_quantize_row(t, x, q, N, &err), 0);
+        ck_assert_int_eq(qtype_quantize_row(t, QROUND_REF, x, q, N, &err), 0);
         qtype_dequantize_row(t, q, y, N);
         for (int b = 0; b < N / QK; b++) {
             float mn = x[b * QK], mx = x[b * QK], amax = 0;
@@ -286,26 +287,85 @@ START_TEST(real_model_q4_1_stable)
 }
 END_TEST
 
+/* Sum of squared errors of x under its quantized copy q (n elements of type t). */
+static double sq_error(enum qtype t, const float *x, const void *q, size_t n)
+{
+    float y[8 * QK];
+    ck_assert_uint_le(n, 8 * QK);
+    qtype_dequantize_row(t, q, y, n);
+    double e = 0;
+    for (size_t i = 0; i < n; i++) e += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+    return e;
+}
+
+/* Searched scales (quantize_search.c): per block never a larger squared error than the
+ * reference rounding, on random rows with outliers; on values already on a Q4_1 grid (what the
+ * default model holds) Q8_0 loses several times less. */
+START_TEST(search_never_worse)
+{
+    enum { N = 8 * QK };
+    uint64_t seed = 4242;
+    const enum qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
+    double ref_grid = 0, search_grid = 0;
+    for (int r = 0; r < 600; r++) {
+        float x[N];
+        bool grid = r % 2 == 1;
+        if (grid) { /* Q4_1 values: d * nibble + m per block */
+            for (int b = 0; b < N / QK; b++) {
+                float d = fp16_to_f32(f32_to_fp16(0.001f + 0.05f * fabsf(rnd_unit(&seed))));
+                float m = fp16_to_f32(f32_to_fp16(-8.0f * d * (0.5f + fabsf(rnd_unit(&seed)))));
+                for (int j = 0; j < QK; j++) x[b * QK + j] = d * (float)(rnd_next(&seed) % 16) + m;
+            }
+        } else {
+            float scale = r % 3 == 0 ? 0.02f : 3.0f;
+            for (int i = 0; i < N; i++) x[i] = rnd_normal(&seed, scale);
+            if (r % 5 == 0) x[r % N] *= 25.0f;
+        }
+        for (int k = 0; k < 2; k++) {
+            enum qtype t = types[k];
+            unsigned char a[N * 2], b[N * 2];
+            struct qerr err = {0};
+            ck_assert_int_eq(qtype_quantize_row(t, QROUND_REF, x, a, N, &err), 0);
+            ck_assert_int_eq(qtype_quantize_row(t, QROUND_SEARCH, x, b, N, &err), 0);
+            size_t bb = qtype_block_bytes(t);
+            for (int blk = 0; blk < N / QK; blk++) {
+                double ea = sq_error(t, x + blk * QK, a + blk * bb, QK);
+                double eb = sq_error(t, x + blk * QK, b + blk * bb, QK);
+                ck_assert_msg(eb <= ea * (1 + 1e-9) + 1e-30, "%s row %d block %d: %g > %g",
+                              qtype_name(t), r, blk, eb, ea);
+                if (grid && t == QTYPE_Q8_0) {
+                    ref_grid += ea;
+                    search_grid += eb;
+                }
+            }
+        }
+    }
+    ck_assert_msg(search_grid * 3 < ref_grid, "Q8_0 on Q4_1 grids: search %g vs ref %g",
+                  search_grid, ref_grid);
+}
+END_TEST
+
 START_TEST(quantize_row_dispatch)
 {
     float x[64];
     for (int i = 0; i < 64; i++) x[i] = (float)i * 0.25f - 8.0f;
     unsigned char out[256];
     struct qerr err = {0};
-    ck_assert_int_eq(qtype_quantize_row(QTYPE_Q4_0, x, out, 40, &err), QERR_INVALID);
+    ck_assert_int_eq(qtype_quantize_row(QTYPE_Q4_0, QROUND_REF, x, out, 40, &err), QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "40"));
-    ck_assert_int_eq(qtype_quantize_row(QTYPE_BF16, x, out, 64, &err), QERR_UNSUPPORTED);
-    ck_assert_int_eq(qtype_quantize_row(QTYPE_F16, x, out, 3, &err), 0);
+    ck_assert_int_eq(qtype_quantize_row(QTYPE_BF16, QROUND_REF, x, out, 64, &err),
+                     QERR_UNSUPPORTED);
+    ck_assert_int_eq(qtype_quantize_row(QTYPE_F16, QROUND_REF, x, out, 3, &err), 0);
     uint16_t h[3];
     memcpy(h, out, sizeof h);
     ck_assert_uint_eq(h[0], 0xc800); /* -8 */
-    ck_assert_int_eq(qtype_quantize_row(QTYPE_F32, x, out, 5, &err), 0);
+    ck_assert_int_eq(qtype_quantize_row(QTYPE_F32, QROUND_REF, x, out, 5, &err), 0);
     ck_assert_mem_eq(out, x, 5 * sizeof(float));
     ck_assert(qtype_can_quantize(QTYPE_Q4_1));
     ck_assert(!qtype_can_quantize(QTYPE_BF16));
     /* the dispatcher and the direct call agree */
     struct block_q4_1 a[2], b[2];
-    ck_assert_int_eq(qtype_quantize_row(QTYPE_Q4_1, x, a, 64, &err), 0);
+    ck_assert_int_eq(qtype_quantize_row(QTYPE_Q4_1, QROUND_REF, x, a, 64, &err), 0);
     quantize_row_q4_1(x, b, 64);
     ck_assert_mem_eq(a, b, sizeof a);
 }
@@ -373,6 +433,7 @@ int main(void)
     tcase_add_test(tc, roundtrip_bounds);
     tcase_add_test(tc, requantize_is_stable);
     tcase_add_test(tc, real_model_q4_1_stable);
+    tcase_add_test(tc, search_never_worse);
     tcase_add_test(tc, quantize_row_dispatch);
     tcase_add_test(tc, eval_stats_values);
     suite_add_tcase(s, tc);

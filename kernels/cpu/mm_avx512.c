@@ -88,26 +88,35 @@ TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v
     _mm512_mask_storeu_ps(yt + r0, (__mmask16)((1u << left) - 1), v);
 }
 
-#ifndef PF_DIST
-#define PF_DIST 16384
+#ifndef PF_DIST_Q4
+#define PF_DIST_Q4 16384
+#endif
+#ifndef PF_DIST_Q8
+#define PF_DIST_Q8 4096
 #endif
 /* The packed weight is one forward stream (each group's scales, then its quants, then the next
  * group's): prefetching a fixed distance past the quants being read keeps enough misses in
  * flight for DRAM bandwidth, which the out-of-order window alone does not (a decode reads each
- * byte once). 16 KiB measured best here (4 KiB: -10%, 32 KiB: -15% decode tokens/s). */
+ * byte once). Measured best here, 1-thread decode: 4-bit 16 KiB (4 KiB: -10%, 32 KiB: -15%),
+ * Q8_0 4-8 KiB (16 KiB: -8%, 32 KiB: -15%; no prefetch at all about the same as 4 KiB). */
+INLINE size_t prefetch_distance(enum qtype type)
+{
+    return type == QTYPE_Q8_0 ? PF_DIST_Q8 : PF_DIST_Q4;
+}
+
 INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs)
 {
-    const uint8_t *p = qs + PF_DIST;
+    const uint8_t *p = qs + prefetch_distance(w->type);
     if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
     for (size_t o = 0; o < w->quant_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
-/* The first PF_DIST bytes of a range, which prefetch_ahead never covers. */
+/* The first prefetch_distance bytes of a range, which prefetch_ahead never covers. */
 INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
 {
     const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
-    size_t len = (size_t)(g1 - g0) * w->group_bytes;
-    for (size_t o = 0; o < len && o < PF_DIST; o += 64) __builtin_prefetch(p + o, 0, 3);
+    size_t len = (size_t)(g1 - g0) * w->group_bytes, dist = prefetch_distance(w->type);
+    for (size_t o = 0; o < len && o < dist; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
