@@ -108,10 +108,7 @@ int qtype_quantize_row(enum qtype t, enum qround round, const float *x, void *ds
             quantize_row_q8_0(x, dst, n);
         break;
     case QTYPE_Q4_0:
-        if (round == QROUND_SEARCH)
-            quantize_row_q4_0_search(x, dst, n);
-        else
-            quantize_row_q4_0(x, dst, n);
+        quantize_row_q4_0(x, dst, n);
         break;
     case QTYPE_Q4_1:
         quantize_row_q4_1(x, dst, n);

@@ -26,15 +26,15 @@ void quantize_row_q8_0(const float *x, struct block_q8_0 *y, size_t n);
 void quantize_row_q4_0(const float *x, struct block_q4_0 *y, size_t n);
 void quantize_row_q4_1(const float *x, struct block_q4_1 *y, size_t n);
 
-/* The same formats with each block's scale searched (quantize_search.c): the candidate scales
- * around the reference one, each refitted by least squares, judged by the squared error under
- * the fp16-rounded scale; the reference scale is a candidate, so the error is never larger. */
+/* Q8_0 with each block's scale searched (quantize_search.c): candidate scales near the reference
+ * one and the block's own grid step over 1, 2, 3, ..., each refitted by least squares, judged by
+ * the squared error under the fp16-rounded scale; the reference scale is a candidate, so the
+ * error is never larger. */
 void quantize_row_q8_0_search(const float *x, struct block_q8_0 *y, size_t n);
-void quantize_row_q4_0_search(const float *x, struct block_q4_0 *y, size_t n);
 
 enum qround {
     QROUND_REF = 0,    /* ggml's reference rounding: llama-quantize's bytes */
-    QROUND_SEARCH = 1, /* searched scales for Q8_0 and Q4_0 (Q4_1 keeps the reference) */
+    QROUND_SEARCH = 1, /* searched scales for Q8_0 (Q4_0 and Q4_1 keep the reference) */
 };
 
 /* True when qtype_quantize_row can produce type t (F32, F16, Q8_0, Q4_0, Q4_1). */

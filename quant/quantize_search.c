@@ -1,5 +1,5 @@
-/* quantize_search: symmetric block quantizers (Q8_0, Q4_0) that choose each block's scale by
- * searching, instead of taking it from the block's extreme (quantize.h).
+/* quantize_search: a Q8_0 quantizer that chooses each block's scale by searching, instead of
+ * taking it from the block's extreme (quantize.h).
  *
  * Why: the reference scale maps the block's largest magnitude onto the last level, which is the
  * best choice only for values spread evenly. Weights that were quantized before (the default
@@ -7,7 +7,12 @@
  * step puts more of them on, or near, the new grid. The search tries scales around the
  * reference one, refits each by least squares to the quants it rounds to, and keeps the one whose
  * fp16-rounded scale gives the smallest squared error: never worse than the reference, because
- * the reference scale is one of the candidates and is judged the same way. */
+ * the reference scale is one of the candidates and is judged the same way.
+ *
+ * Only for Q8_0: on the default model it cuts the KL divergence against the F32 reference from
+ * 0.00145 to 0.00020. The same search on Q4_0 lowered the squared error but raised the KL
+ * (0.377 -> 0.400): with 16 levels, trading the block's extreme for the bulk costs more than it
+ * saves, so Q4_0 keeps the reference rounding (docs/quant.md). */
 #include <math.h>
 
 #include "quantize.h"
@@ -82,10 +87,10 @@ static float smallest_gap(const float *v)
 }
 
 /* Best stored scale and its quants for one block; `ref` is the reference scale (before fp16
- * rounding), `top` the level the extreme maps to under it (127 for Q8_0, -8 for Q4_0's signed
- * max). Candidates: levels near `top` in tenths (a slightly coarser step that fits the values
- * better), and the block's own grid step divided by 1, 2, 3, ... (exact for values that were
- * quantized before, when the grid's offset fits too). */
+ * rounding), `top` the level the extreme maps to under it (127). Candidates: levels near `top` in
+ * tenths (a slightly coarser step that fits the values better), and the block's own grid step
+ * divided by 1, 2, 3, ... (exact for values that were quantized before, when the grid's offset fits
+ * too). */
 static void search_block(const float *v, float ref, float top, int lo, int hi, uint16_t *d_out,
                          int8_t *q_out)
 {
@@ -117,23 +122,5 @@ void quantize_row_q8_0_search(const float *x, struct block_q8_0 *y, size_t n)
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
         search_block(v, amax / 127.0f, 127.0f, -127, 127, &y[i].d, y[i].qs);
-    }
-}
-
-void quantize_row_q4_0_search(const float *x, struct block_q4_0 *y, size_t n)
-{
-    for (size_t i = 0; i < n / QK; i++) {
-        const float *v = x + i * QK;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK; j++) {
-            if (amax < fabsf(v[j])) {
-                amax = fabsf(v[j]);
-                max = v[j];
-            }
-        }
-        int8_t q[QK];
-        search_block(v, max / -8.0f, -8.0f, -8, 7, &y[i].d, q);
-        for (int j = 0; j < QK / 2; j++)
-            y[i].qs[j] = (uint8_t)((q[j] + 8) | (q[j + QK / 2] + 8) << 4);
     }
 }

@@ -18,6 +18,7 @@
 
 #include "../engine/engine.h"
 #include "../engine/generate.h"
+#include "../tools/bench_kernels.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
@@ -25,6 +26,9 @@ static void bench_usage(FILE *out)
     fprintf(out, "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
                  "                   [--concurrency C] [options]\n"
                  "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
+                 "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
+                 "                   [--batches 1,8,64,512] [--model M [--pp P] [--tg T]]\n"
+                 "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak)\n"
                  "  --threads N           CPU threads (default: all)\n"
                  "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
                  "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
@@ -284,6 +288,12 @@ out:
 
 int cli_bench(int argc, char **argv)
 {
+    /* --kernels: the CPU kernel benchmark (tools/bench-kernels.c) takes every other option */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kernels")) {
+            for (int j = i; j + 1 < argc; j++) argv[j] = argv[j + 1];
+            return bench_kernels_main(argc - 1, argv);
+        }
     enum {
         O_REQ = 256,
         O_IN,

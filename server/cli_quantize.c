@@ -18,9 +18,9 @@ static void quantize_usage(FILE *out)
             "                  behind on failure)\n"
             "  --type TYPE     q8_0, q4_0 or q4_1 (also f32 or f16: a dequantized copy)\n"
             "  --keep-output   keep token_embd.weight and output.weight in their source type\n"
-            "  --rounding R    search (default): each Q8_0/Q4_0 block's scale chosen for the\n"
-            "                  least squared error; ref: ggml's reference rounding, the bytes\n"
-            "                  llama-quantize writes (Q4_1 always uses ref)\n"
+            "  --rounding R    search (default): each Q8_0 block's scale chosen for the least\n"
+            "                  squared error; ref: ggml's reference rounding, the bytes\n"
+            "                  llama-quantize writes (Q4_0 and Q4_1 always use ref)\n"
             "1-D tensors (norms) are written as F32. Rows must be a multiple of 32 elements.\n");
 }
 

@@ -1,10 +1,12 @@
 /* quern-bench-kernels: CPU kernel and decode throughput next to this machine's ceiling.
  *
+ *   quern bench --kernels [--threads N]   (or the quern-bench-kernels program, the same code)
  *   quern-bench-kernels [--threads N] [--isa scalar|avx2|avx512] [--precision f32|q8|both]
  *                       [--batches 1,8,64,512] [--model M.gguf [--pp 512] [--tg 64]]
  *
  * 1. Memory read bandwidth (a streaming read loop over 512 MiB, 1 thread and N threads) and
- *    memcpy bandwidth: the roofline every decode number is compared with.
+ *    memcpy bandwidth: the roofline every decode number is compared with; and the compute peak
+ *    (fp32 FMA and int8 vpdpbusd chains on N threads), the roofline of large batches.
  * 2. The matmul of each matrix shape of the default model (SmolLM2-135M: Q4_1 layers, Q8_0 tied
  *    output) at each batch size, through the backend's matmul op (so it includes activation
  *    quantization and the pool): GB/s of weights and GFLOP/s. Batch-1 runs rotate over enough
@@ -24,6 +26,7 @@
 
 #include "../engine/generate.h"
 #include "../kernels/cpu/cpu_isa.h"
+#include "bench_kernels.h"
 
 static double now(void)
 {
@@ -119,6 +122,65 @@ static double memcpy_bandwidth(uint8_t *buf, size_t bytes)
     return best;
 }
 
+/* ---- compute peak: independent chains of one instruction, no memory ---- */
+
+#define TGT512      __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define PEAK_CHAINS 12 /* more than latency x throughput, so the chains never wait */
+
+struct peak_arg {
+    long iters;
+    bool fma;
+    float sink;
+};
+
+TGT512 static void *peak_loop(void *arg)
+{
+    struct peak_arg *a = arg;
+    if (a->fma) {
+        __m512 acc[PEAK_CHAINS], m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+        for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_set1_ps((float)k);
+        for (long i = 0; i < a->iters; i++)
+            for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_fmadd_ps(acc[k], m, c);
+        __m512 t = acc[0];
+        for (int k = 1; k < PEAK_CHAINS; k++) t = _mm512_add_ps(t, acc[k]);
+        a->sink = _mm512_reduce_add_ps(t);
+    } else {
+        __m512i acc[PEAK_CHAINS], u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+        for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_set1_epi32(k);
+        for (long i = 0; i < a->iters; i++)
+            for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], u, v);
+        __m512i t = acc[0];
+        for (int k = 1; k < PEAK_CHAINS; k++) t = _mm512_add_epi32(t, acc[k]);
+        a->sink = (float)_mm512_reduce_add_epi32(t);
+    }
+    return NULL;
+}
+
+/* Best G(FL)OP/s over 3 runs on `threads` threads: fp32 FMA (32 flops per instruction) or int8
+ * vpdpbusd (64 multiply-adds = 128 ops per instruction, the unit the Q8 matmul's GFLOP/s counts).
+ * 0 when the CPU lacks AVX-512 VNNI. */
+static double compute_peak(bool fma, int threads)
+{
+    if (!__builtin_cpu_supports("avx512vnni") || threads > 64) return 0;
+    const long iters = 4000000;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_t th[64];
+        struct peak_arg a[64];
+        double t0 = now();
+        for (int i = 0; i < threads; i++) {
+            a[i] = (struct peak_arg){.iters = iters, .fma = fma};
+            if (i) pthread_create(&th[i], NULL, peak_loop, &a[i]);
+        }
+        peak_loop(&a[0]);
+        for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
+        double dt = now() - t0;
+        double ops = (double)iters * PEAK_CHAINS * (fma ? 32.0 : 128.0) * threads;
+        best = fmax(best, ops / dt / 1e9);
+    }
+    return best;
+}
+
 /* ---- matmul ---- */
 
 struct shape {
@@ -169,7 +231,7 @@ static double time_matmul(struct backend *be, struct bweight *ws, int copies, co
 }
 
 static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, int n_batches,
-                         double bw)
+                         double bw, double peak)
 {
     struct backend *be;
     struct qerr err = {0};
@@ -218,7 +280,9 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
         }
         free(ws);
     }
-    printf("(memory read bandwidth at %d thread(s): %.1f GB/s)\n", bo->n_threads, bw);
+    printf("(memory read bandwidth at %d thread(s): %.1f GB/s; compute peak %.0f %s)\n",
+           bo->n_threads, bw, peak,
+           bo->precision == MATMUL_Q8 ? "GOP/s, int8 vpdpbusd" : "GFLOP/s, fp32 FMA");
     free(x);
     free(y);
     backend_destroy(be);
@@ -569,7 +633,7 @@ static void usage(void)
                     "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n");
 }
 
-int main(int argc, char **argv)
+int bench_kernels_main(int argc, char **argv)
 {
     struct backend_cpu_opts bo = {.n_threads = 0, .precision = MATMUL_F32, .isa = CPU_ISA_AUTO};
     const char *model = NULL;
@@ -630,6 +694,11 @@ int main(int argc, char **argv)
     printf("memory: read %.1f GB/s (1 thread), %.1f GB/s (%d threads); memcpy %.1f GB/s "
            "(1 thread)\n",
            bw1, bwn, bo.n_threads, cp);
+    double peak_fp32 = compute_peak(true, bo.n_threads),
+           peak_int8 = compute_peak(false, bo.n_threads);
+    printf("compute peak (%d threads): fp32 FMA %.0f GFLOP/s, int8 vpdpbusd %.0f GOP/s%s\n",
+           bo.n_threads, peak_fp32, peak_int8,
+           peak_int8 > 0 ? "" : " (no AVX-512 VNNI: not measured)");
 
     int rc = 0;
     enum matmul_precision precs[2] = {bo.precision, MATMUL_Q8};
@@ -638,7 +707,8 @@ int main(int argc, char **argv)
     for (int p = 0; p < n_prec && !rc && kernels; p++) {
         struct backend_cpu_opts o = bo;
         o.precision = precs[p];
-        rc = bench_matmuls(&o, batches, n_batches, bwn);
+        rc = bench_matmuls(&o, batches, n_batches, bwn,
+                           o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32);
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
     for (int p = 0; p < n_prec && !rc && model; p++) {
