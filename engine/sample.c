@@ -1,6 +1,7 @@
 #include "sample.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +127,13 @@ void sampler_penalize(struct sampler *s, float *logits)
     }
 }
 
+#define SWAP_I32(a, b)                                                                             \
+    do {                                                                                           \
+        int32_t t_ = (a);                                                                          \
+        (a) = (b);                                                                                 \
+        (b) = t_;                                                                                  \
+    } while (0)
+
 /* Stable bottom-up merge sort of idx[0..n) by val descending, ties by lower id; tmp has n
  * entries. (qsort has no context argument, and the comparator must not read a global.) */
 static void sort_desc(int32_t *idx, int32_t *tmp, int n, const float *val)
@@ -145,54 +153,105 @@ static void sort_desc(int32_t *idx, int32_t *tmp, int n, const float *val)
     }
 }
 
-int32_t sampler_sample(struct sampler *s, float *logits)
+/* True when token a ranks before token b: higher value, ties to the lower id. */
+static bool ranks_before(const float *val, int32_t a, int32_t b)
 {
-    const struct sample_params *p = &s->p;
-    sampler_penalize(s, logits);
-    if (p->temperature == 0 || p->top_k == 1) return argmax(logits, s->vocab);
+    return val[a] > val[b] || (val[a] == val[b] && a < b);
+}
 
-    /* keep only candidates that can matter: top_k if set, else everything (pruned by top_p) */
-    int n = s->vocab;
-    for (int i = 0; i < n; i++) s->idx[i] = i;
-    float maxl = logits[argmax(logits, n)];
-    /* prefilter: tokens more than 30 nats below the max have p < 1e-13; drop them before
-     * sorting so the sort sees a few hundred candidates instead of the vocabulary */
-    float floor_l = maxl - 30.0f * p->temperature;
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (logits[i] >= floor_l) s->idx[m++] = i;
-    sort_desc(s->idx, s->tmp, m, logits);
-    if (p->top_k > 0 && p->top_k < m) m = p->top_k;
-
-    double sum = 0;
-    for (int i = 0; i < m; i++) {
-        s->prob[i] = expf((logits[s->idx[i]] - maxl) / p->temperature);
-        sum += s->prob[i];
-    }
-    if (p->min_p > 0) {
-        /* prob[0] is the largest: keep tokens with p >= min_p * p_max */
-        float cut = p->min_p * s->prob[0];
-        int k = 1;
-        while (k < m && s->prob[k] >= cut) k++;
-        for (int i = k; i < m; i++) sum -= s->prob[i];
-        m = k;
-    }
-    if (p->top_p < 1) {
-        double acc = 0;
-        int k = 0;
-        while (k < m) {
-            acc += s->prob[k++];
-            if (acc >= p->top_p * sum) break;
+/* Moves the k best-ranked of idx[0..n) into idx[0..k), in no particular order (quickselect,
+ * median-of-three pivots: expected O(n)). */
+static void select_top(int32_t *idx, int n, int k, const float *val)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        /* median of three into idx[mid] */
+        if (ranks_before(val, idx[mid], idx[lo])) SWAP_I32(idx[mid], idx[lo]);
+        if (ranks_before(val, idx[hi], idx[lo])) SWAP_I32(idx[hi], idx[lo]);
+        if (ranks_before(val, idx[hi], idx[mid])) SWAP_I32(idx[hi], idx[mid]);
+        int32_t pivot = idx[mid];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (ranks_before(val, idx[i], pivot)) i++;
+            while (ranks_before(val, pivot, idx[j])) j--;
+            if (i <= j) {
+                SWAP_I32(idx[i], idx[j]);
+                i++;
+                j--;
+            }
         }
-        sum = acc;
-        m = k;
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
     }
+}
+
+/* Draws from candidates idx[0..m) with weights prob[0..m) (their sum is `sum`). */
+static int32_t draw(struct sampler *s, int m, double sum)
+{
     double r = sampler_uniform(s) * sum, acc = 0;
     for (int i = 0; i < m; i++) {
         acc += s->prob[i];
         if (r < acc) return s->idx[i];
     }
     return s->idx[m - 1];
+}
+
+/* Only the filters need an order, and only top-p needs a sorted one: top-k is a selection,
+ * min-p a threshold against the top probability, and a plain draw any fixed order. Sorting the
+ * vocabulary for every token (a small model at temperature 0.8 keeps most of it above the
+ * prefilter) cost ~5 ms per token, more than the forward of a 16-sequence batch. */
+int32_t sampler_sample(struct sampler *s, float *logits)
+{
+    const struct sample_params *p = &s->p;
+    sampler_penalize(s, logits);
+    if (p->temperature == 0 || p->top_k == 1) return argmax(logits, s->vocab);
+
+    int n = s->vocab;
+    float maxl = logits[argmax(logits, n)];
+    /* prefilter: tokens more than 30 nats below the max have p < 1e-13 */
+    float floor_l = maxl - 30.0f * p->temperature;
+    /* min-p keeps p >= min_p * p_max, that is logit >= maxl + T ln(min_p) */
+    if (p->min_p > 0) {
+        float cut = maxl + p->temperature * logf(p->min_p);
+        if (cut > floor_l) floor_l = cut;
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (logits[i] >= floor_l) s->idx[m++] = i;
+    if (p->top_k > 0 && p->top_k < m) {
+        select_top(s->idx, m, p->top_k, logits);
+        m = p->top_k;
+    }
+    if (p->top_p < 1) {
+        /* the sorted prefix that holds top_p of the mass: sort a top slice, widen if short */
+        double total = 0;
+        for (int i = 0; i < m; i++) total += expf((logits[s->idx[i]] - maxl) / p->temperature);
+        int k = m < 256 ? m : 256;
+        for (;;) {
+            if (k < m) select_top(s->idx, m, k, logits);
+            sort_desc(s->idx, s->tmp, k, logits);
+            double acc = 0;
+            int j = 0;
+            while (j < k) {
+                s->prob[j] = expf((logits[s->idx[j]] - maxl) / p->temperature);
+                acc += s->prob[j++];
+                if (acc >= p->top_p * total) return draw(s, j, acc);
+            }
+            if (k == m) return draw(s, j, acc);
+            k = k * 4 < m ? k * 4 : m;
+        }
+    }
+    double sum = 0;
+    for (int i = 0; i < m; i++) {
+        s->prob[i] = expf((logits[s->idx[i]] - maxl) / p->temperature);
+        sum += s->prob[i];
+    }
+    return draw(s, m, sum);
 }
 
 float sample_logprob(const float *logits, int vocab, int32_t token)

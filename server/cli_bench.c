@@ -18,30 +18,37 @@
 
 #include "../engine/engine.h"
 #include "../engine/generate.h"
+#include "../engine/synth.h"
 #include "../tools/bench_kernels.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
 {
-    fprintf(out, "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
-                 "                   [--concurrency C] [options]\n"
-                 "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
-                 "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
-                 "                   [--batches 1,8,64,512] [--model M [--pp P] [--tg T]]\n"
-                 "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak)\n"
-                 "  --threads N           CPU threads (default: all)\n"
-                 "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
-                 "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-                 "                        cuda:N\n"
-                 "  --max-batch-tokens N  engine step budget (default 2048)\n"
-                 "  --max-seqs N          running sequences (default 64)\n"
-                 "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
-                 "  --seed S              prompt generator seed (default 1)\n"
-                 "  --json                print one JSON object instead of a table\n");
+    fprintf(out,
+            "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
+            "                   [--concurrency C] [options]\n"
+            "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
+            "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
+            "                   [--batches 1,8,64,512] [--model M [--pp P] [--tg T]]\n"
+            "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak)\n"
+            "  --threads N           CPU threads (default: all)\n"
+            "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
+            "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
+            "                        cuda:N\n"
+            "  --synthetic NAME      instead of --model: random weights of a real shape, made\n"
+            "                        here (llama3-8b, llama2-7b, smollm2-135m)\n"
+            "  --type T              the synthetic weights' type: q4_0 (default), q4_1, q8_0,\n"
+            "                        f16\n"
+            "  --max-batch-tokens N  engine step budget (default 2048)\n"
+            "  --max-seqs N          running sequences (default 64)\n"
+            "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
+            "  --seed S              prompt generator seed (default 1)\n"
+            "  --json                print one JSON object instead of a table\n");
 }
 
 struct bench_args {
-    const char *model, *device;
+    const char *model, *device, *synthetic;
+    enum qtype synth_type;
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
     enum matmul_precision precision;
@@ -309,7 +316,9 @@ int cli_bench(int argc, char **argv)
         O_SEED,
         O_JSON,
         O_PREC,
-        O_DEVICE
+        O_DEVICE,
+        O_SYNTH,
+        O_TYPE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -327,6 +336,8 @@ int cli_bench(int argc, char **argv)
                                          {"json", no_argument, 0, O_JSON},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
+                                         {"synthetic", required_argument, 0, O_SYNTH},
+                                         {"type", required_argument, 0, O_TYPE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -336,6 +347,7 @@ int cli_bench(int argc, char **argv)
                            .kv_mib = 1024,
                            .seed = 1,
                            .precision = MATMUL_F32,
+                           .synth_type = QTYPE_Q4_0,
                            .requests = -1,
                            .input_len = -1,
                            .output_len = -1,
@@ -374,6 +386,25 @@ int cli_bench(int argc, char **argv)
                 return EXIT_USAGE;
             }
             a.device = optarg;
+            continue;
+        }
+        case O_SYNTH:
+            if (!synth_shape_find(optarg)) {
+                fprintf(stderr,
+                        "quern bench: --synthetic '%s': want llama3-8b, llama2-7b or "
+                        "smollm2-135m\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            a.synthetic = optarg;
+            continue;
+        case O_TYPE: {
+            int t = qtype_from_name(optarg);
+            if (t != QTYPE_Q4_0 && t != QTYPE_Q4_1 && t != QTYPE_Q8_0 && t != QTYPE_F16) {
+                fprintf(stderr, "quern bench: --type '%s': want q4_0, q4_1, q8_0 or f16\n", optarg);
+                return EXIT_USAGE;
+            }
+            a.synth_type = (enum qtype)t;
             continue;
         }
         case O_REQ:
@@ -446,7 +477,9 @@ int cli_bench(int argc, char **argv)
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
     struct backend *be = NULL;
-    int rc = gguf_open(cli_model_path(a.model), &f, &err);
+    int rc = a.synthetic
+                 ? synth_model_open(a.synthetic, a.synth_type, (uint64_t)a.seed, NULL, &f, &err)
+                 : gguf_open(cli_model_path(a.model), &f, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
     if (!rc) rc = cli_backend_create("bench", a.device, (int)a.threads, a.precision, &be, &err);
     if (!rc) rc = serving ? run_serving(f, tok, be, &a, &err) : run_pp_tg(f, be, &a, &err);

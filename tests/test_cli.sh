@@ -82,6 +82,12 @@ if ! nvidia-smi >/dev/null 2>&1; then
 fi
 backend_line cpu 'cpu$'
 
+# quern bench --synthetic: random weights of a named shape, made here (engine/synth.h)
+expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2
+expect 2 "--type 'q5_k'" -- bench --synthetic smollm2-135m --type q5_k --pp 8 --tg 2
+expect 0 '\| tg4 \|' -- bench --synthetic smollm2-135m --type q4_1 --pp 16 --tg 4 --reps 1 --device cpu
+expect 0 'prefill 16 tokens: .* tokens/s' -- bench --kernels --no-kernels --threads 1 --model "$model" --pp 16 --tg 2
+
 # valgrind on the CPU path (--device cpu; the CUDA device probe is test_cuda_select's). One
 # suppression: glibc's loader, run by libcublasLt's initializer (tests/valgrind.supp says why)
 if [ -z "${QUERN_SANITIZED:-}" ] && command -v valgrind >/dev/null; then
