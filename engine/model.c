@@ -336,35 +336,14 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
     return 0;
 }
 
-int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err)
+/* The ops of one step, from the embedding to the logits, on the inputs already on the device. */
+static void forward_ops(struct model *m, int n, int n_logits, const struct attn_batch *ab)
 {
-    int rc = check_batch(m, b, err);
-    if (rc) return rc;
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     const struct model_config *c = &m->cfg;
     struct acts *a = &m->a;
-    int n = b->n_tokens, dim = c->dim, kv_dim = c->n_kv_heads * c->head_dim;
-    size_t table_n = (size_t)b->n_seqs * (size_t)b->max_blocks;
-    if ((int)table_n > a->table_cap) {
-        if (a->table) ops->buf_free(be, a->table);
-        a->table = ops->buf_alloc(be, table_n * sizeof(int32_t));
-        a->table_cap = a->table ? (int)table_n : 0;
-        if (!a->table) return qerr_set(err, QERR_NOMEM, "forward: block table of %zu", table_n);
-    }
-    ops->buf_write(be, a->tokens, b->tokens, (size_t)n * 4);
-    ops->buf_write(be, a->pos, b->pos, (size_t)n * 4);
-    ops->buf_write(be, a->seq, b->seq, (size_t)n * 4);
-    ops->buf_write(be, a->slot, b->slot, (size_t)n * 4);
-    ops->buf_write(be, a->table, b->block_table, table_n * 4);
-    struct attn_batch ab = {.n_tokens = n,
-                            .pos = a->pos,
-                            .seq = a->seq,
-                            .slot = a->slot,
-                            .n_seqs = b->n_seqs,
-                            .block_table = a->table,
-                            .max_blocks = b->max_blocks,
-                            .block_size = m->opts.kv_block_size};
+    int dim = c->dim, kv_dim = c->n_kv_heads * c->head_dim;
     struct attn_shape shape = {.n_heads = c->n_heads,
                                .n_kv_heads = c->n_kv_heads,
                                .head_dim = c->head_dim,
@@ -379,8 +358,8 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
         ops->matmul(be, &ly->wv, a->xn, n, a->v);
         ops->rope(be, a->q, a->pos, n, c->n_heads, c->head_dim, c->rot_dim, c->rope_base);
         ops->rope(be, a->k, a->pos, n, c->n_kv_heads, c->head_dim, c->rot_dim, c->rope_base);
-        ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, &ab, kv_dim);
-        ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, &ab, &shape);
+        ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
+        ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
         ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
 
@@ -391,12 +370,57 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
         ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
     }
-    if (b->n_logits == 0) return 0;
+    if (n_logits == 0) return;
     /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */
-    ops->buf_write(be, a->logit_idx, b->logit_idx, (size_t)b->n_logits * 4);
-    ops->get_rows(be, a->sel, a->x, a->logit_idx, b->n_logits, dim);
-    ops->rmsnorm(be, a->sel, a->sel, m->output_norm, b->n_logits, dim, c->eps);
-    ops->matmul(be, &m->output, a->sel, b->n_logits, a->logits);
-    ops->buf_read(be, logits, a->logits, (size_t)b->n_logits * (size_t)c->vocab * sizeof(float));
+    ops->get_rows(be, a->sel, a->x, a->logit_idx, n_logits, dim);
+    ops->rmsnorm(be, a->sel, a->sel, m->output_norm, n_logits, dim, c->eps);
+    ops->matmul(be, &m->output, a->sel, n_logits, a->logits);
+}
+
+/* Steps of at most this many tokens are replayed where the backend can (decode steps: launch
+ * overhead is theirs; a prefill chunk amortizes it). */
+#define STEP_REPLAY_MAX_TOKENS 64
+
+int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err)
+{
+    int rc = check_batch(m, b, err);
+    if (rc) return rc;
+    struct backend *be = m->be;
+    const struct backend_ops *ops = be->ops;
+    struct acts *a = &m->a;
+    int n = b->n_tokens;
+    size_t table_n = (size_t)b->n_seqs * (size_t)b->max_blocks;
+    if ((int)table_n > a->table_cap) {
+        if (a->table) ops->buf_free(be, a->table);
+        a->table = ops->buf_alloc(be, table_n * sizeof(int32_t));
+        a->table_cap = a->table ? (int)table_n : 0;
+        if (ops->step_reset) ops->step_reset(be); /* captured steps read the old table */
+        if (!a->table) return qerr_set(err, QERR_NOMEM, "forward: block table of %zu", table_n);
+    }
+    ops->buf_write(be, a->tokens, b->tokens, (size_t)n * 4);
+    ops->buf_write(be, a->pos, b->pos, (size_t)n * 4);
+    ops->buf_write(be, a->seq, b->seq, (size_t)n * 4);
+    ops->buf_write(be, a->slot, b->slot, (size_t)n * 4);
+    ops->buf_write(be, a->table, b->block_table, table_n * 4);
+    if (b->n_logits > 0) ops->buf_write(be, a->logit_idx, b->logit_idx, (size_t)b->n_logits * 4);
+    struct attn_batch ab = {.n_tokens = n,
+                            .pos = a->pos,
+                            .seq = a->seq,
+                            .slot = a->slot,
+                            .n_seqs = b->n_seqs,
+                            .block_table = a->table,
+                            .max_blocks = b->max_blocks,
+                            .block_size = m->opts.kv_block_size};
+    bool replay = ops->step_begin && n <= STEP_REPLAY_MAX_TOKENS && b->n_logits <= 0xffff &&
+                  b->n_seqs <= 0xffff && b->max_blocks <= 0xffff;
+    uint64_t key = (uint64_t)n | (uint64_t)b->n_logits << 16 | (uint64_t)b->n_seqs << 32 |
+                   (uint64_t)(uint32_t)b->max_blocks << 48;
+    if (!replay || !ops->step_begin(be, key)) {
+        forward_ops(m, n, b->n_logits, &ab);
+        if (replay && !ops->step_end(be)) forward_ops(m, n, b->n_logits, &ab);
+    }
+    if (b->n_logits == 0) return 0;
+    ops->buf_read(be, logits, a->logits,
+                  (size_t)b->n_logits * (size_t)m->cfg.vocab * sizeof(float));
     return 0;
 }

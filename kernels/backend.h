@@ -11,6 +11,7 @@
 #ifndef QUERN_BACKEND_H
 #define QUERN_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,6 +100,21 @@ struct backend_ops {
     void (*silu_mul)(struct backend *be, float *g, const float *u, size_t n);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(struct backend *be);
+
+    /* Whole-step replay (CUDA graphs); NULL where a backend has none (the CPU). The caller
+     * brackets the ops of one step with them; key names everything that shapes those ops (token,
+     * sequence and logit counts, block-table width) while the buffers stay the same:
+     *   step_begin(key)  true: a step of this key was captured before and has just been replayed
+     *                    (the caller issues none of the ops); false: the caller issues them, and
+     *                    the backend may be capturing them
+     *   step_end()       after the ops when step_begin said false; false when a capture failed
+     *                    (nothing ran, replay is now off for good): the caller issues the ops
+     *                    again
+     *   step_reset()     a buffer the steps use was replaced: forget every capture
+     * The input arrays are written (buf_write) before step_begin and the outputs read after. */
+    bool (*step_begin)(struct backend *be, uint64_t key);
+    bool (*step_end)(struct backend *be);
+    void (*step_reset)(struct backend *be);
 };
 
 struct backend {

@@ -156,8 +156,7 @@ static void prepare(struct backend *be, struct bweight *w)
 }
 
 /* y[n][rows] on the device, x given on the host. */
-static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n,
-                       float *y)
+static void run_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
 {
     size_t xb = (size_t)n * (size_t)w->cols * 4, yb = (size_t)n * (size_t)w->rows * 4;
     float *dx = dev_upload(be, x, xb), *dy = dev_alloc(be, yb);
@@ -244,8 +243,10 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
         double *worst = k == 0 ? worst_f32 : k == 1 ? worst_q8 : worst_gemm;
         if (e > *worst) *worst = e;
         ck_assert_msg(e <= tol, "%s %s %lld x %lld n %d: normalized error %.3g > %.1g",
-                      k == 0 ? "F32" : k == 1 ? "Q8" : "GEMM", qtype_name(t), (long long)rows,
-                      (long long)cols, n, e, tol);
+                      k == 0   ? "F32"
+                      : k == 1 ? "Q8"
+                               : "GEMM",
+                      qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
         if (invariance && k < 2) {
             for (int i = 0; i < n; i++) {
                 run_matmul(be, &wb, x + (size_t)i * (size_t)cols, 1, y1);
@@ -283,8 +284,8 @@ START_TEST(matmul_quant_odd_shapes)
                 int n = ns[(size_t)(k + _i) % (sizeof ns / sizeof ns[0])];
                 check_matmul(types[ti], rows[ri], cols[ci], n, k % 4 == 0, &wf, &wq, &wg);
             }
-    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k,
-           wf, wq, wg);
+    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k, wf,
+           wq, wg);
 }
 END_TEST
 
@@ -312,8 +313,8 @@ START_TEST(matmul_model_shapes)
     const struct {
         int64_t rows, cols;
         enum qtype t;
-    } shapes[] = {{576, 576, QTYPE_Q4_1},    {192, 576, QTYPE_Q4_1},  {1536, 576, QTYPE_Q4_1},
-                  {576, 1536, QTYPE_Q4_1},   {49152, 576, QTYPE_Q8_0}, {37, 4160, QTYPE_Q4_0},
+    } shapes[] = {{576, 576, QTYPE_Q4_1},  {192, 576, QTYPE_Q4_1},   {1536, 576, QTYPE_Q4_1},
+                  {576, 1536, QTYPE_Q4_1}, {49152, 576, QTYPE_Q8_0}, {37, 4160, QTYPE_Q4_0},
                   {37, 4160, QTYPE_Q8_0}};
     const int ns[] = {1, 8, 64};
     double wf = 0, wq = 0, wg = 0;
@@ -429,6 +430,85 @@ START_TEST(rmsnorm_add_silu_match_reference)
 }
 END_TEST
 
+/* Whole-step replay (graphs.cu): a step of rmsnorm, matmul, rope and add issued between
+ * step_begin and step_end gives bit for bit what the same ops give issued directly, for fresh
+ * inputs every time; the first sight of a key runs directly, the second captures, later ones
+ * replay; a new shape is a new key; step_reset and a freed buffer forget the captures. */
+static void replay_step(struct backend *be, const struct bweight *w, float *dx, float *dxn,
+                        float *dy, const float *dnorm, const int32_t *dpos, int n, bool bracket,
+                        uint64_t key, bool *replayed)
+{
+    *replayed = false;
+    if (bracket && be->ops->step_begin(be, key)) {
+        *replayed = true;
+        return;
+    }
+    be->ops->rmsnorm(be, dxn, dx, dnorm, n, (int)w->cols, 1e-5f);
+    be->ops->matmul(be, w, dxn, n, dy);
+    be->ops->rope(be, dy, dpos, n, (int)w->rows / 64, 64, 64, 10000.0f);
+    be->ops->add(be, dy, dy, (size_t)n * (size_t)w->rows);
+    if (bracket) ck_assert(be->ops->step_end(be));
+}
+
+START_TEST(step_replay_equals_direct)
+{
+    rng_state = 0x6a7;
+    struct backend *bes[] = {gpu, gpu_q8};
+    for (int bi = 0; bi < 2; bi++) {
+        struct backend *be = bes[bi];
+        ck_assert_ptr_nonnull(be->ops->step_begin);
+        struct bweight w;
+        make_weight(&w, QTYPE_Q4_1, 128, 96);
+        prepare(be, &w);
+        const int nmax = 5;
+        float *dx = dev_alloc(be, (size_t)nmax * 96 * 4),
+              *dxn = dev_alloc(be, (size_t)nmax * 96 * 4);
+        float *dy = dev_alloc(be, (size_t)nmax * 128 * 4);
+        float norm[96];
+        fill(norm, 96, 1.0f);
+        float *dnorm = dev_upload(be, norm, sizeof norm);
+        int32_t *dpos = dev_alloc(be, (size_t)nmax * 4);
+        int replays = 0;
+        for (int it = 0; it < 8; it++) {
+            int n = it < 5 ? 3 : 5; /* a second key from step 5 on */
+            float x[5 * 96], want[5 * 128], got[5 * 128];
+            int32_t pos[5];
+            fill(x, (size_t)n * 96, 2.0f);
+            for (int t = 0; t < n; t++) pos[t] = (int32_t)(rnd() % 4000);
+            bool rep;
+            for (int pass = 0; pass < 2; pass++) { /* 0: direct, 1: bracketed */
+                be->ops->buf_write(be, dx, x, (size_t)n * 96 * 4);
+                be->ops->buf_write(be, dpos, pos, (size_t)n * 4);
+                dev_poison(be, dy, (size_t)n * 128 * 4);
+                replay_step(be, &w, dx, dxn, dy, dnorm, dpos, n, pass == 1, (uint64_t)n, &rep);
+                dev_read(be, pass ? got : want, dy, (size_t)n * 128 * 4);
+            }
+            size_t at;
+            ck_assert_msg(!bits_differ(got, want, (size_t)n * 128, &at),
+                          "backend %d step %d (n %d, %s): differs at %zu: %.9g vs %.9g", bi, it, n,
+                          rep ? "replayed" : "direct", at, got[at], want[at]);
+            /* key 3: steps 0 (direct), 1 (captured), 2-4 replayed; key 5: 5, 6, then 7 */
+            bool want_rep = (it >= 2 && it <= 4) || it == 7;
+            ck_assert_msg(rep == want_rep, "backend %d step %d: replayed %d", bi, it, rep);
+            replays += rep;
+        }
+        ck_assert_int_eq(replays, 4);
+        /* after a reset a known key runs directly again */
+        be->ops->step_reset(be);
+        bool rep;
+        replay_step(be, &w, dx, dxn, dy, dnorm, dpos, 3, true, 3, &rep);
+        ck_assert(!rep);
+        dev_free(be, dx);
+        dev_free(be, dxn);
+        dev_free(be, dy);
+        dev_free(be, dnorm);
+        dev_free(be, dpos);
+        be->ops->weight_release(be, &w);
+        free_weight(&w);
+    }
+}
+END_TEST
+
 START_TEST(rope_matches_reference)
 {
     rng_state = 0x20be;
@@ -450,8 +530,8 @@ START_TEST(rope_matches_reference)
         ref_rope(r, pos, n, heads, hd, rot, base);
         for (size_t k = 0; k < len; k++) {
             exact += memcmp(&o[k], &r[k], 4) == 0;
-            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0,
-                          "rope hd %d rot %d [%zu]: %.9g vs %.9g", hd, rot, k, o[k], r[k]);
+            ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0, "rope hd %d rot %d [%zu]: %.9g vs %.9g",
+                          hd, rot, k, o[k], r[k]);
         }
         total += len;
         dev_free(gpu, dx);
@@ -468,8 +548,8 @@ END_TEST
 START_TEST(embed_get_rows_kv_write_exact)
 {
     rng_state = 0xe4bed;
-    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0, QTYPE_F16, QTYPE_BF16,
-                                QTYPE_F32};
+    const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0,
+                                QTYPE_F16,  QTYPE_BF16, QTYPE_F32};
     const int n = 19, rows = 301, cols = 576;
     int32_t tok[19];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)(rnd() % rows);
@@ -522,11 +602,9 @@ START_TEST(embed_get_rows_kv_write_exact)
     float *got = malloc((size_t)slots * kv_dim * 4);
     size_t at;
     dev_read(gpu, got, dkc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu",
-                  at);
+    ck_assert_msg(!bits_differ(got, kc, (size_t)slots * kv_dim, &at), "k cache differs at %zu", at);
     dev_read(gpu, got, dvc, (size_t)slots * kv_dim * 4);
-    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu",
-                  at);
+    ck_assert_msg(!bits_differ(got, vc, (size_t)slots * kv_dim, &at), "v cache differs at %zu", at);
     void *bufs[] = {dtok, dout, didx, dsel, dk, dv, dkc, dvc, dslot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu, bufs[i]);
     free(ref);
@@ -547,9 +625,9 @@ END_TEST
 START_TEST(attention_matches_reference)
 {
     rng_state = 0xa77e;
-    const int cfg[][4] = {{9, 3, 64, 0},  {9, 3, 64, 1},  {32, 8, 128, 0}, {8, 2, 128, 1},
-                          {6, 2, 32, 0},  {2, 1, 64, 1},  {16, 1, 64, 1},  {4, 4, 256, 0},
-                          {2, 2, 10, 0},  {3, 1, 512, 1}};
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {32, 8, 128, 0}, {8, 2, 128, 1},
+                          {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1},  {4, 4, 256, 0},
+                          {2, 2, 10, 0}, {3, 1, 512, 1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
@@ -848,8 +926,8 @@ static cJSON *load_golden(void)
 static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out)
 {
     struct qerr err = {0};
-    struct backend_cuda_opts o = {.device = 0, .precision = p, .max_tokens = 40,
-                                  .gemm_min_tokens = gemm_min};
+    struct backend_cuda_opts o = {
+        .device = 0, .precision = p, .max_tokens = 40, .gemm_min_tokens = gemm_min};
     int rc = backend_cuda_create(&o, out, &err);
     if (rc) fprintf(stderr, "cuda backend: %s\n", err.msg);
     return rc;
@@ -881,6 +959,7 @@ int main(void)
     tcase_add_test(tc, rope_matches_reference);
     tcase_add_test(tc, embed_get_rows_kv_write_exact);
     tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, step_replay_equals_direct);
     suite_add_tcase(s, tc);
     if (golden) {
         int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(golden, "generate"));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The quality table of docs/quant.md: the default model dequantized to F32 is the reference
-# (REF); REF is quantized back to each type with quern quantize and scored against REF with
+# (REF); REF is quantized back to each type with quern quantize (its default rounding: searched
+# Q8_0 scales; plus one Q8_0 row with --rounding ref) and scored against REF with
 # quern eval (perplexity, mean KL divergence, top-1 agreement), printed as markdown rows.
 #
 # usage: tools/quant-quality.sh [BUILD_DIR] [TEXT] [CTX]
@@ -40,6 +41,9 @@ row() {
 
 row "REF itself (F32)" "$work/ref.gguf" f32
 row "the original file (Q4_1, token_embd Q8_0)" "$model" f32
+"$bin" quantize --in "$work/ref.gguf" --out "$work/q8_0-ref.gguf" --type q8_0 --rounding ref \
+  2>/dev/null
+row "q8_0, reference rounding (llama-quantize's bytes)" "$work/q8_0-ref.gguf" f32
 for spec in "q8_0" "q8_0 --keep-output" "q4_1" "q4_1 --keep-output" "q4_0" "q4_0 --keep-output"; do
   read -r type keep <<<"$spec"
   out="$work/$type${keep:+-keep}.gguf"

@@ -130,6 +130,7 @@ static void cuda_buf_free(struct backend *be, void *buf)
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (!buf) return;
     cuda_use_device(c);
+    cuda_graphs_reset(c); /* a graph may hold its address */
     CUDA_OK(c, cudaFree(buf));
 }
 
@@ -169,6 +170,7 @@ static void cuda_destroy(struct backend *be)
     if (c) {
         cuda_use_device(c);
         if (c->stream) cudaStreamSynchronize(c->stream);
+        cuda_graphs_reset(c);
         if (c->arena) cudaFree(c->arena);
 #ifdef QUERN_HAVE_CUBLAS
         if (c->cublas) cublasDestroy(c->cublas);
@@ -199,6 +201,9 @@ static const struct backend_ops cuda_ops = {
     /* .get_rows = */ cuda_op_get_rows,
     /* .silu_mul = */ cuda_op_silu_mul,
     /* .sync = */ cuda_sync,
+    /* .step_begin = */ cuda_op_step_begin,
+    /* .step_end = */ cuda_op_step_end,
+    /* .step_reset = */ cuda_op_step_reset,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
@@ -261,6 +266,7 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     c->gemm_min_tokens = o->gemm_min_tokens;
     const char *sl = getenv("QUERN_SYNC_LAUNCH");
     c->sync_launch = sl && *sl && strcmp(sl, "0") != 0;
+    cuda_graphs_init(c);
     snprintf(c->desc, sizeof c->desc, "%s", desc);
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -309,7 +315,9 @@ extern "C" int backend_cuda_set_precision(struct backend *be, enum matmul_precis
 {
     if (p != MATMUL_F32 && p != MATMUL_Q8)
         return qerr_set(err, QERR_INVALID, "cuda backend: matmul precision %d", p);
-    cuda_ctx_of(be)->precision = p;
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (c->precision != p) cuda_graphs_reset(c); /* the graphs hold the other kernels */
+    c->precision = p;
     return 0;
 }
 

@@ -34,6 +34,15 @@ struct rope_freqs {
     double inv[CUDA_MAX_ROPE_PAIRS];
 };
 
+#define GRAPH_SLOTS 32
+
+/* One step shape: seen once (ran directly), then captured into exec and replayed. */
+struct cuda_graph_slot {
+    bool seen;
+    uint64_t key, last_use;
+    cudaGraphExec_t exec;
+};
+
 struct cuda_ctx {
     int device;
     enum matmul_precision precision;
@@ -61,6 +70,11 @@ struct cuda_ctx {
     /* the first error an op met */
     int err_code;
     char err_msg[384];
+    /* captured steps (graphs.cu) */
+    bool graphs_on;
+    struct cuda_graph_slot graphs[GRAPH_SLOTS];
+    struct cuda_graph_slot *capturing; /* between step_begin and step_end, or NULL */
+    uint64_t graph_clock, graph_captures, graph_replays;
 };
 
 /* A prepared weight (bweight.impl): its layout and the device copy, one allocation. */
@@ -154,6 +168,12 @@ void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int3
 void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n);
 
 /* attention.cu */
+bool cuda_op_step_begin(struct backend *be, uint64_t key);
+bool cuda_op_step_end(struct backend *be);
+void cuda_op_step_reset(struct backend *be);
+void cuda_graphs_init(struct cuda_ctx *c);
+void cuda_graphs_reset(struct cuda_ctx *c);
+
 void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
                        const float *v_cache, const struct attn_batch *b,
                        const struct attn_shape *s);

@@ -39,8 +39,8 @@
 #include "cuda_common.cuh"
 
 #define GEMV_WARPS 4 /* warps per block */
-#define GEMV_ROWS 2  /* rows per warp */
-#define GEMV_TILE 8  /* the largest token tile */
+#define GEMV_ROWS  2 /* rows per warp */
+#define GEMV_TILE  8 /* the largest token tile */
 
 static inline bool is_aligned16(const void *p)
 {
@@ -60,7 +60,8 @@ __device__ __forceinline__ float nib_at(uint32_t word, int shift, float off)
 
 __device__ __forceinline__ float i8_at(uint32_t word, int shift)
 {
-    return __int_as_float(0x4b000000u | (((word >> shift) & 0xffu) ^ 0x80u)) - (MAGIC_2P23 + 128.0f);
+    return __int_as_float(0x4b000000u | (((word >> shift) & 0xffu) ^ 0x80u)) -
+           (MAGIC_2P23 + 128.0f);
 }
 
 __device__ __forceinline__ uint32_t u4_word(const uint4 &v, int k)
@@ -177,8 +178,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 __device__ __forceinline__ void load8(int FT, const uint8_t *vals, int64_t off, float *w)
 {
     if (FT == QTYPE_F32) {
-        const float4 a = *(const float4 *)(vals + off * 4), b = *(const float4 *)(vals + off * 4 + 16);
-        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+        const float4 a = *(const float4 *)(vals + off * 4),
+                     b = *(const float4 *)(vals + off * 4 + 16);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z,
+        w[7] = b.w;
     } else {
         const uint4 v = *(const uint4 *)(vals + off * 2);
         const uint32_t u[4] = {v.x, v.y, v.z, v.w};
@@ -284,12 +287,10 @@ __device__ __forceinline__ struct wblock load_wblock(const uint8_t *__restrict__
 /* Folds block b of GEMV_ROWS rows into acc for the tile's tokens, as ref_dot_q8 folds a block:
  * an exact integer dot product, then acc = fma(dw * dx, isum, acc) (+ fma(m, s, acc)). */
 template <int QT, int T>
-__device__ __forceinline__ void q8_block(const struct wblock *w, int64_t b, int64_t nb,
-                                         int64_t cols, int t0, int nt,
-                                         const int8_t *__restrict__ xq,
-                                         const float *__restrict__ xd,
-                                         const float *__restrict__ xs,
-                                         const int32_t *__restrict__ xsum, float (*acc)[T])
+__device__ __forceinline__ void
+q8_block(const struct wblock *w, int64_t b, int64_t nb, int64_t cols, int t0, int nt,
+         const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
+         const int32_t *__restrict__ xsum, float (*acc)[T])
 {
 #pragma unroll
     for (int t = 0; t < T; t++) {
@@ -394,14 +395,22 @@ static void launch_f32_quant_t(struct cuda_ctx *c, const struct cuda_weight *w, 
 }
 
 template <int QT>
-static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
-                             int n, float *y)
+static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+                             float *y)
 {
     switch (tile_for(n)) {
-    case 1: launch_f32_quant_t<QT, 1>(c, w, x, n, y); break;
-    case 2: launch_f32_quant_t<QT, 2>(c, w, x, n, y); break;
-    case 4: launch_f32_quant_t<QT, 4>(c, w, x, n, y); break;
-    default: launch_f32_quant_t<QT, 8>(c, w, x, n, y); break;
+    case 1:
+        launch_f32_quant_t<QT, 1>(c, w, x, n, y);
+        break;
+    case 2:
+        launch_f32_quant_t<QT, 2>(c, w, x, n, y);
+        break;
+    case 4:
+        launch_f32_quant_t<QT, 4>(c, w, x, n, y);
+        break;
+    default:
+        launch_f32_quant_t<QT, 8>(c, w, x, n, y);
+        break;
     }
 }
 
@@ -414,14 +423,22 @@ static void launch_f32_float_t(struct cuda_ctx *c, const struct cuda_weight *w, 
 }
 
 template <int FT>
-static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
-                             int n, bool xvec, float *y)
+static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+                             bool xvec, float *y)
 {
     switch (tile_for(n)) {
-    case 1: launch_f32_float_t<FT, 1>(c, w, x, n, xvec, y); break;
-    case 2: launch_f32_float_t<FT, 2>(c, w, x, n, xvec, y); break;
-    case 4: launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y); break;
-    default: launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y); break;
+    case 1:
+        launch_f32_float_t<FT, 1>(c, w, x, n, xvec, y);
+        break;
+    case 2:
+        launch_f32_float_t<FT, 2>(c, w, x, n, xvec, y);
+        break;
+    case 4:
+        launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y);
+        break;
+    default:
+        launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y);
+        break;
     }
 }
 
@@ -457,8 +474,8 @@ static void launch_q8_t(struct cuda_ctx *c, const struct cuda_weight *w, const s
                         int n, float *y)
 {
     gemv_q8_kernel<QT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
-        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, p->q, p->d, p->s, p->sum,
-        n, y);
+        w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, p->q, p->d, p->s, p->sum, n,
+        y);
 }
 
 template <int QT>
@@ -466,10 +483,18 @@ static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const str
                       int n, float *y)
 {
     switch (tile_for(n)) {
-    case 1: launch_q8_t<QT, 1>(c, w, p, n, y); break;
-    case 2: launch_q8_t<QT, 2>(c, w, p, n, y); break;
-    case 4: launch_q8_t<QT, 4>(c, w, p, n, y); break;
-    default: launch_q8_t<QT, 8>(c, w, p, n, y); break;
+    case 1:
+        launch_q8_t<QT, 1>(c, w, p, n, y);
+        break;
+    case 2:
+        launch_q8_t<QT, 2>(c, w, p, n, y);
+        break;
+    case 4:
+        launch_q8_t<QT, 4>(c, w, p, n, y);
+        break;
+    default:
+        launch_q8_t<QT, 8>(c, w, p, n, y);
+        break;
     }
 }
 
@@ -482,10 +507,10 @@ static void gemm_cublas(struct cuda_ctx *c, const struct cuda_weight *w, const f
     __half *x16 = (__half *)c->arena;
     cuda_f32_to_f16(c, x, x16, (size_t)n * (size_t)w->L.cols);
     const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t s = cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n,
-                                    (int)w->L.cols, &alpha, w->f16, CUDA_R_16F, (int)w->L.cols,
-                                    x16, CUDA_R_16F, (int)w->L.cols, &beta, y, CUDA_R_32F,
-                                    (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n, (int)w->L.cols, &alpha,
+                     w->f16, CUDA_R_16F, (int)w->L.cols, x16, CUDA_R_16F, (int)w->L.cols, &beta, y,
+                     CUDA_R_32F, (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         cuda_fail(c, QERR_IO, "cuda: cublasGemmEx %lld x %lld x %d: %s", (long long)w->L.rows,
                   (long long)w->L.cols, n, cublasGetStatusString(s));
@@ -508,9 +533,15 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
         struct q8_parts p = q8_carve(c, n, w->L.cols);
         cuda_quantize_q8(c, x, n, w->L.cols, p.q, p.d, p.s, p.sum);
         switch (t) {
-        case QTYPE_Q4_0: launch_q8<QTYPE_Q4_0>(c, w, &p, n, y); break;
-        case QTYPE_Q4_1: launch_q8<QTYPE_Q4_1>(c, w, &p, n, y); break;
-        default: launch_q8<QTYPE_Q8_0>(c, w, &p, n, y); break;
+        case QTYPE_Q4_0:
+            launch_q8<QTYPE_Q4_0>(c, w, &p, n, y);
+            break;
+        case QTYPE_Q4_1:
+            launch_q8<QTYPE_Q4_1>(c, w, &p, n, y);
+            break;
+        default:
+            launch_q8<QTYPE_Q8_0>(c, w, &p, n, y);
+            break;
         }
         CUDA_LAUNCHED(c, "gemv_q8_kernel");
         return;
@@ -525,18 +556,30 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
             x = xa;
         }
         switch (t) {
-        case QTYPE_Q4_0: launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y); break;
-        case QTYPE_Q4_1: launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y); break;
-        default: launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y); break;
+        case QTYPE_Q4_0:
+            launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y);
+            break;
+        case QTYPE_Q4_1:
+            launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y);
+            break;
+        default:
+            launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y);
+            break;
         }
         CUDA_LAUNCHED(c, "gemv_f32_quant_kernel");
         return;
     }
     const bool xvec = w->L.cols % 4 == 0 && is_aligned16(x);
     switch (t) {
-    case QTYPE_F32: launch_f32_float<QTYPE_F32>(c, w, x, n, xvec, y); break;
-    case QTYPE_F16: launch_f32_float<QTYPE_F16>(c, w, x, n, xvec, y); break;
-    default: launch_f32_float<QTYPE_BF16>(c, w, x, n, xvec, y); break;
+    case QTYPE_F32:
+        launch_f32_float<QTYPE_F32>(c, w, x, n, xvec, y);
+        break;
+    case QTYPE_F16:
+        launch_f32_float<QTYPE_F16>(c, w, x, n, xvec, y);
+        break;
+    default:
+        launch_f32_float<QTYPE_BF16>(c, w, x, n, xvec, y);
+        break;
     }
     CUDA_LAUNCHED(c, "gemv_f32_float_kernel");
 }
@@ -551,8 +594,8 @@ void cuda_op_matmul(struct backend *be, const struct bweight *bw, const float *x
         return;
     }
     if ((w->L.rows + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS) > 65535) {
-        cuda_fail(c, QERR_UNSUPPORTED, "cuda: matmul: %lld rows (at most %d)",
-                  (long long)w->L.rows, 65535 * GEMV_WARPS * GEMV_ROWS);
+        cuda_fail(c, QERR_UNSUPPORTED, "cuda: matmul: %lld rows (at most %d)", (long long)w->L.rows,
+                  65535 * GEMV_WARPS * GEMV_ROWS);
         return;
     }
     if (!c->arena || c->arena_cols < w->L.cols) {
@@ -645,6 +688,7 @@ void cuda_op_weight_release(struct backend *be, struct bweight *bw)
     if (!w) return;
     cuda_use_device(c);
     cudaStreamSynchronize(c->stream); /* no queued op may still read it */
+    cuda_graphs_reset(c);             /* nor a captured step replay it */
     cudaFree(w->dev);
     if (w->f16) cudaFree(w->f16);
     free(w);

@@ -8,6 +8,9 @@
  * time. Every lane of a warp must reach every shuffle, as on the hardware (else the emulation
  * spins: the wrapper script runs it under a timeout). Device memory is host memory,
  * streams and events are synchronous, numerics are the host's (libm expf/sincos, not the GPU's).
+ * Stream capture (CUDA graphs) records each launch, memset and copy as a closure instead of
+ * running it, with its arguments as they were, and a graph launch runs the closures in order; a
+ * synchronize during a capture fails, as on the hardware.
  *
  * emu-check.sh rewrites `k<<<grid, block, smem, stream>>>(args)` into
  * `emu_launch(grid, block, [=] { k(args); })` before compiling the .cu files as C++. */
@@ -23,6 +26,7 @@
 #include <string.h>
 
 #include <functional>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -183,6 +187,7 @@ struct emu_state {
     std::function<void()> body;
     dim3 grid, block;
     uint3 block_idx;
+    std::vector<std::function<void()>> *capture; /* the graph being captured, or NULL */
 };
 
 inline emu_state emu;
@@ -243,8 +248,19 @@ inline void emu_fiber_entry()
     abort(); /* a finished fiber is never resumed */
 }
 
-/* Runs a whole grid now, block after block. */
+inline void emu_run_grid(dim3 grid, dim3 block, std::function<void()> body);
+
+/* Runs a whole grid now, block after block; during a capture, records it. */
 inline void emu_launch(dim3 grid, dim3 block, std::function<void()> body)
+{
+    if (emu.capture) {
+        emu.capture->push_back([=] { emu_run_grid(grid, block, body); });
+        return;
+    }
+    emu_run_grid(grid, block, body);
+}
+
+inline void emu_run_grid(dim3 grid, dim3 block, std::function<void()> body)
 {
     if (block.x % 32 || block.x > EMU_MAX_THREADS || block.y != 1 || block.z != 1) {
         fprintf(stderr, "cuda_emu: unsupported block %u x %u x %u\n", block.x, block.y, block.z);
@@ -293,6 +309,7 @@ typedef enum cudaError {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorStreamCaptureUnsupported = 900,
 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event {
@@ -354,7 +371,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
-    return cudaSuccess;
+    return emu.capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t)
 {
@@ -376,13 +393,19 @@ inline cudaError_t cudaFree(void *p)
 }
 inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t = 0)
 {
-    memset(p, v, n);
+    if (emu.capture)
+        emu.capture->push_back([=] { memset(p, v, n); });
+    else
+        memset(p, v, n);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind,
                                    cudaStream_t = 0)
 {
-    memmove(d, s, n);
+    if (emu.capture)
+        emu.capture->push_back([=] { memmove(d, s, n); });
+    else
+        memmove(d, s, n);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t)
@@ -415,6 +438,50 @@ inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t)
 }
 
 /* ---- cuBLAS: the one call the backend makes ---- */
+
+/* ---- graphs ---- */
+
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+typedef emu_graph *cudaGraph_t;
+typedef emu_graph *cudaGraphExec_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeThreadLocal = 1 };
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode)
+{
+    if (emu.capture) return cudaErrorInvalidValue;
+    emu.capture = new std::vector<std::function<void()>>;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g)
+{
+    if (!emu.capture) return cudaErrorInvalidValue;
+    *g = new emu_graph{*emu.capture};
+    delete emu.capture;
+    emu.capture = nullptr;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long)
+{
+    *e = new emu_graph{g->ops};
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    delete g;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t)
+{
+    if (emu.capture) return cudaErrorStreamCaptureUnsupported;
+    for (auto &op : e->ops) op();
+    return cudaSuccess;
+}
 
 typedef struct emu_cublas *cublasHandle_t;
 typedef enum {
@@ -456,6 +523,14 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
 {
     if (at != CUDA_R_16F || bt != CUDA_R_16F || ct != CUDA_R_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (emu.capture) {
+        float al = *(const float *)alpha, be = *(const float *)beta;
+        emu.capture->push_back([=] {
+            cublasGemmEx(nullptr, ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, C, ct, ldc,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     const __half *a = (const __half *)A, *b = (const __half *)B;
     float *c = (float *)C, al = *(const float *)alpha, be = *(const float *)beta;
     for (int j = 0; j < n; j++)

@@ -3,9 +3,11 @@
 
     emu_rewrite.py OUT_DIR file.cu...   ->   OUT_DIR/file.cc for each
 
-The one construct C++ lacks is the launch: `k<<<grid, block, smem, stream>>>(args);` becomes
-`{ (void)(smem); (void)(stream); emu_launch(grid, block, [=] { k(args); }); }`: the shared-memory
-size and the stream do nothing (kernels use static shared memory; the emulation is synchronous).
+The one construct C++ lacks is the launch: `k<<<grid, block, smem, stream>>>(a, b);` becomes
+`{ (void)(smem); (void)(stream); auto emu_a0 = (a); auto emu_a1 = (b);
+   emu_launch(grid, block, [=] { k(emu_a0, emu_a1); }); }`: the arguments are evaluated at the
+launch, as CUDA does (a captured launch keeps them), the shared-memory size and the stream do
+nothing (kernels use static shared memory; the emulation runs in stream order).
 A #line directive keeps compiler messages and debugger lines pointing at the .cu file."""
 import os
 import re
@@ -34,8 +36,12 @@ def split_top(s):
 def rewrite(m):
     cfg = split_top(m.group(2))
     unused = "".join("(void)(%s); " % c for c in cfg[2:])  # evaluated, as the launch would
-    return "{ %semu_launch(%s, %s, [=] { %s(%s); }); }" % (unused, cfg[0], cfg[1], m.group(1),
-                                                          m.group(3))
+    # the arguments are evaluated at the launch, as CUDA does (a captured launch keeps them)
+    args = [a for a in split_top(m.group(3)) if a]
+    bind = "".join("auto emu_a%d = (%s); " % (i, a) for i, a in enumerate(args))
+    names = ", ".join("emu_a%d" % i for i in range(len(args)))
+    return "{ %s%semu_launch(%s, %s, [=] { %s(%s); }); }" % (unused, bind, cfg[0], cfg[1],
+                                                            m.group(1), names)
 
 
 def main():
