@@ -625,13 +625,17 @@ END_TEST
 START_TEST(attention_matches_reference)
 {
     rng_state = 0xa77e;
-    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {32, 8, 128, 0}, {8, 2, 128, 1},
-                          {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1},  {4, 4, 256, 0},
-                          {2, 2, 10, 0}, {3, 1, 512, 1}};
+    /* heads, kv heads, head dim, prefill, blocks per sequence (x 16 positions): contexts past
+     * 256 positions take the split path, 3200 positions up to 13 splits */
+    const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},  {32, 8, 128, 0, 40},
+                          {8, 2, 128, 1, 40}, {6, 2, 32, 0, 40},  {2, 1, 64, 1, 40},
+                          {16, 1, 64, 1, 40}, {4, 4, 256, 0, 40}, {2, 2, 10, 0, 40},
+                          {3, 1, 512, 1, 40}, {4, 2, 128, 0, 200}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
-        const int n = 1 + (int)(rnd() % 64), n_seqs = 3, max_blocks = 40, bs = 16;
+        const int max_blocks = cfg[ci][4], bs = 16, n_seqs = 3;
+        const int n = max_blocks > 40 ? 1 + (int)(rnd() % 8) : 1 + (int)(rnd() % 64);
         const int n_blocks = n_seqs * max_blocks;
         struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd)};
         int32_t *pos = malloc((size_t)n * 4), *seq = malloc((size_t)n * 4);

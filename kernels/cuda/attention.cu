@@ -13,29 +13,39 @@
  * token's output is bit-identical alone and inside any batch. GQA: head h reads kv head
  * h / (n_heads / n_kv_heads); the heads of a group re-read the same K/V, which L2 serves.
  *
- * Not yet: a split of long contexts over several blocks (FlashDecoding) for decode batches too
- * small to fill the GPU, a tiled prefill kernel sharing K/V tiles among a chunk's queries, and an
- * fp16 KV cache (the contract's cache is fp32). */
+ * Long contexts are split (FlashDecoding): a token at position p has p / ATT_SPLIT + 1 splits of
+ * ATT_SPLIT positions, one thread block each (grid z), so a decode batch of one sequence still
+ * fills the GPU. A split writes its unnormalized partial (max, sum, output) to the scratch and
+ * attention_reduce_kernel merges a token's splits in split order. The split count depends only on
+ * the token's position, so batch invariance holds; a token with one split (p < ATT_SPLIT) writes
+ * its output directly, with exactly the operations of an unsplit kernel.
+ *
+ * Not yet: a tiled prefill kernel sharing K/V tiles among a chunk's queries, and an fp16 KV cache
+ * (the contract's cache is fp32). */
 #include <math.h>
 
 #include "cuda_common.cuh"
 
 #define ATT_WARPS         4
+#define ATT_SPLIT         256 /* positions per split block: 8 chunks, 2 per warp */
 #define ATT_DIMS_PER_LANE (CUDA_MAX_HEAD_DIM / 32)
 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(float *out, const float *q, const float *kc, const float *vc,
                      const int32_t *pos, const int32_t *seq, const int32_t *table, int max_blocks,
-                     int bs, int n_heads, int n_kv_heads, int hd, float scale)
+                     int bs, int n_heads, int n_kv_heads, int hd, float scale, float *part)
 {
     __shared__ float q_s[CUDA_MAX_HEAD_DIM];
     __shared__ float acc_s[ATT_WARPS][CUDA_MAX_HEAD_DIM];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
     const int p = pos[t];
+    const int n_split = p / ATT_SPLIT + 1;
+    if (split >= n_split) return; /* the grid is sized for the longest context */
+    const int lo = split * ATT_SPLIT, hi = min(p, lo + ATT_SPLIT - 1);
     const int32_t *tbl = table + (size_t)seq[t] * (size_t)max_blocks;
     const float *qh = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[d] = qh[d];
@@ -47,9 +57,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
     for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] = 0;
 
-    for (int c0 = warp * 32; c0 <= p; c0 += ATT_WARPS * 32) {
+    for (int c0 = lo + warp * 32; c0 <= hi; c0 += ATT_WARPS * 32) {
         const int j = c0 + lane;
-        const bool valid = j <= p;
+        const bool valid = j <= hi;
         int64_t slot = 0;
         float sc = -INFINITY;
         if (valid) {
@@ -76,7 +86,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         l = l * corr + warp_sum(pl);
 #pragma unroll
         for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] *= corr;
-        const int cnt = min(32, p - c0 + 1);
+        const int cnt = min(32, hi - c0 + 1);
         for (int jj = 0; jj < cnt; jj++) {
             const float pj = __shfl_sync(0xffffffffu, pl, jj);
             const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
@@ -108,12 +118,76 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
         den = fmaf(l_s[w], f[w], den);
     }
-    float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+    if (n_split == 1) {
+        float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float num = 0;
+            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+            oh[d] = num / den;
+        }
+        return;
+    }
+    /* part[(t, h, split)]: max, sum, then hd unnormalized outputs, all relative to mt */
+    float *ph = part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
+                           ((size_t)hd + 2);
+    if (threadIdx.x == 0) {
+        ph[0] = mt;
+        ph[1] = den;
+    }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0;
         for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+        ph[2 + d] = num;
+    }
+}
+
+/* Merges the splits of the tokens that have more than one, in split order. */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention_reduce_kernel(float *out, const float *part, const int32_t *pos, int n_heads, int hd,
+                            int max_splits)
+{
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int n_split = pos[t] / ATT_SPLIT + 1;
+    if (n_split == 1) return; /* written by attention_kernel */
+    const float *ph =
+        part + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits * ((size_t)hd + 2);
+    const size_t stride = (size_t)hd + 2;
+    float mt = ph[0];
+    for (int s = 1; s < n_split; s++) mt = fmaxf(mt, ph[(size_t)s * stride]);
+    float den = 0;
+    for (int s = 0; s < n_split; s++)
+        den = fmaf(ph[(size_t)s * stride + 1], expf(ph[(size_t)s * stride] - mt), den);
+    float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float num = 0;
+        for (int s = 0; s < n_split; s++)
+            num = fmaf(ph[(size_t)s * stride + 2 + d], expf(ph[(size_t)s * stride] - mt), num);
         oh[d] = num / den;
     }
+}
+
+/* Room for the split partials of n tokens: grown outside a capture, never inside one. */
+static bool reserve_part(struct cuda_ctx *c, size_t bytes)
+{
+    if (bytes <= c->att_part_bytes) return true;
+    if (c->capturing) {
+        cuda_fail(c, QERR_INVALID, "cuda: attention scratch would grow inside a captured step");
+        return false;
+    }
+    cudaStreamSynchronize(c->stream); /* queued splits may still write the old one */
+    cuda_graphs_reset(c);             /* and captured ones hold its address */
+    if (c->att_part) cudaFree(c->att_part);
+    c->att_part = NULL;
+    c->att_part_bytes = 0;
+    if (cudaMalloc((void **)&c->att_part, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        c->att_part = NULL;
+        cuda_fail(c, QERR_NOMEM, "cuda: cannot allocate %.1f MiB of attention scratch",
+                  (double)bytes / 1048576.0);
+        return false;
+    }
+    c->att_part_bytes = bytes;
+    return true;
 }
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
@@ -128,9 +202,28 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const flo
         return;
     }
     cuda_use_device(c);
-    dim3 grid((unsigned)b->n_tokens, (unsigned)s->n_heads);
+    /* the most splits any token of the batch can have: its block table's whole length */
+    int64_t ctx_max = (int64_t)b->max_blocks * b->block_size;
+    int max_splits = (int)((ctx_max + ATT_SPLIT - 1) / ATT_SPLIT);
+    if (max_splits < 1) max_splits = 1;
+    if (max_splits > 65535) {
+        cuda_fail(c, QERR_INVALID, "cuda: attention: context of %lld positions",
+                  (long long)ctx_max);
+        return;
+    }
+    if (max_splits > 1 &&
+        !reserve_part(c, (size_t)b->n_tokens * (size_t)s->n_heads * (size_t)max_splits *
+                             ((size_t)s->head_dim + 2) * sizeof(float)))
+        return;
+    dim3 grid((unsigned)b->n_tokens, (unsigned)s->n_heads, (unsigned)max_splits);
     attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
         out, q, k_cache, v_cache, b->pos, b->seq, b->block_table, b->max_blocks, b->block_size,
-        s->n_heads, s->n_kv_heads, s->head_dim, s->scale);
+        s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
     CUDA_LAUNCHED(c, "attention_kernel");
+    if (max_splits > 1) {
+        dim3 rgrid((unsigned)b->n_tokens, (unsigned)s->n_heads);
+        attention_reduce_kernel<<<rgrid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, c->att_part, b->pos, s->n_heads, s->head_dim, max_splits);
+        CUDA_LAUNCHED(c, "attention_reduce_kernel");
+    }
 }

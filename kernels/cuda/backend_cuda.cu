@@ -172,6 +172,7 @@ static void cuda_destroy(struct backend *be)
         if (c->stream) cudaStreamSynchronize(c->stream);
         cuda_graphs_reset(c);
         if (c->arena) cudaFree(c->arena);
+        if (c->att_part) cudaFree(c->att_part);
 #ifdef QUERN_HAVE_CUBLAS
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);

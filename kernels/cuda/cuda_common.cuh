@@ -70,6 +70,9 @@ struct cuda_ctx {
     /* the first error an op met */
     int err_code;
     char err_msg[384];
+    /* attention's split partials (attention.cu), grown outside captures */
+    float *att_part;
+    size_t att_part_bytes;
     /* captured steps (graphs.cu) */
     bool graphs_on;
     struct cuda_graph_slot graphs[GRAPH_SLOTS];
