@@ -34,6 +34,8 @@ static struct backend *gpu;      /* MATMUL_F32 */
 static struct backend *gpu_q8;   /* MATMUL_Q8 */
 static struct backend *gpu_gemm; /* MATMUL_F32, cuBLAS for batches >= 16 */
 
+static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out);
+
 /* ---- helpers ---- */
 
 static uint64_t rng_state;
@@ -875,6 +877,20 @@ struct collect {
     int n, cap;
 };
 
+struct logit_log {
+    float *logits; /* [steps][49152] */
+    int32_t *tokens;
+    int n;
+};
+
+static bool keep_logits(void *ctx, int32_t token, const float *logits)
+{
+    struct logit_log *l = ctx;
+    memcpy(l->logits + (size_t)l->n * 49152, logits, 49152 * sizeof(float));
+    l->tokens[l->n++] = token;
+    return false;
+}
+
 static bool collect_token(void *ctx, int32_t token, const float *logits)
 {
     (void)logits;
@@ -909,6 +925,65 @@ START_TEST(model_greedy_matches_golden)
     free(out);
     free(p);
     free(g);
+}
+END_TEST
+
+/* The real model's decode through captured steps equals the same decode issued op by op: the
+ * same tokens and the same logits bit for bit, with most steps replayed. */
+static void greedy_logits(struct backend *be, const int32_t *p, size_t np, int steps, float *logits,
+                          int32_t *tokens)
+{
+    struct qerr err = {0};
+    struct model_opts mo = {
+        .max_batch_tokens = 64, .max_logits = 1, .kv_blocks = 8, .kv_block_size = 16};
+    struct model *m = NULL;
+    ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+    struct gen_opts o = {.n_predict = steps, .prefill_chunk = 64};
+    sample_params_default(&o.sample);
+    o.sample.temperature = 0;
+    struct logit_log log = {logits, tokens, 0};
+    ck_assert_msg(generate_run(m, p, np, &o, keep_logits, &log, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(log.n, steps);
+    model_free(m);
+}
+
+START_TEST(model_graphs_equal_direct)
+{
+    const cJSON *c = gen_case(0);
+    size_t np;
+    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
+    const int steps = 12, vocab = 49152;
+    float *a = malloc((size_t)steps * vocab * 4), *b = malloc((size_t)steps * vocab * 4);
+    int32_t ta[12], tb[12];
+    setenv("QUERN_CUDA_GRAPHS", "0", 1);
+    struct backend *direct = NULL;
+    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, &direct), 0);
+    unsetenv("QUERN_CUDA_GRAPHS");
+    struct backend *graphs = NULL;
+    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, &graphs), 0);
+    greedy_logits(direct, p, np, steps, a, ta);
+    greedy_logits(graphs, p, np, steps, b, tb);
+    uint64_t cap, rep, cap0, rep0;
+    backend_cuda_graph_counts(graphs, &cap, &rep);
+    backend_cuda_graph_counts(direct, &cap0, &rep0);
+    printf("graphs: %llu captures, %llu replays in %d decode steps\n", (unsigned long long)cap,
+           (unsigned long long)rep, steps);
+    ck_assert_uint_eq(cap0 + rep0, 0);
+    ck_assert_uint_ge(cap, 1);
+    ck_assert_uint_ge(rep, (uint64_t)steps / 2);
+    for (int s = 0; s < steps; s++) {
+        ck_assert_int_eq(ta[s], tb[s]);
+        size_t at;
+        ck_assert_msg(
+            !bits_differ(b + (size_t)s * vocab, a + (size_t)s * vocab, (size_t)vocab, &at),
+            "step %d: logit %zu %.9g (graphs) vs %.9g", s, at, b[(size_t)s * vocab + at],
+            a[(size_t)s * vocab + at]);
+    }
+    backend_destroy(direct);
+    backend_destroy(graphs);
+    free(a);
+    free(b);
+    free(p);
 }
 END_TEST
 
@@ -978,6 +1053,12 @@ int main(void)
         tcase_set_timeout(ti, 600);
         tcase_add_loop_test(ti, model_logits_batch_invariant, 0, 2);
         suite_add_tcase(s, ti);
+        /* CK_RUN_CASE=model_graphs alone under the CPU emulation: ~30 forwards */
+        TCase *tg = tcase_create("model_graphs");
+        tcase_set_timeout(tg, 900);
+        tcase_add_checked_fixture(tg, model_setup, model_teardown);
+        tcase_add_test(tg, model_graphs_equal_direct);
+        suite_add_tcase(s, tg);
     }
     SRunner *r = srunner_create(s);
     srunner_set_fork_status(r, CK_NOFORK);

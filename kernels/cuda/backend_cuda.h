@@ -48,6 +48,8 @@ int backend_cuda_status(struct backend *be, struct qerr *err);
 
 /* One line describing the device, as backend_cuda_probe gives it. */
 const char *backend_cuda_describe(const struct backend *be);
+/* Steps captured as graphs and steps replayed so far (graphs.cu). */
+void backend_cuda_graph_counts(const struct backend *be, uint64_t *captures, uint64_t *replays);
 
 /* Bytes of device memory the prepared copy of a weight occupies (packed quants, scales and the
  * fp16 copy when the GEMM path keeps one); 0 when w is not prepared by a CUDA backend. */

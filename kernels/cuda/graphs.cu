@@ -118,6 +118,14 @@ bool cuda_op_step_end(struct backend *be)
     return false;
 }
 
+extern "C" void backend_cuda_graph_counts(const struct backend *be, uint64_t *captures,
+                                          uint64_t *replays)
+{
+    const struct cuda_ctx *c = cuda_ctx_of(be);
+    *captures = c->graph_captures;
+    *replays = c->graph_replays;
+}
+
 void cuda_op_step_reset(struct backend *be)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
