@@ -24,6 +24,8 @@ bool cli_parse_float(const char *text, double lo, double hi, double *out);
 #include "../kernels/backend_select.h"
 int cli_backend_create(const char *prog, const char *device, int threads,
                        enum matmul_precision precision, struct backend **out, struct qerr *err);
+/* Checks a --device argument: true and *out = text, or false after a one-line error. */
+bool cli_device_arg(const char *prog, const char *text, const char **out);
 #define CLI_DEVICE_HELP                                                                            \
     "  --device D        auto (default: a usable GPU, else the CPU), cpu, cuda or cuda:N\n"
 

@@ -377,17 +377,9 @@ int cli_bench(int argc, char **argv)
                 return EXIT_USAGE;
             }
             continue;
-        case O_DEVICE: {
-            enum backend_kind kind;
-            int index;
-            struct qerr derr = {0};
-            if (backend_device_parse(optarg, &kind, &index, &derr)) {
-                fprintf(stderr, "quern bench: %s\n", derr.msg);
-                return EXIT_USAGE;
-            }
-            a.device = optarg;
+        case O_DEVICE:
+            if (!cli_device_arg("bench", optarg, &a.device)) return EXIT_USAGE;
             continue;
-        }
         case O_SYNTH:
             if (!synth_shape_find(optarg)) {
                 fprintf(stderr,

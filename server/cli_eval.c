@@ -100,17 +100,9 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                 return EXIT_USAGE;
             }
             break;
-        case O_DEVICE: {
-            enum backend_kind kind;
-            int index;
-            struct qerr derr = {0};
-            if (backend_device_parse(optarg, &kind, &index, &derr)) {
-                fprintf(stderr, "quern eval: %s\n", derr.msg);
-                return EXIT_USAGE;
-            }
-            a->device = optarg;
+        case O_DEVICE:
+            if (!cli_device_arg("eval", optarg, &a->device)) return EXIT_USAGE;
             break;
-        }
         case 'h':
             eval_usage(stdout);
             return -1;

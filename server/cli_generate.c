@@ -142,17 +142,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case O_SYSTEM:
             a->system = optarg;
             break;
-        case O_DEVICE: {
-            enum backend_kind kind;
-            int index;
-            struct qerr derr = {0};
-            if (backend_device_parse(optarg, &kind, &index, &derr)) {
-                fprintf(stderr, "quern generate: %s\n", derr.msg);
-                return EXIT_USAGE;
-            }
-            a->device = optarg;
+        case O_DEVICE:
+            if (!cli_device_arg("generate", optarg, &a->device)) return EXIT_USAGE;
             break;
-        }
         case O_PREC:
             if (!strcmp(optarg, "q8"))
                 a->precision = MATMUL_Q8;

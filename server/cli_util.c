@@ -41,3 +41,16 @@ int cli_backend_create(const char *prog, const char *device, int threads,
     if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
     return rc;
 }
+
+bool cli_device_arg(const char *prog, const char *text, const char **out)
+{
+    enum backend_kind kind;
+    int index;
+    struct qerr err = {0};
+    if (backend_device_parse(text, &kind, &index, &err)) {
+        fprintf(stderr, "quern %s: %s\n", prog, err.msg);
+        return false;
+    }
+    *out = text;
+    return true;
+}

@@ -67,8 +67,12 @@ __attribute__((target("avx512f"))) static uint64_t read512(const uint64_t *p, si
         s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
         s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
     }
-    return (uint64_t)_mm512_reduce_add_epi64(
-        _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    /* summed as unsigned: the intrinsic reduction adds signed 64-bit values, which overflow */
+    uint64_t lanes[8], sum = 0;
+    _mm512_storeu_si512(lanes,
+                        _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    return sum;
 }
 
 static void *read_loop(void *arg)
@@ -151,7 +155,10 @@ TGT512 static void *peak_loop(void *arg)
             for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], u, v);
         __m512i t = acc[0];
         for (int k = 1; k < PEAK_CHAINS; k++) t = _mm512_add_epi32(t, acc[k]);
-        a->sink = (float)_mm512_reduce_add_epi32(t);
+        uint32_t lanes[16], sum = 0; /* unsigned: the chains wrap, as the hardware does */
+        _mm512_storeu_si512(lanes, t);
+        for (int i = 0; i < 16; i++) sum += lanes[i];
+        a->sink = (float)sum;
     }
     return NULL;
 }
