@@ -503,7 +503,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->ctx_len = o->ctx_len > 0 && o->ctx_len < cfg.ctx_len ? o->ctx_len : cfg.ctx_len;
     int blocks = o->kv_blocks;
     if (blocks <= 0) {
-        size_t per_block = model_kv_bytes_per_token(&cfg) * (size_t)o->kv_block_size;
+        size_t per_block =
+            model_kv_bytes_per_token(&cfg, backend_kv_elem_bytes(be)) * (size_t)o->kv_block_size;
         size_t nb = o->kv_mem / per_block;
         if (nb < 1) {
             free(e);

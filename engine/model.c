@@ -8,7 +8,7 @@
 struct layer {
     const float *attn_norm, *ffn_norm; /* device copies, [dim] */
     struct bweight wq, wk, wv, wo, w_gate, w_up, w_down;
-    float *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] */
+    void *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] of the backend's KV element */
 };
 
 /* Activation arena: sized once for max_batch_tokens so a forward allocates nothing. */
@@ -16,6 +16,8 @@ struct acts {
     float *x, *xn, *q, *k, *v, *att, *gate, *up, *sel, *logits; /* device */
     int32_t *tokens, *pos, *seq, *slot, *table, *logit_idx;     /* device */
     int table_cap;
+    int32_t *wide_table; /* host: a batch's block table widened for replay */
+    size_t wide_cap;
 };
 
 struct model {
@@ -101,10 +103,9 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     return 0;
 }
 
-size_t model_kv_bytes_per_token(const struct model_config *cfg)
+size_t model_kv_bytes_per_token(const struct model_config *cfg, size_t elem_bytes)
 {
-    return (size_t)cfg->n_layers * 2 * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim *
-           sizeof(float);
+    return (size_t)cfg->n_layers * 2 * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * elem_bytes;
 }
 
 /* Finds a tensor and checks its shape is [ne0, ne1] (ne1 = 1 for vectors). */
@@ -200,6 +201,7 @@ static void free_acts(struct model *m)
                    a->sel, a->logits, a->tokens, a->pos, a->seq, a->slot, a->table, a->logit_idx};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->ops->buf_free(be, all[i]);
+    free(a->wide_table);
 }
 
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
@@ -254,8 +256,9 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
         if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         if ((rc = load_vector(m, f, name, c->dim, &ly->ffn_norm, err))) goto fail;
-        ly->k_cache = be->ops->buf_alloc(be, kv_slots * (size_t)kv_dim * sizeof(float));
-        ly->v_cache = be->ops->buf_alloc(be, kv_slots * (size_t)kv_dim * sizeof(float));
+        size_t kv_bytes = kv_slots * (size_t)kv_dim * backend_kv_elem_bytes(be);
+        ly->k_cache = be->ops->buf_alloc(be, kv_bytes);
+        ly->v_cache = be->ops->buf_alloc(be, kv_bytes);
         if (!ly->k_cache || !ly->v_cache) {
             rc = qerr_set(err, QERR_NOMEM, "model: cannot allocate KV storage for %zu tokens",
                           kv_slots);
@@ -381,6 +384,40 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
  * overhead is theirs; a prefill chunk amortizes it). */
 #define STEP_REPLAY_MAX_TOKENS 64
 
+/* The block-table width a replayed step uses: the next power of two, so a growing context is a
+ * new step shape only when its table doubles (the kernels read only the blocks a token's
+ * position reaches, so wider rows change no result). */
+static int replay_width(int max_blocks)
+{
+    int w = 1;
+    while (w < max_blocks) w *= 2;
+    return w;
+}
+
+/* b's block table, rows widened to `width` (zero-filled), in the model's host scratch. */
+static const int32_t *widen_table(struct model *m, const struct model_batch *b, int width,
+                                  struct qerr *err)
+{
+    struct acts *a = &m->a;
+    size_t need = (size_t)b->n_seqs * (size_t)width;
+    if (need > a->wide_cap) {
+        int32_t *t = realloc(a->wide_table, need * sizeof *t);
+        if (!t) {
+            qerr_set(err, QERR_NOMEM, "forward: block table of %zu", need);
+            return NULL;
+        }
+        a->wide_table = t;
+        a->wide_cap = need;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t *row = a->wide_table + (size_t)s * (size_t)width;
+        memcpy(row, b->block_table + (size_t)s * (size_t)b->max_blocks,
+               (size_t)b->max_blocks * sizeof *row);
+        memset(row + b->max_blocks, 0, (size_t)(width - b->max_blocks) * sizeof *row);
+    }
+    return a->wide_table;
+}
+
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err)
 {
     int rc = check_batch(m, b, err);
@@ -389,7 +426,12 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     const struct backend_ops *ops = be->ops;
     struct acts *a = &m->a;
     int n = b->n_tokens;
-    size_t table_n = (size_t)b->n_seqs * (size_t)b->max_blocks;
+    bool replay = ops->step_begin && n <= STEP_REPLAY_MAX_TOKENS && b->n_logits <= 0xffff &&
+                  b->n_seqs <= 0xffff && b->max_blocks <= 0x8000;
+    int width = replay ? replay_width(b->max_blocks) : b->max_blocks;
+    const int32_t *table = b->block_table;
+    if (width != b->max_blocks && !(table = widen_table(m, b, width, err))) return QERR_NOMEM;
+    size_t table_n = (size_t)b->n_seqs * (size_t)width;
     if ((int)table_n > a->table_cap) {
         if (a->table) ops->buf_free(be, a->table);
         a->table = ops->buf_alloc(be, table_n * sizeof(int32_t));
@@ -401,7 +443,7 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     ops->buf_write(be, a->pos, b->pos, (size_t)n * 4);
     ops->buf_write(be, a->seq, b->seq, (size_t)n * 4);
     ops->buf_write(be, a->slot, b->slot, (size_t)n * 4);
-    ops->buf_write(be, a->table, b->block_table, table_n * 4);
+    ops->buf_write(be, a->table, table, table_n * 4);
     if (b->n_logits > 0) ops->buf_write(be, a->logit_idx, b->logit_idx, (size_t)b->n_logits * 4);
     struct attn_batch ab = {.n_tokens = n,
                             .pos = a->pos,
@@ -409,12 +451,10 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
                             .slot = a->slot,
                             .n_seqs = b->n_seqs,
                             .block_table = a->table,
-                            .max_blocks = b->max_blocks,
+                            .max_blocks = width,
                             .block_size = m->opts.kv_block_size};
-    bool replay = ops->step_begin && n <= STEP_REPLAY_MAX_TOKENS && b->n_logits <= 0xffff &&
-                  b->n_seqs <= 0xffff && b->max_blocks <= 0xffff;
     uint64_t key = (uint64_t)n | (uint64_t)b->n_logits << 16 | (uint64_t)b->n_seqs << 32 |
-                   (uint64_t)(uint32_t)b->max_blocks << 48;
+                   (uint64_t)(uint32_t)width << 48;
     if (!replay || !ops->step_begin(be, key)) {
         forward_ops(m, n, b->n_logits, &ab);
         if (replay && !ops->step_end(be)) forward_ops(m, n, b->n_logits, &ab);

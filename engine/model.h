@@ -49,8 +49,9 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
 void model_free(struct model *m);
 const struct model_config *model_get_config(const struct model *m);
 const struct model_opts *model_get_opts(const struct model *m);
-/* Bytes of K/V one token needs across all layers. */
-size_t model_kv_bytes_per_token(const struct model_config *cfg);
+/* Bytes of K/V one token needs across all layers, for elements of elem_bytes
+ * (backend_kv_elem_bytes). */
+size_t model_kv_bytes_per_token(const struct model_config *cfg, size_t elem_bytes);
 
 /* logits: host array [b->n_logits][vocab]. Validates the batch (sizes, token ids, slots) first. */
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err);

@@ -85,14 +85,15 @@ struct backend_ops {
     void (*rope)(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
                  int rot_dim, float freq_base);
     /* Writes k[n][kv_dim], v[n][kv_dim] into the caches at b->slot; cache layout
-     * [n_blocks * block_size][kv_dim]. */
-    void (*kv_write)(struct backend *be, float *k_cache, float *v_cache, const float *k,
+     * [n_blocks * block_size][kv_dim] of elements of kv_elem_bytes (fp32, or fp16 rounded to
+     * nearest even). */
+    void (*kv_write)(struct backend *be, void *k_cache, void *v_cache, const float *k,
                      const float *v, const struct attn_batch *b, int kv_dim);
     /* out[n][n_heads * head_dim]: causal attention of each token over positions 0..pos of its
      * sequence, reading K/V through the block table (GQA: head h uses kv head
      * h / (n_heads / n_kv_heads)). kv_write must have run for this step's tokens. */
-    void (*attention)(struct backend *be, float *out, const float *q, const float *k_cache,
-                      const float *v_cache, const struct attn_batch *b, const struct attn_shape *s);
+    void (*attention)(struct backend *be, float *out, const float *q, const void *k_cache,
+                      const void *v_cache, const struct attn_batch *b, const struct attn_shape *s);
     /* out[i][dim] = x[idx[i]][dim] for i < n: picks the rows that need logits. */
     void (*get_rows)(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
                      int dim);
@@ -115,6 +116,9 @@ struct backend_ops {
     bool (*step_begin)(struct backend *be, uint64_t key);
     bool (*step_end)(struct backend *be);
     void (*step_reset)(struct backend *be);
+
+    /* Bytes of one K or V element in this backend's cache: 4 (fp32) or 2 (fp16). NULL: 4. */
+    size_t (*kv_elem_bytes)(const struct backend *be);
 };
 
 struct backend {
@@ -144,6 +148,11 @@ enum cpu_isa backend_cpu_isa(const struct backend *be);
 static inline void backend_destroy(struct backend *be)
 {
     if (be) be->ops->destroy(be);
+}
+
+static inline size_t backend_kv_elem_bytes(const struct backend *be)
+{
+    return be->ops->kv_elem_bytes ? be->ops->kv_elem_bytes(be) : sizeof(float);
 }
 
 #endif

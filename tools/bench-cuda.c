@@ -272,7 +272,12 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
     prepare(be, &embd, m->embd_type, m->vocab, m->dim, host_e);
     size_t wbytes = backend_cuda_weight_bytes(&embd); /* tied output: read every step */
     float *kv_init = malloc((size_t)16 << 20);
-    for (size_t i = 0; i < ((size_t)16 << 20) / 4; i++) kv_init[i] = frand();
+    if (backend_kv_elem_bytes(be) == 2) { /* fp16 cache: 16 MiB of finite halves */
+        uint16_t *h = (uint16_t *)kv_init;
+        for (size_t i = 0; i < ((size_t)16 << 20) / 2; i++) h[i] = f32_to_fp16(frand());
+    } else {
+        for (size_t i = 0; i < ((size_t)16 << 20) / 4; i++) kv_init[i] = frand();
+    }
     for (int l = 0; l < m->n_layers; l++) {
         struct synth_layer *y = &L[l];
         prepare(be, &y->wq, m->type, m->dim, m->dim, host);
@@ -286,7 +291,7 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
         for (int i = 0; i < 7; i++) wbytes += backend_cuda_weight_bytes(ws[i]);
         y->attn_norm = dev_random(be, (size_t)m->dim, 1.0f);
         y->ffn_norm = dev_random(be, (size_t)m->dim, 1.0f);
-        size_t cb = slots * (size_t)kv_dim * sizeof(float);
+        size_t cb = slots * (size_t)kv_dim * backend_kv_elem_bytes(be);
         y->k_cache = be->ops->buf_alloc(be, cb);
         y->v_cache = be->ops->buf_alloc(be, cb);
         if (!y->k_cache || !y->v_cache) die("KV cache allocation", NULL);
@@ -377,7 +382,8 @@ static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, in
             check_status(be, "decode");
             /* bytes one step must read: every weight once, plus K and V of every context
              * position of every sequence in every layer */
-            double kv_bytes = (double)B * (ctx + steps / 2.0) * kv_dim * 4.0 * 2.0 * m->n_layers;
+            double kv_bytes = (double)B * (ctx + steps / 2.0) * kv_dim *
+                              (double)backend_kv_elem_bytes(be) * 2.0 * m->n_layers;
             double roof = (double)copy_gbps * 1e9 / ((double)wbytes + kv_bytes);
             printf("| %s | %s | %d | %s | %.2f | %.0f | %.0f | %.0f%% |\n", m->name,
                    qtype_name(m->type), B, prec == MATMUL_Q8 ? "int8" : "fp32", dt * 1e3, B / dt,

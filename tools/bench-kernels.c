@@ -467,13 +467,13 @@ static void pf_rope(struct backend *be, float *x, const int32_t *pos, int n, int
 {
     TIMED(P_ROPE, r->ops->rope(r, x, pos, n, nh, hd, rd, base));
 }
-static void pf_kv_write(struct backend *be, float *kc, float *vc, const float *k, const float *v,
+static void pf_kv_write(struct backend *be, void *kc, void *vc, const float *k, const float *v,
                         const struct attn_batch *b, int kv_dim)
 {
     TIMED(P_OTHER, r->ops->kv_write(r, kc, vc, k, v, b, kv_dim));
 }
-static void pf_attention(struct backend *be, float *out, const float *q, const float *kc,
-                         const float *vc, const struct attn_batch *b, const struct attn_shape *s)
+static void pf_attention(struct backend *be, float *out, const float *q, const void *kc,
+                         const void *vc, const struct attn_batch *b, const struct attn_shape *s)
 {
     TIMED(P_ATTN, r->ops->attention(r, out, q, kc, vc, b, s));
 }

@@ -43,10 +43,10 @@ void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w,
 void cpu_add(struct backend *be, float *x, const float *y, size_t n);
 void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
               int rot_dim, float freq_base);
-void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                  const float *v, const struct attn_batch *b, int kv_dim);
-void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                   const float *v_cache, const struct attn_batch *b, const struct attn_shape *s);
+void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                  const struct attn_batch *b, int kv_dim);
+void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,
+                   const void *v_cache, const struct attn_batch *b, const struct attn_shape *s);
 void cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
                   int dim);
 void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n);

@@ -195,8 +195,8 @@ void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_hea
     pool_run(c->pool, rope_task, &j, tasks);
 }
 
-void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                  const float *v, const struct attn_batch *b, int kv_dim)
+void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
+                  const struct attn_batch *b, int kv_dim)
 {
     (void)be;
     ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
@@ -223,8 +223,8 @@ static void attn_task(void *arg, int task, int worker)
     j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
 }
 
-void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                   const float *v_cache, const struct attn_batch *b, const struct attn_shape *s)
+void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,
+                   const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cpu_ctx *c = ctx_of(be);
     struct attn_job j = {c->k, out, q, k_cache, v_cache, b, s};

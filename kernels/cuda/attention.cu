@@ -20,8 +20,10 @@
  * the token's position, so batch invariance holds; a token with one split (p < ATT_SPLIT) writes
  * its output directly, with exactly the operations of an unsplit kernel.
  *
- * Not yet: a tiled prefill kernel sharing K/V tiles among a chunk's queries, and an fp16 KV cache
- * (the contract's cache is fp32). */
+ * The cache is fp16 by default (backend_cuda_opts.kv_f32 keeps fp32): each element is widened
+ * to fp32 as it is read, so the arithmetic is the fp32 kernel's on the rounded values.
+ *
+ * Not yet: a tiled prefill kernel sharing K/V tiles among a chunk's queries. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -30,10 +32,33 @@
 #define ATT_SPLIT         256 /* positions per split block: 8 chunks, 2 per warp */
 #define ATT_DIMS_PER_LANE (CUDA_MAX_HEAD_DIM / 32)
 
+/* A cache element widened to fp32 (exact for fp16). */
+__device__ __forceinline__ float kv_load(const float *p)
+{
+    return *p;
+}
+
+__device__ __forceinline__ float kv_load(const __half *p)
+{
+    return __half2float(*p);
+}
+
+__device__ __forceinline__ float4 kv_load4(const float *p)
+{
+    return *(const float4 *)p;
+}
+
+__device__ __forceinline__ float4 kv_load4(const __half *p)
+{
+    return make_float4(__half2float(p[0]), __half2float(p[1]), __half2float(p[2]),
+                       __half2float(p[3]));
+}
+
+template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention_kernel(float *out, const float *q, const float *kc, const float *vc,
-                     const int32_t *pos, const int32_t *seq, const int32_t *table, int max_blocks,
-                     int bs, int n_heads, int n_kv_heads, int hd, float scale, float *part)
+    attention_kernel(float *out, const float *q, const T *kc, const T *vc, const int32_t *pos,
+                     const int32_t *seq, const int32_t *table, int max_blocks, int bs, int n_heads,
+                     int n_kv_heads, int hd, float scale, float *part)
 {
     __shared__ float q_s[CUDA_MAX_HEAD_DIM];
     __shared__ float acc_s[ATT_WARPS][CUDA_MAX_HEAD_DIM];
@@ -64,18 +89,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         float sc = -INFINITY;
         if (valid) {
             slot = (int64_t)tbl[j / bs] * bs + j % bs;
-            const float *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
+            const T *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
             float dot = 0;
             if (vec) {
                 for (int d = 0; d < hd; d += 4) {
-                    float4 k4 = *(const float4 *)(kj + d);
+                    float4 k4 = kv_load4(kj + d);
                     dot = fmaf(q_s[d], k4.x, dot);
                     dot = fmaf(q_s[d + 1], k4.y, dot);
                     dot = fmaf(q_s[d + 2], k4.z, dot);
                     dot = fmaf(q_s[d + 3], k4.w, dot);
                 }
             } else {
-                for (int d = 0; d < hd; d++) dot = fmaf(q_s[d], kj[d], dot);
+                for (int d = 0; d < hd; d++) dot = fmaf(q_s[d], kv_load(kj + d), dot);
             }
             sc = dot * scale;
         }
@@ -90,11 +115,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         for (int jj = 0; jj < cnt; jj++) {
             const float pj = __shfl_sync(0xffffffffu, pl, jj);
             const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
-            const float *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
+            const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
 #pragma unroll
             for (int i = 0; i < ATT_DIMS_PER_LANE; i++) {
                 const int d = lane + 32 * i;
-                if (d < hd) acc[i] = fmaf(pj, vj[d], acc[i]);
+                if (d < hd) acc[i] = fmaf(pj, kv_load(vj + d), acc[i]);
             }
         }
         m = m_new;
@@ -190,8 +215,8 @@ static bool reserve_part(struct cuda_ctx *c, size_t bytes)
     return true;
 }
 
-void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                       const float *v_cache, const struct attn_batch *b, const struct attn_shape *s)
+void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
+                       const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (b->n_tokens <= 0) return;
@@ -216,9 +241,16 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const flo
                              ((size_t)s->head_dim + 2) * sizeof(float)))
         return;
     dim3 grid((unsigned)b->n_tokens, (unsigned)s->n_heads, (unsigned)max_splits);
-    attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
-        out, q, k_cache, v_cache, b->pos, b->seq, b->block_table, b->max_blocks, b->block_size,
-        s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
+    if (c->kv_f16)
+        attention_kernel<__half><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, (const __half *)k_cache, (const __half *)v_cache, b->pos, b->seq,
+            b->block_table, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
+            s->scale, c->att_part);
+    else
+        attention_kernel<float><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, (const float *)k_cache, (const float *)v_cache, b->pos, b->seq, b->block_table,
+            b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale,
+            c->att_part);
     CUDA_LAUNCHED(c, "attention_kernel");
     if (max_splits > 1) {
         dim3 rgrid((unsigned)b->n_tokens, (unsigned)s->n_heads);

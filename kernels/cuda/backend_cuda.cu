@@ -183,6 +183,11 @@ static void cuda_destroy(struct backend *be)
     free(be);
 }
 
+static size_t cuda_kv_elem_bytes(const struct backend *be)
+{
+    return cuda_ctx_of(be)->kv_f16 ? sizeof(__half) : sizeof(float);
+}
+
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -205,6 +210,7 @@ static const struct backend_ops cuda_ops = {
     /* .step_begin = */ cuda_op_step_begin,
     /* .step_end = */ cuda_op_step_end,
     /* .step_reset = */ cuda_op_step_reset,
+    /* .kv_elem_bytes = */ cuda_kv_elem_bytes,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
@@ -267,6 +273,8 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     c->gemm_min_tokens = o->gemm_min_tokens;
     const char *sl = getenv("QUERN_SYNC_LAUNCH");
     c->sync_launch = sl && *sl && strcmp(sl, "0") != 0;
+    const char *kv = getenv("QUERN_CUDA_KV");
+    c->kv_f16 = !o->kv_f32 && !(kv && strcmp(kv, "f32") == 0);
     cuda_graphs_init(c);
     snprintf(c->desc, sizeof c->desc, "%s", desc);
     cudaError_t e = cudaSetDevice(c->device);

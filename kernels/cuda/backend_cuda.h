@@ -33,6 +33,11 @@ struct backend_cuda_opts {
      * logits then depend on how many tokens share its step. 0: never (the default; every batch
      * size runs the batch-invariant GEMV kernels). Ignored when built without cuBLAS. */
     int gemm_min_tokens;
+    /* Keep the KV cache in fp32, as the CPU backend does (bit-comparable attention). Default
+     * (false): fp16, rounded to nearest even by kv_write and widened to fp32 when attention
+     * reads it: half the memory and the bytes read per decoded token. $QUERN_CUDA_KV=f32 sets
+     * it too. */
+    bool kv_f32;
 };
 
 /* 0 when device `device` is usable by this build's kernels (present, compute capability 8.0 or

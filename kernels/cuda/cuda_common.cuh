@@ -49,6 +49,7 @@ struct cuda_ctx {
     int max_tokens;      /* tokens per matmul pass */
     int gemm_min_tokens; /* 0: the cuBLAS path is off */
     bool sync_launch;    /* $QUERN_SYNC_LAUNCH: wait after every op, to pin an error on it */
+    bool kv_f16;         /* the KV cache holds fp16 (backend_cuda_opts.kv_f32 unset) */
     cudaStream_t stream;
     char desc[160];
 #ifdef QUERN_HAVE_CUBLAS
@@ -164,7 +165,7 @@ void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float
 void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);
 void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
                   int head_dim, int rot_dim, float freq_base);
-void cuda_op_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+void cuda_op_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k,
                       const float *v, const struct attn_batch *b, int kv_dim);
 void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
                       int dim);
@@ -177,9 +178,8 @@ void cuda_op_step_reset(struct backend *be);
 void cuda_graphs_init(struct cuda_ctx *c);
 void cuda_graphs_reset(struct cuda_ctx *c);
 
-void cuda_op_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                       const float *v_cache, const struct attn_batch *b,
-                       const struct attn_shape *s);
+void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
+                       const void *v_cache, const struct attn_batch *b, const struct attn_shape *s);
 
 /* ---- launchers shared between files (elementwise.cu) ---- */
 

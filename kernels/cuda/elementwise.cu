@@ -227,26 +227,41 @@ void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n
 
 /* ---- kv_write, get_rows ---- */
 
-/* One block per token: its k and v rows into their slot. */
-__global__ void kv_write_kernel(float *kc, float *vc, const float *k, const float *v,
-                                const int32_t *slot, int kv_dim)
+__device__ __forceinline__ void kv_store(float *p, float x)
+{
+    *p = x;
+}
+
+__device__ __forceinline__ void kv_store(__half *p, float x)
+{
+    *p = __float2half_rn(x);
+}
+
+/* One block per token: its k and v rows into their slot (fp16 caches round to nearest even). */
+template <typename T>
+__global__ void kv_write_kernel(T *kc, T *vc, const float *k, const float *v, const int32_t *slot,
+                                int kv_dim)
 {
     size_t t = blockIdx.x;
     size_t dst = (size_t)slot[t] * (size_t)kv_dim, src = t * (size_t)kv_dim;
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
-        kc[dst + j] = k[src + j];
-        vc[dst + j] = v[src + j];
+        kv_store(kc + dst + j, k[src + j]);
+        kv_store(vc + dst + j, v[src + j]);
     }
 }
 
-void cuda_op_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+void cuda_op_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k,
                       const float *v, const struct attn_batch *b, int kv_dim)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (b->n_tokens <= 0 || kv_dim <= 0) return;
     cuda_use_device(c);
-    kv_write_kernel<<<b->n_tokens, EW_THREADS, 0, c->stream>>>(k_cache, v_cache, k, v, b->slot,
-                                                               kv_dim);
+    if (c->kv_f16)
+        kv_write_kernel<__half><<<b->n_tokens, EW_THREADS, 0, c->stream>>>(
+            (__half *)k_cache, (__half *)v_cache, k, v, b->slot, kv_dim);
+    else
+        kv_write_kernel<float><<<b->n_tokens, EW_THREADS, 0, c->stream>>>(
+            (float *)k_cache, (float *)v_cache, k, v, b->slot, kv_dim);
     CUDA_LAUNCHED(c, "kv_write_kernel");
 }
 

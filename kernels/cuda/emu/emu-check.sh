@@ -8,14 +8,16 @@
 #
 #   kernels/cuda/emu/emu-check.sh [BUILD_DIR]   (default build; any configured meson build)
 # Links the C libraries (quant, kernels, engine) of BUILD_DIR (not a sanitized one); builds into
-# build-emu/. The op tests always run; the whole-model tests only with EMU_MODEL=1 (slow: about
-# a second per forward; the batch-invariance case alone, CK_RUN_CASE=model_invariance, about an
-# hour). Extra environment: EMU_TIMEOUT (seconds, default 3600), CK_RUN_CASE, EMU_UBSAN=1
-# (UndefinedBehaviorSanitizer with its alignment check over the kernels and the test).
+# build-emu/ ($EMU_DIR, to run two at once). The op tests always run; the whole-model tests only
+# with EMU_MODEL=1 (slow: about a second per forward; one case at a time with CK_RUN_CASE: model
+# (golden logits and greedy text, ~2 min per prompt), model_kv16 (the fp16 KV cache),
+# model_graphs (replayed steps = direct, ~1 min), model_invariance (about an hour)). Extra
+# environment: EMU_TIMEOUT (seconds, default 3600), EMU_UBSAN=1 (UndefinedBehaviorSanitizer with
+# its alignment check over the kernels and the test).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 B=${1:-build}
-E=build-emu
+E=${EMU_DIR:-build-emu}
 ninja -C "$B" engine/libquern_engine.a kernels/libquern_kernels.a quant/libquern_quant.a \
   >/dev/null
 rm -rf "$E"
