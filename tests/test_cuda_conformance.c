@@ -721,7 +721,10 @@ START_TEST(attention_matches_reference)
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
         const int max_blocks = cfg[ci][4], bs = 16, n_seqs = 3;
-        const int n = max_blocks > 40 ? 1 + (int)(rnd() % 8) : 1 + (int)(rnd() % 64);
+        /* prefill batches of 32..64 tokens take the tiled launch (ATT_TILE_MIN_TOKENS) */
+        const int n = max_blocks > 40 ? 1 + (int)(rnd() % 8)
+                      : prefill       ? 32 + (int)(rnd() % 33)
+                                      : 1 + (int)(rnd() % 64);
         const int n_blocks = n_seqs * max_blocks;
         struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd)};
         int32_t *pos = malloc((size_t)n * 4), *seq = malloc((size_t)n * 4);

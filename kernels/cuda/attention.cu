@@ -23,14 +23,22 @@
  * The cache is fp16 by default (backend_cuda_opts.kv_f32 keeps fp32): each element is widened
  * to fp32 as it is read, so the arithmetic is the fp32 kernel's on the rounded values.
  *
- * Not yet: a tiled prefill kernel sharing K/V tiles among a chunk's queries. */
+ * Prefill: a batch of at least ATT_TILE_MIN_TOKENS tokens (head dim <= 128) runs tiles of
+ * ATT_TILE consecutive tokens per block, walked chunk by chunk together so the K/V rows that
+ * neighbouring queries of one sequence share come from L1; a query's arithmetic is the same as
+ * alone, so the tiling is invisible in the results (the conformance test compares bits). The
+ * tile does not stage K/V in shared memory: at 32 positions x 128 dims x 2 x 4 warps it would not
+ * fit the static 48 KiB. */
 #include <math.h>
 
 #include "cuda_common.cuh"
 
-#define ATT_WARPS         4
-#define ATT_SPLIT         256 /* positions per split block: 8 chunks, 2 per warp */
-#define ATT_DIMS_PER_LANE (CUDA_MAX_HEAD_DIM / 32)
+#define ATT_WARPS           4
+#define ATT_SPLIT           256 /* positions per split block: 8 chunks, 2 per warp */
+#define ATT_DIMS_PER_LANE   (CUDA_MAX_HEAD_DIM / 32)
+#define ATT_TILE            8  /* queries per block in tiled (prefill) launches */
+#define ATT_TILE_DPL        4  /* their head dimension: up to 128 */
+#define ATT_TILE_MIN_TOKENS 32 /* batches from which the tiled launch is used */
 
 /* A cache element widened to fp32 (exact for fp16). */
 __device__ __forceinline__ float kv_load(const float *p)
@@ -54,115 +62,152 @@ __device__ __forceinline__ float4 kv_load4(const __half *p)
                        __half2float(p[3]));
 }
 
-template <typename T>
+/* Tokens [TQ x, TQ x + TQ) of the batch, head y, split z. The queries of a tile are walked chunk
+ * by chunk together (warp w's chunk of every query, then its next chunk), so neighbouring
+ * prefill tokens of one sequence read each K and V row from L1 while it is fresh; each query's
+ * own arithmetic is exactly its arithmetic alone (TQ = 1), whatever shares its tile. DPL: head
+ * dimensions per lane (hd <= 32 DPL). */
+template <typename T, int TQ, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(float *out, const float *q, const T *kc, const T *vc, const int32_t *pos,
-                     const int32_t *seq, const int32_t *table, int max_blocks, int bs, int n_heads,
-                     int n_kv_heads, int hd, float scale, float *part)
+                     const int32_t *seq, const int32_t *table, int n_tokens, int max_blocks, int bs,
+                     int n_heads, int n_kv_heads, int hd, float scale, float *part)
 {
-    __shared__ float q_s[CUDA_MAX_HEAD_DIM];
-    __shared__ float acc_s[ATT_WARPS][CUDA_MAX_HEAD_DIM];
+    __shared__ float q_s[TQ][DPL * 32];
+    __shared__ float acc_s[ATT_WARPS][DPL * 32];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
-    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    const int t0 = blockIdx.x * TQ, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
-    const int p = pos[t];
-    const int n_split = p / ATT_SPLIT + 1;
-    if (split >= n_split) return; /* the grid is sized for the longest context */
-    const int lo = split * ATT_SPLIT, hi = min(p, lo + ATT_SPLIT - 1);
-    const int32_t *tbl = table + (size_t)seq[t] * (size_t)max_blocks;
-    const float *qh = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[d] = qh[d];
+    const int lo = split * ATT_SPLIT;
+    /* per query: its last key in this split, or -1 when the split is past its position */
+    int hi[TQ], n_split[TQ], hi_max = -1;
+    const int32_t *tbl[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        hi[i] = -1;
+        n_split[i] = 1;
+        tbl[i] = table;
+        if (t0 + i >= n_tokens) continue;
+        const int p = pos[t0 + i];
+        n_split[i] = p / ATT_SPLIT + 1;
+        if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
+        hi[i] = min(p, lo + ATT_SPLIT - 1);
+        tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
+        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
+    }
+    if (hi_max < 0) return; /* the same for the whole block */
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        if (hi[i] < 0) continue;
+        const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
+    }
     __syncthreads();
 
     const bool vec = (hd & 3) == 0;
-    float m = -INFINITY, l = 0;
-    float acc[ATT_DIMS_PER_LANE];
+    float m[TQ], l[TQ], acc[TQ][DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] = 0;
+    for (int i = 0; i < TQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) acc[i][k] = 0;
+    }
 
-    for (int c0 = lo + warp * 32; c0 <= hi; c0 += ATT_WARPS * 32) {
-        const int j = c0 + lane;
-        const bool valid = j <= hi;
-        int64_t slot = 0;
-        float sc = -INFINITY;
-        if (valid) {
-            slot = (int64_t)tbl[j / bs] * bs + j % bs;
-            const T *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
-            float dot = 0;
-            if (vec) {
-                for (int d = 0; d < hd; d += 4) {
-                    float4 k4 = kv_load4(kj + d);
-                    dot = fmaf(q_s[d], k4.x, dot);
-                    dot = fmaf(q_s[d + 1], k4.y, dot);
-                    dot = fmaf(q_s[d + 2], k4.z, dot);
-                    dot = fmaf(q_s[d + 3], k4.w, dot);
+    for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            if (c0 > hi[i]) continue; /* the same for the whole warp */
+            const int j = c0 + lane;
+            const bool valid = j <= hi[i];
+            int64_t slot = 0;
+            float sc = -INFINITY;
+            if (valid) {
+                slot = (int64_t)tbl[i][j / bs] * bs + j % bs;
+                const T *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
+                float dot = 0;
+                if (vec) {
+                    for (int d = 0; d < hd; d += 4) {
+                        float4 k4 = kv_load4(kj + d);
+                        dot = fmaf(q_s[i][d], k4.x, dot);
+                        dot = fmaf(q_s[i][d + 1], k4.y, dot);
+                        dot = fmaf(q_s[i][d + 2], k4.z, dot);
+                        dot = fmaf(q_s[i][d + 3], k4.w, dot);
+                    }
+                } else {
+                    for (int d = 0; d < hd; d++) dot = fmaf(q_s[i][d], kv_load(kj + d), dot);
                 }
-            } else {
-                for (int d = 0; d < hd; d++) dot = fmaf(q_s[d], kv_load(kj + d), dot);
+                sc = dot * scale;
             }
-            sc = dot * scale;
-        }
-        const float cmax = warp_max(sc);
-        const float m_new = fmaxf(m, cmax);
-        const float corr = expf(m - m_new); /* 0 for the first chunk (m = -inf) */
-        const float pl = valid ? expf(sc - m_new) : 0.0f;
-        l = l * corr + warp_sum(pl);
+            const float cmax = warp_max(sc);
+            const float m_new = fmaxf(m[i], cmax);
+            const float corr = expf(m[i] - m_new); /* 0 for the first chunk (m = -inf) */
+            const float pl = valid ? expf(sc - m_new) : 0.0f;
+            l[i] = l[i] * corr + warp_sum(pl);
 #pragma unroll
-        for (int i = 0; i < ATT_DIMS_PER_LANE; i++) acc[i] *= corr;
-        const int cnt = min(32, hi - c0 + 1);
-        for (int jj = 0; jj < cnt; jj++) {
-            const float pj = __shfl_sync(0xffffffffu, pl, jj);
-            const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
-            const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
+            for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
+            const int cnt = min(32, hi[i] - c0 + 1);
+            for (int jj = 0; jj < cnt; jj++) {
+                const float pj = __shfl_sync(0xffffffffu, pl, jj);
+                const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
+                const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
 #pragma unroll
-            for (int i = 0; i < ATT_DIMS_PER_LANE; i++) {
-                const int d = lane + 32 * i;
-                if (d < hd) acc[i] = fmaf(pj, kv_load(vj + d), acc[i]);
+                for (int k = 0; k < DPL; k++) {
+                    const int d = lane + 32 * k;
+                    if (d < hd) acc[i][k] = fmaf(pj, kv_load(vj + d), acc[i][k]);
+                }
             }
+            m[i] = m_new;
         }
-        m = m_new;
     }
 
-    /* merge the warps' partials in warp order */
+    /* per query, merge the warps' partials in warp order */
 #pragma unroll
-    for (int i = 0; i < ATT_DIMS_PER_LANE; i++) {
-        const int d = lane + 32 * i;
-        if (d < hd) acc_s[warp][d] = acc[i];
-    }
-    if (lane == 0) {
-        m_s[warp] = m;
-        l_s[warp] = l;
-    }
-    __syncthreads();
-    float mt = m_s[0];
-    for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
-    float den = 0, f[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
-        den = fmaf(l_s[w], f[w], den);
-    }
-    if (n_split == 1) {
-        float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float num = 0;
-            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-            oh[d] = num / den;
+    for (int i = 0; i < TQ; i++) {
+        if (hi[i] < 0) continue; /* the same for the whole block */
+        const int t = t0 + i;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + 32 * k;
+            if (d < hd) acc_s[warp][d] = acc[i][k];
         }
-        return;
-    }
-    /* part[(t, h, split)]: max, sum, then hd unnormalized outputs, all relative to mt */
-    float *ph = part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
+        if (lane == 0) {
+            m_s[warp] = m[i];
+            l_s[warp] = l[i];
+        }
+        __syncthreads();
+        float mt = m_s[0];
+        for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+        float den = 0, f[ATT_WARPS];
+        for (int w = 0; w < ATT_WARPS; w++) {
+            f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
+            den = fmaf(l_s[w], f[w], den);
+        }
+        if (n_split[i] == 1) {
+            float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                float num = 0;
+                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+                oh[d] = num / den;
+            }
+        } else {
+            /* part[(t, h, split)]: max, sum, then hd unnormalized outputs, relative to mt */
+            float *ph =
+                part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
                            ((size_t)hd + 2);
-    if (threadIdx.x == 0) {
-        ph[0] = mt;
-        ph[1] = den;
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float num = 0;
-        for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-        ph[2 + d] = num;
+            if (threadIdx.x == 0) {
+                ph[0] = mt;
+                ph[1] = den;
+            }
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                float num = 0;
+                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+                ph[2 + d] = num;
+            }
+        }
+        __syncthreads(); /* acc_s and m_s are the next query's */
     }
 }
 
@@ -215,6 +260,21 @@ static bool reserve_part(struct cuda_ctx *c, size_t bytes)
     return true;
 }
 
+template <typename T>
+static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, float *out, const float *q,
+                             const T *kc, const T *vc, const struct attn_batch *b,
+                             const struct attn_shape *s)
+{
+    if (tiled)
+        attention_kernel<T, ATT_TILE, ATT_TILE_DPL><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
+    else
+        attention_kernel<T, 1, ATT_DIMS_PER_LANE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
+}
+
 void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
                        const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
@@ -240,17 +300,17 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
         !reserve_part(c, (size_t)b->n_tokens * (size_t)s->n_heads * (size_t)max_splits *
                              ((size_t)s->head_dim + 2) * sizeof(float)))
         return;
-    dim3 grid((unsigned)b->n_tokens, (unsigned)s->n_heads, (unsigned)max_splits);
+    /* tiles of ATT_TILE tokens when a batch is big enough to fill the GPU with them (prefill);
+     * one token per block otherwise. A token's result is the same either way. */
+    const bool tiled = s->head_dim <= 32 * ATT_TILE_DPL && b->n_tokens >= ATT_TILE_MIN_TOKENS;
+    const int tq = tiled ? ATT_TILE : 1;
+    dim3 grid((unsigned)((b->n_tokens + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)max_splits);
     if (c->kv_f16)
-        attention_kernel<__half><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
-            out, q, (const __half *)k_cache, (const __half *)v_cache, b->pos, b->seq,
-            b->block_table, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, c->att_part);
+        launch_attention<__half>(c, tiled, grid, out, q, (const __half *)k_cache,
+                                 (const __half *)v_cache, b, s);
     else
-        attention_kernel<float><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
-            out, q, (const float *)k_cache, (const float *)v_cache, b->pos, b->seq, b->block_table,
-            b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale,
-            c->att_part);
+        launch_attention<float>(c, tiled, grid, out, q, (const float *)k_cache,
+                                (const float *)v_cache, b, s);
     CUDA_LAUNCHED(c, "attention_kernel");
     if (max_splits > 1) {
         dim3 rgrid((unsigned)b->n_tokens, (unsigned)s->n_heads);
