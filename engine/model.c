@@ -20,6 +20,15 @@ struct acts {
     size_t wide_cap;
 };
 
+/* A replayed step's batch padded to a captured size (model_forward): host arrays. */
+#define STEP_REPLAY_MAX_TOKENS 64
+struct padded_batch {
+    int n, n_logits, n_seqs;
+    int32_t tokens[STEP_REPLAY_MAX_TOKENS], pos[STEP_REPLAY_MAX_TOKENS];
+    int32_t seq[STEP_REPLAY_MAX_TOKENS], slot[STEP_REPLAY_MAX_TOKENS];
+    int32_t logit_idx[STEP_REPLAY_MAX_TOKENS];
+};
+
 struct model {
     struct model_config cfg;
     struct model_opts opts;
@@ -235,7 +244,9 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
     if ((rc =
              load_vector(m, f, "output_norm.weight", c->dim, (const float **)&m->output_norm, err)))
         goto fail;
-    size_t kv_slots = (size_t)opts->kv_blocks * (size_t)opts->kv_block_size;
+    /* a backend that replays steps gets one more block: the slot padding tokens write */
+    size_t kv_slots =
+        (size_t)(opts->kv_blocks + (be->ops->step_begin ? 1 : 0)) * (size_t)opts->kv_block_size;
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
         char name[96];
@@ -380,9 +391,8 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
     ops->matmul(be, &m->output, a->sel, n_logits, a->logits);
 }
 
-/* Steps of at most this many tokens are replayed where the backend can (decode steps: launch
- * overhead is theirs; a prefill chunk amortizes it). */
-#define STEP_REPLAY_MAX_TOKENS 64
+/* Steps of at most STEP_REPLAY_MAX_TOKENS tokens are replayed where the backend can (decode
+ * steps: launch overhead is theirs; a prefill chunk amortizes it). */
 
 /* The block-table width a replayed step uses: the next power of two, so a growing context is a
  * new step shape only when its table doubles (the kernels read only the blocks a token's
@@ -394,12 +404,13 @@ static int replay_width(int max_blocks)
     return w;
 }
 
-/* b's block table, rows widened to `width` (zero-filled), in the model's host scratch. */
+/* b's block table, rows widened to `width` (zero-filled), then `extra` rows of the padding
+ * block, in the model's host scratch. */
 static const int32_t *widen_table(struct model *m, const struct model_batch *b, int width,
-                                  struct qerr *err)
+                                  int extra, struct qerr *err)
 {
     struct acts *a = &m->a;
-    size_t need = (size_t)b->n_seqs * (size_t)width;
+    size_t need = (size_t)(b->n_seqs + extra) * (size_t)width;
     if (need > a->wide_cap) {
         int32_t *t = realloc(a->wide_table, need * sizeof *t);
         if (!t) {
@@ -415,7 +426,35 @@ static const int32_t *widen_table(struct model *m, const struct model_batch *b, 
                (size_t)b->max_blocks * sizeof *row);
         memset(row + b->max_blocks, 0, (size_t)(width - b->max_blocks) * sizeof *row);
     }
+    int32_t *pad = a->wide_table + (size_t)b->n_seqs * (size_t)width;
+    for (size_t i = 0; i < (size_t)extra * (size_t)width; i++) pad[i] = m->opts.kv_blocks;
     return a->wide_table;
+}
+
+/* A replayed step's token and logit counts round up to powers of two, so the steps of a
+ * changing number of running sequences share a few captured shapes. The padding tokens are token
+ * 0 at position 0 of one extra sequence whose table row holds only the padding block (the block
+ * after the pool's last, which only they write); the padding logit rows repeat the first. Every
+ * real token's result is its own (the ops are batch-invariant), and only the real logit rows are
+ * read back. Returns false when padding does not fit the model's buffers. */
+static bool pad_batch(const struct model *m, const struct model_batch *b, struct padded_batch *p)
+{
+    int n = replay_width(b->n_tokens), nl = b->n_logits ? replay_width(b->n_logits) : 0;
+    if (n > m->opts.max_batch_tokens || nl > m->opts.max_logits || nl > n) return false;
+    p->n = n;
+    p->n_logits = nl;
+    p->n_seqs = b->n_seqs + (n > b->n_tokens ? 1 : 0);
+    int pad_slot = m->opts.kv_blocks * m->opts.kv_block_size;
+    for (int i = 0; i < n; i++) {
+        bool real = i < b->n_tokens;
+        p->tokens[i] = real ? b->tokens[i] : 0;
+        p->pos[i] = real ? b->pos[i] : 0;
+        p->seq[i] = real ? b->seq[i] : b->n_seqs;
+        p->slot[i] = real ? b->slot[i] : pad_slot;
+    }
+    for (int i = 0; i < nl; i++)
+        p->logit_idx[i] = i < b->n_logits ? b->logit_idx[i] : b->logit_idx[0];
+    return true;
 }
 
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err)
@@ -425,13 +464,16 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     struct acts *a = &m->a;
-    int n = b->n_tokens;
-    bool replay = ops->step_begin && n <= STEP_REPLAY_MAX_TOKENS && b->n_logits <= 0xffff &&
-                  b->n_seqs <= 0xffff && b->max_blocks <= 0x8000;
+    bool replay =
+        ops->step_begin && b->n_tokens <= STEP_REPLAY_MAX_TOKENS && b->max_blocks <= 0x8000;
+    struct padded_batch pb;
+    replay = replay && pad_batch(m, b, &pb);
+    int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;
+    int n_seqs = replay ? pb.n_seqs : b->n_seqs;
     int width = replay ? replay_width(b->max_blocks) : b->max_blocks;
     const int32_t *table = b->block_table;
-    if (width != b->max_blocks && !(table = widen_table(m, b, width, err))) return QERR_NOMEM;
-    size_t table_n = (size_t)b->n_seqs * (size_t)width;
+    if (replay && !(table = widen_table(m, b, width, n_seqs - b->n_seqs, err))) return QERR_NOMEM;
+    size_t table_n = (size_t)n_seqs * (size_t)width;
     if ((int)table_n > a->table_cap) {
         if (a->table) ops->buf_free(be, a->table);
         a->table = ops->buf_alloc(be, table_n * sizeof(int32_t));
@@ -439,25 +481,27 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
         if (ops->step_reset) ops->step_reset(be); /* captured steps read the old table */
         if (!a->table) return qerr_set(err, QERR_NOMEM, "forward: block table of %zu", table_n);
     }
-    ops->buf_write(be, a->tokens, b->tokens, (size_t)n * 4);
-    ops->buf_write(be, a->pos, b->pos, (size_t)n * 4);
-    ops->buf_write(be, a->seq, b->seq, (size_t)n * 4);
-    ops->buf_write(be, a->slot, b->slot, (size_t)n * 4);
+    ops->buf_write(be, a->tokens, replay ? pb.tokens : b->tokens, (size_t)n * 4);
+    ops->buf_write(be, a->pos, replay ? pb.pos : b->pos, (size_t)n * 4);
+    ops->buf_write(be, a->seq, replay ? pb.seq : b->seq, (size_t)n * 4);
+    ops->buf_write(be, a->slot, replay ? pb.slot : b->slot, (size_t)n * 4);
     ops->buf_write(be, a->table, table, table_n * 4);
-    if (b->n_logits > 0) ops->buf_write(be, a->logit_idx, b->logit_idx, (size_t)b->n_logits * 4);
+    if (n_logits > 0)
+        ops->buf_write(be, a->logit_idx, replay ? pb.logit_idx : b->logit_idx,
+                       (size_t)n_logits * 4);
     struct attn_batch ab = {.n_tokens = n,
                             .pos = a->pos,
                             .seq = a->seq,
                             .slot = a->slot,
-                            .n_seqs = b->n_seqs,
+                            .n_seqs = n_seqs,
                             .block_table = a->table,
                             .max_blocks = width,
                             .block_size = m->opts.kv_block_size};
-    uint64_t key = (uint64_t)n | (uint64_t)b->n_logits << 16 | (uint64_t)b->n_seqs << 32 |
-                   (uint64_t)(uint32_t)width << 48;
+    /* what shapes the launches: the counts and the table width (buffers stay put) */
+    uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
     if (!replay || !ops->step_begin(be, key)) {
-        forward_ops(m, n, b->n_logits, &ab);
-        if (replay && !ops->step_end(be)) forward_ops(m, n, b->n_logits, &ab);
+        forward_ops(m, n, n_logits, &ab);
+        if (replay && !ops->step_end(be)) forward_ops(m, n, n_logits, &ab);
     }
     if (b->n_logits == 0) return 0;
     ops->buf_read(be, logits, a->logits,

@@ -112,7 +112,9 @@ struct backend_ops {
      *                    (nothing ran, replay is now off for good): the caller issues the ops
      *                    again
      *   step_reset()     a buffer the steps use was replaced: forget every capture
-     * The input arrays are written (buf_write) before step_begin and the outputs read after. */
+     * The input arrays are written (buf_write) before step_begin and the outputs read after.
+     * A backend with step_begin gets one KV block more than model_opts.kv_blocks: the slot the
+     * model's padding tokens write (engine/model.c). */
     bool (*step_begin)(struct backend *be, uint64_t key);
     bool (*step_end)(struct backend *be);
     void (*step_reset)(struct backend *be);

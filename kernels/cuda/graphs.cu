@@ -11,10 +11,11 @@
  * inputs (tokens, positions, slots, block tables) are device buffers written before
  * step_begin, the outputs are read after, and no op allocates (the arena is sized at load).
  *
- * Keys are exact shapes (no padding to a set of batch sizes): steady decoding repeats one
- * (sequences, block-table width) for up to 16 tokens, so exact keys hit; at most GRAPH_SLOTS
- * graphs are kept, the least recently used replaced. A capture that fails turns replay off for
- * the backend's life (step_end returns false and the caller runs the ops directly); so does
+ * The model pads what it replays (engine/model.c): token and logit counts to powers of two up
+ * to 64 (with padding tokens that write only a spare KV block), the block-table width to a power
+ * of two, so a batch of 1..64 sequences at any context maps onto a few dozen keys; at most
+ * GRAPH_SLOTS graphs are kept, the least recently used replaced. A capture that fails turns replay
+ * off for the backend's life (step_end returns false and the caller runs the ops directly); so does
  * $QUERN_CUDA_GRAPHS=0, and so does $QUERN_SYNC_LAUNCH (it synchronizes inside ops, which a
  * capture forbids). A precision change, step_reset, and freeing any buffer or weight (a graph
  * may hold its address) drop every graph. */
