@@ -350,6 +350,18 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
     return 0;
 }
 
+/* x += y, out = rmsnorm(x) * w: one op where the backend fuses them. */
+static void add_norm(struct backend *be, float *out, float *x, const float *y, const float *w,
+                     int n, int dim, float eps)
+{
+    if (be->ops->add_rmsnorm) {
+        be->ops->add_rmsnorm(be, out, x, y, w, n, dim, eps);
+        return;
+    }
+    be->ops->add(be, x, y, (size_t)n * (size_t)dim);
+    be->ops->rmsnorm(be, out, x, w, n, dim, eps);
+}
+
 /* The ops of one step, from the embedding to the logits, on the inputs already on the device. */
 static void forward_ops(struct model *m, int n, int n_logits, const struct attn_batch *ab)
 {
@@ -364,9 +376,9 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
                                .scale = 1.0f / sqrtf((float)c->head_dim)};
 
     ops->embed(be, &m->tok_embd, a->tokens, n, a->x);
+    ops->rmsnorm(be, a->xn, a->x, m->layers[0].attn_norm, n, dim, c->eps);
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
-        ops->rmsnorm(be, a->xn, a->x, ly->attn_norm, n, dim, c->eps);
         ops->matmul(be, &ly->wq, a->xn, n, a->q);
         ops->matmul(be, &ly->wk, a->xn, n, a->k);
         ops->matmul(be, &ly->wv, a->xn, n, a->v);
@@ -375,14 +387,16 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
-        ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
+        add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
-        ops->rmsnorm(be, a->xn, a->x, ly->ffn_norm, n, dim, c->eps);
         ops->matmul(be, &ly->w_gate, a->xn, n, a->gate);
         ops->matmul(be, &ly->w_up, a->xn, n, a->up);
         ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)c->ffn_dim);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
-        ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
+        if (l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
+            add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
+        else
+            ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
     }
     if (n_logits == 0) return;
     /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */

@@ -121,6 +121,11 @@ struct backend_ops {
 
     /* Bytes of one K or V element in this backend's cache: 4 (fp32) or 2 (fp16). NULL: 4. */
     size_t (*kv_elem_bytes)(const struct backend *be);
+    /* The residual add and the next norm in one pass: x[n][dim] += y, then out = rmsnorm(x) * w,
+     * with exactly the arithmetic of add then rmsnorm; out may alias y. NULL: the caller runs
+     * add and rmsnorm. */
+    void (*add_rmsnorm)(struct backend *be, float *out, float *x, const float *y, const float *w,
+                        int n, int dim, float eps);
 };
 
 struct backend {

@@ -409,6 +409,23 @@ START_TEST(rmsnorm_add_silu_match_reference)
         gpu->ops->add(gpu, dx, dy, len);
         dev_read(gpu, o, dx, bytes);
         for (size_t k = 0; k < len; k++) ck_assert_float_eq(o[k], x[k] + y[k]);
+        /* add_rmsnorm: bit for bit add then rmsnorm, with out aliasing y as the model uses it */
+        gpu->ops->rmsnorm(gpu, dout, dx, dw, n, dim, 1e-5f);
+        float *want = malloc(bytes), *sum = malloc(bytes), *fx = malloc(bytes);
+        dev_read(gpu, want, dout, bytes);
+        dev_read(gpu, sum, dx, bytes);
+        float *dx2 = dev_upload(gpu, x, bytes), *dy2 = dev_upload(gpu, y, bytes);
+        ck_assert_ptr_nonnull(gpu->ops->add_rmsnorm);
+        gpu->ops->add_rmsnorm(gpu, dy2, dx2, dy2, dw, n, dim, 1e-5f);
+        dev_read(gpu, fx, dx2, bytes);
+        ck_assert_msg(!bits_differ(fx, sum, len, &at), "add_rmsnorm: the sum differs at %zu", at);
+        dev_read(gpu, fx, dy2, bytes);
+        ck_assert_msg(!bits_differ(fx, want, len, &at), "add_rmsnorm: the norm differs at %zu", at);
+        dev_free(gpu, dx2);
+        dev_free(gpu, dy2);
+        free(want);
+        free(sum);
+        free(fx);
         /* silu_mul */
         for (size_t k = 0; k < len; k++) x[k] = frand(-30.0f, 30.0f);
         memcpy(r, x, bytes);

@@ -211,6 +211,7 @@ static const struct backend_ops cuda_ops = {
     /* .step_end = */ cuda_op_step_end,
     /* .step_reset = */ cuda_op_step_reset,
     /* .kv_elem_bytes = */ cuda_kv_elem_bytes,
+    /* .add_rmsnorm = */ cuda_op_add_rmsnorm,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)

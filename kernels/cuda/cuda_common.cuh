@@ -160,6 +160,8 @@ void cuda_op_matmul(struct backend *be, const struct bweight *w, const float *x,
 /* elementwise.cu */
 void cuda_op_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
                    float *out);
+void cuda_op_add_rmsnorm(struct backend *be, float *out, float *x, const float *y, const float *w,
+                         int n, int dim, float eps);
 void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
                      float eps);
 void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);

@@ -104,12 +104,20 @@ void cuda_op_embed(struct backend *be, const struct bweight *table, const int32_
  * reference), each thread over a fixed stride, then warps, then the block, in a fixed order. out
  * may alias x: every element is read before the reduction's barrier and written after it by the
  * same thread. */
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
+/* One block per row; with y (add_rmsnorm) the row is first x += y, each thread on the elements
+ * it later normalizes, so the arithmetic is add_kernel's then this kernel's (out may alias y:
+ * a thread reads y[j] before it writes out[j]). */
+__global__ void rmsnorm_kernel(float *out, float *x, const float *y, const float *w, int dim,
+                               float eps)
 {
     __shared__ double part[EW_THREADS / 32];
     __shared__ float scale_s;
-    const float *xi = x + (size_t)blockIdx.x * (size_t)dim;
+    float *xi = x + (size_t)blockIdx.x * (size_t)dim;
     float *oi = out + (size_t)blockIdx.x * (size_t)dim;
+    if (y) {
+        const float *yi = y + (size_t)blockIdx.x * (size_t)dim;
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) xi[j] = __fadd_rn(xi[j], yi[j]);
+    }
     double ss = 0;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
         double v = (double)xi[j];
@@ -135,8 +143,20 @@ void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (n <= 0 || dim <= 0) return;
     cuda_use_device(c);
-    rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, w, dim, eps);
+    /* x is only read when y is NULL */
+    rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, (float *)x, (const float *)NULL, w, dim,
+                                                    eps);
     CUDA_LAUNCHED(c, "rmsnorm_kernel");
+}
+
+void cuda_op_add_rmsnorm(struct backend *be, float *out, float *x, const float *y, const float *w,
+                         int n, int dim, float eps)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (n <= 0 || dim <= 0) return;
+    cuda_use_device(c);
+    rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, y, w, dim, eps);
+    CUDA_LAUNCHED(c, "rmsnorm_kernel (add)");
 }
 
 /* ---- add, silu_mul ---- */
