@@ -76,7 +76,18 @@ int backend_create_auto(const char *device, int threads, enum matmul_precision p
     if (force_cpu()) return create_cpu(threads, precision, "QUERN_FORCE_CPU is set", out, err);
     if (kind == BACKEND_KIND_CPU) return create_cpu(threads, precision, NULL, out, err);
 #ifdef QUERN_HAVE_CUDA
+    /* $QUERN_CUDA_GEMM_MIN_TOKENS=N: batches of N+ tokens on cuBLAS (faster prefill, not
+     * batch-invariant); unset or 0: every batch on the batch-invariant kernels */
     struct backend_cuda_opts co = {.device = index, .precision = precision};
+    const char *gm = getenv("QUERN_CUDA_GEMM_MIN_TOKENS");
+    if (gm && *gm) {
+        char *end;
+        long v = strtol(gm, &end, 10);
+        if (*end || v < 0 || v > 1 << 20)
+            return qerr_set(err, QERR_INVALID,
+                            "QUERN_CUDA_GEMM_MIN_TOKENS '%s': want a token count (0: off)", gm);
+        co.gemm_min_tokens = (int)v;
+    }
     struct qerr cerr = {0};
     rc = backend_cuda_create(&co, out, &cerr);
     if (rc == 0) {

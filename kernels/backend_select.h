@@ -7,6 +7,9 @@
  *   cuda     the CUDA backend on device 0; cuda:N on device N. An error when it cannot start.
  *
  * $QUERN_FORCE_CPU=1 makes every choice the CPU (a debug switch, as calm's).
+ * $QUERN_CUDA_GEMM_MIN_TOKENS=N runs batches of N or more tokens on the cuBLAS fp16 GEMM (the
+ * engine is then not batch-invariant: backend_cuda_opts.gemm_min_tokens); $QUERN_CUDA_KV=f32
+ * keeps the KV cache fp32; $QUERN_CUDA_GRAPHS=0 turns step replay off.
  *
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
  * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB", or "cpu (auto: cuda: no
