@@ -257,6 +257,116 @@ START_TEST(logits_batch_invariant)
 }
 END_TEST
 
+/* The batch padding of replayed steps (engine/model.c), on the CPU: a backend that offers step
+ * replay but never replays (every step_begin says "run the ops") gets its batches padded to
+ * powers of two with padding tokens in its spare KV block, and must give exactly the logits of
+ * the plain CPU backend, step after step, prefill and multi-sequence decode alike. */
+static int replay_offers;
+
+static bool never_replay(struct backend *b, uint64_t key)
+{
+    (void)b;
+    (void)key;
+    replay_offers++;
+    return false;
+}
+
+static bool step_done(struct backend *b)
+{
+    (void)b;
+    return true;
+}
+
+static void step_forget(struct backend *b)
+{
+    (void)b;
+}
+
+/* Runs the same batch on both models and checks the logits are the same bits. */
+static void same_logits(struct model *a, struct model *b, const struct model_batch *mb)
+{
+    int vocab = model_get_config(a)->vocab;
+    size_t bytes = (size_t)mb->n_logits * (size_t)vocab * sizeof(float);
+    float *la = malloc(bytes), *lb = malloc(bytes);
+    struct qerr err = {0};
+    ck_assert_msg(model_forward(a, mb, la, &err) == 0, "%s", err.msg);
+    ck_assert_msg(model_forward(b, mb, lb, &err) == 0, "%s", err.msg);
+    ck_assert_msg(memcmp(la, lb, bytes) == 0, "padded step of %d tokens, %d logits differs",
+                  mb->n_tokens, mb->n_logits);
+    free(la);
+    free(lb);
+}
+
+START_TEST(padded_steps_equal_plain)
+{
+    struct backend_ops ops = *be->ops;
+    ops.step_begin = never_replay;
+    ops.step_end = step_done;
+    ops.step_reset = step_forget;
+    struct backend padded = {.ops = &ops, .ctx = be->ctx};
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    struct model *pm = NULL;
+    struct qerr err = {0};
+    ck_assert_msg(model_load(file, &padded, &mo, &pm, &err) == 0, "%s", err.msg);
+    size_t np;
+    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(2), "prompt_ids"), &np);
+    enum { SEQS = 5, PER_SEQ = 8, BS = 16 };
+    int32_t table[SEQS * PER_SEQ], tokens[64], pos[64], seq[64], slot[64], lidx[64];
+    for (int i = 0; i < SEQS * PER_SEQ; i++) table[i] = i;
+    struct model_batch b = {.tokens = tokens,
+                            .pos = pos,
+                            .seq = seq,
+                            .slot = slot,
+                            .block_table = table,
+                            .logit_idx = lidx};
+    int len[SEQS];
+    replay_offers = 0;
+    /* prefill: sequence s gets 9 + 6 s tokens (9..33: padded to 16, 16, 32, 32, 64) */
+    for (int s = 0; s < SEQS; s++) {
+        len[s] = 9 + 6 * s;
+        for (int t = 0; t < len[s]; t++) {
+            tokens[t] = p[(size_t)(t + s) % np];
+            pos[t] = t;
+            seq[t] = 0;
+            slot[t] = table[s * PER_SEQ + t / BS] * BS + t % BS;
+        }
+        /* this sequence's own table row first: seq 0 of the batch */
+        int32_t row[PER_SEQ];
+        memcpy(row, table + s * PER_SEQ, sizeof row);
+        b.block_table = row;
+        b.n_tokens = len[s];
+        b.n_seqs = 1;
+        b.max_blocks = PER_SEQ;
+        b.n_logits = 2;
+        lidx[0] = len[s] - 1;
+        lidx[1] = len[s] / 2;
+        same_logits(model, pm, &b);
+    }
+    /* decode: 3, then 5 sequences one token each (padded to 4 and 8), four steps */
+    b.block_table = table;
+    b.max_blocks = PER_SEQ;
+    for (int step = 0; step < 4; step++) {
+        int n = step < 2 ? 3 : SEQS;
+        for (int s = 0; s < n; s++) {
+            tokens[s] = p[(size_t)(s * 3 + step) % np];
+            pos[s] = len[s];
+            seq[s] = s;
+            slot[s] = table[s * PER_SEQ + len[s] / BS] * BS + len[s] % BS;
+            lidx[s] = s;
+            len[s]++;
+        }
+        b.n_tokens = n;
+        b.n_seqs = SEQS;
+        b.n_logits = n;
+        same_logits(model, pm, &b);
+    }
+    ck_assert_int_eq(replay_offers, SEQS + 4);
+    model_free(pm);
+    free(p);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -280,6 +390,7 @@ int main(void)
     tcase_add_loop_test(tc, logits_match_reference, 0, n);
     tcase_add_loop_test(tc, greedy_matches_reference, 0, n);
     tcase_add_test(tc, logits_batch_invariant);
+    tcase_add_test(tc, padded_steps_equal_plain);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
