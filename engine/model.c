@@ -408,13 +408,13 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
 /* Steps of at most STEP_REPLAY_MAX_TOKENS tokens are replayed where the backend can (decode
  * steps: launch overhead is theirs; a prefill chunk amortizes it). */
 
-/* The block-table width a replayed step uses: the next power of two, so a growing context is a
- * new step shape only when its table doubles (the kernels read only the blocks a token's
- * position reaches, so wider rows change no result). */
-static int replay_width(int max_blocks)
+/* The smallest power of two >= n: what a replayed step rounds its counts and block-table width
+ * up to, so a growing context is a new step shape only when its table doubles (the kernels read
+ * only the blocks a token's position reaches, so wider rows change no result). */
+static int next_pow2(int n)
 {
     int w = 1;
-    while (w < max_blocks) w *= 2;
+    while (w < n) w *= 2;
     return w;
 }
 
@@ -453,7 +453,7 @@ static const int32_t *widen_table(struct model *m, const struct model_batch *b, 
  * read back. Returns false when padding does not fit the model's buffers. */
 static bool pad_batch(const struct model *m, const struct model_batch *b, struct padded_batch *p)
 {
-    int n = replay_width(b->n_tokens), nl = b->n_logits ? replay_width(b->n_logits) : 0;
+    int n = next_pow2(b->n_tokens), nl = b->n_logits ? next_pow2(b->n_logits) : 0;
     if (n > m->opts.max_batch_tokens || nl > m->opts.max_logits || nl > n) return false;
     p->n = n;
     p->n_logits = nl;
@@ -484,7 +484,7 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     replay = replay && pad_batch(m, b, &pb);
     int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;
     int n_seqs = replay ? pb.n_seqs : b->n_seqs;
-    int width = replay ? replay_width(b->max_blocks) : b->max_blocks;
+    int width = replay ? next_pow2(b->max_blocks) : b->max_blocks;
     const int32_t *table = b->block_table;
     if (replay && !(table = widen_table(m, b, width, n_seqs - b->n_seqs, err))) return QERR_NOMEM;
     size_t table_n = (size_t)n_seqs * (size_t)width;

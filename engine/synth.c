@@ -17,11 +17,6 @@ static const struct synth_shape shapes[] = {
     {NULL, 0, 0, 0, 0, 0, 0, 0, 0.0f, false},
 };
 
-const struct synth_shape *synth_shapes(void)
-{
-    return shapes;
-}
-
 const struct synth_shape *synth_shape_find(const char *name)
 {
     for (const struct synth_shape *s = shapes; name && s->name; s++)

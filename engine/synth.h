@@ -21,8 +21,7 @@ struct synth_shape {
     bool tied_output; /* the output matrix is token_embd (SmolLM2) */
 };
 
-/* The known shapes, NULL-name terminated: llama3-8b, llama2-7b, smollm2-135m. */
-const struct synth_shape *synth_shapes(void);
+/* The shape called name (llama3-8b, llama2-7b, smollm2-135m), or NULL. */
 const struct synth_shape *synth_shape_find(const char *name);
 
 /* Writes and opens a synthetic model of shape `name` with every 2-D weight of `type` (F32, F16,

@@ -44,27 +44,28 @@ static float refit(const float *v, const int8_t *q)
 }
 
 /* Keeps (h, q) when its error beats *best. */
-static void try_scale(const float *v, float d, int lo, int hi, double *best, uint16_t *best_h,
-                      int8_t *q_out)
+/* Judges stored scale h: keeps it (and its quants) when its error beats *best; the quants it
+ * rounds to are left in q either way. */
+static void judge(const float *v, uint16_t h, int lo, int hi, int8_t *q, double *best,
+                  uint16_t *best_h, int8_t *q_out)
 {
-    int8_t q[QK];
-    uint16_t h = f32_to_fp16(d);
     double e = block_error(v, fp16_to_f32(h), lo, hi, q);
     if (e < *best) {
         *best = e;
         *best_h = h;
         for (int j = 0; j < QK; j++) q_out[j] = q[j];
     }
-    /* the least-squares refit of those quants, once */
+}
+
+/* Scale d, then once the least-squares refit of the quants it rounds to. */
+static void try_scale(const float *v, float d, int lo, int hi, double *best, uint16_t *best_h,
+                      int8_t *q_out)
+{
+    int8_t q[QK];
+    uint16_t h = f32_to_fp16(d);
+    judge(v, h, lo, hi, q, best, best_h, q_out);
     float r = refit(v, q);
-    if (r == 0.0f || f32_to_fp16(r) == h) return;
-    h = f32_to_fp16(r);
-    e = block_error(v, fp16_to_f32(h), lo, hi, q);
-    if (e < *best) {
-        *best = e;
-        *best_h = h;
-        for (int j = 0; j < QK; j++) q_out[j] = q[j];
-    }
+    if (r != 0.0f && f32_to_fp16(r) != h) judge(v, f32_to_fp16(r), lo, hi, q, best, best_h, q_out);
 }
 
 /* The smallest distance between two distinct values of the block: the step of the grid the

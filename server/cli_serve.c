@@ -215,16 +215,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             else if (strcmp(optarg, "f32"))
                 bad = "--precision wants f32 or q8";
             break;
-        case O_DEVICE: {
-            enum backend_kind kind;
-            int index;
-            struct qerr derr = {0};
-            if (backend_device_parse(optarg, &kind, &index, &derr))
-                bad = "--device wants auto, cpu, cuda or cuda:N";
-            else
-                o->device = optarg;
+        case O_DEVICE:
+            if (!cli_device_arg("serve", optarg, &o->device)) return EXIT_USAGE;
             break;
-        }
         case 'h':
             serve_usage(stdout);
             return -1;

@@ -185,27 +185,22 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
             den = fmaf(l_s[w], f[w], den);
         }
-        if (n_split[i] == 1) {
-            float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                float num = 0;
-                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-                oh[d] = num / den;
-            }
-        } else {
-            /* part[(t, h, split)]: max, sum, then hd unnormalized outputs, relative to mt */
-            float *ph =
-                part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
-                           ((size_t)hd + 2);
-            if (threadIdx.x == 0) {
-                ph[0] = mt;
-                ph[1] = den;
-            }
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                float num = 0;
-                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-                ph[2 + d] = num;
-            }
+        /* one split: the output; several: part[(t, h, split)] = max, sum, then hd unnormalized
+         * outputs, relative to mt, for attention_reduce_kernel */
+        const bool whole = n_split[i] == 1;
+        float *dst =
+            whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
+                  : part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
+                               ((size_t)hd + 2);
+        if (!whole && threadIdx.x == 0) {
+            dst[0] = mt;
+            dst[1] = den;
+        }
+        if (!whole) dst += 2;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float num = 0;
+            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+            dst[d] = whole ? num / den : num;
         }
         __syncthreads(); /* acc_s and m_s are the next query's */
     }
