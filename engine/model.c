@@ -213,6 +213,8 @@ static void free_acts(struct model *m)
     free(a->wide_table);
 }
 
+static int reserve_table(struct model *m, struct qerr *err);
+
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
                struct model **out, struct qerr *err)
 {
@@ -276,7 +278,7 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
             goto fail;
         }
     }
-    if ((rc = alloc_acts(m, err))) goto fail;
+    if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err))) goto fail;
     *out = m;
     return 0;
 fail:
@@ -416,6 +418,25 @@ static int next_pow2(int n)
     int w = 1;
     while (w < n) w *= 2;
     return w;
+}
+
+/* The block table's device copy is sized at load for the widest table a step can have: max_logits
+ * sequences (the engine runs at most that many) plus replay's padding row, each as wide as the
+ * model's context (in blocks, as a replayed step rounds it), so no step allocates. A caller that
+ * passes a wider table still gets one, allocated in that forward. */
+static int reserve_table(struct model *m, struct qerr *err)
+{
+    const int bs = m->opts.kv_block_size;
+    int blocks = (m->cfg.ctx_len + bs - 1) / bs;
+    if (blocks > m->opts.kv_blocks) blocks = m->opts.kv_blocks;
+    if (blocks < 1) blocks = 1;
+    size_t n = (size_t)(m->opts.max_logits + 1) * (size_t)next_pow2(blocks);
+    if (n > (size_t)INT32_MAX / sizeof(int32_t)) n = (size_t)INT32_MAX / sizeof(int32_t);
+    m->a.table = m->be->ops->buf_alloc(m->be, n * sizeof(int32_t));
+    if (!m->a.table)
+        return qerr_set(err, QERR_NOMEM, "model: cannot allocate a block table of %zu entries", n);
+    m->a.table_cap = (int)n;
+    return 0;
 }
 
 /* b's block table, rows widened to `width` (zero-filled), then `extra` rows of the padding

@@ -63,48 +63,72 @@ static int create_cpu(int threads, enum matmul_precision precision, const char *
     return 0;
 }
 
-int backend_create_auto(const char *device, int threads, enum matmul_precision precision,
-                        struct backend **out, struct qerr *err)
-{
-    struct qerr local = {0};
-    if (!err) err = &local;
-    *out = NULL;
-    enum backend_kind kind;
-    int index;
-    int rc = backend_device_parse(device, &kind, &index, err);
-    if (rc) return rc;
-    if (force_cpu()) return create_cpu(threads, precision, "QUERN_FORCE_CPU is set", out, err);
-    if (kind == BACKEND_KIND_CPU) return create_cpu(threads, precision, NULL, out, err);
 #ifdef QUERN_HAVE_CUDA
-    /* $QUERN_CUDA_GEMM_MIN_TOKENS=N: batches of N+ tokens on cuBLAS (faster prefill, not
-     * batch-invariant); unset or 0: every batch on the batch-invariant kernels */
-    struct backend_cuda_opts co = {.device = index, .precision = precision};
+/* The GEMM choices of $QUERN_CUDA_GEMM_MIN_TOKENS and $QUERN_CUDA_GEMM (backend_select.h). */
+static int cuda_gemm_env(struct backend_cuda_opts *co, struct qerr *err)
+{
     const char *gm = getenv("QUERN_CUDA_GEMM_MIN_TOKENS");
     if (gm && *gm) {
         char *end;
         long v = strtol(gm, &end, 10);
         if (*end || v < 0 || v > 1 << 20)
             return qerr_set(err, QERR_INVALID,
-                            "QUERN_CUDA_GEMM_MIN_TOKENS '%s': want a token count (0: off)", gm);
-        co.gemm_min_tokens = (int)v;
+                            "QUERN_CUDA_GEMM_MIN_TOKENS '%s': want a token count (0: never)", gm);
+        if (v == 0) co->batch_invariant = true;
+        co->gemm_min_tokens = (int)v;
     }
+    const char *kind = getenv("QUERN_CUDA_GEMM");
+    if (kind && *kind) {
+        if (strcmp(kind, "mma") == 0)
+            co->gemm = CUDA_GEMM_MMA;
+        else if (strcmp(kind, "cublas") == 0)
+            co->gemm = CUDA_GEMM_CUBLAS;
+        else
+            return qerr_set(err, QERR_INVALID, "QUERN_CUDA_GEMM '%s': want mma or cublas", kind);
+    }
+    return 0;
+}
+#endif
+
+int backend_create_auto(const struct backend_request *r, struct backend **out, struct qerr *err)
+{
+    struct qerr local = {0};
+    if (!err) err = &local;
+    *out = NULL;
+    enum backend_kind kind;
+    int index;
+    int rc = backend_device_parse(r->device, &kind, &index, err);
+    if (rc) return rc;
+    if (force_cpu())
+        return create_cpu(r->threads, r->precision, "QUERN_FORCE_CPU is set", out, err);
+    if (kind == BACKEND_KIND_CPU) return create_cpu(r->threads, r->precision, NULL, out, err);
+#ifdef QUERN_HAVE_CUDA
+    struct backend_cuda_opts co = {
+        .device = index, .precision = r->precision, .batch_invariant = r->batch_invariant};
+    if ((rc = cuda_gemm_env(&co, err))) return rc;
     struct qerr cerr = {0};
     rc = backend_cuda_create(&co, out, &cerr);
     if (rc == 0) {
         err->code = 0;
-        snprintf(err->msg, sizeof err->msg, "%s", backend_cuda_describe(*out));
+        if (co.batch_invariant)
+            snprintf(err->msg, sizeof err->msg, "%s; batch-invariant (GEMV for every batch)",
+                     backend_cuda_describe(*out));
+        else
+            snprintf(err->msg, sizeof err->msg, "%s; gemm %s from %d tokens",
+                     backend_cuda_describe(*out), co.gemm == CUDA_GEMM_CUBLAS ? "cublas" : "mma",
+                     co.gemm_min_tokens ? co.gemm_min_tokens : CUDA_GEMM_MIN_TOKENS_DEFAULT);
         return 0;
     }
     if (kind == BACKEND_KIND_CUDA) return qerr_set(err, rc, "%s", cerr.msg);
     char why[sizeof cerr.msg];
     snprintf(why, sizeof why, "auto: %.490s", cerr.msg);
-    return create_cpu(threads, precision, why, out, err);
+    return create_cpu(r->threads, r->precision, why, out, err);
 #else
     if (kind == BACKEND_KIND_CUDA)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "--device %s: this build has no CUDA backend (nvcc was not found, or "
                         "-Dcuda=disabled)",
-                        device);
-    return create_cpu(threads, precision, "auto: built without CUDA", out, err);
+                        r->device);
+    return create_cpu(r->threads, r->precision, "auto: built without CUDA", out, err);
 #endif
 }

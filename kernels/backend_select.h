@@ -7,13 +7,15 @@
  *   cuda     the CUDA backend on device 0; cuda:N on device N. An error when it cannot start.
  *
  * $QUERN_FORCE_CPU=1 makes every choice the CPU (a debug switch, as calm's).
- * $QUERN_CUDA_GEMM_MIN_TOKENS=N runs batches of N or more tokens on the cuBLAS fp16 GEMM (the
- * engine is then not batch-invariant: backend_cuda_opts.gemm_min_tokens); $QUERN_CUDA_KV=f32
- * keeps the KV cache fp32; $QUERN_CUDA_GRAPHS=0 turns step replay off.
+ * CUDA only: batches of $QUERN_CUDA_GEMM_MIN_TOKENS (default 64; 0: never, as batch_invariant)
+ * or more tokens run a GEMM, $QUERN_CUDA_GEMM=mma (the default: gemm_mma.cu's tensor-core
+ * kernels) or cublas (cuBLAS over fp16 copies of the weights); $QUERN_CUDA_KV=f32 keeps the KV
+ * cache fp32; $QUERN_CUDA_GRAPHS=0 turns step replay off.
  *
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
- * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB", or "cpu (auto: cuda: no
- * usable device: CUDA driver version is insufficient for CUDA runtime version ...)". */
+ * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 64 tokens", or
+ * "cpu (auto: cuda: no usable device: CUDA driver version is insufficient for CUDA runtime
+ * version ...)". */
 #ifndef QUERN_BACKEND_SELECT_H
 #define QUERN_BACKEND_SELECT_H
 
@@ -31,7 +33,16 @@ int backend_device_parse(const char *device, enum backend_kind *kind, int *index
 /* True when this build contains the CUDA backend. */
 bool backend_have_cuda(void);
 
-int backend_create_auto(const char *device, int threads, enum matmul_precision precision,
-                        struct backend **out, struct qerr *err);
+struct backend_request {
+    const char *device; /* as backend_device_parse reads it */
+    int threads;        /* CPU workers, 0: all online CPUs */
+    enum matmul_precision precision;
+    /* Keep every batch size on batch-invariant kernels (kernels/backend.h), where a backend
+     * would otherwise switch to faster ones for large batches (CUDA: the GEMM path). The CPU
+     * backend always is. */
+    bool batch_invariant;
+};
+
+int backend_create_auto(const struct backend_request *r, struct backend **out, struct qerr *err);
 
 #endif

@@ -22,12 +22,16 @@ bool cli_parse_float(const char *text, double lo, double hi, double *out);
 /* The backend `--device` names (auto, cpu, cuda, cuda:N; kernels/backend_select.h), with its
  * one-line reason logged to stderr as "quern PROG: backend: ...". */
 #include "../kernels/backend_select.h"
-int cli_backend_create(const char *prog, const char *device, int threads,
-                       enum matmul_precision precision, struct backend **out, struct qerr *err);
+int cli_backend_create(const char *prog, const struct backend_request *r, struct backend **out,
+                       struct qerr *err);
 /* Checks a --device argument: true and *out = text, or false after a one-line error. */
 bool cli_device_arg(const char *prog, const char *text, const char **out);
 #define CLI_DEVICE_HELP                                                                            \
     "  --device D        auto (default: a usable GPU, else the CPU), cpu, cuda or cuda:N\n"
+/* --batch-invariant: the same text for every subcommand (the CPU always is). */
+#define CLI_BATCH_INVARIANT_HELP                                                                   \
+    "  --batch-invariant   GPU: batch-invariant kernels for every batch size (a token's\n"         \
+    "                    result never depends on its batch; slower prefill). The CPU always is\n"
 
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);

@@ -34,7 +34,7 @@ static void bench_usage(FILE *out)
             "  --threads N           CPU threads (default: all)\n"
             "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
             "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                        cuda:N\n"
+            "                        cuda:N\n" CLI_BATCH_INVARIANT_HELP
             "  --synthetic NAME      instead of --model: random weights of a real shape, made\n"
             "                        here (llama3-8b, llama2-7b, smollm2-135m)\n"
             "  --type T              the synthetic weights' type: q4_0 (default), q4_1, q8_0,\n"
@@ -52,7 +52,7 @@ struct bench_args {
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
     enum matmul_precision precision;
-    bool json;
+    bool json, batch_invariant;
 };
 
 static double now_s(void)
@@ -318,7 +318,8 @@ int cli_bench(int argc, char **argv)
         O_PREC,
         O_DEVICE,
         O_SYNTH,
-        O_TYPE
+        O_TYPE,
+        O_BATCHINV
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -338,6 +339,7 @@ int cli_bench(int argc, char **argv)
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"synthetic", required_argument, 0, O_SYNTH},
                                          {"type", required_argument, 0, O_TYPE},
+                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -379,6 +381,9 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_DEVICE:
             if (!cli_device_arg("bench", optarg, &a.device)) return EXIT_USAGE;
+            continue;
+        case O_BATCHINV:
+            a.batch_invariant = true;
             continue;
         case O_SYNTH:
             if (!synth_shape_find(optarg)) {
@@ -473,7 +478,11 @@ int cli_bench(int argc, char **argv)
                  ? synth_model_open(a.synthetic, a.synth_type, (uint64_t)a.seed, NULL, &f, &err)
                  : gguf_open(cli_model_path(a.model), &f, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
-    if (!rc) rc = cli_backend_create("bench", a.device, (int)a.threads, a.precision, &be, &err);
+    struct backend_request req = {.device = a.device,
+                                  .threads = (int)a.threads,
+                                  .precision = a.precision,
+                                  .batch_invariant = a.batch_invariant};
+    if (!rc) rc = cli_backend_create("bench", &req, &be, &err);
     if (!rc) rc = serving ? run_serving(f, tok, be, &a, &err) : run_pp_tg(f, be, &a, &err);
     if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
     backend_destroy(be);

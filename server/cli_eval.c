@@ -35,18 +35,20 @@ static void eval_usage(FILE *out)
         "  --chunks K       score at most K windows (default: all the text fills)\n"
         "  --precision P    f32 (default) or q8: activations quantized to int8 in matmuls\n"
         "  --threads N      CPU threads (default: all)\n"
-        "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, cuda:N\n");
+        "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, "
+        "cuda:N\n" CLI_BATCH_INVARIANT_HELP);
 }
 
 struct eval_args {
     const char *model, *ref, *text, *device;
     long ctx, chunks, threads;
     enum matmul_precision precision;
+    bool batch_invariant;
 };
 
 static int parse_args(int argc, char **argv, struct eval_args *a)
 {
-    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE };
+    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE, O_BATCHINV };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"ref", required_argument, 0, O_REF},
                                          {"text", required_argument, 0, O_TEXT},
@@ -55,6 +57,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                                          {"precision", required_argument, 0, O_PREC},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"device", required_argument, 0, O_DEVICE},
+                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     *a = (struct eval_args){.ctx = 512, .precision = MATMUL_F32};
@@ -103,6 +106,9 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
         case O_DEVICE:
             if (!cli_device_arg("eval", optarg, &a->device)) return EXIT_USAGE;
             break;
+        case O_BATCHINV:
+            a->batch_invariant = true;
+            break;
         case 'h':
             eval_usage(stdout);
             return -1;
@@ -148,8 +154,11 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
     if (a->ctx > l->cfg.ctx_len)
         return qerr_set(err, QERR_INVALID, "--ctx %ld exceeds the context length %d of %s", a->ctx,
                         l->cfg.ctx_len, path);
-    if ((rc = cli_backend_create("eval", a->device, (int)a->threads, a->precision, &l->be, err)))
-        return rc;
+    struct backend_request req = {.device = a->device,
+                                  .threads = (int)a->threads,
+                                  .precision = a->precision,
+                                  .batch_invariant = a->batch_invariant};
+    if ((rc = cli_backend_create("eval", &req, &l->be, err))) return rc;
     int batch = a->ctx < 512 ? (int)a->ctx : 512, bs = 16;
     struct model_opts mo = {.max_batch_tokens = batch,
                             .max_logits = batch,

@@ -27,7 +27,7 @@ static void generate_usage(FILE *out)
             "  --seed S          RNG seed (default 0)\n"
             "  --threads N       CPU threads (default: all)\n"
             "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
-            "faster)\n" CLI_DEVICE_HELP
+            "faster)\n" CLI_DEVICE_HELP CLI_BATCH_INVARIANT_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -66,7 +66,7 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 struct gen_args {
     const char *model, *prompt, *system, *device;
     long n_predict, threads;
-    bool chat, ignore_eos, stats;
+    bool chat, ignore_eos, stats, batch_invariant;
     enum matmul_precision precision;
     struct sample_params sp;
 };
@@ -86,7 +86,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_REPEAT,
         O_NOSTATS,
         O_PREC,
-        O_DEVICE
+        O_DEVICE,
+        O_BATCHINV
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -104,6 +105,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"help", no_argument, 0, 'h'},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
+                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
     sample_params_default(&a->sp);
@@ -144,6 +146,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_DEVICE:
             if (!cli_device_arg("generate", optarg, &a->device)) return EXIT_USAGE;
+            break;
+        case O_BATCHINV:
+            a->batch_invariant = true;
             break;
         case O_PREC:
             if (!strcmp(optarg, "q8"))
@@ -265,8 +270,11 @@ int cli_generate(int argc, char **argv)
                       a.n_predict, cfg.ctx_len);
         goto out;
     }
-    if ((rc = cli_backend_create("generate", a.device, (int)a.threads, a.precision, &be, &err)))
-        goto out;
+    struct backend_request req = {.device = a.device,
+                                  .threads = (int)a.threads,
+                                  .precision = a.precision,
+                                  .batch_invariant = a.batch_invariant};
+    if ((rc = cli_backend_create("generate", &req, &be, &err))) goto out;
     int bs = 16;
     struct model_opts mo = {.max_batch_tokens = 256,
                             .max_logits = 1,

@@ -33,7 +33,7 @@ static void serve_usage(FILE *out)
             "  --threads N              CPU threads for the model (default: all)\n"
             "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
             "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                           cuda:N\n"
+            "                           cuda:N\n" CLI_BATCH_INVARIANT_HELP
             "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
             "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
             "  --max-seqs N             sequences running at once (default 64)\n"
@@ -116,7 +116,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_BODY,
         O_CONNS,
         O_PREC,
-        O_DEVICE
+        O_DEVICE,
+        O_BATCHINV
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"host", required_argument, 0, O_HOST},
@@ -124,6 +125,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
+                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"kv-mem", required_argument, 0, O_KVMEM},
                                          {"max-batch-tokens", required_argument, 0, O_MBT},
                                          {"max-seqs", required_argument, 0, O_SEQS},
@@ -218,6 +220,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_DEVICE:
             if (!cli_device_arg("serve", optarg, &o->device)) return EXIT_USAGE;
             break;
+        case O_BATCHINV:
+            o->batch_invariant = true;
+            break;
         case 'h':
             serve_usage(stdout);
             return -1;
@@ -266,9 +271,11 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
         snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
         fprintf(stderr, "quern serve: warning: no chat endpoint: %s\n", cerr.msg);
     }
-    if ((rc = cli_backend_create("serve", o->device, o->threads, o->q8 ? MATMUL_Q8 : MATMUL_F32,
-                                 &L->be, err)))
-        return rc;
+    struct backend_request req = {.device = o->device,
+                                  .threads = o->threads,
+                                  .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32,
+                                  .batch_invariant = o->batch_invariant};
+    if ((rc = cli_backend_create("serve", &req, &L->be, err))) return rc;
     struct engine_opts eo;
     engine_opts_default(&eo);
     if (o->max_batch_tokens) eo.max_batch_tokens = o->max_batch_tokens;

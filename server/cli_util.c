@@ -34,10 +34,10 @@ const char *cli_model_path(const char *arg)
     return env && *env ? env : QUERN_DEFAULT_MODEL;
 }
 
-int cli_backend_create(const char *prog, const char *device, int threads,
-                       enum matmul_precision precision, struct backend **out, struct qerr *err)
+int cli_backend_create(const char *prog, const struct backend_request *r, struct backend **out,
+                       struct qerr *err)
 {
-    int rc = backend_create_auto(device, threads, precision, out, err);
+    int rc = backend_create_auto(r, out, err);
     if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
     return rc;
 }

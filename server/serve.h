@@ -33,8 +33,9 @@ struct serve_opts {
     size_t max_body;
     int max_connections;
     bool log_json;
-    bool q8;            /* MATMUL_Q8 instead of MATMUL_F32 */
-    const char *device; /* --device: auto (NULL), cpu, cuda, cuda:N */
+    bool q8;              /* MATMUL_Q8 instead of MATMUL_F32 */
+    const char *device;   /* --device: auto (NULL), cpu, cuda, cuda:N */
+    bool batch_invariant; /* --batch-invariant (backend_request) */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

@@ -10,6 +10,9 @@
  *   matmul F32 and Q8     |y - ref| <= 1e-5 * sum |w x| per output (fp32 sums in another order;
  *                         the Q8 integer block sums are exact)
  *   matmul cuBLAS (fp16)  <= 4e-3 * sum |w x| (fp16 activations and weights)
+ *   matmul MMA (fp16)     <= 1e-3 * sum |w x| (fp16 activations: 2^-11 each; exact weights)
+ *   matmul MMA (int8)     bit for bit ref_matmul_q8_rows (the same block order and fmas), and
+ *                         batch-invariant among batches that take it
  *   rmsnorm, silu         <= 1e-6 relative per element;  rope <= 1e-6 of the row's largest value
  *   attention             <= 1e-5 of the largest |v| (fp16 cache: against the reference on
  *                         the fp16 values; kv_write rounds to nearest even, bit for bit)
@@ -33,12 +36,17 @@
 #include "../kernels/cuda/backend_cuda.h"
 #include "testutil.h"
 
-static struct backend *gpu;      /* MATMUL_F32 */
-static struct backend *gpu_q8;   /* MATMUL_Q8 */
-static struct backend *gpu_gemm; /* MATMUL_F32, cuBLAS for batches >= 16 */
-static struct backend *gpu_kv16; /* MATMUL_F32, the default fp16 KV cache (the others: fp32) */
+/* The matmul paths (backend_cuda_opts), each with the fp32 KV cache but gpu_kv16. */
+enum { B_F32, B_Q8, B_CUBLAS, B_MMA, B_MMA_Q8, N_PATHS };
+static struct backend *paths[N_PATHS];
+static const char *const path_name[N_PATHS] = {"F32", "Q8", "cuBLAS", "MMA", "MMA-Q8"};
+#define gpu    paths[B_F32] /* MATMUL_F32, batch-invariant: the GEMV for every n */
+#define gpu_q8 paths[B_Q8]  /* MATMUL_Q8, batch-invariant */
+/* paths[B_CUBLAS]: MATMUL_F32, cuBLAS for batches >= 16; B_MMA, B_MMA_Q8: gemm_mma from 16 */
+static struct backend *gpu_kv16; /* MATMUL_F32, the default fp16 KV cache and GEMM threshold */
 
-static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out);
+static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
+                        struct backend **out);
 
 /* ---- helpers ---- */
 
@@ -218,51 +226,62 @@ static void q8_reference(const struct bweight *w, const float *x, int n, float *
     free(a.sum);
 }
 
-/* One weight against the references on all three GPU backends, plus batch invariance: every
- * token computed alone gives the same bits as inside the batch. */
+/* One weight against the references on every GPU matmul path, plus batch invariance: every
+ * token computed alone gives the same bits as inside the batch (the batch-invariant paths), and
+ * the last 16 tokens alone the same as in the whole batch (the MMA paths). The GEMM paths are
+ * checked only for batches that take them (n >= 16). */
 static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool invariance,
-                         double *worst_f32, double *worst_q8, double *worst_gemm)
+                         double worst[N_PATHS])
 {
     struct bweight w;
     make_weight(&w, t, rows, cols);
     size_t ny = (size_t)n * (size_t)rows;
     float *x = malloc((size_t)n * (size_t)cols * 4);
     fill(x, (size_t)n * (size_t)cols, 1.0f);
-    float *yref = malloc(ny * 4), *y = malloc(ny * 4), *y1 = malloc((size_t)rows * 4);
+    float *yref = malloc(ny * 4), *yq8 = NULL, *y = malloc(ny * 4), *y1 = malloc(ny * 4);
     ref_matmul_rows(&w, x, n, yref, 0, rows);
-    struct backend *bes[3] = {gpu, gpu_q8, gpu_gemm};
-    for (int k = 0; k < 3; k++) {
-        struct backend *be = bes[k];
-        bool q8 = k == 1 && ref_q8_type(t);
+    if (ref_q8_type(t)) {
+        yq8 = malloc(ny * 4);
+        q8_reference(&w, x, n, yq8);
+    }
+    for (int k = 0; k < N_PATHS; k++) {
+        struct backend *be = paths[k];
+        if (k >= B_CUBLAS && n < 16) continue;       /* the GEMV, as B_F32 and B_Q8 */
+        if (k == B_MMA && !ref_q8_type(t)) continue; /* float weights: the GEMV */
+        if (k == B_MMA_Q8 && !ref_q8_type(t)) continue;
+        bool q8 = (k == B_Q8 || k == B_MMA_Q8) && yq8;
         struct bweight wb = w;
         prepare(be, &wb);
         run_matmul(be, &wb, x, n, y);
-        double e;
-        if (q8) {
-            q8_reference(&w, x, n, yref);
-            e = norm_error(&w, x, n, y, yref);
-            ref_matmul_rows(&w, x, n, yref, 0, rows);
-        } else {
-            e = norm_error(&w, x, n, y, yref);
-        }
-        double tol = k == 2 && n >= 16 ? 4e-3 : 1e-5;
-        double *worst = k == 0 ? worst_f32 : k == 1 ? worst_q8 : worst_gemm;
-        if (e > *worst) *worst = e;
+        double e = norm_error(&w, x, n, y, q8 ? yq8 : yref);
+        double tol = k == B_CUBLAS ? 4e-3 : k == B_MMA ? 1e-3 : k == B_MMA_Q8 ? 0.0 : 1e-5;
+        if (e > worst[k]) worst[k] = e;
         ck_assert_msg(e <= tol, "%s %s %lld x %lld n %d: normalized error %.3g > %.1g",
-                      k == 0   ? "F32"
-                      : k == 1 ? "Q8"
-                               : "GEMM",
-                      qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
-        if (invariance && k < 2) {
+                      path_name[k], qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
+        if (k == B_MMA_Q8) {
+            size_t at;
+            ck_assert_msg(!bits_differ(y, yq8, ny, &at),
+                          "MMA-Q8 %s %lld x %lld n %d: output %zu is %.9g, the reference %.9g",
+                          qtype_name(t), (long long)rows, (long long)cols, n, at, y[at], yq8[at]);
+        }
+        if (invariance && (k == B_F32 || k == B_Q8)) {
             for (int i = 0; i < n; i++) {
                 run_matmul(be, &wb, x + (size_t)i * (size_t)cols, 1, y1);
                 size_t at;
                 ck_assert_msg(!bits_differ(y1, y + (size_t)i * (size_t)rows, (size_t)rows, &at),
                               "%s %s %lld x %lld: token %d of %d alone differs at row %zu: %.9g "
                               "vs %.9g",
-                              k == 0 ? "F32" : "Q8", qtype_name(t), (long long)rows,
-                              (long long)cols, i, n, at, y1[at], y[(size_t)i * (size_t)rows + at]);
+                              path_name[k], qtype_name(t), (long long)rows, (long long)cols, i, n,
+                              at, y1[at], y[(size_t)i * (size_t)rows + at]);
             }
+        }
+        if (invariance && (k == B_MMA || k == B_MMA_Q8) && n >= 32) {
+            run_matmul(be, &wb, x + (size_t)(n - 16) * (size_t)cols, 16, y1);
+            size_t at;
+            ck_assert_msg(!bits_differ(y1, y + (size_t)(n - 16) * (size_t)rows,
+                                       (size_t)16 * (size_t)rows, &at),
+                          "%s %s %lld x %lld: the last 16 of %d tokens differ at %zu", path_name[k],
+                          qtype_name(t), (long long)rows, (long long)cols, n, at);
         }
         be->ops->weight_release(be, &wb);
     }
@@ -270,7 +289,15 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
     free(y);
     free(y1);
     free(yref);
+    free(yq8);
     free_weight(&w);
+}
+
+static void print_worst(const char *what, const double worst[N_PATHS])
+{
+    printf("%s: worst normalized error", what);
+    for (int k = 0; k < N_PATHS; k++) printf(" %s %.2e", path_name[k], worst[k]);
+    printf("\n");
 }
 
 /* ---- matmul ---- */
@@ -282,16 +309,17 @@ START_TEST(matmul_quant_odd_shapes)
     const int64_t rows[] = {1, 7, 17, 33, 100, 257};
     const int64_t cols[] = {32, 96, 576, 1536};
     const int ns[] = {1, 2, 3, 5, 8, 9, 13, 37, 64};
-    double wf = 0, wq = 0, wg = 0;
+    double worst[N_PATHS] = {0};
     int k = 0;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
             for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++, k++) {
                 int n = ns[(size_t)(k + _i) % (sizeof ns / sizeof ns[0])];
-                check_matmul(types[ti], rows[ri], cols[ci], n, k % 4 == 0, &wf, &wq, &wg);
+                check_matmul(types[ti], rows[ri], cols[ci], n, k % 4 == 0, worst);
             }
-    printf("matmul quant (%d shapes): worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", k, wf,
-           wq, wg);
+    char what[64];
+    snprintf(what, sizeof what, "matmul quant (%d shapes)", k);
+    print_worst(what, worst);
 }
 END_TEST
 
@@ -300,14 +328,13 @@ START_TEST(matmul_float_weights)
     rng_state = 0xf10a7;
     const enum qtype types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
     const int shapes[][3] = {{37, 100, 5}, {19, 64, 9}, {5, 7, 3}, {64, 576, 13}, {3, 1000, 1}};
-    double wf = 0, wq = 0, wg = 0;
+    double worst[N_PATHS] = {0};
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             if (types[ti] != QTYPE_F32 && shapes[si][1] % 2) continue;
-            check_matmul(types[ti], shapes[si][0], shapes[si][1], shapes[si][2], true, &wf, &wq,
-                         &wg);
+            check_matmul(types[ti], shapes[si][0], shapes[si][1], shapes[si][2], true, worst);
         }
-    printf("matmul float weights: worst normalized error %.2e\n", wf > wq ? wf : wq);
+    print_worst("matmul float weights", worst);
 }
 END_TEST
 
@@ -323,16 +350,15 @@ START_TEST(matmul_model_shapes)
                   {576, 1536, QTYPE_Q4_1}, {49152, 576, QTYPE_Q8_0}, {37, 4160, QTYPE_Q4_0},
                   {37, 4160, QTYPE_Q8_0}};
     const int ns[] = {1, 8, 64};
-    double wf = 0, wq = 0, wg = 0;
+    double worst[N_PATHS] = {0};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (size_t ni = 0; ni < 3; ni++) {
             int n = ns[ni];
             if (shapes[si].rows > 10000 && n > 8) n = 17; /* keep the scalar reference quick */
             check_matmul(shapes[si].t, shapes[si].rows, shapes[si].cols, n,
-                         ni == 1 && shapes[si].rows < 10000, &wf, &wq, &wg);
+                         ni >= 1 && shapes[si].rows < 10000, worst);
         }
-    printf("matmul model shapes: worst normalized error F32 %.2e, Q8 %.2e, GEMM %.2e\n", wf, wq,
-           wg);
+    print_worst("matmul model shapes", worst);
 }
 END_TEST
 
@@ -728,6 +754,14 @@ END_TEST
 START_TEST(attention_matches_reference)
 {
     rng_state = 0xa77e;
+    /* a split scratch of 64 KiB holds 1 to 9 tokens' partials of these shapes: passes */
+    struct backend *small = NULL, *tiny = NULL;
+    struct qerr err = {0};
+    struct backend_cuda_opts so = {
+        .device = 0, .batch_invariant = true, .kv_f32 = true, .attn_scratch_bytes = 64 << 10};
+    ck_assert_msg(backend_cuda_create(&so, &small, &err) == 0, "%s", err.msg);
+    so.attn_scratch_bytes = 4 << 10; /* not one token of the 32-head shape */
+    ck_assert_msg(backend_cuda_create(&so, &tiny, &err) == 0, "%s", err.msg);
     /* heads, kv heads, head dim, prefill, blocks per sequence (x 16 positions): contexts past
      * 256 positions take the split path, 3200 positions up to 13 splits */
     const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},  {32, 8, 128, 0, 40},
@@ -804,6 +838,19 @@ START_TEST(attention_matches_reference)
             ck_assert_msg(!bits_differ(one, o + (size_t)t * row, row, &at),
                           "attention hd %d: token %d alone differs at %zu", hd, t, at);
         }
+        /* the whole batch in passes of the tokens whose partials fit: the same bits */
+        dev_poison(gpu, dout, qn * 4);
+        small->ops->attention(small, dout, dq, dkc, dvc, &b, &s);
+        dev_read(small, ref, dout, qn * 4);
+        size_t at;
+        ck_assert_msg(!bits_differ(ref, o, qn, &at),
+                      "attention heads %d hd %d: in scratch-sized passes differs at %zu", heads, hd,
+                      at);
+        if (heads == 32) { /* one token's partials do not fit: a clear error, no write */
+            tiny->ops->attention(tiny, dout, dq, dkc, dvc, &b, &s);
+            ck_assert_int_eq(backend_cuda_status(tiny, &err), QERR_UNSUPPORTED);
+            ck_assert_msg(strstr(err.msg, "scratch") != NULL, "%s", err.msg);
+        }
         void *bufs[] = {dpos, dseq, dslot, dtab, dkc, dvc, dq, dout};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu, bufs[i]);
         free(pos);
@@ -817,6 +864,8 @@ START_TEST(attention_matches_reference)
         free(o);
         free(one);
     }
+    backend_destroy(small);
+    backend_destroy(tiny);
 }
 END_TEST
 
@@ -1083,10 +1132,10 @@ START_TEST(model_graphs_equal_direct)
     int32_t ta[12], tb[12];
     setenv("QUERN_CUDA_GRAPHS", "0", 1);
     struct backend *direct = NULL;
-    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, &direct), 0);
+    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, CUDA_GEMM_MMA, &direct), 0);
     unsetenv("QUERN_CUDA_GRAPHS");
     struct backend *graphs = NULL;
-    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, &graphs), 0);
+    ck_assert_int_eq(make_backend(MATMUL_Q8, 0, CUDA_GEMM_MMA, &graphs), 0);
     greedy_logits(direct, p, np, steps, a, ta);
     greedy_logits(graphs, p, np, steps, b, tb);
     uint64_t cap, rep, cap0, rep0;
@@ -1128,11 +1177,18 @@ static cJSON *load_golden(void)
     return j;
 }
 
-static int make_backend(enum matmul_precision p, int gemm_min, struct backend **out)
+/* gemm_min 0: batch-invariant (the GEMV for every n) */
+static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
+                        struct backend **out)
 {
     struct qerr err = {0};
-    struct backend_cuda_opts o = {
-        .device = 0, .precision = p, .max_tokens = 40, .gemm_min_tokens = gemm_min, .kv_f32 = true};
+    struct backend_cuda_opts o = {.device = 0,
+                                  .precision = p,
+                                  .max_tokens = 40,
+                                  .gemm_min_tokens = gemm_min,
+                                  .gemm = g,
+                                  .batch_invariant = gemm_min == 0,
+                                  .kv_f32 = true};
     int rc = backend_cuda_create(&o, out, &err);
     if (rc) fprintf(stderr, "cuda backend: %s\n", err.msg);
     return rc;
@@ -1149,8 +1205,12 @@ int main(void)
     printf("device: %s\n", desc);
     /* max_tokens 40: batches of 45 and 64 tokens run as two passes */
     struct backend_cuda_opts o16 = {.device = 0, .precision = MATMUL_F32, .max_tokens = 40};
-    if (make_backend(MATMUL_F32, 0, &gpu) || make_backend(MATMUL_Q8, 0, &gpu_q8) ||
-        make_backend(MATMUL_F32, 16, &gpu_gemm) || backend_cuda_create(&o16, &gpu_kv16, &err))
+    if (make_backend(MATMUL_F32, 0, CUDA_GEMM_MMA, &gpu) ||
+        make_backend(MATMUL_Q8, 0, CUDA_GEMM_MMA, &gpu_q8) ||
+        make_backend(MATMUL_F32, 16, CUDA_GEMM_CUBLAS, &paths[B_CUBLAS]) ||
+        make_backend(MATMUL_F32, 16, CUDA_GEMM_MMA, &paths[B_MMA]) ||
+        make_backend(MATMUL_Q8, 16, CUDA_GEMM_MMA, &paths[B_MMA_Q8]) ||
+        backend_cuda_create(&o16, &gpu_kv16, &err))
         return EXIT_FAILURE;
     golden = load_golden();
 
@@ -1198,10 +1258,8 @@ int main(void)
     srunner_run_all(r, CK_NORMAL);
     int failed = srunner_ntests_failed(r);
     srunner_free(r);
-    backend_destroy(gpu);
-    backend_destroy(gpu_q8);
+    for (int k = 0; k < N_PATHS; k++) backend_destroy(paths[k]);
     backend_destroy(gpu_kv16);
-    backend_destroy(gpu_gemm);
     cJSON_Delete(golden);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

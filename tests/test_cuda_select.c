@@ -51,11 +51,18 @@ START_TEST(parse_device_strings)
 }
 END_TEST
 
+static int create(const char *device, int precision, struct backend **be, struct qerr *err)
+{
+    struct backend_request r = {.device = device, .threads = 1};
+    memcpy(&r.precision, &precision, sizeof precision); /* 7: an out-of-range value on purpose */
+    return backend_create_auto(&r, be, err);
+}
+
 START_TEST(cpu_and_force_cpu)
 {
     struct backend *be = NULL;
     struct qerr err = {0};
-    ck_assert_int_eq(backend_create_auto("cpu", 1, MATMUL_F32, &be, &err), 0);
+    ck_assert_int_eq(create("cpu", MATMUL_F32, &be, &err), 0);
     ck_assert_str_eq(be->ops->name, "cpu");
     ck_assert_int_eq(err.code, 0);
     ck_assert_str_eq(err.msg, "cpu");
@@ -63,13 +70,13 @@ START_TEST(cpu_and_force_cpu)
     setenv("QUERN_FORCE_CPU", "1", 1);
     const char *devs[] = {"auto", "cuda", "cuda:0"};
     for (size_t j = 0; j < 3; j++) {
-        ck_assert_int_eq(backend_create_auto(devs[j], 1, MATMUL_Q8, &be, &err), 0);
+        ck_assert_int_eq(create(devs[j], MATMUL_Q8, &be, &err), 0);
         ck_assert_str_eq(be->ops->name, "cpu");
         ck_assert_ptr_nonnull(strstr(err.msg, "QUERN_FORCE_CPU"));
         backend_destroy(be);
     }
     unsetenv("QUERN_FORCE_CPU");
-    ck_assert_int_eq(backend_create_auto("auto", 1, 7, &be, &err), QERR_INVALID);
+    ck_assert_int_eq(create("auto", 7, &be, &err), QERR_INVALID);
 }
 END_TEST
 
@@ -79,13 +86,13 @@ START_TEST(auto_and_cuda_follow_the_machine)
     int gpu = gpu_usable(why, sizeof why);
     struct backend *be = NULL;
     struct qerr err = {0};
-    ck_assert_int_eq(backend_create_auto("auto", 1, MATMUL_F32, &be, &err), 0);
+    ck_assert_int_eq(create("auto", MATMUL_F32, &be, &err), 0);
     printf("auto: %s\n", err.msg);
     ck_assert_str_eq(be->ops->name, gpu ? "cuda" : "cpu");
     if (!gpu) ck_assert_msg(strstr(err.msg, "auto: ") != NULL, "no reason given: %s", err.msg);
     backend_destroy(be);
     be = NULL;
-    int rc = backend_create_auto("cuda", 1, MATMUL_F32, &be, &err);
+    int rc = create("cuda", MATMUL_F32, &be, &err);
     if (gpu) {
         ck_assert_msg(rc == 0, "%s", err.msg);
         ck_assert_str_eq(be->ops->name, "cuda");
@@ -96,7 +103,7 @@ START_TEST(auto_and_cuda_follow_the_machine)
         printf("cuda: %s\n", err.msg);
     }
     /* an ordinal past the devices present: an error, not the CPU */
-    rc = backend_create_auto("cuda:1000", 1, MATMUL_F32, &be, &err);
+    rc = create("cuda:1000", MATMUL_F32, &be, &err);
     ck_assert_int_ne(rc, 0);
     ck_assert_ptr_null(be);
     printf("machine: %s\n", why);

@@ -11,8 +11,9 @@
  *            path) and fp32 activations (the reference path, batch 1): achieved GB/s of weight
  *            bytes and its share of the copy bandwidth. Calls rotate over enough copies of the
  *            weight (>= 512 MiB together) to miss the 60 MB L2, as a decode does.
- * 3. gemm    batches of 512 and 4096 tokens on the Llama-3-8B shapes (Q4_0): TFLOP/s of the
- *            batch-invariant GEMV tiles (Q8) and of the opt-in cuBLAS fp16 path.
+ * 3. gemm    batches of 16 to 4096 tokens on the Llama-3-8B shapes (Q4_0): TFLOP/s of the
+ *            batch-invariant GEMV tiles (Q8), the tensor-core gemm_mma kernels (int8 and fp16)
+ *            and cuBLAS fp16: where each wins, so gemm_min_tokens can be set from it.
  * 4. decode  synthetic models with random weights built in device memory (no file: the GPU
  *            machine receives no gigabytes): llama3-8b (Q4_0) and smollm2-135m (Q4_1 layers, Q8_0
  *            tied embedding), batch 1, 8 and 64 sequences at context 128 (+16 decoded), the same
@@ -187,42 +188,60 @@ static void bench_gemv(struct backend *be, bool quick)
 
 /* ---- 3. gemm ---- */
 
+/* The matmul paths a large batch can take (backend_cuda_opts). */
+static const struct gemm_path {
+    const char *name;
+    enum matmul_precision precision;
+    bool invariant;
+    enum cuda_gemm gemm;
+} gemm_paths[] = {
+    {"GEMV tiles, int8 (--batch-invariant)", MATMUL_Q8, true, CUDA_GEMM_MMA},
+    {"MMA int8 (gemm_mma, q8)", MATMUL_Q8, false, CUDA_GEMM_MMA},
+    {"MMA fp16 (gemm_mma, f32)", MATMUL_F32, false, CUDA_GEMM_MMA},
+    {"cuBLAS fp16", MATMUL_F32, false, CUDA_GEMM_CUBLAS},
+};
+#define N_GEMM_PATHS (sizeof gemm_paths / sizeof gemm_paths[0])
+
 static void bench_gemm(int device, bool quick)
 {
     printf("\n## GEMM (prefill-sized batches, Q4_0 weights)\n\n");
     printf("| rows x cols | tokens | path | ms/call | TFLOP/s |\n|---|---|---|---|---|\n");
-    const int ns[] = {512, 4096};
-    struct backend *be[2] = {NULL, NULL};
+    const int ns[] = {16, 32, 64, 128, 512, 4096};
+    struct backend *be[N_GEMM_PATHS] = {NULL};
     struct qerr err = {0};
-    struct backend_cuda_opts o = {.device = device, .precision = MATMUL_Q8, .max_tokens = 4096};
-    if (backend_cuda_create(&o, &be[0], &err)) die("create", &err);
-    o.gemm_min_tokens = 1;
-    if (backend_cuda_create(&o, &be[1], &err)) die("create", &err);
+    for (size_t p = 0; p < N_GEMM_PATHS; p++) {
+        struct backend_cuda_opts o = {.device = device,
+                                      .precision = gemm_paths[p].precision,
+                                      .max_tokens = 4096,
+                                      .gemm_min_tokens = 1,
+                                      .gemm = gemm_paths[p].gemm,
+                                      .batch_invariant = gemm_paths[p].invariant};
+        if (backend_cuda_create(&o, &be[p], &err)) die("create", &err);
+    }
     for (size_t si = 0; si < 4; si++) {
         const struct shape *sh = &gemv_shapes[si];
         if (quick && si > 1) break;
         void *host = random_weight_bytes(QTYPE_Q4_0, (size_t)(sh->rows * sh->cols));
-        for (int p = 0; p < 2; p++) {
+        for (size_t p = 0; p < N_GEMM_PATHS; p++) {
             struct bweight w;
             prepare(be[p], &w, QTYPE_Q4_0, sh->rows, sh->cols, host);
             float *x = dev_random(be[p], (size_t)4096 * (size_t)sh->cols, 1.0f);
             float *y = be[p]->ops->buf_alloc(be[p], (size_t)4096 * (size_t)sh->rows * 4);
             if (!y) die("buf_alloc", NULL);
-            for (int ni = 0; ni < 2; ni++) {
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 int n = ns[ni];
+                if (quick && n != 64 && n != 512) continue;
                 be[p]->ops->matmul(be[p], &w, x, n, y);
                 be[p]->ops->sync(be[p]);
-                int calls = 3;
+                int calls = n >= 512 ? 3 : 20;
                 double t0 = now();
                 for (int c = 0; c < calls; c++) be[p]->ops->matmul(be[p], &w, x, n, y);
                 be[p]->ops->sync(be[p]);
                 double dt = (now() - t0) / calls;
                 check_status(be[p], "gemm");
-                printf("| %lld x %lld | %d | %s | %.2f | %.1f |\n", (long long)sh->rows,
-                       (long long)sh->cols, n,
-                       p == 0 ? "GEMV tiles, int8 (batch-invariant)"
-                              : "cuBLAS fp16 (not invariant)",
-                       dt * 1e3, 2.0 * (double)sh->rows * (double)sh->cols * n / dt / 1e12);
+                printf("| %lld x %lld | %d | %s | %.3f | %.1f |\n", (long long)sh->rows,
+                       (long long)sh->cols, n, gemm_paths[p].name, dt * 1e3,
+                       2.0 * (double)sh->rows * (double)sh->cols * n / dt / 1e12);
                 fflush(stdout);
             }
             be[p]->ops->buf_free(be[p], x);
@@ -231,8 +250,7 @@ static void bench_gemm(int device, bool quick)
         }
         free(host);
     }
-    backend_destroy(be[0]);
-    backend_destroy(be[1]);
+    for (size_t p = 0; p < N_GEMM_PATHS; p++) backend_destroy(be[p]);
 }
 
 /* ---- 4. decode on a synthetic model ---- */

@@ -231,30 +231,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
-/* Room for the split partials of n tokens: grown outside a capture, never inside one. */
-static bool reserve_part(struct cuda_ctx *c, size_t bytes)
-{
-    if (bytes <= c->att_part_bytes) return true;
-    if (c->capturing) {
-        cuda_fail(c, QERR_INVALID, "cuda: attention scratch would grow inside a captured step");
-        return false;
-    }
-    cudaStreamSynchronize(c->stream); /* queued splits may still write the old one */
-    cuda_graphs_reset(c);             /* and captured ones hold its address */
-    if (c->att_part) cudaFree(c->att_part);
-    c->att_part = NULL;
-    c->att_part_bytes = 0;
-    if (cudaMalloc((void **)&c->att_part, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        c->att_part = NULL;
-        cuda_fail(c, QERR_NOMEM, "cuda: cannot allocate %.1f MiB of attention scratch",
-                  (double)bytes / 1048576.0);
-        return false;
-    }
-    c->att_part_bytes = bytes;
-    return true;
-}
-
 template <typename T>
 static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, float *out, const float *q,
                              const T *kc, const T *vc, const struct attn_batch *b,
@@ -291,26 +267,50 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
                   (long long)ctx_max);
         return;
     }
-    if (max_splits > 1 &&
-        !reserve_part(c, (size_t)b->n_tokens * (size_t)s->n_heads * (size_t)max_splits *
-                             ((size_t)s->head_dim + 2) * sizeof(float)))
-        return;
+    /* The split partials go to the scratch reserved at create (never allocated in a step); a
+     * batch whose partials do not fit runs in passes over its tokens, which changes no result
+     * (each token's arithmetic is its own). */
+    int pass = b->n_tokens;
+    if (max_splits > 1) {
+        const size_t per_token =
+            (size_t)s->n_heads * (size_t)max_splits * ((size_t)s->head_dim + 2) * sizeof(float);
+        const size_t fit = c->att_part_bytes / per_token;
+        if (fit < 1) {
+            cuda_fail(c, QERR_UNSUPPORTED,
+                      "cuda: attention: a context of %lld positions needs %.1f MiB of split "
+                      "scratch per token; the scratch holds %.1f MiB",
+                      (long long)ctx_max, (double)per_token / 1048576.0,
+                      (double)c->att_part_bytes / 1048576.0);
+            return;
+        }
+        if (fit < (size_t)pass) pass = (int)fit;
+    }
     /* tiles of ATT_TILE tokens when a batch is big enough to fill the GPU with them (prefill);
      * one token per block otherwise. A token's result is the same either way. */
     const bool tiled = s->head_dim <= 32 * ATT_TILE_DPL && b->n_tokens >= ATT_TILE_MIN_TOKENS;
     const int tq = tiled ? ATT_TILE : 1;
-    dim3 grid((unsigned)((b->n_tokens + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)max_splits);
-    if (c->kv_f16)
-        launch_attention<__half>(c, tiled, grid, out, q, (const __half *)k_cache,
-                                 (const __half *)v_cache, b, s);
-    else
-        launch_attention<float>(c, tiled, grid, out, q, (const float *)k_cache,
-                                (const float *)v_cache, b, s);
-    CUDA_LAUNCHED(c, "attention_kernel");
-    if (max_splits > 1) {
-        dim3 rgrid((unsigned)b->n_tokens, (unsigned)s->n_heads);
-        attention_reduce_kernel<<<rgrid, ATT_WARPS * 32, 0, c->stream>>>(
-            out, c->att_part, b->pos, s->n_heads, s->head_dim, max_splits);
-        CUDA_LAUNCHED(c, "attention_reduce_kernel");
+    const size_t row = (size_t)s->n_heads * (size_t)s->head_dim;
+    for (int t0 = 0; t0 < b->n_tokens; t0 += pass) {
+        const int nt = b->n_tokens - t0 < pass ? b->n_tokens - t0 : pass;
+        struct attn_batch pb = *b;
+        pb.n_tokens = nt;
+        pb.pos = b->pos + t0;
+        pb.seq = b->seq + t0;
+        float *o = out + (size_t)t0 * row;
+        const float *qp = q + (size_t)t0 * row;
+        dim3 grid((unsigned)((nt + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)max_splits);
+        if (c->kv_f16)
+            launch_attention<__half>(c, tiled, grid, o, qp, (const __half *)k_cache,
+                                     (const __half *)v_cache, &pb, s);
+        else
+            launch_attention<float>(c, tiled, grid, o, qp, (const float *)k_cache,
+                                    (const float *)v_cache, &pb, s);
+        CUDA_LAUNCHED(c, "attention_kernel");
+        if (max_splits > 1) {
+            dim3 rgrid((unsigned)nt, (unsigned)s->n_heads);
+            attention_reduce_kernel<<<rgrid, ATT_WARPS * 32, 0, c->stream>>>(
+                o, c->att_part, pb.pos, s->n_heads, s->head_dim, max_splits);
+            CUDA_LAUNCHED(c, "attention_reduce_kernel");
+        }
     }
 }

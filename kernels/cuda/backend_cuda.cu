@@ -23,6 +23,7 @@
 
 static_assert(sizeof(enum matmul_precision) == sizeof(int), "the C enum is read as an int");
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define ATTN_SCRATCH_BYTES     ((size_t)64 << 20)
 
 /* ---- errors ---- */
 
@@ -253,9 +254,17 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     memcpy(&prec, &o->precision, sizeof prec);
     if (prec != MATMUL_F32 && prec != MATMUL_Q8)
         return qerr_set(err, QERR_INVALID, "cuda backend: matmul precision %d", prec);
-    if (o->max_tokens < 0 || o->gemm_min_tokens < 0)
-        return qerr_set(err, QERR_INVALID, "cuda backend: max_tokens %d, gemm_min_tokens %d",
-                        o->max_tokens, o->gemm_min_tokens);
+    int gemm;
+    memcpy(&gemm, &o->gemm, sizeof gemm);
+    if (o->max_tokens < 0 || o->gemm_min_tokens < 0 ||
+        (gemm != CUDA_GEMM_MMA && gemm != CUDA_GEMM_CUBLAS))
+        return qerr_set(err, QERR_INVALID,
+                        "cuda backend: max_tokens %d, gemm_min_tokens %d, gemm %d", o->max_tokens,
+                        o->gemm_min_tokens, gemm);
+#ifndef QUERN_HAVE_CUBLAS
+    if (gemm == CUDA_GEMM_CUBLAS)
+        return qerr_set(err, QERR_UNSUPPORTED, "cuda backend: this build has no cuBLAS");
+#endif
     char desc[160];
     int rc = backend_cuda_probe(o->device, desc, sizeof desc, err);
     if (rc) return rc;
@@ -271,7 +280,10 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     c->device = o->device;
     c->precision = (enum matmul_precision)prec;
     c->max_tokens = o->max_tokens ? o->max_tokens : DEFAULT_MAX_TOKENS;
-    c->gemm_min_tokens = o->gemm_min_tokens;
+    c->gemm_min_tokens = o->batch_invariant   ? 0
+                         : o->gemm_min_tokens ? o->gemm_min_tokens
+                                              : CUDA_GEMM_MIN_TOKENS_DEFAULT;
+    c->gemm_cublas = gemm == CUDA_GEMM_CUBLAS && c->gemm_min_tokens > 0;
     const char *sl = getenv("QUERN_SYNC_LAUNCH");
     c->sync_launch = sl && *sl && strcmp(sl, "0") != 0;
     const char *kv = getenv("QUERN_CUDA_KV");
@@ -286,8 +298,22 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
         return qerr_set(err, QERR_UNSUPPORTED, "cuda: device %d: cannot start: %s", o->device,
                         cudaGetErrorString(e));
     }
+    const size_t att = o->attn_scratch_bytes ? o->attn_scratch_bytes : ATTN_SCRATCH_BYTES;
+    if (cudaMalloc((void **)&c->att_part, att) != cudaSuccess) {
+        cudaGetLastError();
+        c->att_part = NULL;
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cuda_destroy(be);
+        return qerr_set(err, QERR_NOMEM,
+                        "cuda: cannot allocate %.1f MiB of attention scratch: %.1f MiB of %.1f MiB "
+                        "free",
+                        (double)att / 1048576.0, (double)free_b / 1048576.0,
+                        (double)total_b / 1048576.0);
+    }
+    c->att_part_bytes = att;
 #ifdef QUERN_HAVE_CUBLAS
-    if (c->gemm_min_tokens > 0) {
+    if (c->gemm_cublas) {
         cublasStatus_t s = cublasCreate(&c->cublas);
         if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->cublas, c->stream);
         if (s == CUBLAS_STATUS_SUCCESS &&
@@ -306,8 +332,6 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
                             cublasGetStatusString(s));
         }
     }
-#else
-    c->gemm_min_tokens = 0;
 #endif
     *out = be;
     return 0;

@@ -19,6 +19,17 @@
 
 #include "../backend.h"
 
+enum cuda_gemm {
+    /* gemm_mma.cu: tensor-core MMA on weights dequantized into shared memory (int8 MMA in
+     * MATMUL_Q8, fp16 in MATMUL_F32); Q4_0, Q4_1, Q8_0 weights (float weights keep the GEMV) */
+    CUDA_GEMM_MMA = 0,
+    /* cublasGemmEx over a persistent fp16 copy of every weight (+2 bytes per weight of device
+     * memory), fp16 activations, any weight type; needs cuBLAS in the build */
+    CUDA_GEMM_CUBLAS = 1,
+};
+
+#define CUDA_GEMM_MIN_TOKENS_DEFAULT 64
+
 struct backend_cuda_opts {
     int device; /* CUDA device ordinal */
     /* MATMUL_F32: fp32 activations, weights dequantized in registers, fp32 FMA.
@@ -28,16 +39,24 @@ struct backend_cuda_opts {
     /* Tokens one matmul pass takes (the per-step arena is sized for this many tokens of the
      * widest weight); larger batches run in passes. 0: 1024. */
     int max_tokens;
-    /* Batches of at least this many tokens run the cuBLAS fp16 GEMM over a persistent fp16 copy of
-     * every weight (more memory, tensor cores). That path is NOT batch-invariant: a token's
-     * logits then depend on how many tokens share its step. 0: never (the default; every batch
-     * size runs the batch-invariant GEMV kernels). Ignored when built without cuBLAS. */
+    /* Batches of at least this many tokens run a GEMM (`gemm`) instead of the GEMV tiles, which
+     * re-read the weight for every 16 tokens. 0: CUDA_GEMM_MIN_TOKENS_DEFAULT. The GEMM is
+     * batch-invariant on its own but not bit-equal to the GEMV, so across this threshold a
+     * token's logits depend on how many tokens share its step; batch_invariant turns it off. */
     int gemm_min_tokens;
+    enum cuda_gemm gemm;
+    /* Every batch size on the GEMV tiles: a token's result never depends on its batch (the
+     * contract of kernels/backend.h, which the CPU backend always keeps), at the price of prefill
+     * and large-batch speed (docs/benchmarks.md). */
+    bool batch_invariant;
     /* Keep the KV cache in fp32, as the CPU backend does (bit-comparable attention). Default
      * (false): fp16, rounded to nearest even by kv_write and widened to fp32 when attention
      * reads it: half the memory and the bytes read per decoded token. $QUERN_CUDA_KV=f32 sets
      * it too. */
     bool kv_f32;
+    /* Device memory for attention's FlashDecoding partials, taken at create: a batch whose
+     * partials exceed it runs attention in passes over its tokens (same results). 0: 64 MiB. */
+    size_t attn_scratch_bytes;
 };
 
 /* 0 when device `device` is usable by this build's kernels (present, compute capability 8.0 or

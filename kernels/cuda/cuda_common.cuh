@@ -47,7 +47,8 @@ struct cuda_ctx {
     int device;
     enum matmul_precision precision;
     int max_tokens;      /* tokens per matmul pass */
-    int gemm_min_tokens; /* 0: the cuBLAS path is off */
+    int gemm_min_tokens; /* batches of this many tokens or more run a GEMM; 0: never */
+    bool gemm_cublas;    /* that GEMM is cuBLAS's (weights keep fp16 copies), else gemm_mma */
     bool sync_launch;    /* $QUERN_SYNC_LAUNCH: wait after every op, to pin an error on it */
     bool kv_f16;         /* the KV cache holds fp16 (backend_cuda_opts.kv_f32 unset) */
     cudaStream_t stream;
@@ -71,7 +72,7 @@ struct cuda_ctx {
     /* the first error an op met */
     int err_code;
     char err_msg[384];
-    /* attention's split partials (attention.cu), grown outside captures */
+    /* attention's split partials (attention.cu), taken at create */
     float *att_part;
     size_t att_part_bytes;
     /* captured steps (graphs.cu) */
@@ -150,6 +151,28 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h)
     return __uint_as_float((h & 0xffffu) << 16);
 }
 
+/* ---- warp-level tensor-core MMA (sm_80+): D = A B + C over one warp's fragments ----
+ * s8: A 16x32 int8 (row), B 32x8 int8 (col), C/D int32 16x8. f16: A 16x16, B 16x8 fp16, C/D fp32.
+ * Fragment layouts are the PTX ISA's (kernels/cuda/emu/cuda_emu.h spells them out and emulates
+ * both on the CPU). */
+#ifndef QUERN_CUDA_EMU_H
+__device__ __forceinline__ void mma_s8_16832(int d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma_f16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
 /* ---- ops (the backend_ops slots), defined in the file named ---- */
 
 /* matmul_q.cu */
@@ -182,6 +205,22 @@ void cuda_graphs_reset(struct cuda_ctx *c);
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
                        const void *v_cache, const struct attn_batch *b, const struct attn_shape *s);
+
+/* Q8 activations of n tokens, carved from the arena: q [n][cols], d, s [n][nb] float (scale,
+ * block sum of the dequantized values), sum [n][nb] int32 (block sum of q). */
+struct q8_parts {
+    int8_t *q;
+    float *d, *s;
+    int32_t *sum;
+};
+
+/* gemm_mma.cu: the tensor-core GEMM, n tokens (any n; the caller picks it for large batches).
+ * Weights Q4_0, Q4_1 or Q8_0 only. _q8: int8 MMA on the Q8 activations p; _f16: fp16 MMA on fp32
+ * activations x (16-byte aligned) rounded to fp16. */
+void cuda_gemm_mma_q8(struct cuda_ctx *c, const struct cuda_weight *w, const struct q8_parts *p,
+                      int n, float *y);
+void cuda_gemm_mma_f16(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+                       float *y);
 
 /* ---- launchers shared between files (elementwise.cu) ---- */
 

@@ -4,7 +4,7 @@
  * Weights are packed on the host (cuda_pack.h: quants and scales as separate arrays over
  * (row, 32-block)) and uploaded once at weight_prepare. Three paths:
  *
- * 1. GEMV, MATMUL_F32 (any weight type): a warp owns GEMV_ROWS rows and a tile of T <= 8 tokens.
+ * 1. GEMV, MATMUL_F32 (any weight type): a warp owns GEMV_ROWS rows and a tile of T <= 16 tokens.
  *    Lane l takes the row's 32-blocks l, l + 32, ...: one 16-byte load of quants (two for Q8_0)
  *    and one scale per row and block, 32 lanes reading 512 contiguous bytes. The block is
  *    dequantized in registers (nibble - 8, nibble, int8 as small exact floats), dotted with the
@@ -18,16 +18,17 @@
  *    per block and token.
  *    In both GEMV paths each (row, token) is reduced by the same lane sums in the same order
  *    followed by the same xor butterfly, whatever T, the tile, or n: batch-invariant. Batches
- *    larger than 8 tokens run as tiles of 8 (grid.y), each re-reading the weight (from L2 when it
- *    fits), so prefill costs more passes over the weight than a GEMM would.
- * 3. GEMM, cuBLAS (opt-in: backend_cuda_opts.gemm_min_tokens): for batches of at least that many
- *    tokens, x is converted to fp16 and cublasGemmEx multiplies it with a persistent fp16 copy of
- *    the weight (dequantized once at load; +2 bytes per weight of device memory), fp32 accumulate,
- *    tensor cores. cuBLAS picks its kernel (and split) by shape, so this path is NOT
- *    batch-invariant; and it rounds activations to fp16. That is why it is off by default: the
- *    contract (kernels/backend.h) is batch invariance, and the GEMV tiles keep it for every n. A
- *    dequant-in-shared-memory tensor-core GEMM with a fixed k order (Marlin-style) would give
- *    both; it is the next step (issue 6).
+ *    larger than 16 tokens run as tiles of 16 (grid.x), each re-reading the weight (from L2 when
+ *    it fits), so large batches cost more passes over the weight than a GEMM would.
+ * 3. GEMM, for batches of at least gemm_min_tokens (default 64) unless batch_invariant:
+ *    gemm_mma.cu's tensor-core kernels (Q4_0/Q4_1/Q8_0; int8 MMA on the Q8 activations, or fp16
+ *    MMA on fp16-rounded activations in MATMUL_F32), or with CUDA_GEMM_CUBLAS: x converted to
+ *    fp16 and cublasGemmEx with a persistent fp16 copy of the weight (dequantized once at load;
+ *    +2 bytes per weight of device memory), fp32 accumulate. cuBLAS picks its kernel (and split)
+ *    by shape, so its path is not even batch-invariant among large batches; the MMA kernels are
+ *    (a fixed k order per output), but neither equals the GEMV bit for bit, so a backend that
+ *    switches at gemm_min_tokens is not batch-invariant across the switch. The contract of
+ *    kernels/backend.h holds with backend_cuda_opts.batch_invariant (the GEMV for every n).
  *
  * Reduction order differs from the CPU's (kernels/cpu/ref.c sums 16 interleaved lanes), so the
  * CUDA result equals the reference within the normalized tolerance of the conformance test, not
@@ -38,9 +39,9 @@
 
 #include "cuda_common.cuh"
 
-#define GEMV_WARPS 4 /* warps per block */
-#define GEMV_ROWS  2 /* rows per warp */
-#define GEMV_TILE  8 /* the largest token tile */
+#define GEMV_WARPS 4  /* warps per block */
+#define GEMV_ROWS  2  /* rows per warp */
+#define GEMV_TILE  16 /* the largest token tile */
 
 static inline bool is_aligned16(const void *p)
 {
@@ -370,11 +371,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 /* ---- launchers ---- */
 
-/* The token tile of a launch: the smallest of 1, 2, 4, 8 that holds n (8 for larger n, as
+/* The token tile of a launch: the smallest of 1, 2, 4, 8, 16 that holds n (16 for larger n, as
  * several tiles). The tile never changes a result, only how many tokens share a weight load. */
 static int tile_for(int n)
 {
-    return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+    return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 16;
 }
 
 /* x: token tiles (fastest, so the tiles of one row group run side by side and share its weight
@@ -408,8 +409,11 @@ static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, co
     case 4:
         launch_f32_quant_t<QT, 4>(c, w, x, n, y);
         break;
-    default:
+    case 8:
         launch_f32_quant_t<QT, 8>(c, w, x, n, y);
+        break;
+    default:
+        launch_f32_quant_t<QT, 16>(c, w, x, n, y);
         break;
     }
 }
@@ -436,18 +440,14 @@ static void launch_f32_float(struct cuda_ctx *c, const struct cuda_weight *w, co
     case 4:
         launch_f32_float_t<FT, 4>(c, w, x, n, xvec, y);
         break;
-    default:
+    case 8:
         launch_f32_float_t<FT, 8>(c, w, x, n, xvec, y);
+        break;
+    default:
+        launch_f32_float_t<FT, 16>(c, w, x, n, xvec, y);
         break;
     }
 }
-
-/* Arena parts for Q8 activations of n tokens: q [n][cols], d, s [n][nb] float, sum [n][nb]. */
-struct q8_parts {
-    int8_t *q;
-    float *d, *s;
-    int32_t *sum;
-};
 
 static size_t up256(size_t v)
 {
@@ -492,8 +492,11 @@ static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const str
     case 4:
         launch_q8_t<QT, 4>(c, w, p, n, y);
         break;
-    default:
+    case 8:
         launch_q8_t<QT, 8>(c, w, p, n, y);
+        break;
+    default:
+        launch_q8_t<QT, 16>(c, w, p, n, y);
         break;
     }
 }
@@ -529,9 +532,15 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
         return;
     }
 #endif
+    const bool mma = !c->gemm_cublas && c->gemm_min_tokens > 0 && n >= c->gemm_min_tokens &&
+                     cuda_pack_is_quant(t);
     if (c->precision == MATMUL_Q8 && cuda_pack_is_quant(t)) {
         struct q8_parts p = q8_carve(c, n, w->L.cols);
         cuda_quantize_q8(c, x, n, w->L.cols, p.q, p.d, p.s, p.sum);
+        if (mma) {
+            cuda_gemm_mma_q8(c, w, &p, n, y);
+            return;
+        }
         switch (t) {
         case QTYPE_Q4_0:
             launch_q8<QTYPE_Q4_0>(c, w, &p, n, y);
@@ -554,6 +563,10 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
             CUDA_OK(c, cudaMemcpyAsync(xa, x, (size_t)n * (size_t)w->L.cols * sizeof(float),
                                        cudaMemcpyDeviceToDevice, c->stream));
             x = xa;
+        }
+        if (mma) {
+            cuda_gemm_mma_f16(c, w, x, n, y);
+            return;
         }
         switch (t) {
         case QTYPE_Q4_0:
@@ -641,7 +654,7 @@ int cuda_op_weight_prepare(struct backend *be, struct bweight *bw, struct qerr *
     cuda_pack_weight(&w->L, bw->host, host);
     size_t want = w->L.total;
 #ifdef QUERN_HAVE_CUBLAS
-    const bool keep_f16 = c->gemm_min_tokens > 0;
+    const bool keep_f16 = c->gemm_cublas;
 #else
     const bool keep_f16 = false;
 #endif

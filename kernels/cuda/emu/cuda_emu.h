@@ -56,6 +56,10 @@ struct alignas(16) int4 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return uint4{x, y, z, w};
+}
 inline float4 make_float4(float x, float y, float z, float w)
 {
     return float4{x, y, z, w};
@@ -93,6 +97,10 @@ inline uint32_t emu_f_bits(float f)
 inline __half __ushort_as_half(unsigned short u)
 {
     return __half{u};
+}
+inline unsigned short __half_as_ushort(__half h)
+{
+    return h.x;
 }
 inline float __half2float(__half h)
 {
@@ -188,6 +196,7 @@ struct emu_state {
     unsigned current;
     emu_barrier block_bar, warp_bar[EMU_MAX_THREADS / 32];
     uint64_t slots[2][EMU_MAX_THREADS];
+    uint32_t mma_frag[2][EMU_MAX_THREADS][6]; /* a warp's MMA operands: A (4 words), B (2) */
     std::function<void()> body;
     dim3 grid, block;
     uint3 block_idx;
@@ -242,6 +251,62 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask)
 template <typename T> inline T __shfl_sync(unsigned, T v, int src)
 {
     return emu_exchange(v, src);
+}
+
+/* ---- warp-level MMA (mma.sync.aligned.m16n8k32 s8 and m16n8k16 f16, row.col) ----
+ * Each lane posts its A and B fragment registers, one barrier (the slot arrays alternate as the
+ * shuffles' do), then computes its own four outputs from the warp's fragments. Layouts as the
+ * PTX ISA gives them: g = lane / 4, t = lane % 4; D and C hold rows g, g + 8 at columns 2t, 2t+1.
+ * s8: A regs (row g, k 4t..), (g + 8, 4t..), (g, 16 + 4t..), (g + 8, 16 + 4t..); B regs
+ * (k 4t.., col g), (16 + 4t.., g). f16: the same with two halves per register and k offsets 2t
+ * and 8 + 2t. Integer sums are exact; fp16 products are exact in double and summed there, then
+ * added to C with one rounding (the hardware's internal order is unspecified). */
+inline const uint32_t *emu_mma_post(const uint32_t a[4], const uint32_t b[2])
+{
+    unsigned tid = threadIdx.x, warp = tid / 32;
+    emu_barrier *bar = &emu.warp_bar[warp];
+    unsigned buf = bar->gen & 1;
+    uint32_t *mine = emu.mma_frag[buf][tid];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    emu_barrier_wait(bar, 32);
+    return &emu.mma_frag[buf][warp * 32][0];
+}
+
+inline void mma_s8_16832(int d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    const uint32_t(*f)[6] = (const uint32_t(*)[6])emu_mma_post(a, b);
+    const unsigned lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int c = 0; c < 4; c++) {
+        const unsigned row = g + (c >= 2 ? 8 : 0), col = 2 * t + (c & 1);
+        int sum = d[c];
+        for (unsigned k = 0; k < 32; k++) {
+            const unsigned ka = k % 16 / 4, byte = k % 4;
+            const uint32_t aw = f[(row % 8) * 4 + ka][(k >= 16 ? 2 : 0) + (row >= 8 ? 1 : 0)];
+            const uint32_t bw = f[col * 4 + ka][4 + (k >= 16 ? 1 : 0)];
+            sum += (int)(int8_t)(aw >> (8 * byte)) * (int)(int8_t)(bw >> (8 * byte));
+        }
+        d[c] = sum;
+    }
+}
+
+inline void mma_f16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    const uint32_t(*f)[6] = (const uint32_t(*)[6])emu_mma_post(a, b);
+    const unsigned lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int c = 0; c < 4; c++) {
+        const unsigned row = g + (c >= 2 ? 8 : 0), col = 2 * t + (c & 1);
+        double sum = 0;
+        for (unsigned k = 0; k < 16; k++) {
+            const unsigned ka = k % 8 / 2, half = k % 2;
+            const uint32_t aw = f[(row % 8) * 4 + ka][(k >= 8 ? 2 : 0) + (row >= 8 ? 1 : 0)];
+            const uint32_t bw = f[col * 4 + ka][4 + (k >= 8 ? 1 : 0)];
+            sum += (double)__half2float(__ushort_as_half((unsigned short)(aw >> (16 * half)))) *
+                   (double)__half2float(__ushort_as_half((unsigned short)(bw >> (16 * half))));
+        }
+        d[c] = (float)((double)d[c] + sum);
+    }
 }
 
 inline void emu_fiber_entry()
