@@ -7,7 +7,10 @@
  *     rate (the figures vLLM's benchmark_serving prints).
  *   quern bench --model M --pp 512 --tg 128 [--reps R]
  *     measures prompt processing and generation of one sequence the way llama-bench does:
- *     pp = a P-token prompt up to its first token, tg = T decode steps after a 1-token prompt. */
+ *     pp = a P-token prompt up to its first token, tg = T decode steps after a 1-token prompt.
+ *   quern bench --model M --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]
+ *     B sequences with CTX-token contexts decoding together through the model's forward
+ *     (tools/bench_decode.h): ms per step, tokens/s and the bytes a step must read. */
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -19,6 +22,7 @@
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/synth.h"
+#include "../tools/bench_decode.h"
 #include "../tools/bench_kernels.h"
 #include "cli.h"
 
@@ -28,6 +32,8 @@ static void bench_usage(FILE *out)
             "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
             "                   [--concurrency C] [options]\n"
             "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
+            "       quern bench [--model PATH] --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]\n"
+            "                   (B sequences decoding together; context 128, 16 steps default)\n"
             "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
             "                   [--batches 1,8,64,512] [--model M [--pp P] [--tg T]]\n"
             "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak)\n"
@@ -53,6 +59,7 @@ struct bench_args {
         seed;
     enum matmul_precision precision;
     bool json, batch_invariant;
+    int decode_batches[16], n_decode; /* --decode-batches */
 };
 
 static double now_s(void)
@@ -228,6 +235,62 @@ static bool stop_after_first(void *ctx, int32_t t, const float *l)
     return true;
 }
 
+static bool parse_batches(const char *text, struct bench_args *a)
+{
+    a->n_decode = 0;
+    const char *p = text;
+    while (*p) {
+        char item[16];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || a->n_decode == 16) return false;
+        memcpy(item, p, len);
+        item[len] = 0;
+        long v;
+        if (!cli_parse_int(item, 1, 1024, &v)) return false;
+        a->decode_batches[a->n_decode++] = (int)v;
+        p += len;
+        if (*p == ',') p++;
+    }
+    return a->n_decode > 0;
+}
+
+static int run_decode_batches(const struct gguf_file *f, struct backend *be,
+                              const struct bench_args *a, struct qerr *err)
+{
+    int maxb = 0, ctx = a->pp > 0 ? (int)a->pp : 128, steps = a->tg > 0 ? (int)a->tg : 16;
+    for (int i = 0; i < a->n_decode; i++)
+        if (a->decode_batches[i] > maxb) maxb = a->decode_batches[i];
+    struct model_opts mo;
+    bench_decode_model_opts(maxb, ctx, steps, &mo);
+    struct model *m;
+    int rc = model_load(f, be, &mo, &m, err);
+    if (rc) return rc;
+    double wb = bench_decode_weight_bytes(f);
+    if (a->json)
+        printf("{\"context\": %d, \"steps\": %d, \"weight_bytes\": %.0f, \"decode\": [", ctx, steps,
+               wb);
+    else
+        printf("| batch | context | ms/step | tokens/s | MB read/step | prefill s |\n"
+               "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < a->n_decode && !rc; i++) {
+        struct decode_bench r;
+        rc = bench_decode_run(m, be, wb, a->decode_batches[i], ctx, steps, (uint64_t)a->seed, &r,
+                              err);
+        if (rc) break;
+        if (a->json)
+            printf("%s{\"batch\": %d, \"step_s\": %.6f, \"tokens_per_s\": %.2f, "
+                   "\"read_bytes\": %.0f}",
+                   i ? ", " : "", r.batch, r.step_s, r.batch / r.step_s, r.read_bytes);
+        else
+            printf("| %d | %d | %.3f | %.1f | %.1f | %.2f |\n", r.batch, ctx, r.step_s * 1e3,
+                   r.batch / r.step_s, r.read_bytes / 1e6, r.prefill_s);
+        fflush(stdout);
+    }
+    if (a->json) printf("]}\n");
+    model_free(m);
+    return rc;
+}
+
 static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct bench_args *a,
                      struct qerr *err)
 {
@@ -319,7 +382,8 @@ int cli_bench(int argc, char **argv)
         O_DEVICE,
         O_SYNTH,
         O_TYPE,
-        O_BATCHINV
+        O_BATCHINV,
+        O_DECODE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -340,6 +404,7 @@ int cli_bench(int argc, char **argv)
                                          {"synthetic", required_argument, 0, O_SYNTH},
                                          {"type", required_argument, 0, O_TYPE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
+                                         {"decode-batches", required_argument, 0, O_DECODE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -384,6 +449,15 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_BATCHINV:
             a.batch_invariant = true;
+            continue;
+        case O_DECODE:
+            if (!parse_batches(optarg, &a)) {
+                fprintf(stderr,
+                        "quern bench: --decode-batches '%s': want up to 16 sequence counts in "
+                        "1..1024, comma-separated\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
             continue;
         case O_SYNTH:
             if (!synth_shape_find(optarg)) {
@@ -461,7 +535,7 @@ int cli_bench(int argc, char **argv)
         }
     }
     bool serving = a.requests > 0 || a.input_len > 0 || a.output_len > 0;
-    bool single = a.pp >= 0 || a.tg >= 0;
+    bool single = a.pp >= 0 || a.tg >= 0 || a.n_decode > 0;
     if (optind < argc || serving == single ||
         (serving && (a.requests < 1 || a.input_len < 1 || a.output_len < 1))) {
         fprintf(stderr, "quern bench: give either --requests/--input-len/--output-len or "
@@ -483,7 +557,10 @@ int cli_bench(int argc, char **argv)
                                   .precision = a.precision,
                                   .batch_invariant = a.batch_invariant};
     if (!rc) rc = cli_backend_create("bench", &req, &be, &err);
-    if (!rc) rc = serving ? run_serving(f, tok, be, &a, &err) : run_pp_tg(f, be, &a, &err);
+    if (!rc)
+        rc = serving      ? run_serving(f, tok, be, &a, &err)
+             : a.n_decode ? run_decode_batches(f, be, &a, &err)
+                          : run_pp_tg(f, be, &a, &err);
     if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
     backend_destroy(be);
     tokenizer_free(tok);

@@ -14,12 +14,13 @@
  * 3. gemm    batches of 16 to 4096 tokens on the Llama-3-8B shapes (Q4_0): TFLOP/s of the
  *            batch-invariant GEMV tiles (Q8), the tensor-core gemm_mma kernels (int8 and fp16)
  *            and cuBLAS fp16: where each wins, so gemm_min_tokens can be set from it.
- * 4. decode  synthetic models with random weights built in device memory (no file: the GPU
- *            machine receives no gigabytes): llama3-8b (Q4_0) and smollm2-135m (Q4_1 layers, Q8_0
- *            tied embedding), batch 1, 8 and 64 sequences at context 128 (+16 decoded), the same
- *            op sequence as engine/model.c, logits copied to the host every step as the engine
- *            does; tokens/s against the roofline (weight + KV bytes per step / copy bandwidth).
- *    --model runs the real file too (engine/generate.h, greedy).
+ * 4. decode  synthetic models of real shapes with random weights (engine/synth.h: written here
+ *            to a temporary file, opened and unlinked: the GPU machine receives no gigabytes):
+ *            llama3-8b (Q4_0) and smollm2-135m (Q4_1), batch 1, 8 and 64 sequences at context
+ *            128 (+16 decoded) through the engine's model_forward (tools/bench_decode.h: CUDA
+ *            graphs and their padding as in serving, logits copied to the host every step);
+ *            tokens/s against the roofline (weight + KV bytes per step / copy bandwidth).
+ *    --model runs the real file the same way.
  * Exits 77 when no CUDA device is usable. */
 #include <math.h>
 #include <stdbool.h>
@@ -29,7 +30,9 @@
 #include <time.h>
 
 #include "../engine/generate.h"
+#include "../engine/synth.h"
 #include "../kernels/cuda/backend_cuda.h"
+#include "bench_decode.h"
 
 static double now(void)
 {
@@ -253,207 +256,46 @@ static void bench_gemm(int device, bool quick)
     for (size_t p = 0; p < N_GEMM_PATHS; p++) backend_destroy(be[p]);
 }
 
-/* ---- 4. decode on a synthetic model ---- */
+/* ---- 4. decode through the engine's forward ---- */
 
-struct synth_cfg {
-    const char *name;
-    int n_layers, dim, ffn, n_heads, n_kv_heads, vocab;
-    enum qtype type, embd_type;
-    float rope_base;
-};
-
-static const struct synth_cfg synth_models[] = {
-    {"llama3-8b", 32, 4096, 14336, 32, 8, 128256, QTYPE_Q4_0, QTYPE_Q4_0, 500000.0f},
-    {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, QTYPE_Q4_1, QTYPE_Q8_0, 100000.0f},
-};
-
-struct synth_layer {
-    struct bweight wq, wk, wv, wo, gate, up, down;
-    float *attn_norm, *ffn_norm, *k_cache, *v_cache;
-};
-
-#define SYNTH_BS 16
-
-static void bench_decode_synth(struct backend *be, const struct synth_cfg *m, int ctx, int steps)
+/* B = 1, 8, 64 sequences at context 128 (tools/bench_decode.h: model_forward, the step replay
+ * with its padding, logits to the host every step), int8 activations at every batch and fp32 at
+ * batch 1, against the roofline: the bytes a step must read over the copy bandwidth. */
+static void bench_decode_model(struct backend *be, const char *label, const struct gguf_file *f,
+                               bool quick)
 {
-    const int hd = m->dim / m->n_heads, kv_dim = m->n_kv_heads * hd, maxb = 64;
-    const int max_pos = ctx + steps + 2, blocks_per_seq = (max_pos + SYNTH_BS - 1) / SYNTH_BS;
-    const size_t slots = (size_t)maxb * (size_t)blocks_per_seq * SYNTH_BS;
-    double t_load = now();
-    /* one random source big enough for the largest matrix; every weight reads a prefix */
-    size_t big = (size_t)m->vocab * (size_t)m->dim;
-    if ((size_t)m->ffn * (size_t)m->dim > big) big = (size_t)m->ffn * (size_t)m->dim;
-    void *host = random_weight_bytes(m->type, big),
-         *host_e = random_weight_bytes(m->embd_type, big);
-    struct synth_layer *L = calloc((size_t)m->n_layers, sizeof *L);
-    struct bweight embd;
-    prepare(be, &embd, m->embd_type, m->vocab, m->dim, host_e);
-    size_t wbytes = backend_cuda_weight_bytes(&embd); /* tied output: read every step */
-    float *kv_init = malloc((size_t)16 << 20);
-    if (backend_kv_elem_bytes(be) == 2) { /* fp16 cache: 16 MiB of finite halves */
-        uint16_t *h = (uint16_t *)kv_init;
-        for (size_t i = 0; i < ((size_t)16 << 20) / 2; i++) h[i] = f32_to_fp16(frand());
-    } else {
-        for (size_t i = 0; i < ((size_t)16 << 20) / 4; i++) kv_init[i] = frand();
-    }
-    for (int l = 0; l < m->n_layers; l++) {
-        struct synth_layer *y = &L[l];
-        prepare(be, &y->wq, m->type, m->dim, m->dim, host);
-        prepare(be, &y->wk, m->type, kv_dim, m->dim, host);
-        prepare(be, &y->wv, m->type, kv_dim, m->dim, host);
-        prepare(be, &y->wo, m->type, m->dim, m->dim, host);
-        prepare(be, &y->gate, m->type, m->ffn, m->dim, host);
-        prepare(be, &y->up, m->type, m->ffn, m->dim, host);
-        prepare(be, &y->down, m->type, m->dim, m->ffn, host);
-        struct bweight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-        for (int i = 0; i < 7; i++) wbytes += backend_cuda_weight_bytes(ws[i]);
-        y->attn_norm = dev_random(be, (size_t)m->dim, 1.0f);
-        y->ffn_norm = dev_random(be, (size_t)m->dim, 1.0f);
-        size_t cb = slots * (size_t)kv_dim * backend_kv_elem_bytes(be);
-        y->k_cache = be->ops->buf_alloc(be, cb);
-        y->v_cache = be->ops->buf_alloc(be, cb);
-        if (!y->k_cache || !y->v_cache) die("KV cache allocation", NULL);
-        for (size_t off = 0; off < cb; off += (size_t)16 << 20) {
-            size_t chunk = cb - off < ((size_t)16 << 20) ? cb - off : ((size_t)16 << 20);
-            be->ops->buf_write(be, (char *)y->k_cache + off, kv_init, chunk);
-            be->ops->buf_write(be, (char *)y->v_cache + off, kv_init, chunk);
-        }
-    }
-    free(host);
-    free(host_e);
-    free(kv_init);
-    float *out_norm = dev_random(be, (size_t)m->dim, 1.0f);
-    size_t T = (size_t)maxb;
-    float *x = be->ops->buf_alloc(be, T * (size_t)m->dim * 4);
-    float *xn = be->ops->buf_alloc(be, T * (size_t)m->dim * 4);
-    float *q = be->ops->buf_alloc(be, T * (size_t)m->dim * 4);
-    float *k = be->ops->buf_alloc(be, T * (size_t)kv_dim * 4);
-    float *v = be->ops->buf_alloc(be, T * (size_t)kv_dim * 4);
-    float *att = be->ops->buf_alloc(be, T * (size_t)m->dim * 4);
-    float *g = be->ops->buf_alloc(be, T * (size_t)m->ffn * 4);
-    float *u = be->ops->buf_alloc(be, T * (size_t)m->ffn * 4);
-    float *logits = be->ops->buf_alloc(be, T * (size_t)m->vocab * 4);
-    int32_t *d_tok = be->ops->buf_alloc(be, T * 4), *d_pos = be->ops->buf_alloc(be, T * 4);
-    int32_t *d_seq = be->ops->buf_alloc(be, T * 4), *d_slot = be->ops->buf_alloc(be, T * 4);
-    int32_t *d_tab = be->ops->buf_alloc(be, T * (size_t)blocks_per_seq * 4);
-    float *h_logits = malloc(T * (size_t)m->vocab * 4);
-    int32_t *table = malloc(T * (size_t)blocks_per_seq * 4);
-    for (size_t i = 0; i < T * (size_t)blocks_per_seq; i++) table[i] = (int32_t)i;
-    be->ops->buf_write(be, d_tab, table, T * (size_t)blocks_per_seq * 4);
-    be->ops->sync(be);
-    check_status(be, "synthetic model load");
-    double load_s = now() - t_load;
-
-    struct attn_shape shape = {m->n_heads, m->n_kv_heads, hd, 1.0f / sqrtf((float)hd)};
-    const int batches[] = {1, 8, 64};
+    struct qerr err = {0};
+    const int ctx = 128, steps = quick ? 8 : 16, batches[] = {1, 8, 64};
+    struct model_opts mo;
+    bench_decode_model_opts(64, ctx, steps, &mo);
+    struct model *m;
+    double t0 = now();
+    if (model_load(f, be, &mo, &m, &err)) die("model_load", &err);
+    double load_s = now() - t0, wb = bench_decode_weight_bytes(f);
+    uint64_t cap0, rep0, cap, rep;
+    backend_cuda_graph_counts(be, &cap0, &rep0);
     for (int bi = 0; bi < 3; bi++)
         for (int p = 0; p < 2; p++) {
-            int B = batches[bi];
-            enum matmul_precision prec = p == 0 ? MATMUL_Q8 : MATMUL_F32;
+            const int B = batches[bi];
+            const enum matmul_precision prec = p == 0 ? MATMUL_Q8 : MATMUL_F32;
             if (prec == MATMUL_F32 && B > 1) continue;
             backend_cuda_set_precision(be, prec, NULL);
-            double t0 = 0;
-            for (int s = -2; s < steps; s++) { /* two warm-up steps */
-                if (s == 0) {
-                    be->ops->sync(be);
-                    t0 = now();
-                }
-                int32_t tok[64], pos[64], seq[64], slot[64];
-                for (int b = 0; b < B; b++) {
-                    tok[b] = (int32_t)(rnd() % (uint64_t)m->vocab);
-                    pos[b] = ctx + (s < 0 ? 0 : s);
-                    seq[b] = b;
-                    slot[b] = table[b * blocks_per_seq + pos[b] / SYNTH_BS] * SYNTH_BS +
-                              pos[b] % SYNTH_BS;
-                }
-                be->ops->buf_write(be, d_tok, tok, (size_t)B * 4);
-                be->ops->buf_write(be, d_pos, pos, (size_t)B * 4);
-                be->ops->buf_write(be, d_seq, seq, (size_t)B * 4);
-                be->ops->buf_write(be, d_slot, slot, (size_t)B * 4);
-                struct attn_batch ab = {B, d_pos, d_seq,          d_slot,
-                                        B, d_tab, blocks_per_seq, SYNTH_BS};
-                be->ops->embed(be, &embd, d_tok, B, x);
-                for (int l = 0; l < m->n_layers; l++) {
-                    struct synth_layer *y = &L[l];
-                    be->ops->rmsnorm(be, xn, x, y->attn_norm, B, m->dim, 1e-5f);
-                    be->ops->matmul(be, &y->wq, xn, B, q);
-                    be->ops->matmul(be, &y->wk, xn, B, k);
-                    be->ops->matmul(be, &y->wv, xn, B, v);
-                    be->ops->rope(be, q, d_pos, B, m->n_heads, hd, hd, m->rope_base);
-                    be->ops->rope(be, k, d_pos, B, m->n_kv_heads, hd, hd, m->rope_base);
-                    be->ops->kv_write(be, y->k_cache, y->v_cache, k, v, &ab, kv_dim);
-                    be->ops->attention(be, att, q, y->k_cache, y->v_cache, &ab, &shape);
-                    be->ops->matmul(be, &y->wo, att, B, xn);
-                    be->ops->add(be, x, xn, (size_t)B * (size_t)m->dim);
-                    be->ops->rmsnorm(be, xn, x, y->ffn_norm, B, m->dim, 1e-5f);
-                    be->ops->matmul(be, &y->gate, xn, B, g);
-                    be->ops->matmul(be, &y->up, xn, B, u);
-                    be->ops->silu_mul(be, g, u, (size_t)B * (size_t)m->ffn);
-                    be->ops->matmul(be, &y->down, g, B, xn);
-                    be->ops->add(be, x, xn, (size_t)B * (size_t)m->dim);
-                }
-                be->ops->rmsnorm(be, xn, x, out_norm, B, m->dim, 1e-5f);
-                be->ops->matmul(be, &embd, xn, B, logits);
-                be->ops->buf_read(be, h_logits, logits, (size_t)B * (size_t)m->vocab * 4);
-            }
-            double dt = (now() - t0) / steps;
+            struct decode_bench r;
+            if (bench_decode_run(m, be, wb, B, ctx, steps, rnd(), &r, &err)) die("decode", &err);
             check_status(be, "decode");
-            /* bytes one step must read: every weight once, plus K and V of every context
-             * position of every sequence in every layer */
-            double kv_bytes = (double)B * (ctx + steps / 2.0) * kv_dim *
-                              (double)backend_kv_elem_bytes(be) * 2.0 * m->n_layers;
-            double roof = (double)copy_gbps * 1e9 / ((double)wbytes + kv_bytes);
-            printf("| %s | %s | %d | %s | %.2f | %.0f | %.0f | %.0f%% |\n", m->name,
-                   qtype_name(m->type), B, prec == MATMUL_Q8 ? "int8" : "fp32", dt * 1e3, B / dt,
-                   B * roof, 100.0 / (dt * roof));
+            const double roof = copy_gbps * 1e9 / r.read_bytes; /* steps per second */
+            printf("| %s | %d | %s | %.2f | %.0f | %.0f | %.0f%% |\n", label, B,
+                   prec == MATMUL_Q8 ? "int8" : "fp32", r.step_s * 1e3, B / r.step_s, B * roof,
+                   100.0 / (r.step_s * roof));
             fflush(stdout);
         }
     backend_cuda_set_precision(be, MATMUL_Q8, NULL);
-    printf("(%s: %.2f GB of weights, load %.1f s)\n", m->name, (double)wbytes / 1e9, load_s);
-    for (int l = 0; l < m->n_layers; l++) {
-        struct synth_layer *y = &L[l];
-        struct bweight *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down};
-        for (int i = 0; i < 7; i++) be->ops->weight_release(be, ws[i]);
-        void *bufs[] = {y->attn_norm, y->ffn_norm, y->k_cache, y->v_cache};
-        for (int i = 0; i < 4; i++) be->ops->buf_free(be, bufs[i]);
-    }
-    be->ops->weight_release(be, &embd);
-    void *bufs[] = {out_norm, x,      xn,    q,     k,     v,      att,  g,
-                    u,        logits, d_tok, d_pos, d_seq, d_slot, d_tab};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->buf_free(be, bufs[i]);
-    free(L);
-    free(h_logits);
-    free(table);
-}
-
-static void bench_decode_file(struct backend *be, const char *path)
-{
-    struct qerr err = {0};
-    struct gguf_file *f;
-    struct model *m;
-    if (gguf_open(path, &f, &err)) die(path, &err);
-    struct model_opts mo = {
-        .max_batch_tokens = 512, .max_logits = 8, .kv_blocks = 64, .kv_block_size = 16};
-    if (model_load(f, be, &mo, &m, &err)) die("model_load", &err);
-    int32_t prompt[128];
-    int vocab = model_get_config(m)->vocab;
-    for (int i = 0; i < 128; i++) prompt[i] = (int32_t)(rnd() % (uint64_t)vocab);
-    struct gen_opts o = {.n_predict = 1, .prefill_chunk = 128};
-    sample_params_default(&o.sample);
-    o.sample.temperature = 0;
-    /* a 128-token prefill and one token, then the same plus 64 more: the difference is decode */
-    double t0 = now();
-    if (generate_run(m, prompt, 128, &o, NULL, NULL, &err)) die("generate", &err);
-    double t_prefill = now() - t0;
-    o.n_predict = 65;
-    t0 = now();
-    if (generate_run(m, prompt, 128, &o, NULL, NULL, &err)) die("generate", &err);
-    double dt = now() - t0 - t_prefill;
-    check_status(be, "generate");
-    printf("| %s (file, prefill 128 in %.1f ms) | | 1 | int8 | %.2f | %.0f | | |\n", path,
-           t_prefill * 1e3, dt * 1e3 / 64, 64 / dt);
+    backend_cuda_graph_counts(be, &cap, &rep);
+    printf("(%s: %.2f GB of weights read per step, load %.1f s; %llu steps captured, %llu "
+           "replayed)\n",
+           label, wb / 1e9, load_s, (unsigned long long)(cap - cap0),
+           (unsigned long long)(rep - rep0));
     model_free(m);
-    gguf_close(f);
 }
 
 static void usage(void)
@@ -496,14 +338,30 @@ int main(int argc, char **argv)
     if (strstr(only, "gemv")) bench_gemv(be, quick);
     if (strstr(only, "gemm")) bench_gemm(device, quick);
     if (strstr(only, "decode")) {
-        printf("\n## decode (synthetic random weights, context 128)\n\n");
-        printf("| model | type | batch | activations | ms/step | tokens/s | roofline tokens/s | "
-               "of roofline |\n|---|---|---|---|---|---|---|---|\n");
-        for (size_t i = 0; i < sizeof synth_models / sizeof synth_models[0]; i++) {
+        printf("\n## decode (engine forward, context 128; synthetic: random weights)\n\n");
+        printf("| model | batch | activations | ms/step | tokens/s | roofline tokens/s | "
+               "of roofline |\n|---|---|---|---|---|---|---|\n");
+        const struct {
+            const char *name;
+            enum qtype type;
+        } synth[] = {{"llama3-8b", QTYPE_Q4_0}, {"smollm2-135m", QTYPE_Q4_1}};
+        for (size_t i = 0; i < sizeof synth / sizeof synth[0]; i++) {
             if (quick && i == 0) continue;
-            bench_decode_synth(be, &synth_models[i], 128, quick ? 8 : 16);
+            struct gguf_file *f;
+            if (synth_model_open(synth[i].name, synth[i].type, 1, NULL, &f, &err))
+                die("synthetic model", &err);
+            char label[64];
+            snprintf(label, sizeof label, "%s %s (synthetic)", synth[i].name,
+                     qtype_name(synth[i].type));
+            bench_decode_model(be, label, f, quick);
+            gguf_close(f);
         }
-        if (model) bench_decode_file(be, model);
+        if (model) {
+            struct gguf_file *f;
+            if (gguf_open(model, &f, &err)) die(model, &err);
+            bench_decode_model(be, model, f, quick);
+            gguf_close(f);
+        }
     }
     backend_destroy(be);
     return 0;
