@@ -10,7 +10,8 @@
  *   matmul F32 and Q8     |y - ref| <= 1e-5 * sum |w x| per output (fp32 sums in another order;
  *                         the Q8 integer block sums are exact)
  *   matmul cuBLAS (fp16)  <= 4e-3 * sum |w x| (fp16 activations and weights)
- *   matmul MMA (fp16)     <= 1e-3 * sum |w x| (fp16 activations: 2^-11 each; exact weights)
+ *   matmul MMA (fp16)     <= 1e-3 * sum |w x| (fp16 activations: 2^-11 each; exact weights),
+ *   and the GEMV on fp16 activations (act_f16) too
  *   matmul MMA (int8)     bit for bit ref_matmul_q8_rows (the same block order and fmas), and
  *                         batch-invariant among batches that take it
  *   rmsnorm, silu         <= 1e-6 relative per element;  rope <= 1e-6 of the row's largest value
@@ -37,12 +38,13 @@
 #include "testutil.h"
 
 /* The matmul paths (backend_cuda_opts), each with the fp32 KV cache but gpu_kv16. */
-enum { B_F32, B_Q8, B_CUBLAS, B_MMA, B_MMA_Q8, N_PATHS };
+enum { B_F32, B_Q8, B_CUBLAS, B_MMA, B_MMA_Q8, B_F16ACT, N_PATHS };
 static struct backend *paths[N_PATHS];
-static const char *const path_name[N_PATHS] = {"F32", "Q8", "cuBLAS", "MMA", "MMA-Q8"};
+static const char *const path_name[N_PATHS] = {"F32", "Q8", "cuBLAS", "MMA", "MMA-Q8", "F16-act"};
 #define gpu    paths[B_F32] /* MATMUL_F32, batch-invariant: the GEMV for every n */
 #define gpu_q8 paths[B_Q8]  /* MATMUL_Q8, batch-invariant */
-/* paths[B_CUBLAS]: MATMUL_F32, cuBLAS for batches >= 16; B_MMA, B_MMA_Q8: gemm_mma from 16 */
+/* paths[B_CUBLAS]: MATMUL_F32, cuBLAS for batches >= 16; B_MMA, B_MMA_Q8: gemm_mma from 16;
+ * B_F16ACT: MATMUL_F32, batch-invariant, the GEMV on fp16 activations (act_f16) */
 static struct backend *gpu_kv16; /* MATMUL_F32, the default fp16 KV cache and GEMM threshold */
 
 static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
@@ -246,7 +248,8 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
     }
     for (int k = 0; k < N_PATHS; k++) {
         struct backend *be = paths[k];
-        if (k >= B_CUBLAS && n < 16) continue;       /* the GEMV, as B_F32 and B_Q8 */
+        const bool gemm = k == B_CUBLAS || k == B_MMA || k == B_MMA_Q8;
+        if (gemm && n < 16) continue;                /* the GEMV, as B_F32 and B_Q8 */
         if (k == B_MMA && !ref_q8_type(t)) continue; /* float weights: the GEMV */
         if (k == B_MMA_Q8 && !ref_q8_type(t)) continue;
         bool q8 = (k == B_Q8 || k == B_MMA_Q8) && yq8;
@@ -254,7 +257,10 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
         prepare(be, &wb);
         run_matmul(be, &wb, x, n, y);
         double e = norm_error(&w, x, n, y, q8 ? yq8 : yref);
-        double tol = k == B_CUBLAS ? 4e-3 : k == B_MMA ? 1e-3 : k == B_MMA_Q8 ? 0.0 : 1e-5;
+        double tol = k == B_CUBLAS                 ? 4e-3
+                     : k == B_MMA || k == B_F16ACT ? 1e-3
+                     : k == B_MMA_Q8               ? 0.0
+                                                   : 1e-5;
         if (e > worst[k]) worst[k] = e;
         ck_assert_msg(e <= tol, "%s %s %lld x %lld n %d: normalized error %.3g > %.1g",
                       path_name[k], qtype_name(t), (long long)rows, (long long)cols, n, e, tol);
@@ -264,7 +270,7 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
                           "MMA-Q8 %s %lld x %lld n %d: output %zu is %.9g, the reference %.9g",
                           qtype_name(t), (long long)rows, (long long)cols, n, at, y[at], yq8[at]);
         }
-        if (invariance && (k == B_F32 || k == B_Q8)) {
+        if (invariance && (k == B_F32 || k == B_Q8 || k == B_F16ACT)) {
             for (int i = 0; i < n; i++) {
                 run_matmul(be, &wb, x + (size_t)i * (size_t)cols, 1, y1);
                 size_t at;
@@ -1177,7 +1183,7 @@ static cJSON *load_golden(void)
     return j;
 }
 
-/* gemm_min 0: batch-invariant (the GEMV for every n) */
+/* gemm_min 0: batch-invariant (the GEMV for every n); -1: that, with fp16 GEMV activations */
 static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
                         struct backend **out)
 {
@@ -1185,9 +1191,10 @@ static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
     struct backend_cuda_opts o = {.device = 0,
                                   .precision = p,
                                   .max_tokens = 40,
-                                  .gemm_min_tokens = gemm_min,
+                                  .gemm_min_tokens = gemm_min > 0 ? gemm_min : 0,
                                   .gemm = g,
-                                  .batch_invariant = gemm_min == 0,
+                                  .batch_invariant = gemm_min <= 0,
+                                  .act_f16 = gemm_min < 0,
                                   .kv_f32 = true};
     int rc = backend_cuda_create(&o, out, &err);
     if (rc) fprintf(stderr, "cuda backend: %s\n", err.msg);
@@ -1210,6 +1217,7 @@ int main(void)
         make_backend(MATMUL_F32, 16, CUDA_GEMM_CUBLAS, &paths[B_CUBLAS]) ||
         make_backend(MATMUL_F32, 16, CUDA_GEMM_MMA, &paths[B_MMA]) ||
         make_backend(MATMUL_Q8, 16, CUDA_GEMM_MMA, &paths[B_MMA_Q8]) ||
+        make_backend(MATMUL_F32, -1, CUDA_GEMM_MMA, &paths[B_F16ACT]) ||
         backend_cuda_create(&o16, &gpu_kv16, &err))
         return EXIT_FAILURE;
     golden = load_golden();

@@ -7,8 +7,8 @@
  *            bandwidth ceiling every GEMV and decode number is compared with.
  * 2. gemv    the matmul op on random weights of Llama-3-8B's shapes (4096x4096, 14336x4096,
  *            4096x14336, 128256x4096) and SmolLM2-135M's (576x576, 1536x576, 576x1536,
- *            49152x576), INT4 (Q4_0) and INT8 (Q8_0), batch 1 and 8, Q8 activations (the decode
- *            path) and fp32 activations (the reference path, batch 1): achieved GB/s of weight
+ *            49152x576), INT4 (Q4_0) and INT8 (Q8_0), batch 1, 8 and 16, activations int8 (the
+ *            Q8 decode path), fp32 (the reference path) and fp16: achieved GB/s of weight
  *            bytes and its share of the copy bandwidth. Calls rotate over enough copies of the
  *            weight (>= 512 MiB together) to miss the 60 MB L2, as a decode does.
  * 3. gemm    batches of 16 to 4096 tokens on the Llama-3-8B shapes (Q4_0): TFLOP/s of the
@@ -156,15 +156,15 @@ static void bench_gemv(struct backend *be, bool quick)
             ws[0] = w0;
             for (int c = 1; c < copies; c++) prepare(be, &ws[c], t, sh->rows, sh->cols, host);
             free(host);
-            float *x = dev_random(be, (size_t)8 * (size_t)sh->cols, 1.0f);
-            float *y = be->ops->buf_alloc(be, (size_t)8 * (size_t)sh->rows * sizeof(float));
-            const int batches[] = {1, 8};
-            for (int bi = 0; bi < 2; bi++)
-                for (int p = 0; p < 2; p++) {
+            float *x = dev_random(be, (size_t)16 * (size_t)sh->cols, 1.0f);
+            float *y = be->ops->buf_alloc(be, (size_t)16 * (size_t)sh->rows * sizeof(float));
+            const int batches[] = {1, 8, 16};
+            const char *const act_name[] = {"int8", "fp32", "fp16"};
+            for (int bi = 0; bi < 3; bi++)
+                for (int p = 0; p < 3; p++) { /* activations: int8 (q8), fp32, fp16 (act_f16) */
                     int n = batches[bi];
-                    enum matmul_precision prec = p == 0 ? MATMUL_Q8 : MATMUL_F32;
-                    if (prec == MATMUL_F32 && n > 1) continue;
-                    backend_cuda_set_precision(be, prec, NULL);
+                    backend_cuda_set_precision(be, p == 0 ? MATMUL_Q8 : MATMUL_F32, NULL);
+                    backend_cuda_set_act_f16(be, p == 2);
                     int calls = copies > 200 ? copies : 200;
                     for (int c = 0; c < copies; c++) be->ops->matmul(be, &ws[c], x, n, y);
                     be->ops->sync(be);
@@ -176,10 +176,10 @@ static void bench_gemv(struct backend *be, bool quick)
                     double gbs = (double)wbytes / dt / 1e9;
                     printf("| %s | %lld x %lld | %s | %d | %s | %.1f | %.0f | %.0f%% |\n",
                            sh->model, (long long)sh->rows, (long long)sh->cols, qtype_name(t), n,
-                           prec == MATMUL_Q8 ? "int8" : "fp32", dt * 1e6, gbs,
-                           100.0 * gbs / copy_gbps);
+                           act_name[p], dt * 1e6, gbs, 100.0 * gbs / copy_gbps);
                     fflush(stdout);
                 }
+            backend_cuda_set_act_f16(be, false);
             backend_cuda_set_precision(be, MATMUL_Q8, NULL);
             for (int c = 0; c < copies; c++) be->ops->weight_release(be, &ws[c]);
             free(ws);

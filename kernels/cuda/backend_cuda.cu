@@ -288,6 +288,8 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     c->sync_launch = sl && *sl && strcmp(sl, "0") != 0;
     const char *kv = getenv("QUERN_CUDA_KV");
     c->kv_f16 = !o->kv_f32 && !(kv && strcmp(kv, "f32") == 0);
+    const char *act = getenv("QUERN_CUDA_ACT");
+    c->act_f16 = o->act_f16 || (act && strcmp(act, "f16") == 0);
     cuda_graphs_init(c);
     snprintf(c->desc, sizeof c->desc, "%s", desc);
     cudaError_t e = cudaSetDevice(c->device);
@@ -342,6 +344,13 @@ extern "C" int backend_cuda_status(struct backend *be, struct qerr *err)
     struct cuda_ctx *c = cuda_ctx_of(be);
     if (!c->err_code) return 0;
     return qerr_set(err, c->err_code, "%s", c->err_msg);
+}
+
+extern "C" void backend_cuda_set_act_f16(struct backend *be, bool on)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (c->act_f16 != on) cuda_graphs_reset(c); /* the graphs hold the other kernels */
+    c->act_f16 = on;
 }
 
 extern "C" int backend_cuda_set_precision(struct backend *be, enum matmul_precision p,

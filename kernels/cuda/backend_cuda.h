@@ -54,6 +54,12 @@ struct backend_cuda_opts {
      * reads it: half the memory and the bytes read per decoded token. $QUERN_CUDA_KV=f32 sets
      * it too. */
     bool kv_f32;
+    /* MATMUL_F32 on quantized weights: the GEMV reads fp16 activations (converted once per
+     * matmul, round to nearest even) instead of fp32, half the bytes every warp reads per token;
+     * weights are still dequantized exactly in registers and accumulated in fp32.
+     * $QUERN_CUDA_ACT=f16 sets it too. Results then carry fp16's rounding of x (~1e-4
+     * normalized), as the MMA GEMM's do. */
+    bool act_f16;
     /* Device memory for attention's FlashDecoding partials, taken at create: a batch whose
      * partials exceed it runs attention in passes over its tokens (same results). 0: 64 MiB. */
     size_t attn_scratch_bytes;
@@ -82,6 +88,9 @@ size_t backend_cuda_weight_bytes(const struct bweight *w);
 /* Switches the matmul precision of a created backend (prepared weights serve both). Between
  * steps only. QERR_INVALID for an unknown precision. */
 int backend_cuda_set_precision(struct backend *be, enum matmul_precision p, struct qerr *err);
+
+/* Switches act_f16 (backend_cuda_opts) of a created backend. Between steps only. */
+void backend_cuda_set_act_f16(struct backend *be, bool on);
 
 /* Device-to-device copy bandwidth over a buffer of `bytes` (bytes read plus bytes written per
  * second, best of `iters` copies): the ceiling the GEMV numbers are compared with. */

@@ -51,6 +51,7 @@ struct cuda_ctx {
     bool gemm_cublas;    /* that GEMM is cuBLAS's (weights keep fp16 copies), else gemm_mma */
     bool sync_launch;    /* $QUERN_SYNC_LAUNCH: wait after every op, to pin an error on it */
     bool kv_f16;         /* the KV cache holds fp16 (backend_cuda_opts.kv_f32 unset) */
+    bool act_f16;        /* the F32 GEMV reads fp16 activations (backend_cuda_opts.act_f16) */
     cudaStream_t stream;
     char desc[160];
 #ifdef QUERN_HAVE_CUBLAS

@@ -89,12 +89,27 @@ __device__ __forceinline__ void block_values(const uint4 &a, const uint4 &b, flo
     }
 }
 
-/* ---- path 1: fp32 activations, quantized weights ---- */
+/* ---- path 1: fp32 (or fp16) activations, quantized weights ---- */
 
-template <int QT, int T>
+/* Activations 4k .. 4k + 3 of a block as fp32: fp32 as stored, or fp16 widened (exact). */
+__device__ __forceinline__ float4 load_x4(const float *p, int k)
+{
+    return ((const float4 *)p)[k];
+}
+
+__device__ __forceinline__ float4 load_x4(const __half *p, int k)
+{
+    const uint2 v = ((const uint2 *)p)[k];
+    return make_float4(fp16_bits_to_f32(v.x), fp16_bits_to_f32(v.x >> 16), fp16_bits_to_f32(v.y),
+                       fp16_bits_to_f32(v.y >> 16));
+}
+
+/* XT: float, or __half when backend_cuda_opts.act_f16 halves the activation bytes each warp
+ * reads (the same arithmetic on the rounded values). */
+template <int QT, int T, typename XT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_f32_quant_kernel(const uint8_t *__restrict__ qs, const uint8_t *__restrict__ sc,
-                          int64_t rows, int64_t nb, const float *__restrict__ x, int n,
+                          int64_t rows, int64_t nb, const XT *__restrict__ x, int n,
                           float *__restrict__ y)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -102,7 +117,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (r0 >= rows) return;
     const int t0 = blockIdx.x * T, nt = min(T, n - t0);
     const int64_t cols = nb * QK;
-    const float *xt = x + (size_t)t0 * (size_t)cols;
+    const XT *xt = x + (size_t)t0 * (size_t)cols;
     int64_t row[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) row[r] = min(r0 + r, rows - 1); /* clamped: loads stay in */
@@ -141,13 +156,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int t = 0; t < T; t++) {
             if (t >= nt) break;
-            const float4 *xb = (const float4 *)(xt + (size_t)t * (size_t)cols + (size_t)b * QK);
+            const XT *xb = xt + (size_t)t * (size_t)cols + (size_t)b * QK;
             float s[GEMV_ROWS], sx = 0.0f;
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++) s[r] = 0.0f;
 #pragma unroll
             for (int k = 0; k < QK / 4; k++) {
-                const float4 x4 = xb[k];
+                const float4 x4 = load_x4(xb, k);
                 if (QT == QTYPE_Q4_1) sx += (x4.x + x4.y) + (x4.z + x4.w);
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) {
@@ -387,33 +402,50 @@ static dim3 gemv_grid(int64_t rows, int n, int T)
                 (unsigned)((rows + rows_per_block - 1) / rows_per_block));
 }
 
-template <int QT, int T>
-static void launch_f32_quant_t(struct cuda_ctx *c, const struct cuda_weight *w, const float *x,
-                               int n, float *y)
+template <int QT, int T, typename XT>
+static void launch_f32_quant_t(struct cuda_ctx *c, const struct cuda_weight *w, const XT *x, int n,
+                               float *y)
 {
-    gemv_f32_quant_kernel<QT, T><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
+    gemv_f32_quant_kernel<QT, T, XT><<<gemv_grid(w->L.rows, n, T), GEMV_WARPS * 32, 0, c->stream>>>(
         w->dev + w->L.qs_off, w->dev + w->L.sc_off, w->L.rows, w->L.nb, x, n, y);
 }
 
-template <int QT>
-static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const float *x, int n,
+template <int QT, typename XT>
+static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, const XT *x, int n,
                              float *y)
 {
     switch (tile_for(n)) {
     case 1:
-        launch_f32_quant_t<QT, 1>(c, w, x, n, y);
+        launch_f32_quant_t<QT, 1, XT>(c, w, x, n, y);
         break;
     case 2:
-        launch_f32_quant_t<QT, 2>(c, w, x, n, y);
+        launch_f32_quant_t<QT, 2, XT>(c, w, x, n, y);
         break;
     case 4:
-        launch_f32_quant_t<QT, 4>(c, w, x, n, y);
+        launch_f32_quant_t<QT, 4, XT>(c, w, x, n, y);
         break;
     case 8:
-        launch_f32_quant_t<QT, 8>(c, w, x, n, y);
+        launch_f32_quant_t<QT, 8, XT>(c, w, x, n, y);
         break;
     default:
-        launch_f32_quant_t<QT, 16>(c, w, x, n, y);
+        launch_f32_quant_t<QT, 16, XT>(c, w, x, n, y);
+        break;
+    }
+}
+
+template <typename XT>
+static void launch_f32_quant_any(struct cuda_ctx *c, const struct cuda_weight *w, const XT *x,
+                                 int n, float *y)
+{
+    switch (w->L.type) {
+    case QTYPE_Q4_0:
+        launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y);
+        break;
+    case QTYPE_Q4_1:
+        launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y);
+        break;
+    default:
+        launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y);
         break;
     }
 }
@@ -556,6 +588,13 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
         return;
     }
     if (cuda_pack_is_quant(t)) {
+        if (c->act_f16 && !mma) { /* the fp16 copy is the arena's, aligned, from any x */
+            __half *xh = (__half *)c->arena;
+            cuda_f32_to_f16(c, x, xh, (size_t)n * (size_t)w->L.cols);
+            launch_f32_quant_any(c, w, (const __half *)xh, n, y);
+            CUDA_LAUNCHED(c, "gemv_f32_quant_kernel (fp16 activations)");
+            return;
+        }
         /* float4 activation loads: a misaligned x (an offset the engine never passes) is copied
          * into the arena first */
         if (!is_aligned16(x)) {
@@ -568,17 +607,7 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
             cuda_gemm_mma_f16(c, w, x, n, y);
             return;
         }
-        switch (t) {
-        case QTYPE_Q4_0:
-            launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y);
-            break;
-        case QTYPE_Q4_1:
-            launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y);
-            break;
-        default:
-            launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y);
-            break;
-        }
+        launch_f32_quant_any(c, w, x, n, y);
         CUDA_LAUNCHED(c, "gemv_f32_quant_kernel");
         return;
     }

@@ -47,6 +47,9 @@ struct dim3 {
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
