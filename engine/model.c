@@ -166,6 +166,21 @@ static int load_vector(struct model *m, const struct gguf_file *f, const char *n
     return 0;
 }
 
+/* An out-of-memory error naming what was asked for and, on a device, what is free. */
+static int alloc_failed(const struct backend *be, struct qerr *err, const char *what, size_t bytes)
+{
+    size_t free_b = 0, total_b = 0;
+    if (be->ops->mem_info) be->ops->mem_info((struct backend *)be, &free_b, &total_b);
+    if (total_b)
+        return qerr_set(err, QERR_NOMEM,
+                        "model: cannot allocate %.1f MiB of %s on the %s device: %.1f MiB of "
+                        "%.1f MiB free",
+                        (double)bytes / 1048576.0, what, be->ops->name, (double)free_b / 1048576.0,
+                        (double)total_b / 1048576.0);
+    return qerr_set(err, QERR_NOMEM, "model: cannot allocate %.1f MiB of %s",
+                    (double)bytes / 1048576.0, what);
+}
+
 static int alloc_acts(struct model *m, struct qerr *err)
 {
     struct backend *be = m->be;
@@ -195,9 +210,7 @@ static int alloc_acts(struct model *m, struct qerr *err)
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = be->ops->buf_alloc(be, plan[i].bytes);
-        if (!*plan[i].p)
-            return qerr_set(err, QERR_NOMEM, "model: cannot allocate %zu bytes of activations",
-                            plan[i].bytes);
+        if (!*plan[i].p) return alloc_failed(be, err, "activations", plan[i].bytes);
     }
     return 0;
 }
@@ -273,8 +286,10 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
         ly->k_cache = be->ops->buf_alloc(be, kv_bytes);
         ly->v_cache = be->ops->buf_alloc(be, kv_bytes);
         if (!ly->k_cache || !ly->v_cache) {
-            rc = qerr_set(err, QERR_NOMEM, "model: cannot allocate KV storage for %zu tokens",
-                          kv_slots);
+            char what[96];
+            snprintf(what, sizeof what, "KV cache (%zu tokens, layer %d of %d, K or V)", kv_slots,
+                     l, c->n_layers);
+            rc = alloc_failed(be, err, what, kv_bytes);
             goto fail;
         }
     }
@@ -433,8 +448,7 @@ static int reserve_table(struct model *m, struct qerr *err)
     size_t n = (size_t)(m->opts.max_logits + 1) * (size_t)next_pow2(blocks);
     if (n > (size_t)INT32_MAX / sizeof(int32_t)) n = (size_t)INT32_MAX / sizeof(int32_t);
     m->a.table = m->be->ops->buf_alloc(m->be, n * sizeof(int32_t));
-    if (!m->a.table)
-        return qerr_set(err, QERR_NOMEM, "model: cannot allocate a block table of %zu entries", n);
+    if (!m->a.table) return alloc_failed(m->be, err, "block table", n * sizeof(int32_t));
     m->a.table_cap = (int)n;
     return 0;
 }

@@ -126,6 +126,9 @@ struct backend_ops {
      * add and rmsnorm. */
     void (*add_rmsnorm)(struct backend *be, float *out, float *x, const float *y, const float *w,
                         int n, int dim, float eps);
+    /* The device's free and total memory, for out-of-memory messages. NULL: the backend's
+     * buffers are host memory. */
+    void (*mem_info)(struct backend *be, size_t *free_bytes, size_t *total_bytes);
 };
 
 struct backend {

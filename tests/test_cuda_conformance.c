@@ -977,6 +977,27 @@ START_TEST(model_kv16_logits_near_golden)
 }
 END_TEST
 
+/* The tensor-core GEMM through the whole model: chunks of 37 tokens (check_golden_logits) take
+ * gemm_mma from 16 tokens, MMA fp16 (f32 precision: fp16-rounded activations) within 5e-3
+ * relative of the golden logits, MMA int8 (q8 precision) within 2e-2 (int8 activations, as the
+ * CPU's q8 mode). */
+START_TEST(model_mma_logits_near_golden)
+{
+    struct qerr err = {0};
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    const int which[2] = {B_MMA, B_MMA_Q8};
+    const double tol[2] = {5e-3, 2e-2};
+    for (int k = 0; k < 2; k++) {
+        struct backend *be = paths[which[k]];
+        struct model *m = NULL;
+        ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+        check_golden_logits(m, be, _i, tol[k], k ? "cuda MMA int8" : "cuda MMA fp16");
+        model_free(m);
+    }
+}
+END_TEST
+
 /* Sequence 0 is x (tokens [from, n) now, [0, from) already cached), sequences 1.. are prefill
  * chunks of other text; returns sequence 0's last logits (as tests/test_model.c). */
 static void batched_forward(struct backend *be, const int32_t *x, int n, int from, int n_seqs,
@@ -1254,6 +1275,12 @@ int main(void)
         tcase_add_checked_fixture(tk, model_setup, model_teardown);
         tcase_add_loop_test(tk, model_kv16_logits_near_golden, 0, n);
         suite_add_tcase(s, tk);
+        /* CK_RUN_CASE=model_mma: the tensor-core GEMM on the first prompts */
+        TCase *tmm = tcase_create("model_mma");
+        tcase_set_timeout(tmm, 900);
+        tcase_add_checked_fixture(tmm, model_setup, model_teardown);
+        tcase_add_loop_test(tmm, model_mma_logits_near_golden, 0, n < 2 ? n : 2);
+        suite_add_tcase(s, tmm);
         /* CK_RUN_CASE=model_graphs alone under the CPU emulation: ~30 forwards */
         TCase *tg = tcase_create("model_graphs");
         tcase_set_timeout(tg, 900);

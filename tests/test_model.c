@@ -367,6 +367,43 @@ START_TEST(padded_steps_equal_plain)
 }
 END_TEST
 
+/* A device that is full: buffers over 1 MiB fail, and it reports 512 of 8192 MiB free. */
+static void *small_alloc(struct backend *b, size_t bytes)
+{
+    return bytes > ((size_t)1 << 20) ? NULL : be->ops->buf_alloc(b, bytes);
+}
+
+static void full_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)b;
+    *free_bytes = (size_t)512 << 20;
+    *total_bytes = (size_t)8192 << 20;
+}
+
+/* Out of memory at load: a clear error naming what was asked and what is free, nothing kept. */
+START_TEST(out_of_memory_names_the_allocation)
+{
+    struct backend_ops ops = *be->ops;
+    ops.buf_alloc = small_alloc;
+    ops.mem_info = full_mem_info;
+    struct backend full = {.ops = &ops, .ctx = be->ctx};
+    /* 4096 blocks of 16 tokens x 192 floats: 48 MiB per layer's K */
+    struct model_opts mo = {
+        .max_batch_tokens = 64, .max_logits = 4, .kv_blocks = 4096, .kv_block_size = 16};
+    struct model *m = NULL;
+    struct qerr err = {0};
+    ck_assert_int_eq(model_load(file, &full, &mo, &m, &err), QERR_NOMEM);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(err.msg, "48.0 MiB of KV cache (65536 tokens, layer 0 of 30") &&
+                      strstr(err.msg, "512.0 MiB of 8192.0 MiB free"),
+                  "%s", err.msg);
+    ops.mem_info = NULL; /* host memory: no free figure */
+    ck_assert_int_eq(model_load(file, &full, &mo, &m, &err), QERR_NOMEM);
+    ck_assert_msg(strstr(err.msg, "48.0 MiB of KV cache") && !strstr(err.msg, "free"), "%s",
+                  err.msg);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -391,6 +428,7 @@ int main(void)
     tcase_add_loop_test(tc, greedy_matches_reference, 0, n);
     tcase_add_test(tc, logits_batch_invariant);
     tcase_add_test(tc, padded_steps_equal_plain);
+    tcase_add_test(tc, out_of_memory_names_the_allocation);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

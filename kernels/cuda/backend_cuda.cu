@@ -189,6 +189,13 @@ static size_t cuda_kv_elem_bytes(const struct backend *be)
     return cuda_ctx_of(be)->kv_f16 ? sizeof(__half) : sizeof(float);
 }
 
+static void cuda_mem_info(struct backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    cuda_use_device(cuda_ctx_of(be));
+    *free_bytes = *total_bytes = 0;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) cudaGetLastError();
+}
+
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -213,6 +220,7 @@ static const struct backend_ops cuda_ops = {
     /* .step_reset = */ cuda_op_step_reset,
     /* .kv_elem_bytes = */ cuda_kv_elem_bytes,
     /* .add_rmsnorm = */ cuda_op_add_rmsnorm,
+    /* .mem_info = */ cuda_mem_info,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
