@@ -7,14 +7,14 @@
  *   cuda     the CUDA backend on device 0; cuda:N on device N. An error when it cannot start.
  *
  * $QUERN_FORCE_CPU=1 makes every choice the CPU (a debug switch, as calm's).
- * CUDA only: batches of $QUERN_CUDA_GEMM_MIN_TOKENS (default 64; 0: never, as batch_invariant)
+ * CUDA only: batches of $QUERN_CUDA_GEMM_MIN_TOKENS (default 128; 0: never, as batch_invariant)
  * or more tokens run a GEMM, $QUERN_CUDA_GEMM=mma (the default: gemm_mma.cu's tensor-core
  * kernels) or cublas (cuBLAS over fp16 copies of the weights); $QUERN_CUDA_KV=f32 keeps the KV
  * cache fp32; $QUERN_CUDA_ACT=f16 gives the f32-precision GEMV fp16 activations;
  * $QUERN_CUDA_GRAPHS=0 turns step replay off.
  *
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
- * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 64 tokens", or
+ * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 128 tokens", or
  * "cpu (auto: cuda: no usable device: CUDA driver version is insufficient for CUDA runtime
  * version ...)". */
 #ifndef QUERN_BACKEND_SELECT_H

@@ -28,7 +28,11 @@ enum cuda_gemm {
     CUDA_GEMM_CUBLAS = 1,
 };
 
-#define CUDA_GEMM_MIN_TOKENS_DEFAULT 64
+/* Decode steps (at most 64 sequences, the replayed shapes) stay on the GEMV, whose tiles keep
+ * every SM streaming weights; gemm_mma's 64-row blocks give a 4096-row matrix 64 blocks, too few
+ * to fill an H200 at decode sizes. Prefill chunks of 128+ tokens take the MMA. A guess until
+ * quern-bench-cuda's GEMM table has measured the crossover. */
+#define CUDA_GEMM_MIN_TOKENS_DEFAULT 128
 
 struct backend_cuda_opts {
     int device; /* CUDA device ordinal */

@@ -20,7 +20,7 @@
  *    followed by the same xor butterfly, whatever T, the tile, or n: batch-invariant. Batches
  *    larger than 16 tokens run as tiles of 16 (grid.x), each re-reading the weight (from L2 when
  *    it fits), so large batches cost more passes over the weight than a GEMM would.
- * 3. GEMM, for batches of at least gemm_min_tokens (default 64) unless batch_invariant:
+ * 3. GEMM, for batches of at least gemm_min_tokens (default 128) unless batch_invariant:
  *    gemm_mma.cu's tensor-core kernels (Q4_0/Q4_1/Q8_0; int8 MMA on the Q8 activations, or fp16
  *    MMA on fp16-rounded activations in MATMUL_F32), or with CUDA_GEMM_CUBLAS: x converted to
  *    fp16 and cublasGemmEx with a persistent fp16 copy of the weight (dequantized once at load;
