@@ -8,7 +8,7 @@
 #      carried); this script unpacks them into build-gpu-prefix/ (never into /)
 #   3. build: meson setup build-gpu (-Dcuda=enabled, release), then only the targets the checks
 #      need (the server is not built: libmicrohttpd's own dependencies may be missing there)
-#   4. tests: test_cuda_pack, test_cuda_select, test_cuda_conformance (every op against the CPU
+#   4. tests: test_cuda_pack, test_cuda_select, test_backend_ops (every op against the CPU
 #      reference; the golden-logit and batch-invariance tests of the real model when
 #      models/SmolLM2-135M-Instruct.Q4_1.gguf is there or can be joined from build-model-a/b,
 #      see tools/gpu-debs.sh --model)
@@ -123,7 +123,7 @@ if [ ! -f "$MODEL" ] && [ -f build-model-a/part ] && [ -f build-model-b/part ]; 
 fi
 
 # ---- 3. build ----
-TARGETS=(tests/test_cuda_pack tests/test_cuda_select tests/test_cuda_conformance
+TARGETS=(tests/test_cuda_pack tests/test_cuda_select tests/test_backend_ops
          tools/quern-bench-cuda)
 {
   if [ -f build-gpu/build.ninja ]; then
@@ -146,7 +146,7 @@ result build "ok ($(grep -c 'Compiling\|Linking' "$OUTD/build.log") steps)"
 # ---- 4. tests ----
 export QUERN_MODEL=$MODEL QUERN_GOLDEN=$ROOT/tests/golden/smollm2.json
 : >"$OUTD/tests.log"
-for t in test_cuda_pack test_cuda_select test_cuda_conformance; do
+for t in test_cuda_pack test_cuda_select test_backend_ops; do
   echo "==== $t" >>"$OUTD/tests.log"
   timeout "$(tmo 300)" "build-gpu/tests/$t" >>"$OUTD/tests.log" 2>&1
   rc=$?
@@ -163,7 +163,7 @@ grep -E '^[0-9]+%:|worst|bit-exact|device:|skipped|:[0-9]+:[EF]:' "$OUTD/tests.l
 if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
   [ "$(left)" -gt 200 ]; then
   QUERN_MODEL=/nonexistent timeout "$(tmo 150)" compute-sanitizer --tool memcheck \
-    --error-exitcode 9 build-gpu/tests/test_cuda_conformance >"$OUTD/sanitizer.log" 2>&1
+    --error-exitcode 9 build-gpu/tests/test_backend_ops >"$OUTD/sanitizer.log" 2>&1
   rc=$?
   result "compute-sanitizer memcheck (ops)" \
     "$([ $rc = 0 ] && echo clean || echo "rc $rc: $(grep -m3 -E 'Invalid|ERROR' "$OUTD/sanitizer.log")")"

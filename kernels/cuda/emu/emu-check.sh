@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # emu-check: runs the CUDA backend's kernels, as written, on the CPU (cuda_emu.h) under the
-# conformance suite (tests/test_cuda_conformance.c): the logic of every kernel (indexing, block
+# conformance suite (tests/test_backend_ops.c): the logic of every kernel (indexing, block
 # layouts, warp reductions, online softmax, Q8 quantization, batch invariance) is checked on a
 # machine without a GPU. It proves nothing about the hardware: timing, memory-model races,
 # register limits and the GPU's own libm are not emulated. meson runs the op tests the same way
-# as test_cuda_emu; this script is for running it by hand, and for the whole-model tests.
+# as test_backend_ops_emu; this script is for running it by hand, and for the whole-model tests.
 #
 #   kernels/cuda/emu/emu-check.sh [BUILD_DIR]   (default build; any configured meson build)
 # Links the C libraries (quant, kernels, engine) of BUILD_DIR (not a sanitized one); builds into
@@ -32,11 +32,11 @@ for f in "$E"/src/*.cc; do
 done
 CFLAGS=(-std=c11 -O2 -g -D_GNU_SOURCE -pthread "${SAN[@]}")
 gcc "${CFLAGS[@]}" -c kernels/cuda/cuda_pack.c -o "$E/obj/cuda_pack.o" &
-gcc "${CFLAGS[@]}" -c tests/test_cuda_conformance.c -o "$E/obj/test.o" &
+gcc "${CFLAGS[@]}" -c tests/test_backend_ops.c -o "$E/obj/test.o" &
 gcc "${CFLAGS[@]}" -c tests/testutil.c -o "$E/obj/testutil.o" &
 wait
 # shellcheck disable=SC2046
-g++ "${SAN[@]}" -o "$E/test_cuda_conformance" "$E"/obj/*.o "$B/engine/libquern_engine.a" \
+g++ "${SAN[@]}" -o "$E/test_backend_ops" "$E"/obj/*.o "$B/engine/libquern_engine.a" \
   "$B/kernels/libquern_kernels.a" "$B/quant/libquern_quant.a" \
   $(pkg-config --libs check libcjson libpcre2-8 libxxhash) -pthread -lm
 if [ "${EMU_MODEL:-0}" = 1 ]; then
@@ -45,4 +45,4 @@ if [ "${EMU_MODEL:-0}" = 1 ]; then
 else
   export QUERN_MODEL=/nonexistent
 fi
-timeout "${EMU_TIMEOUT:-3600}" stdbuf -oL "$E/test_cuda_conformance"
+timeout "${EMU_TIMEOUT:-3600}" stdbuf -oL "$E/test_backend_ops"

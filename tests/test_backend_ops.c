@@ -1,5 +1,6 @@
-/* CUDA backend conformance: every op of kernels/cuda against the scalar reference
- * (kernels/cpu/ref.c) on fresh random inputs, then the whole model against the golden logits.
+/* Backend conformance: every op of the CUDA backend (kernels/cuda) against the CPU backend's
+ * semantics, its scalar reference kernels (kernels/cpu/ref.c), on fresh random inputs at odd
+ * shapes and batches 1 to 257, then the whole model against the golden logits.
  *
  * Without a usable GPU (no driver, no device: CI) it prints why and exits 77 (meson's "skipped")
  * before Check runs anything. With one, the suite runs without forking (CUDA must not be used
@@ -314,7 +315,7 @@ START_TEST(matmul_quant_odd_shapes)
     const enum qtype types[] = {QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0};
     const int64_t rows[] = {1, 7, 17, 33, 100, 257};
     const int64_t cols[] = {32, 96, 576, 1536};
-    const int ns[] = {1, 2, 3, 5, 8, 9, 13, 37, 64};
+    const int ns[] = {1, 2, 3, 5, 8, 9, 13, 16, 37, 64, 257};
     double worst[N_PATHS] = {0};
     int k = 0;
     for (size_t ti = 0; ti < 3; ti++)
@@ -355,14 +356,16 @@ START_TEST(matmul_model_shapes)
     } shapes[] = {{576, 576, QTYPE_Q4_1},  {192, 576, QTYPE_Q4_1},   {1536, 576, QTYPE_Q4_1},
                   {576, 1536, QTYPE_Q4_1}, {49152, 576, QTYPE_Q8_0}, {37, 4160, QTYPE_Q4_0},
                   {37, 4160, QTYPE_Q8_0}};
-    const int ns[] = {1, 8, 64};
+    const int ns[] = {1, 3, 16, 64, 257};
     double worst[N_PATHS] = {0};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (size_t ni = 0; ni < 3; ni++) {
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
             if (shapes[si].rows > 10000 && n > 8) n = 17; /* keep the scalar reference quick */
+            if (shapes[si].rows > 10000 && ni > 2) continue;
+            /* token-alone invariance at 3, 16 and 64 tokens (257 alone would be slow here) */
             check_matmul(shapes[si].t, shapes[si].rows, shapes[si].cols, n,
-                         ni >= 1 && shapes[si].rows < 10000, worst);
+                         ni >= 1 && ni <= 3 && shapes[si].rows < 10000, worst);
         }
     print_worst("matmul model shapes", worst);
 }
@@ -977,24 +980,74 @@ START_TEST(model_kv16_logits_near_golden)
 }
 END_TEST
 
-/* The tensor-core GEMM through the whole model: chunks of 37 tokens (check_golden_logits) take
- * gemm_mma from 16 tokens, MMA fp16 (f32 precision: fp16-rounded activations) within 5e-3
- * relative of the golden logits, MMA int8 (q8 precision) within 2e-2 (int8 activations, as the
- * CPU's q8 mode). */
+/* Logits of golden case i's prompt + greedy text from model m, chunks of 37 tokens (malloc'd
+ * [n][vocab]). */
+static float *case_logits(struct model *m, int i, size_t *n)
+{
+    const cJSON *c = gen_case(i);
+    size_t np, ng;
+    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
+    int32_t *g = json_ids(cJSON_GetObjectItemCaseSensitive(c, "greedy_ids"), &ng);
+    int32_t *seq = malloc((np + ng) * sizeof *seq);
+    memcpy(seq, p, np * sizeof *seq);
+    memcpy(seq + np, g, ng * sizeof *seq);
+    float *logits = NULL;
+    struct qerr err = {0};
+    ck_assert_msg(generate_all_logits(m, seq, np + ng, 37, &logits, &err) == 0, "%s", err.msg);
+    *n = np + ng;
+    free(seq);
+    free(p);
+    free(g);
+    return logits;
+}
+
+/* The tensor-core GEMM through the whole model: chunks of 37 tokens take gemm_mma from 16
+ * tokens. MMA fp16 (f32 precision: fp16-rounded activations) within 5e-3 relative of the golden
+ * logits. MMA int8 (q8 precision) to test_model.c's bar for the CPU's q8 mode: the golden top-5
+ * logits within 1.5, the top-1 kept where its margin exceeds 1. (Against the CPU's q8 run it is
+ * no closer: a 1e-7 difference anywhere flips some activation's int8 rounding, and 30 layers
+ * amplify it; the emulation measured 0.05-0.4 logits. The per-op check is bit for bit.) */
 START_TEST(model_mma_logits_near_golden)
 {
     struct qerr err = {0};
     struct model_opts mo = {
         .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
-    const int which[2] = {B_MMA, B_MMA_Q8};
-    const double tol[2] = {5e-3, 2e-2};
-    for (int k = 0; k < 2; k++) {
-        struct backend *be = paths[which[k]];
-        struct model *m = NULL;
-        ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
-        check_golden_logits(m, be, _i, tol[k], k ? "cuda MMA int8" : "cuda MMA fp16");
-        model_free(m);
+    struct model *m = NULL;
+    ck_assert_msg(model_load(file, paths[B_MMA], &mo, &m, &err) == 0, "%s", err.msg);
+    check_golden_logits(m, paths[B_MMA], _i, 5e-3, "cuda MMA fp16");
+    model_free(m);
+
+    ck_assert_msg(model_load(file, paths[B_MMA_Q8], &mo, &m, &err) == 0, "%s", err.msg);
+    size_t n;
+    float *lg = case_logits(m, _i, &n);
+    ck_assert_msg(backend_cuda_status(paths[B_MMA_Q8], &err) == 0, "%s", err.msg);
+    const int vocab = model_get_config(m)->vocab;
+    double worst = 0;
+    const cJSON *pl;
+    cJSON_ArrayForEach(pl, cJSON_GetObjectItemCaseSensitive(gen_case(_i), "logits"))
+    {
+        const int pos = cJSON_GetObjectItemCaseSensitive(pl, "pos")->valueint;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pl, "top_ids");
+        const cJSON *vals = cJSON_GetObjectItemCaseSensitive(pl, "top_logits");
+        const float *row = lg + (size_t)pos * (size_t)vocab;
+        for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
+            const int id = cJSON_GetArrayItem(ids, k)->valueint;
+            const double d = fabs(row[id] - cJSON_GetArrayItem(vals, k)->valuedouble);
+            if (!(d <= worst)) worst = d;
+            ck_assert_msg(d < 1.5, "MMA int8 pos %d token %d: %.3f, reference %.3f", pos, id,
+                          row[id], cJSON_GetArrayItem(vals, k)->valuedouble);
+        }
+        const double margin =
+            cJSON_GetArrayItem(vals, 0)->valuedouble - cJSON_GetArrayItem(vals, 1)->valuedouble;
+        int best = 0;
+        for (int i = 1; i < vocab; i++)
+            if (row[i] > row[best]) best = i;
+        if (margin > 1.0) ck_assert_int_eq(best, cJSON_GetArrayItem(ids, 0)->valueint);
     }
+    printf("cuda MMA int8 %s: worst top-5 logit difference %.3f (bar 1.5)\n",
+           cJSON_GetObjectItemCaseSensitive(gen_case(_i), "name")->valuestring, worst);
+    free(lg);
+    model_free(m);
 }
 END_TEST
 
