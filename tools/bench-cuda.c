@@ -209,7 +209,9 @@ static void bench_gemm(int device, bool quick)
 {
     printf("\n## GEMM (prefill-sized batches, Q4_0 weights)\n\n");
     printf("| rows x cols | tokens | path | ms/call | TFLOP/s |\n|---|---|---|---|---|\n");
-    const int ns[] = {16, 32, 64, 128, 512, 4096};
+    enum { N_NS = 6 };
+    const int ns[N_NS] = {16, 32, 64, 128, 512, 4096};
+    double ms[4][N_GEMM_PATHS][N_NS] = {{{0}}}; /* 0: not measured */
     struct backend *be[N_GEMM_PATHS] = {NULL};
     struct qerr err = {0};
     for (size_t p = 0; p < N_GEMM_PATHS; p++) {
@@ -242,6 +244,7 @@ static void bench_gemm(int device, bool quick)
                 be[p]->ops->sync(be[p]);
                 double dt = (now() - t0) / calls;
                 check_status(be[p], "gemm");
+                ms[si][p][ni] = dt * 1e3;
                 printf("| %lld x %lld | %d | %s | %.3f | %.1f |\n", (long long)sh->rows,
                        (long long)sh->cols, n, gemm_paths[p].name, dt * 1e3,
                        2.0 * (double)sh->rows * (double)sh->cols * n / dt / 1e12);
@@ -254,6 +257,21 @@ static void bench_gemm(int device, bool quick)
         free(host);
     }
     for (size_t p = 0; p < N_GEMM_PATHS; p++) backend_destroy(be[p]);
+    /* what --batch-invariant costs where the GEMM would run, and the fastest path per size (the
+     * crossover gemm_min_tokens should sit at) */
+    printf("\n| rows x cols | tokens | fastest | --batch-invariant (GEMV tiles) / fastest MMA |\n"
+           "|---|---|---|---|\n");
+    for (size_t si = 0; si < 4; si++)
+        for (size_t ni = 0; ni < N_NS; ni++) {
+            if (ms[si][0][ni] == 0) continue;
+            size_t best = 0, best_mma = 1;
+            for (size_t p = 1; p < N_GEMM_PATHS; p++)
+                if (ms[si][p][ni] > 0 && ms[si][p][ni] < ms[si][best][ni]) best = p;
+            if (ms[si][2][ni] > 0 && ms[si][2][ni] < ms[si][1][ni]) best_mma = 2;
+            printf("| %lld x %lld | %d | %s | %.2fx |\n", (long long)gemv_shapes[si].rows,
+                   (long long)gemv_shapes[si].cols, ns[ni], gemm_paths[best].name,
+                   ms[si][0][ni] / ms[si][best_mma][ni]);
+        }
 }
 
 /* ---- 4. decode through the engine's forward ---- */
