@@ -7,8 +7,10 @@
  *      starves the decodes of the next step).
  * When A or B cannot get a block, the newest running sequence not yet in this step is
  * preempted: its blocks are released (cached prefix blocks stay findable) and it returns to
- * the front of the waiting queue with its generated tokens, to be recomputed later. Because
- * kernels are batch-invariant, the recomputed K/V and logits are bit-identical to the first run. */
+ * the front of the waiting queue with its generated tokens, to be recomputed later. Where the
+ * kernels are batch-invariant (the CPU; CUDA with --batch-invariant) the recomputed K/V and
+ * logits are bit-identical to the first run; CUDA's GEMM for 128+ token batches may differ in
+ * the last bits, which changes no token already sent (they are replayed, not resampled). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -9,6 +9,7 @@
 
 #include "../engine/engine.h"
 #include "../engine/kv_cache.h"
+#include "testbackend.h"
 #include "testutil.h"
 
 static struct gguf_file *file;
@@ -22,8 +23,7 @@ static void setup_once(void)
     struct qerr err = {0};
     ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
     ck_assert_msg(tokenizer_load(file, &tok, &err) == 0, "%s", err.msg);
-    struct backend_cpu_opts bo = {.n_threads = 2, .precision = MATMUL_F32};
-    ck_assert_msg(backend_cpu_create(&bo, &be, &err) == 0, "%s", err.msg);
+    be = tb_backend(MATMUL_F32, 2);
     size_t len;
     char *text = tu_read_file("/usr/share/common-licenses/GPL-3", &len);
     ck_assert_ptr_nonnull(text);

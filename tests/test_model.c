@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../engine/generate.h"
+#include "testbackend.h"
 #include "testutil.h"
 
 static cJSON *golden;
@@ -20,8 +21,7 @@ static void setup(void)
 {
     struct qerr err = {0};
     ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
-    struct backend_cpu_opts bo = {.n_threads = 2, .precision = MATMUL_F32};
-    ck_assert_msg(backend_cpu_create(&bo, &be, &err) == 0, "%s", err.msg);
+    be = tb_backend(MATMUL_F32, 2);
     struct model_opts mo = {
         .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
     ck_assert_msg(model_load(file, be, &mo, &model, &err) == 0, "%s", err.msg);

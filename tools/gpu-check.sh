@@ -11,7 +11,8 @@
 #   4. tests: test_cuda_pack, test_cuda_select, test_backend_ops (every op against the CPU
 #      reference; the golden-logit and batch-invariance tests of the real model when
 #      models/SmolLM2-135M-Instruct.Q4_1.gguf is there or can be joined from build-model-a/b,
-#      see tools/gpu-debs.sh --model)
+#      see tools/gpu-debs.sh --model), then test_model and test_engine on the CUDA backend
+#      (QUERN_TEST_DEVICE=cuda: the golden tests, batched = sequential in the engine)
 #   5. benchmark: tools/bench-cuda.c (copy bandwidth, GEMV GB/s, GEMM TFLOP/s, synthetic decode)
 #   6. baselines in the same run: torch.matmul bf16 on the GEMM shapes, and Hugging Face
 #      transformers generating with a Llama-3-8B-shaped random bf16 model at batch 1, 8 and 64
@@ -124,7 +125,7 @@ fi
 
 # ---- 3. build ----
 TARGETS=(tests/test_cuda_pack tests/test_cuda_select tests/test_backend_ops
-         tools/quern-bench-cuda)
+         tests/test_model tests/test_engine tools/quern-bench-cuda)
 {
   if [ -f build-gpu/build.ninja ]; then
     "${MESON[@]}" setup --reconfigure build-gpu -Dcuda=enabled
@@ -157,8 +158,24 @@ for t in test_cuda_pack test_cuda_select test_backend_ops; do
     *) result "$t" "FAILED (rc $rc)" ;;
   esac
 done
-grep -E '^[0-9]+%:|worst|bit-exact|device:|skipped|:[0-9]+:[EF]:' "$OUTD/tests.log" | head -60 |
-  tee -a "$REPORT"
+# the model and engine suites on the CUDA backend (tests/testbackend.h): golden logits and greedy
+# text (fp32 KV, as on the CPU), batched = one at a time under chunked prefill and preemption
+if [ -f "$MODEL" ]; then
+  for t in test_model test_engine; do
+    echo "==== $t (cuda)" >>"$OUTD/tests.log"
+    kv=$([ $t = test_model ] && echo f32 || echo f16)
+    QUERN_TEST_DEVICE=cuda CK_FORK=no QUERN_CUDA_KV=$kv timeout "$(tmo 240)" "build-gpu/tests/$t" \
+      >>"$OUTD/tests.log" 2>&1
+    rc=$?
+    case $rc in
+      0) result "$t on cuda" "passed" ;;
+      124) result "$t on cuda" "TIMED OUT" ;;
+      *) result "$t on cuda" "FAILED (rc $rc)" ;;
+    esac
+  done
+fi
+grep -E '^[0-9]+%:|worst|bit-exact|device:|backend:|batched:|skipped|:[0-9]+:[EF]:' \
+  "$OUTD/tests.log" | head -80 | tee -a "$REPORT"
 
 if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
   [ "$(left)" -gt 200 ]; then
