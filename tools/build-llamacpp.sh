@@ -12,7 +12,8 @@
 # changed.
 #
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default nproc),
-#      LLAMA_TARGETS (default: llama-bench llama-server llama-quantize llama-cli).
+#      LLAMA_TARGETS (default: llama-bench llama-batched-bench llama-server llama-quantize
+#      llama-cli).
 #
 # The body is one function, so bash parses it whole before running it (editing the
 # file while it runs cannot change what a running build does).
@@ -25,7 +26,7 @@ VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 DEST="$ROOT/third_party/llama.cpp"
 STAMP="$DEST/.from-llama-cpp-python"
 JOBS=${JOBS:-$(nproc)}
-TARGETS=${LLAMA_TARGETS:-"llama-bench llama-server llama-quantize llama-cli"}
+TARGETS=${LLAMA_TARGETS:-"llama-bench llama-batched-bench llama-server llama-quantize llama-cli"}
 
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$VER" ]]; then
     tmp=$(mktemp -d)
