@@ -884,13 +884,22 @@ static cJSON *golden;
 static struct gguf_file *file;
 static struct model *model;
 
+/* The real model (file) on backend be, with room for the batch tests. */
+static struct model *load_model_on(struct backend *be)
+{
+    struct qerr err = {0};
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    struct model *m = NULL;
+    ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+    return m;
+}
+
 static void model_setup(void)
 {
     struct qerr err = {0};
     ck_assert_msg(gguf_open(getenv("QUERN_MODEL"), &file, &err) == 0, "%s", err.msg);
-    struct model_opts mo = {
-        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
-    ck_assert_msg(model_load(file, gpu, &mo, &model, &err) == 0, "%s", err.msg);
+    model = load_model_on(gpu);
 }
 
 static void model_teardown(void)
@@ -916,70 +925,6 @@ static const cJSON *gen_case(int i)
     return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(golden, "generate"), i);
 }
 
-/* The golden case i's top logits from model m (on backend be) within tol, relative. */
-static void check_golden_logits(struct model *m, struct backend *be, int i, double tol,
-                                const char *label)
-{
-    const cJSON *c = gen_case(i);
-    size_t np, ng;
-    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
-    int32_t *g = json_ids(cJSON_GetObjectItemCaseSensitive(c, "greedy_ids"), &ng);
-    int32_t *seq = malloc((np + ng) * sizeof *seq);
-    memcpy(seq, p, np * sizeof *seq);
-    memcpy(seq + np, g, ng * sizeof *seq);
-    float *logits;
-    struct qerr err = {0};
-    ck_assert_msg(generate_all_logits(m, seq, np + ng, 37, &logits, &err) == 0, "%s", err.msg);
-    ck_assert_msg(backend_cuda_status(be, &err) == 0, "%s", err.msg);
-    int vocab = model_get_config(m)->vocab;
-    double worst = 0;
-    const cJSON *pl;
-    cJSON_ArrayForEach(pl, cJSON_GetObjectItemCaseSensitive(c, "logits"))
-    {
-        int pos = cJSON_GetObjectItemCaseSensitive(pl, "pos")->valueint;
-        ck_assert_int_lt(pos, (int)(np + ng));
-        const float *row = logits + (size_t)pos * (size_t)vocab;
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pl, "top_ids");
-        const cJSON *vals = cJSON_GetObjectItemCaseSensitive(pl, "top_logits");
-        for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
-            int id = cJSON_GetArrayItem(ids, k)->valueint;
-            double ref = cJSON_GetArrayItem(vals, k)->valuedouble;
-            double rel = fabs(row[id] - ref) / fmax(fabs(ref), 1.0);
-            if (!(rel <= worst)) worst = rel;
-            ck_assert_msg(rel <= tol, "%s %s pos %d token %d: cuda %.6f, reference %.6f", label,
-                          cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, pos, id,
-                          row[id], ref);
-        }
-    }
-    printf("%s %s: worst relative logit error %.2e\n", label,
-           cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, worst);
-    free(logits);
-    free(seq);
-    free(p);
-    free(g);
-}
-
-START_TEST(model_logits_match_golden)
-{
-    check_golden_logits(model, gpu, _i, 1e-3, "cuda");
-}
-END_TEST
-
-/* The default fp16 KV cache on the real model: the top logits within 2e-3 relative (fp16
- * rounding of K and V; the emulation measured 2.2e-4 worst on the first two prompts, the
- * fp32-cache test above holds 1e-3). */
-START_TEST(model_kv16_logits_near_golden)
-{
-    struct qerr err = {0};
-    struct model_opts mo = {
-        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
-    struct model *m = NULL;
-    ck_assert_msg(model_load(file, gpu_kv16, &mo, &m, &err) == 0, "%s", err.msg);
-    check_golden_logits(m, gpu_kv16, _i, 2e-3, "cuda fp16 KV");
-    model_free(m);
-}
-END_TEST
-
 /* Logits of golden case i's prompt + greedy text from model m, chunks of 37 tokens (malloc'd
  * [n][vocab]). */
 static float *case_logits(struct model *m, int i, size_t *n)
@@ -1001,6 +946,57 @@ static float *case_logits(struct model *m, int i, size_t *n)
     return logits;
 }
 
+/* The golden case i's top logits from model m (on backend be) within tol, relative. */
+static void check_golden_logits(struct model *m, struct backend *be, int i, double tol,
+                                const char *label)
+{
+    const cJSON *c = gen_case(i);
+    size_t np;
+    float *logits = case_logits(m, i, &np);
+    struct qerr err = {0};
+    ck_assert_msg(backend_cuda_status(be, &err) == 0, "%s", err.msg);
+    int vocab = model_get_config(m)->vocab;
+    double worst = 0;
+    const cJSON *pl;
+    cJSON_ArrayForEach(pl, cJSON_GetObjectItemCaseSensitive(c, "logits"))
+    {
+        int pos = cJSON_GetObjectItemCaseSensitive(pl, "pos")->valueint;
+        ck_assert_int_lt(pos, (int)np);
+        const float *row = logits + (size_t)pos * (size_t)vocab;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pl, "top_ids");
+        const cJSON *vals = cJSON_GetObjectItemCaseSensitive(pl, "top_logits");
+        for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
+            int id = cJSON_GetArrayItem(ids, k)->valueint;
+            double ref = cJSON_GetArrayItem(vals, k)->valuedouble;
+            double rel = fabs(row[id] - ref) / fmax(fabs(ref), 1.0);
+            if (!(rel <= worst)) worst = rel;
+            ck_assert_msg(rel <= tol, "%s %s pos %d token %d: cuda %.6f, reference %.6f", label,
+                          cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, pos, id,
+                          row[id], ref);
+        }
+    }
+    printf("%s %s: worst relative logit error %.2e\n", label,
+           cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, worst);
+    free(logits);
+}
+
+START_TEST(model_logits_match_golden)
+{
+    check_golden_logits(model, gpu, _i, 1e-3, "cuda");
+}
+END_TEST
+
+/* The default fp16 KV cache on the real model: the top logits within 2e-3 relative (fp16
+ * rounding of K and V; the emulation measured 2.2e-4 worst on the first two prompts, the
+ * fp32-cache test above holds 1e-3). */
+START_TEST(model_kv16_logits_near_golden)
+{
+    struct model *m = load_model_on(gpu_kv16);
+    check_golden_logits(m, gpu_kv16, _i, 2e-3, "cuda fp16 KV");
+    model_free(m);
+}
+END_TEST
+
 /* The tensor-core GEMM through the whole model: chunks of 37 tokens take gemm_mma from 16
  * tokens. MMA fp16 (f32 precision: fp16-rounded activations) within 5e-3 relative of the golden
  * logits. MMA int8 (q8 precision) to test_model.c's bar for the CPU's q8 mode: the golden top-5
@@ -1010,14 +1006,11 @@ static float *case_logits(struct model *m, int i, size_t *n)
 START_TEST(model_mma_logits_near_golden)
 {
     struct qerr err = {0};
-    struct model_opts mo = {
-        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
-    struct model *m = NULL;
-    ck_assert_msg(model_load(file, paths[B_MMA], &mo, &m, &err) == 0, "%s", err.msg);
+    struct model *m = load_model_on(paths[B_MMA]);
     check_golden_logits(m, paths[B_MMA], _i, 5e-3, "cuda MMA fp16");
     model_free(m);
 
-    ck_assert_msg(model_load(file, paths[B_MMA_Q8], &mo, &m, &err) == 0, "%s", err.msg);
+    m = load_model_on(paths[B_MMA_Q8]);
     size_t n;
     float *lg = case_logits(m, _i, &n);
     ck_assert_msg(backend_cuda_status(paths[B_MMA_Q8], &err) == 0, "%s", err.msg);
