@@ -12,6 +12,7 @@
  *   (backend_cuda_status) and poisons every later buf_read, so a failed step reads as NaN.
  * - The device is made current at every op entry (cudaGetDevice is thread-local and cheap),
  *   because the engine calls ops from its own thread. */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,47 @@
 static_assert(sizeof(enum matmul_precision) == sizeof(int), "the C enum is read as an int");
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 #define ATTN_SCRATCH_BYTES     ((size_t)64 << 20)
+
+/* ---- cuBLAS, on demand ---- */
+
+#ifdef QUERN_HAVE_CUBLAS
+/* Fills f from libcublas.so.<the headers' major version> (else libcublas.so); in the CPU
+ * emulation, from its own functions. */
+static int cublas_open(struct cublas_fns *f, struct qerr *err)
+{
+#ifdef QUERN_CUDA_EMU_H
+    *f = (struct cublas_fns){
+        NULL,          &cublasCreate,         &cublasDestroy, &cublasSetStream, &cublasSetWorkspace,
+        &cublasGemmEx, &cublasGetStatusString};
+    (void)err;
+    return 0;
+#else
+    char name[32];
+    snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    f->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!f->lib) f->lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+    if (!f->lib)
+        return qerr_set(err, QERR_UNSUPPORTED, "cuda: the cuBLAS GEMM needs %s: %s", name,
+                        dlerror());
+    const struct {
+        void **slot;
+        const char *sym;
+    } want[] = {{(void **)&f->create, "cublasCreate_v2"},
+                {(void **)&f->destroy, "cublasDestroy_v2"},
+                {(void **)&f->set_stream, "cublasSetStream_v2"},
+                {(void **)&f->set_workspace, "cublasSetWorkspace_v2"},
+                {(void **)&f->gemm_ex, "cublasGemmEx"},
+                {(void **)&f->status_string, "cublasGetStatusString"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!(*want[i].slot = dlsym(f->lib, want[i].sym))) {
+            dlclose(f->lib);
+            f->lib = NULL;
+            return qerr_set(err, QERR_UNSUPPORTED, "cuda: %s has no %s", name, want[i].sym);
+        }
+    return 0;
+#endif
+}
+#endif
 
 /* ---- errors ---- */
 
@@ -175,7 +217,8 @@ static void cuda_destroy(struct backend *be)
         if (c->arena) cudaFree(c->arena);
         if (c->att_part) cudaFree(c->att_part);
 #ifdef QUERN_HAVE_CUBLAS
-        if (c->cublas) cublasDestroy(c->cublas);
+        if (c->cublas) c->blas.destroy(c->cublas);
+        if (c->blas.lib) dlclose(c->blas.lib);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
 #endif
         if (c->stream) cudaStreamDestroy(c->stream);
@@ -324,8 +367,12 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     c->att_part_bytes = att;
 #ifdef QUERN_HAVE_CUBLAS
     if (c->gemm_cublas) {
-        cublasStatus_t s = cublasCreate(&c->cublas);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->cublas, c->stream);
+        if ((rc = cublas_open(&c->blas, err))) {
+            cuda_destroy(be);
+            return rc;
+        }
+        cublasStatus_t s = c->blas.create(&c->cublas);
+        if (s == CUBLAS_STATUS_SUCCESS) s = c->blas.set_stream(c->cublas, c->stream);
         if (s == CUBLAS_STATUS_SUCCESS &&
             cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES) != cudaSuccess) {
             cudaGetLastError();
@@ -335,11 +382,11 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
         }
         c->cublas_ws_bytes = CUBLAS_WORKSPACE_BYTES;
         if (s == CUBLAS_STATUS_SUCCESS)
-            s = cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes);
+            s = c->blas.set_workspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes);
         if (s != CUBLAS_STATUS_SUCCESS) {
             cuda_destroy(be);
             return qerr_set(err, QERR_IO, "cuda: cuBLAS setup failed: %s",
-                            cublasGetStatusString(s));
+                            c->blas.status_string(s));
         }
     }
 #endif

@@ -43,6 +43,25 @@ struct cuda_graph_slot {
     cudaGraphExec_t exec;
 };
 
+#ifdef QUERN_HAVE_CUBLAS
+/* cuBLAS, opened (dlopen) at create only when the cuBLAS GEMM is chosen: quern links only the
+ * CUDA runtime, so a run that never uses cuBLAS never maps its ~200 MB of libraries (and starts
+ * in a millisecond instead of ~60). The types are the header's own (but cublasGemmEx's, which
+ * C++ overloads). */
+struct cublas_fns {
+    void *lib; /* the dlopen handle; NULL in the CPU emulation */
+    decltype(&cublasCreate) create;
+    decltype(&cublasDestroy) destroy;
+    decltype(&cublasSetStream) set_stream;
+    decltype(&cublasSetWorkspace) set_workspace;
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                              const void *, const void *, cudaDataType, int, const void *,
+                              cudaDataType, int, const void *, void *, cudaDataType, int,
+                              cublasComputeType_t, cublasGemmAlgo_t); /* the 32-bit overload */
+    decltype(&cublasGetStatusString) status_string;
+};
+#endif
+
 struct cuda_ctx {
     int device;
     enum matmul_precision precision;
@@ -55,6 +74,7 @@ struct cuda_ctx {
     cudaStream_t stream;
     char desc[160];
 #ifdef QUERN_HAVE_CUBLAS
+    struct cublas_fns blas;
     cublasHandle_t cublas;
     void *cublas_ws; /* given to cuBLAS so it never allocates inside a step */
     size_t cublas_ws_bytes;

@@ -542,13 +542,13 @@ static void gemm_cublas(struct cuda_ctx *c, const struct cuda_weight *w, const f
     __half *x16 = (__half *)c->arena;
     cuda_f32_to_f16(c, x, x16, (size_t)n * (size_t)w->L.cols);
     const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t s =
-        cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n, (int)w->L.cols, &alpha,
-                     w->f16, CUDA_R_16F, (int)w->L.cols, x16, CUDA_R_16F, (int)w->L.cols, &beta, y,
-                     CUDA_R_32F, (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s = c->blas.gemm_ex(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->L.rows, n,
+                                       (int)w->L.cols, &alpha, w->f16, CUDA_R_16F, (int)w->L.cols,
+                                       x16, CUDA_R_16F, (int)w->L.cols, &beta, y, CUDA_R_32F,
+                                       (int)w->L.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         cuda_fail(c, QERR_IO, "cuda: cublasGemmEx %lld x %lld x %d: %s", (long long)w->L.rows,
-                  (long long)w->L.cols, n, cublasGetStatusString(s));
+                  (long long)w->L.cols, n, c->blas.status_string(s));
 }
 #endif
 
