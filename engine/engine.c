@@ -472,7 +472,7 @@ static void engine_release(struct engine *e)
     free(e->incoming);
     free(e->waiting);
     free(e->running);
-    free(e->logits);
+    if (e->logits) backend_host_free(e->be, e->logits);
     free(e->work);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
@@ -525,7 +525,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->incoming = calloc(slots, sizeof *e->incoming);
     e->waiting = calloc(slots, sizeof *e->waiting);
     e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
-    e->logits = malloc((size_t)o->max_seqs * (size_t)cfg.vocab * sizeof *e->logits);
+    /* read every step: the backend's fastest host memory (pinned on CUDA) */
+    e->logits = backend_host_alloc(be, (size_t)o->max_seqs * (size_t)cfg.vocab * sizeof *e->logits);
     e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
     if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->work) {
         rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");

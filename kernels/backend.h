@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../quant/qerr.h"
 #include "../quant/qtypes.h"
@@ -129,6 +130,11 @@ struct backend_ops {
     /* The device's free and total memory, for out-of-memory messages. NULL: the backend's
      * buffers are host memory. */
     void (*mem_info)(struct backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Host memory that buf_read fills fastest (CUDA: page-locked, so the copy is one DMA instead
+     * of a staged one), for buffers read every step; NULL when out of memory. NULL ops: malloc
+     * and free. */
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *p);
 };
 
 struct backend {
@@ -158,6 +164,19 @@ enum cpu_isa backend_cpu_isa(const struct backend *be);
 static inline void backend_destroy(struct backend *be)
 {
     if (be) be->ops->destroy(be);
+}
+
+static inline void *backend_host_alloc(struct backend *be, size_t bytes)
+{
+    return be->ops->host_alloc ? be->ops->host_alloc(be, bytes) : malloc(bytes);
+}
+
+static inline void backend_host_free(struct backend *be, void *p)
+{
+    if (be->ops->host_free)
+        be->ops->host_free(be, p);
+    else
+        free(p);
 }
 
 static inline size_t backend_kv_elem_bytes(const struct backend *be)

@@ -239,6 +239,24 @@ static void cuda_mem_info(struct backend *be, size_t *free_bytes, size_t *total_
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) cudaGetLastError();
 }
 
+static void *cuda_host_alloc(struct backend *be, size_t bytes)
+{
+    cuda_use_device(cuda_ctx_of(be));
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller reports it */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct backend *be, void *p)
+{
+    if (!p) return;
+    cuda_use_device(cuda_ctx_of(be));
+    CUDA_OK(cuda_ctx_of(be), cudaFreeHost(p));
+}
+
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -264,6 +282,8 @@ static const struct backend_ops cuda_ops = {
     /* .kv_elem_bytes = */ cuda_kv_elem_bytes,
     /* .add_rmsnorm = */ cuda_op_add_rmsnorm,
     /* .mem_info = */ cuda_mem_info,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)

@@ -449,6 +449,16 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t)
 {
     return cudaSuccess;
 }
+#define cudaHostAllocDefault 0
+inline cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned)
+{
+    return (*p = malloc(bytes)) ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeHost(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
 template <typename T> inline cudaError_t cudaMalloc(T **p, size_t bytes)
 {
     /* poisoned, as fresh device memory is not zero either */
