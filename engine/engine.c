@@ -472,7 +472,7 @@ static void engine_release(struct engine *e)
     free(e->incoming);
     free(e->waiting);
     free(e->running);
-    if (e->logits) backend_host_free(e->be, e->logits);
+    backend_host_free(e->be, e->logits);
     free(e->work);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);

@@ -110,13 +110,7 @@ int backend_create_auto(const struct backend_request *r, struct backend **out, s
     rc = backend_cuda_create(&co, out, &cerr);
     if (rc == 0) {
         err->code = 0;
-        if (co.batch_invariant)
-            snprintf(err->msg, sizeof err->msg, "%s; batch-invariant (GEMV for every batch)",
-                     backend_cuda_describe(*out));
-        else
-            snprintf(err->msg, sizeof err->msg, "%s; gemm %s from %d tokens",
-                     backend_cuda_describe(*out), co.gemm == CUDA_GEMM_CUBLAS ? "cublas" : "mma",
-                     co.gemm_min_tokens ? co.gemm_min_tokens : CUDA_GEMM_MIN_TOKENS_DEFAULT);
+        snprintf(err->msg, sizeof err->msg, "%s", backend_cuda_describe(*out));
         return 0;
     }
     if (kind == BACKEND_KIND_CUDA) return qerr_set(err, rc, "%s", cerr.msg);

@@ -250,9 +250,8 @@ static void check_matmul(enum qtype t, int64_t rows, int64_t cols, int n, bool i
     for (int k = 0; k < N_PATHS; k++) {
         struct backend *be = paths[k];
         const bool gemm = k == B_CUBLAS || k == B_MMA || k == B_MMA_Q8;
-        if (gemm && n < 16) continue;                /* the GEMV, as B_F32 and B_Q8 */
-        if (k == B_MMA && !ref_q8_type(t)) continue; /* float weights: the GEMV */
-        if (k == B_MMA_Q8 && !ref_q8_type(t)) continue;
+        if (gemm && n < 16) continue; /* the GEMV, as B_F32 and B_Q8 */
+        if ((k == B_MMA || k == B_MMA_Q8) && !ref_q8_type(t)) continue; /* float: the GEMV */
         bool q8 = (k == B_Q8 || k == B_MMA_Q8) && yq8;
         struct bweight wb = w;
         prepare(be, &wb);

@@ -113,8 +113,7 @@ int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, i
         rc = model_forward(m, &mb, logits, err);
     }
     if (!rc) {
-        double kv = 2.0 * (double)cfg->n_layers * (double)cfg->n_kv_heads * (double)cfg->head_dim *
-                    (double)backend_kv_elem_bytes(be);
+        double kv = (double)model_kv_bytes_per_token(cfg, backend_kv_elem_bytes(be));
         *out = (struct decode_bench){.batch = batch,
                                      .ctx = ctx,
                                      .steps = steps,

@@ -102,6 +102,16 @@ void cuda_fail(struct cuda_ctx *c, int code, const char *fmt, ...)
     cuda_record(c, code, msg);
 }
 
+struct cuda_free_text cuda_free_now(void)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
+    struct cuda_free_text t;
+    snprintf(t.s, sizeof t.s, "%.1f MiB of %.1f MiB free", (double)free_b / 1048576.0,
+             (double)total_b / 1048576.0);
+    return t;
+}
+
 void cuda_use_device(struct cuda_ctx *c)
 {
     int cur = -1;
@@ -137,13 +147,11 @@ int cuda_arena_reserve(struct cuda_ctx *c, int64_t cols, struct qerr *err)
     if (e != cudaSuccess) {
         cudaGetLastError();
         c->arena = NULL;
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
         return qerr_set(err, QERR_NOMEM,
                         "cuda: cannot allocate the %.1f MiB activation arena (%d tokens x %lld "
-                        "columns): %.1f MiB of %.1f MiB free",
+                        "columns): %s",
                         (double)need / 1048576.0, c->max_tokens, (long long)cols,
-                        (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+                        cuda_free_now().s);
     }
     c->arena_bytes = need;
     c->arena_cols = cols;
@@ -362,7 +370,11 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     const char *act = getenv("QUERN_CUDA_ACT");
     c->act_f16 = o->act_f16 || (act && strcmp(act, "f16") == 0);
     cuda_graphs_init(c);
-    snprintf(c->desc, sizeof c->desc, "%s", desc);
+    if (c->gemm_min_tokens == 0)
+        snprintf(c->desc, sizeof c->desc, "%s; batch-invariant (GEMV for every batch)", desc);
+    else
+        snprintf(c->desc, sizeof c->desc, "%s; gemm %s from %d tokens", desc,
+                 c->gemm_cublas ? "cublas" : "mma", c->gemm_min_tokens);
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
@@ -375,14 +387,10 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
     if (cudaMalloc((void **)&c->att_part, att) != cudaSuccess) {
         cudaGetLastError();
         c->att_part = NULL;
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
+        const struct cuda_free_text avail = cuda_free_now();
         cuda_destroy(be);
-        return qerr_set(err, QERR_NOMEM,
-                        "cuda: cannot allocate %.1f MiB of attention scratch: %.1f MiB of %.1f MiB "
-                        "free",
-                        (double)att / 1048576.0, (double)free_b / 1048576.0,
-                        (double)total_b / 1048576.0);
+        return qerr_set(err, QERR_NOMEM, "cuda: cannot allocate %.1f MiB of attention scratch: %s",
+                        (double)att / 1048576.0, avail.s);
     }
     c->att_part_bytes = att;
 #ifdef QUERN_HAVE_CUBLAS

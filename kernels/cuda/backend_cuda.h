@@ -80,7 +80,8 @@ int backend_cuda_create(const struct backend_cuda_opts *o, struct backend **out,
 /* The first CUDA error any op of this backend met (0 and err untouched when none). */
 int backend_cuda_status(struct backend *be, struct qerr *err);
 
-/* One line describing the device, as backend_cuda_probe gives it. */
+/* One line describing the device, as backend_cuda_probe gives it, and the matmul mode:
+ * "...; gemm mma from 128 tokens" or "...; batch-invariant (GEMV for every batch)". */
 const char *backend_cuda_describe(const struct backend *be);
 /* Steps captured as graphs and steps replayed so far (graphs.cu). */
 void backend_cuda_graph_counts(const struct backend *be, uint64_t *captures, uint64_t *replays);

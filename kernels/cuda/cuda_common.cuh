@@ -72,7 +72,7 @@ struct cuda_ctx {
     bool kv_f16;         /* the KV cache holds fp16 (backend_cuda_opts.kv_f32 unset) */
     bool act_f16;        /* the F32 GEMV reads fp16 activations (backend_cuda_opts.act_f16) */
     cudaStream_t stream;
-    char desc[160];
+    char desc[224]; /* the probe's line and the matmul mode */
 #ifdef QUERN_HAVE_CUBLAS
     struct cublas_fns blas;
     cublasHandle_t cublas;
@@ -121,6 +121,11 @@ bool cuda_check(struct cuda_ctx *c, cudaError_t e, const char *what, const char 
 /* After a launch: the launch error, and with $QUERN_SYNC_LAUNCH the execution error too. */
 void cuda_launched(struct cuda_ctx *c, const char *kernel, const char *file, int line);
 #define CUDA_LAUNCHED(c, kernel) cuda_launched((c), (kernel), __FILE__, __LINE__)
+/* "F MiB of T MiB free" on the current device, for out-of-memory messages. */
+struct cuda_free_text {
+    char s[64];
+};
+struct cuda_free_text cuda_free_now(void);
 /* Records a failure that is not a CUDA error (a bad argument). */
 void cuda_fail(struct cuda_ctx *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -170,6 +175,36 @@ __device__ __forceinline__ float fp16_bits_to_f32(uint32_t h)
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h)
 {
     return __uint_as_float((h & 0xffffu) << 16);
+}
+
+/* One 32-block of one row as loaded: quants (lo: bytes 0..15, hi: 16..31 for Q8_0), scale d and
+ * Q4_1's minimum m. */
+struct wblock {
+    uint4 lo, hi;
+    float d, m;
+};
+
+template <int QT>
+__device__ __forceinline__ struct wblock load_wblock(const uint8_t *__restrict__ qs,
+                                                     const uint8_t *__restrict__ sc, int64_t blk)
+{
+    struct wblock w;
+    if (QT == QTYPE_Q8_0) {
+        w.lo = *(const uint4 *)(qs + blk * QK);
+        w.hi = *(const uint4 *)(qs + blk * QK + 16);
+    } else {
+        w.lo = *(const uint4 *)(qs + blk * (QK / 2));
+        w.hi = w.lo;
+    }
+    if (QT == QTYPE_Q4_1) {
+        const uint32_t dm = ((const uint32_t *)sc)[blk];
+        w.d = fp16_bits_to_f32(dm);
+        w.m = fp16_bits_to_f32(dm >> 16);
+    } else {
+        w.d = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
+        w.m = 0.0f;
+    }
+    return w;
 }
 
 /* ---- warp-level tensor-core MMA (sm_80+): D = A B + C over one warp's fragments ----

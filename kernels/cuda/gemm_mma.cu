@@ -100,23 +100,16 @@ stage_load(struct mma_stage<F16> &st, const uint8_t *__restrict__ qs,
         const int64_t row = r0 + u / C::KB, b = b0 + kb;
         uint32_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         float d = 0.0f, m = 0.0f;
-        if (b < nb) {
-            const int64_t blk = min(row, rows - 1) * nb + b; /* clamped: loads stay in */
+        if (b < nb) { /* the row clamped: loads stay in */
+            const struct wblock wb = load_wblock<QT>(qs, sc, min(row, rows - 1) * nb + b);
             if (QT == QTYPE_Q8_0) {
-                const uint4 lo = *(const uint4 *)(qs + blk * QK),
-                            hi = *(const uint4 *)(qs + blk * QK + 16);
-                q[0] = lo.x, q[1] = lo.y, q[2] = lo.z, q[3] = lo.w;
-                q[4] = hi.x, q[5] = hi.y, q[6] = hi.z, q[7] = hi.w;
+                q[0] = wb.lo.x, q[1] = wb.lo.y, q[2] = wb.lo.z, q[3] = wb.lo.w;
+                q[4] = wb.hi.x, q[5] = wb.hi.y, q[6] = wb.hi.z, q[7] = wb.hi.w;
             } else {
-                q4_to_i8<QT>(*(const uint4 *)(qs + blk * (QK / 2)), q);
+                q4_to_i8<QT>(wb.lo, q);
             }
-            if (QT == QTYPE_Q4_1) {
-                const uint32_t dm = ((const uint32_t *)sc)[blk];
-                d = fp16_bits_to_f32(dm);
-                m = fp16_bits_to_f32(dm >> 16);
-            } else {
-                d = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-            }
+            d = wb.d;
+            m = wb.m;
         }
         if (F16) {
             i8_to_f16(q, st.w[i]);

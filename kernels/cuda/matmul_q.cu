@@ -132,26 +132,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         float d[GEMV_ROWS], mn[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
-            const int64_t blk = row[r] * nb + b;
-            uint4 lo, hi;
-            if (QT == QTYPE_Q8_0) {
-                lo = *(const uint4 *)(qs + blk * QK);
-                hi = *(const uint4 *)(qs + blk * QK + 16);
-                d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-                mn[r] = 0.0f;
-            } else {
-                lo = *(const uint4 *)(qs + blk * (QK / 2));
-                hi = lo;
-                if (QT == QTYPE_Q4_0) {
-                    d[r] = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-                    mn[r] = 0.0f;
-                } else {
-                    const uint32_t dm = ((const uint32_t *)sc)[blk];
-                    d[r] = fp16_bits_to_f32(dm);
-                    mn[r] = fp16_bits_to_f32(dm >> 16);
-                }
-            }
-            block_values<QT>(lo, hi, wv[r]);
+            const struct wblock w = load_wblock<QT>(qs, sc, row[r] * nb + b);
+            d[r] = w.d;
+            mn[r] = w.m;
+            block_values<QT>(w.lo, w.hi, wv[r]);
         }
 #pragma unroll
         for (int t = 0; t < T; t++) {
@@ -269,36 +253,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 /* ---- path 2: int8 activations, quantized weights ---- */
-
-/* One 32-block of one row as loaded: quants (lo: bytes 0..15, hi: 16..31 for Q8_0), scale d and
- * Q4_1's minimum m. */
-struct wblock {
-    uint4 lo, hi;
-    float d, m;
-};
-
-template <int QT>
-__device__ __forceinline__ struct wblock load_wblock(const uint8_t *__restrict__ qs,
-                                                     const uint8_t *__restrict__ sc, int64_t blk)
-{
-    struct wblock w;
-    if (QT == QTYPE_Q8_0) {
-        w.lo = *(const uint4 *)(qs + blk * QK);
-        w.hi = *(const uint4 *)(qs + blk * QK + 16);
-    } else {
-        w.lo = *(const uint4 *)(qs + blk * (QK / 2));
-        w.hi = w.lo;
-    }
-    if (QT == QTYPE_Q4_1) {
-        const uint32_t dm = ((const uint32_t *)sc)[blk];
-        w.d = fp16_bits_to_f32(dm);
-        w.m = fp16_bits_to_f32(dm >> 16);
-    } else {
-        w.d = fp16_bits_to_f32(((const uint16_t *)sc)[blk]);
-        w.m = 0.0f;
-    }
-    return w;
-}
 
 /* Folds block b of GEMV_ROWS rows into acc for the tile's tokens, as ref_dot_q8 folds a block:
  * an exact integer dot product, then acc = fma(dw * dx, isum, acc) (+ fma(m, s, acc)). */
@@ -533,6 +487,22 @@ static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const str
     }
 }
 
+static void launch_q8_any(struct cuda_ctx *c, const struct cuda_weight *w, const struct q8_parts *p,
+                          int n, float *y)
+{
+    switch (w->L.type) {
+    case QTYPE_Q4_0:
+        launch_q8<QTYPE_Q4_0>(c, w, p, n, y);
+        break;
+    case QTYPE_Q4_1:
+        launch_q8<QTYPE_Q4_1>(c, w, p, n, y);
+        break;
+    default:
+        launch_q8<QTYPE_Q8_0>(c, w, p, n, y);
+        break;
+    }
+}
+
 #ifdef QUERN_HAVE_CUBLAS
 /* y[n][rows] = x[n][cols] W^T with W fp16 [rows][cols] row-major: in cuBLAS's column-major
  * terms y^T (rows x n) = W (cols x rows, ld cols)^T * x^T (cols x n, ld cols). */
@@ -573,17 +543,7 @@ static void matmul_pass(struct cuda_ctx *c, const struct cuda_weight *w, const f
             cuda_gemm_mma_q8(c, w, &p, n, y);
             return;
         }
-        switch (t) {
-        case QTYPE_Q4_0:
-            launch_q8<QTYPE_Q4_0>(c, w, &p, n, y);
-            break;
-        case QTYPE_Q4_1:
-            launch_q8<QTYPE_Q4_1>(c, w, &p, n, y);
-            break;
-        default:
-            launch_q8<QTYPE_Q8_0>(c, w, &p, n, y);
-            break;
-        }
+        launch_q8_any(c, w, &p, n, y);
         CUDA_LAUNCHED(c, "gemv_q8_kernel");
         return;
     }
@@ -692,17 +652,15 @@ int cuda_op_weight_prepare(struct backend *be, struct bweight *bw, struct qerr *
     if (e == cudaSuccess && f16_bytes) e = cudaMalloc((void **)&w->f16, f16_bytes);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
+        const struct cuda_free_text avail = cuda_free_now();
         if (w->dev) cudaFree(w->dev);
         free(host);
         free(w);
         return qerr_set(err, QERR_NOMEM,
                         "cuda: out of device memory for a %s %lld x %lld weight: asked %.1f MiB, "
-                        "%.1f MiB of %.1f MiB free",
+                        "%s",
                         qtype_name(bw->type), (long long)bw->rows, (long long)bw->cols,
-                        (double)(want + f16_bytes) / 1048576.0, (double)free_b / 1048576.0,
-                        (double)total_b / 1048576.0);
+                        (double)(want + f16_bytes) / 1048576.0, avail.s);
     }
     e = cudaMemcpyAsync(w->dev, host, want, cudaMemcpyHostToDevice, c->stream);
     if (e == cudaSuccess && w->f16) {
