@@ -6,7 +6,10 @@
  * text extracted, and chat_format inserts it when the conversation does not start with a system
  * message, as running the Jinja template would. Templates that carry ChatML's marker but are a
  * different format (Phi-4's <|im_sep|>, SmolVLM's <end_of_utterance>) are refused rather than
- * formatted wrongly. Llama-3 text has no <|begin_of_text|>: BOS is the tokenizer's to add. */
+ * formatted wrongly. Llama-3 text has no <|begin_of_text|>: BOS is the tokenizer's to add.
+ * Every piece of message content is written through sb_content, which records its byte range:
+ * chat_encode lets control tokens match only outside those ranges, so a client cannot write
+ * "<|im_end|>" into a message and have it end the turn. */
 #include "chat.h"
 
 #include <stdio.h>
@@ -162,6 +165,10 @@ struct sb {
     char *p;
     size_t n, cap;
     bool oom;
+    /* where message content was written; collected only when spans is set */
+    bool spans;
+    struct tokenizer_span *span;
+    size_t n_span, cap_span;
 };
 
 static void sb_put(struct sb *b, const char *s, size_t n)
@@ -188,18 +195,42 @@ static void sb_str(struct sb *b, const char *s)
     sb_put(b, s, strlen(s));
 }
 
+/* Appends message content n bytes long, noting its range. */
+static void sb_content(struct sb *b, const char *s, size_t n)
+{
+    size_t at = b->n;
+    sb_put(b, s, n);
+    if (b->oom || !b->spans || n == 0) return;
+    if (b->n_span == b->cap_span) {
+        size_t cap = b->cap_span ? 2 * b->cap_span : 8;
+        struct tokenizer_span *q = realloc(b->span, cap * sizeof *q);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->span = q;
+        b->cap_span = cap;
+    }
+    b->span[b->n_span++] = (struct tokenizer_span){at, n};
+}
+
+static void sb_msg(struct sb *b, const char *s)
+{
+    sb_content(b, s, strlen(s));
+}
+
 static bool is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* Appends s with leading and trailing ASCII whitespace removed (llama.cpp's trim). */
+/* Appends content s with leading and trailing ASCII whitespace removed (llama.cpp's trim). */
 static void sb_trimmed(struct sb *b, const char *s)
 {
     size_t n = strlen(s), i = 0;
     while (i < n && is_space(s[i])) i++;
     while (n > i && is_space(s[n - 1])) n--;
-    sb_put(b, s + i, n - i);
+    sb_content(b, s + i, n - i);
 }
 
 enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
@@ -216,7 +247,7 @@ static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, 
         sb_str(b, "<|im_start|>");
         sb_str(b, m[i].role);
         sb_str(b, "\n");
-        sb_str(b, m[i].content);
+        sb_msg(b, m[i].content);
         sb_str(b, "<|im_end|>\n");
     }
     if (gen) sb_str(b, "<|im_start|>assistant\n");
@@ -239,15 +270,15 @@ static void fmt_mistral_v7(const struct chat_msg *m, const enum role *r, size_t 
     for (size_t i = 0; i < n; i++) {
         if (r[i] == ROLE_SYSTEM) {
             sb_str(b, "[SYSTEM_PROMPT] ");
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
             sb_str(b, "[/SYSTEM_PROMPT]");
         } else if (r[i] == ROLE_USER) {
             sb_str(b, "[INST] ");
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
             sb_str(b, "[/INST]");
         } else {
             sb_str(b, " ");
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
             sb_str(b, "</s>");
         }
     }
@@ -267,10 +298,10 @@ static void fmt_mistral(enum chat_variant v, const struct chat_msg *m, const enu
             inside = true;
         }
         if (r[i] == ROLE_SYSTEM) {
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
             sb_str(b, "\n\n");
         } else if (r[i] == ROLE_USER) {
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
             sb_str(b, lead);
             sb_str(b, "[/INST]");
         } else {
@@ -278,7 +309,7 @@ static void fmt_mistral(enum chat_variant v, const struct chat_msg *m, const enu
             if (v == CHAT_VARIANT_MISTRAL_V3)
                 sb_trimmed(b, m[i].content);
             else
-                sb_str(b, m[i].content);
+                sb_msg(b, m[i].content);
             sb_str(b, "</s>");
             inside = false;
         }
@@ -300,7 +331,7 @@ static void fmt_llama2(enum chat_variant v, const struct chat_msg *m, const enum
         if (strip)
             sb_trimmed(b, m[i].content);
         else
-            sb_str(b, m[i].content);
+            sb_msg(b, m[i].content);
         if (r[i] == ROLE_SYSTEM) {
             sb_str(b, sys ? "\n<</SYS>>\n\n" : "\n");
         } else if (r[i] == ROLE_USER) {
@@ -312,10 +343,13 @@ static void fmt_llama2(enum chat_variant v, const struct chat_msg *m, const enum
     }
 }
 
-int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                bool add_generation_prompt, char **out, struct qerr *err)
+int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                      bool add_generation_prompt, char **out, struct tokenizer_span **content,
+                      size_t *n_content, struct qerr *err)
 {
     *out = NULL;
+    if (content) *content = NULL;
+    if (n_content) *n_content = 0;
     enum role *r = malloc((n ? n : 1) * sizeof *r);
     if (!r) return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -339,7 +373,7 @@ int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size
                             i, role);
         }
     }
-    struct sb b = {0};
+    struct sb b = {.spans = content && n_content};
     sb_put(&b, "", 0);
     switch (t->kind) {
     case CHAT_CHATML:
@@ -360,8 +394,38 @@ int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size
     free(r);
     if (b.oom) {
         free(b.p);
+        free(b.span);
         return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
     }
     *out = b.p;
+    if (b.spans) {
+        *content = b.span;
+        *n_content = b.n_span;
+    }
     return 0;
+}
+
+int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                bool add_generation_prompt, char **out, struct qerr *err)
+{
+    return chat_format_spans(t, msgs, n, add_generation_prompt, out, NULL, NULL, err);
+}
+
+int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
+                const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
+                bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    char *text;
+    struct tokenizer_span *content;
+    size_t n_content;
+    int rc = chat_format_spans(t, msgs, n, add_generation_prompt, &text, &content, &n_content, err);
+    if (rc) return rc;
+    if (content_special) n_content = 0; /* the whole text may name control tokens */
+    rc = tokenizer_encode_spans(tok, text, strlen(text), add_bos, content, n_content, ids, n_ids,
+                                err);
+    free(content);
+    free(text);
+    return rc;
 }

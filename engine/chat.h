@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "../quant/qerr.h"
+#include "tokenizer.h"
 
 enum chat_kind {
     CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
@@ -53,9 +54,26 @@ const char *chat_template_name(const struct chat_template *t);
 
 /* Formats the messages as the template would with add_generation_prompt; *out is malloc'd and
  * NUL-terminated (caller frees). An unknown role is QERR_INVALID naming it. The text never
- * starts with BOS (<s>, <|begin_of_text|>): the caller adds it per tokenizer_adds_bos. Encode it
- * with parse_special so the markers become their control tokens. */
+ * starts with BOS (<s>, <|begin_of_text|>): the caller adds it per tokenizer_adds_bos. Do not
+ * encode it with parse_special as a whole: message content would then name control tokens
+ * (chat_encode keeps them apart). */
 int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
                 bool add_generation_prompt, char **out, struct qerr *err);
+
+/* chat_format, also reporting where message content landed in *out: *content (malloc'd, caller
+ * frees; NULL when *n_content is 0) holds the byte ranges, in order, of every non-empty content
+ * as written (trimmed where the template trims). Everything outside them is the template's. */
+int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                      bool add_generation_prompt, char **out, struct tokenizer_span **content,
+                      size_t *n_content, struct qerr *err);
+
+/* Formats the messages and encodes the text: the template's markers become control tokens and
+ * message content is plain text (tokenizer_encode_spans), so a message cannot forge a turn;
+ * with content_special the content may name control tokens too (llama.cpp's and vLLM's
+ * behaviour, an operator's opt-in). add_bos prepends BOS when the model has one. *ids is
+ * malloc'd (caller frees). Errors are chat_format's and tokenizer_encode's. */
+int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
+                const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
+                bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err);
 
 #endif

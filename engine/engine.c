@@ -25,7 +25,9 @@ void engine_opts_default(struct engine_opts *o)
                               .kv_blocks = 0,
                               .kv_mem = (size_t)1 << 30,
                               .ctx_len = 0,
-                              .prefix_cache = true};
+                              .prefix_cache = true,
+                              .max_unread = 64,
+                              .stall_timeout_s = 30};
 }
 
 const char *finish_reason_name(enum finish_reason r)
@@ -50,28 +52,55 @@ const char *finish_reason_name(enum finish_reason r)
 static void request_push(struct request *r, const struct req_event *ev)
 {
     pthread_mutex_lock(&r->mu);
+    if (r->read > 0 && r->n_events == r->cap_events) {
+        /* events already read are dropped, so a channel holds only what is unread */
+        memmove(r->events, r->events + r->read,
+                (size_t)(r->n_events - r->read) * sizeof *r->events);
+        r->n_events -= r->read;
+        r->read = 0;
+    }
     if (r->n_events == r->cap_events) {
         int cap = r->cap_events ? r->cap_events * 2 : 16;
         struct req_event *n = realloc(r->events, (size_t)cap * sizeof *n);
         if (!n) {
             /* cannot queue: keep the final event, which the client must see */
-            if (!ev->done) {
+            if (!ev->done || r->n_events == 0) {
                 pthread_mutex_unlock(&r->mu);
                 return;
             }
-            r->events[r->n_events - 1] = *ev;
-            r->finished = true;
-            pthread_cond_broadcast(&r->cv);
-            pthread_mutex_unlock(&r->mu);
-            return;
+            r->n_events--;
+        } else {
+            r->events = n;
+            r->cap_events = cap;
         }
-        r->events = n;
-        r->cap_events = cap;
     }
     r->events[r->n_events++] = *ev;
-    if (ev->done) r->finished = true;
+    if (ev->done) {
+        r->finished = true;
+        r->e = NULL;
+    }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Wakes the engine thread; the caller holds r->mu (see struct request). */
+static void request_wake_engine(struct request *r)
+{
+    if (!r->e) return;
+    pthread_mutex_lock(&r->e->mu);
+    r->e->wakes++;
+    pthread_cond_signal(&r->e->wake);
+    pthread_mutex_unlock(&r->e->mu);
+}
+
+bool seq_backlogged(const struct seq *s)
+{
+    struct request *r = s->req;
+    if (r->max_unread <= 0) return false;
+    pthread_mutex_lock(&r->mu);
+    bool full = r->n_events - r->read >= r->max_unread;
+    pthread_mutex_unlock(&r->mu);
+    return full;
 }
 
 int request_next(struct request *r, struct req_event *ev, int timeout_ms)
@@ -95,10 +124,13 @@ int request_next(struct request *r, struct req_event *ev, int timeout_ms)
             return 1;
         }
     }
-    if (r->read < r->n_events)
+    if (r->read < r->n_events) {
+        /* a paused sequence goes on once its reader makes room */
+        if (r->max_unread > 0 && r->n_events - r->read == r->max_unread) request_wake_engine(r);
         *ev = r->events[r->read++];
-    else
+    } else {
         *ev = r->events[r->n_events - 1]; /* after the end: the final event again */
+    }
     pthread_mutex_unlock(&r->mu);
     return 0;
 }
@@ -106,10 +138,9 @@ int request_next(struct request *r, struct req_event *ev, int timeout_ms)
 void request_abort(struct request *r)
 {
     atomic_store(&r->abort, true);
-    struct engine *e = r->e;
-    pthread_mutex_lock(&e->mu);
-    pthread_cond_signal(&e->wake);
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&r->mu);
+    request_wake_engine(r);
+    pthread_mutex_unlock(&r->mu);
 }
 
 static void request_unref(struct request *r)
@@ -299,6 +330,7 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
 
     struct req_event ev = {0};
     ev.token = t;
+    ev.completion_tokens = s->n_generated;
     if (s->top_logprobs >= 0) {
         ev.logprob = sample_logprob(row, e->vocab, t);
         if (s->top_logprobs > 0) top_logprobs(row, e->vocab, s->top_logprobs, &ev);
@@ -352,9 +384,40 @@ static void abort_flagged(struct engine *e)
     }
 }
 
-static void run_step(struct engine *e)
+/* Tracks which sequences wait on their reader; aborts those whose reader stalled too long.
+ * Returns how many of list are paused. */
+static int check_stalls(struct engine *e, struct seq **list, int *n, double now)
+{
+    int paused = 0;
+    for (int i = 0; i < *n; i++) {
+        struct seq *s = list[i];
+        if (!seq_backlogged(s)) {
+            s->paused_since = 0;
+            continue;
+        }
+        if (s->paused_since == 0) s->paused_since = now;
+        if (e->o.stall_timeout_s <= 0 || now - s->paused_since < e->o.stall_timeout_s) {
+            paused++;
+            continue;
+        }
+        memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof *list);
+        (*n)--;
+        i--;
+        e->local.stalled++;
+        char why[128];
+        snprintf(why, sizeof why, "the client read nothing for %.0f s", now - s->paused_since);
+        seq_finish(e, s, FINISH_ABORT, false, why);
+    }
+    return paused;
+}
+
+/* One step; returns the tokens it ran (0: nothing could run). */
+static int run_step(struct engine *e)
 {
     abort_flagged(e);
+    double now = engine_now();
+    e->local.paused = check_stalls(e, e->running, &e->n_running, now) +
+                      check_stalls(e, e->waiting, &e->n_waiting, now);
     /* requests that ask for nothing finish at admission without touching the model */
     for (int i = 0; i < e->n_waiting; i++) {
         struct seq *s = e->waiting[i];
@@ -367,7 +430,7 @@ static void run_step(struct engine *e)
         seq_finish(e, s, FINISH_LENGTH, false, NULL);
     }
     int n = sched_step_plan(e);
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     struct step_plan *p = &e->plan;
     struct model_batch b = {.n_tokens = p->n_tokens,
                             .tokens = p->tokens,
@@ -393,7 +456,7 @@ static void run_step(struct engine *e)
                 }
             seq_finish(e, s, FINISH_ERROR, false, err.msg);
         }
-        return;
+        return n;
     }
     for (int i = 0; i < p->n_seqs; i++)
         if (p->seqs[i]->n_computed < p->seqs[i]->n_prompt)
@@ -412,6 +475,7 @@ static void run_step(struct engine *e)
             }
         seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, NULL);
     }
+    return n;
 }
 
 static void publish_stats(struct engine *e)
@@ -444,9 +508,24 @@ static void *engine_main(void *arg)
         for (int i = 0; i < e->n_incoming; i++) e->waiting[e->n_waiting++] = e->incoming[i];
         e->n_incoming = 0;
         e->n_waiting_pub = e->n_waiting;
+        unsigned seen = e->wakes;
         pthread_mutex_unlock(&e->mu);
-        run_step(e);
+        int ran = run_step(e);
         publish_stats(e);
+        if (ran > 0) continue;
+        /* nothing could run (every sequence waits on its reader, or on blocks held by those):
+         * sleep until someone reads, aborts or submits, or the next stall check */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->n_incoming == 0 && e->wakes == seen)
+            if (pthread_cond_timedwait(&e->wake, &e->mu, &until)) break;
+        pthread_mutex_unlock(&e->mu);
     }
     /* shutdown: everything still here ends with abort */
     pthread_mutex_lock(&e->mu);
@@ -549,14 +628,21 @@ fail:
     return rc;
 }
 
-void engine_free(struct engine *e)
+void engine_stop(struct engine *e)
 {
-    if (!e) return;
+    if (!e || e->joined) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
+    e->joined = true;
+}
+
+void engine_free(struct engine *e)
+{
+    if (!e) return;
+    engine_stop(e);
     engine_release(e);
 }
 
@@ -651,6 +737,7 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
     pthread_cond_init(&q->cv, NULL);
     q->refs = 2;
     q->e = e;
+    q->max_unread = e->o.max_unread;
     s->req = q;
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->stop) {

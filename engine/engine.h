@@ -6,8 +6,11 @@
  * queue full, prompt too long for the context or the pool). The engine thread admits it, prefills
  * it in chunks under the step's token budget, then decodes one token per step, pushing one
  * event per token (with the text it completes) into the request's channel, and a final event
- * with the finish reason and usage. request_abort may be called at any time from any thread;
- * the request's KV blocks are free by the end of the next step. */
+ * with the finish reason and usage. A channel holds at most about max_unread unread events:
+ * past that the request waits for its reader, and is aborted when the reader stalls for
+ * stall_timeout_s. request_abort may be called at any time from any thread; the request's KV
+ * blocks are free by the end of the next step. A request stays valid until released, even
+ * after engine_free. */
 #ifndef QUERN_ENGINE_H
 #define QUERN_ENGINE_H
 
@@ -28,6 +31,11 @@ struct engine_opts {
     size_t kv_mem;        /* bytes for the KV pool when kv_blocks is 0 (default 256 MiB) */
     int ctx_len;          /* max prompt + output tokens per request; 0: the model's */
     bool prefix_cache;    /* reuse cached full blocks of identical prefixes (default on) */
+    /* Back-pressure: a request whose reader leaves max_unread events unread takes no decode
+     * step until it reads (0: never pause), and one paused for stall_timeout_s seconds is
+     * aborted, freeing its KV blocks (0: never). Defaults 64 and 30. */
+    int max_unread;
+    double stall_timeout_s;
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -73,9 +81,10 @@ struct req_event {
     float logprob;
     int n_top;
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+    int completion_tokens; /* tokens generated so far (every event) */
     /* final event only */
     enum finish_reason finish;
-    int prompt_tokens, completion_tokens, cached_tokens;
+    int prompt_tokens, cached_tokens;
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };
@@ -85,6 +94,8 @@ struct engine_stats {
     int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
     uint64_t prefix_lookups, prefix_hit_tokens;
     uint64_t preemptions;
+    int paused;       /* sequences waiting for their reader (max_unread events unread) */
+    uint64_t stalled; /* requests aborted because their reader stalled (stall_timeout_s) */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t steps;
     uint64_t finished[5];   /* indexed by enum finish_reason */
@@ -97,8 +108,12 @@ struct request;
 /* The engine borrows f, tok and be (they must outlive it) and owns the model it loads. */
 int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
                   const struct engine_opts *o, struct engine **out, struct qerr *err);
-/* Aborts everything still running or waiting (finish reason abort), joins the engine thread,
- * frees the model. Requests not yet released stay valid until request_release. */
+/* Aborts everything still running or waiting (finish reason abort: each gets its final event)
+ * and joins the engine thread; submit then refuses. The engine's memory stays until
+ * engine_free, so stats can still be read. Idempotent. */
+void engine_stop(struct engine *e);
+/* engine_stop, then frees the model. Requests not yet released stay valid until
+ * request_release, and request_abort/request_next on them stay safe. */
 void engine_free(struct engine *e);
 
 /* Queues a request. QERR_FULL when the waiting queue is full; QERR_INVALID when the prompt is

@@ -17,7 +17,11 @@ struct request {
     atomic_bool abort;
     struct req_event *events; /* guarded by mu */
     int n_events, cap_events, read;
+    int max_unread; /* > 0: the engine pauses the sequence while this many events are unread */
     bool finished;
+    /* NULL once the final event is pushed: the engine may be gone after that. Guarded by mu;
+     * whoever holds mu with e set may lock e->mu (never the other way round), because the
+     * engine cannot finish this request, and so cannot be freed, until mu is released. */
     struct engine *e;
 };
 
@@ -43,6 +47,7 @@ struct seq {
     char *hold; /* text held back because it may begin a stop string */
     int n_hold, cap_hold;
     double t_submit, t_admit, t_first;
+    double paused_since; /* > 0: its client has had max_unread events unread since then */
 };
 
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
@@ -73,6 +78,8 @@ struct engine {
     struct seq **incoming;
     int n_incoming, cap_incoming;
     bool stop, draining;
+    unsigned wakes; /* counts wake-ups, so one between a step and the sleep is not lost */
+    bool joined;    /* the engine thread has ended (engine_stop); main thread only */
     struct engine_stats stats;
     int n_waiting_pub;    /* n_waiting as last seen under mu; bounds the queue at submit */
     double last_progress; /* time of the last finished step (or of going idle) */
@@ -90,6 +97,9 @@ struct engine {
 };
 
 double engine_now(void);
+
+/* True while s's client has max_unread events unread: s takes no decode step until it reads. */
+bool seq_backlogged(const struct seq *s);
 
 /* sched.c */
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);

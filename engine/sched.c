@@ -1,6 +1,7 @@
 /* The scheduler. DESIGN: one step = one forward over a ragged batch built in three passes under
  * the token budget (max_batch_tokens) and the sequence cap (max_seqs):
- *   A. every running sequence with one token to compute (a decode), oldest first;
+ *   A. every running sequence with one token to compute (a decode), oldest first, but those
+ *      whose reader has max_unread events unread (paused: back-pressure, see engine.h);
  *   B. running sequences part-way through their prompt get the next chunk, oldest first;
  *   C. waiting sequences are admitted first come, first served, reusing cached prefix blocks,
  *      while blocks remain beyond a reserve of one per running sequence (so admitting never
@@ -182,6 +183,7 @@ int sched_step_plan(struct engine *e)
             struct seq *s = e->running[i];
             int todo = s->n_tokens - s->n_computed;
             if ((pass == 0) != (todo == 1) || in_plan(p, s)) continue;
+            if (todo == 1 && s->paused_since > 0) continue; /* its reader is behind */
             int n = todo < budget ? todo : budget;
             while (!grow_blocks(e, s, s->n_computed + n)) {
                 struct seq *v = preempt_newest(e);

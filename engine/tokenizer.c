@@ -4,7 +4,10 @@
  * reference the tests compare against:
  *  - Special tokens are found first: every control, user-defined and unknown token, longest
  *    text first, splits the raw fragments that still remain (llama.cpp's tokenizer_st_partition).
- *    User-defined tokens are always matched; control and unknown ones only with parse_special.
+ *    User-defined tokens are always matched; control and unknown ones only with parse_special,
+ *    and never across a caller's plain range (tokenizer_encode_spans: chat message content). A
+ *    refused match leaves its bytes inside the surrounding raw fragment (never a cut there), so
+ *    plain ranges free of special spellings change no id.
  *  - Each remaining raw fragment goes to the model: byte-level BPE (tokenizer_bpe.c) or
  *    SentencePiece (tokenizer_spm.c), which gets a leading space when the fragment follows a
  *    special token or the start of the text and add_space_prefix is set.
@@ -461,15 +464,35 @@ static int frags_push(struct frags *f, size_t off, size_t len, int32_t id)
     return 0;
 }
 
-/* Splits text into raw fragments and special tokens, longest special first. */
+/* True when [h, h + tl) overlaps one of the sorted, disjoint ranges (an empty range counts when
+ * it lies strictly inside, since the token would then straddle a content boundary). */
+static bool overlaps_plain(const struct tokenizer_span *plain, size_t n_plain, size_t h, size_t tl)
+{
+    /* the first range ending after h; ends never decrease, so binary search finds it */
+    size_t lo = 0, hi = n_plain;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (plain[mid].off + plain[mid].len > h)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo < n_plain && plain[lo].off < h + tl;
+}
+
+/* Splits text into raw fragments and special tokens, longest special first. Control and unknown
+ * tokens count only with parse_special, and never where they overlap a plain range. */
 static int partition(const struct tokenizer *t, const char *s, size_t len, bool parse_special,
-                     struct frags *cur, struct frags *next)
+                     const struct tokenizer_span *plain, size_t n_plain, struct frags *cur,
+                     struct frags *next)
 {
     cur->n = 0;
     if (len && frags_push(cur, 0, len, -1)) return QERR_NOMEM;
     for (size_t k = 0; k < t->n_special; k++) {
         int32_t id = t->special[k];
-        if (!parse_special && t->type[id] != TOK_TYPE_USER_DEFINED) continue;
+        bool user = t->type[id] == TOK_TYPE_USER_DEFINED;
+        if (!parse_special && !user) continue;
+        bool guarded = !user && n_plain > 0;
         const char *tx = tok_text(t, id);
         size_t tl = tok_text_len(t, id);
         if (tl > len || !memmem(s, len, tx, tl)) continue;
@@ -480,13 +503,19 @@ static int partition(const struct tokenizer *t, const char *s, size_t len, bool 
                 if (frags_push(next, fr.off, fr.len, fr.id)) return QERR_NOMEM;
                 continue;
             }
-            size_t p = fr.off, end = fr.off + fr.len;
+            /* p: start of the raw text not yet pushed; q: where the search resumes, which moves
+             * past a refused hit without cutting the fragment there */
+            size_t p = fr.off, q = fr.off, end = fr.off + fr.len;
             const char *hit;
-            while (end - p >= tl && (hit = memmem(s + p, end - p, tx, tl))) {
+            while (end - q >= tl && (hit = memmem(s + q, end - q, tx, tl))) {
                 size_t h = (size_t)(hit - s);
+                if (guarded && overlaps_plain(plain, n_plain, h, tl)) {
+                    q = h + 1;
+                    continue;
+                }
                 if (h > p && frags_push(next, p, h - p, -1)) return QERR_NOMEM;
                 if (frags_push(next, h, tl, id)) return QERR_NOMEM;
-                p = h + tl;
+                p = q = h + tl;
             }
             if (p < end && frags_push(next, p, end - p, -1)) return QERR_NOMEM;
         }
@@ -507,12 +536,24 @@ static void work_free(struct tok_work *w)
     free(w->buf);
 }
 
-int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
-                     bool parse_special, int32_t **ids, size_t *n, struct qerr *err)
+static int encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                  bool parse_special, const struct tokenizer_span *plain, size_t n_plain,
+                  int32_t **ids, size_t *n, struct qerr *err)
 {
     *ids = NULL;
     *n = 0;
     if (!text && len) return qerr_set(err, QERR_INVALID, "tokenizer_encode: text is NULL");
+    if (n_plain && !plain)
+        return qerr_set(err, QERR_INVALID, "tokenizer_encode: %zu plain ranges but no array",
+                        n_plain);
+    for (size_t i = 0, prev_end = 0; i < n_plain; i++) {
+        if (plain[i].off < prev_end || plain[i].off > len || plain[i].len > len - plain[i].off)
+            return qerr_set(err, QERR_INVALID,
+                            "tokenizer_encode: plain range %zu [%zu, +%zu) is out of order or "
+                            "outside the %zu bytes of text",
+                            i, plain[i].off, plain[i].len, len);
+        prev_end = plain[i].off + plain[i].len;
+    }
     if (len > UINT32_MAX / 4)
         return qerr_set(err, QERR_INVALID, "tokenizer_encode: text of %zu bytes is too long", len);
     size_t bad = utf8_check(text, len);
@@ -526,7 +567,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bo
     struct tok_work w = {0};
     int rc = 0;
     if (add_bos && t->bos >= 0 && (rc = tok_ids_push(&out, t->bos))) goto nomem;
-    if ((rc = partition(t, text, len, parse_special, &fa, &fb))) goto nomem;
+    if ((rc = partition(t, text, len, parse_special, plain, n_plain, &fa, &fb))) goto nomem;
 
     bool prev_special = true; /* SentencePiece: a raw fragment at the start gets a space */
     for (size_t i = 0; i < fa.n; i++) {
@@ -563,4 +604,17 @@ fail:
     free(fb.v);
     work_free(&w);
     return rc;
+}
+
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                     bool parse_special, int32_t **ids, size_t *n, struct qerr *err)
+{
+    return encode(t, text, len, add_bos, parse_special, NULL, 0, ids, n, err);
+}
+
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                           const struct tokenizer_span *plain, size_t n_plain, int32_t **ids,
+                           size_t *n, struct qerr *err)
+{
+    return encode(t, text, len, add_bos, true, plain, n_plain, ids, n, err);
 }

@@ -40,6 +40,22 @@ int32_t tokenizer_find(const struct tokenizer *t, const char *text);
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, int32_t **ids, size_t *n, struct qerr *err);
 
+/* A byte range [off, off + len) of a text being encoded. */
+struct tokenizer_span {
+    size_t off, len;
+};
+
+/* tokenizer_encode with parse_special, except that a control (or unknown) token is matched only
+ * where its text lies wholly outside the n_plain ranges; text inside them is tokenized as without
+ * parse_special. This is how a chat prompt keeps its template's markers as control tokens while
+ * message content, which a client wrote, cannot forge one. Fragments are not cut at the ranges'
+ * edges, so a text with no special-token spelling inside them encodes exactly as tokenizer_encode
+ * with parse_special does. The ranges must be sorted, disjoint and within the text (otherwise
+ * QERR_INVALID); plain may be NULL when n_plain is 0. */
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len, bool add_bos,
+                           const struct tokenizer_span *plain, size_t n_plain, int32_t **ids,
+                           size_t *n, struct qerr *err);
+
 /* The raw bytes token id stands for (byte-level mapping undone, SentencePiece's U+2581 turned
  * into a space, <0xNN> into its byte; control and user-defined tokens give their text, e.g.
  * "<|im_end|>"). Returns the byte count, which may exceed cap (then only cap bytes are

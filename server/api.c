@@ -153,16 +153,19 @@ struct oai_vocab api_vocab(const struct serve *s)
     return (struct oai_vocab){.token_bytes = vocab_bytes, .ctx = s->tok};
 }
 
-int api_chat_text(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
-                  char **text, struct oai_error *e)
+int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
+                    bool add_bos, int32_t **ids, size_t *n, struct oai_error *e)
 {
+    *ids = NULL;
+    *n = 0;
     if (!s->chat)
         return oai_error_set(e, 400, "invalid_request_error", "no_chat_template", "messages",
                              "this model has no chat template quern supports (%s); use "
                              "/v1/completions",
                              s->chat_error);
     struct qerr q = {0};
-    if (chat_format(s->chat, r->msgs, r->n_msgs, add_generation_prompt, text, &q))
+    if (chat_encode(s->chat, s->tok, r->msgs, r->n_msgs, add_generation_prompt, add_bos,
+                    s->o->chat_parse_special, ids, n, &q))
         return oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
                              q.code == QERR_NOMEM ? "server_error" : "invalid_request_error", NULL,
                              "messages", "messages: %s", q.msg);
@@ -178,28 +181,23 @@ void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *
         api_error(&e, rq->log, out);
         return;
     }
-    char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     struct qerr q = {0};
     bool bos = r.add_special && tokenizer_adds_bos(s->tok);
     if (r.n_msgs) {
-        if (api_chat_text(s, &r, r.add_generation_prompt, &text, &e)) goto fail;
-        if (tokenizer_encode(s->tok, text, strlen(text), bos, true, &ids, &n, &q)) goto qfail;
+        if (api_chat_tokens(s, &r, r.add_generation_prompt, bos, &ids, &n, &e)) goto fail;
     } else if (tokenizer_encode(s->tok, r.prompts[0].text, r.prompts[0].text_len, bos, false, &ids,
                                 &n, &q)) {
-        goto qfail;
+        oai_error_set(&e, 400, "invalid_request_error", NULL, "prompt", "%s", q.msg);
+        goto fail;
     }
     json_reply(out, 200, oai_write_tokens(ids, n, s->ctx_len));
     goto done;
-qfail:
-    oai_error_set(&e, 400, "invalid_request_error", NULL, r.n_msgs ? "messages" : "prompt", "%s",
-                  q.msg);
 fail:
     api_error(&e, rq->log, out);
 done:
     free(ids);
-    free(text);
     oai_request_free(&r);
 }
 

@@ -25,8 +25,9 @@ void api_error(const struct oai_error *e, struct req_log *log, struct http_resp 
 bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);
 /* The model's token texts for the response writers. */
 struct oai_vocab api_vocab(const struct serve *s);
-/* The conversation in r formatted by the model's chat template (*text malloc'd). */
-int api_chat_text(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
-                  char **text, struct oai_error *e);
+/* The conversation in r formatted by the model's chat template and tokenized (*ids malloc'd):
+ * message content is plain text unless the server runs with --chat-parse-special. */
+int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
+                    bool add_bos, int32_t **ids, size_t *n, struct oai_error *e);
 
 #endif

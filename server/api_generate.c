@@ -1,9 +1,9 @@
 /* api_generate: POST /v1/completions and /v1/chat/completions.
  *
  * DESIGN. The handler parses and validates the body, tokenizes each prompt (chat: the template's
- * text with special tokens parsed; completions: user text never parsed for specials), checks the
- * context, and submits one engine request per choice (prompts x n; choice j of a prompt gets
- * seed + j, and the prefix cache shares the prompt between them). Then either
+ * markers as control tokens, message content as text; completions: user text never parsed for
+ * specials), checks the context, and submits one engine request per choice (prompts x n; choice j
+ * of a prompt gets seed + j, and the prefix cache shares the prompt between them). Then either
  *   - non-streamed: the handler waits on each request's events on its HTTP thread, polling the
  *     client socket between waits so a disconnect aborts the requests, and answers one JSON
  *     body; or
@@ -28,6 +28,7 @@ struct choice {
     bool done;
     int prompt;            /* index of its prompt */
     size_t text_len;       /* bytes of text so far (echo included): logprobs text_offset */
+    int logged_tokens;     /* of its tokens, those already counted in the request's log */
     struct oai_choice out; /* non-streamed: the collected text and logprobs */
 };
 
@@ -131,6 +132,11 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
                                    one.n_top);
     }
     c->text_len += len;
+    /* counted as they come, so a request cut short logs what it streamed */
+    if (g->log && ev->completion_tokens > c->logged_tokens) {
+        g->log->completion_tokens += ev->completion_tokens - c->logged_tokens;
+        c->logged_tokens = ev->completion_tokens;
+    }
     if (ev->done) {
         c->done = true;
         c->out.finish = fin;
@@ -138,7 +144,6 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
         if (g->log) {
-            g->log->completion_tokens += ev->completion_tokens;
             g->log->cached_tokens += ev->cached_tokens;
             if (g->first_done == 0) {
                 g->log->ttft_ms = ev->completion_tokens > 0 ? ev->ttft_ms : -1;
@@ -267,13 +272,9 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
     struct qerr q = {0};
     const char *param = r->kind == OAI_CHAT ? "messages" : "prompt";
     if (r->kind == OAI_CHAT) {
-        char *text = NULL;
-        int rc = api_chat_text(s, r, true, &text, e);
+        int rc =
+            api_chat_tokens(s, r, true, tokenizer_adds_bos(s->tok), &g->ids[p], &g->n_ids[p], e);
         if (rc) return rc;
-        rc = tokenizer_encode(s->tok, text, strlen(text), tokenizer_adds_bos(s->tok), true,
-                              &g->ids[p], &g->n_ids[p], &q);
-        free(text);
-        if (rc) return oai_error_set(e, 400, "invalid_request_error", NULL, param, "%s", q.msg);
     } else if (r->prompts[p].text) {
         const struct oai_prompt *op = &r->prompts[p];
         if (tokenizer_encode(s->tok, op->text, op->text_len, tokenizer_adds_bos(s->tok), false,

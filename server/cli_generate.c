@@ -209,24 +209,30 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
     return 0;
 }
 
-/* Builds the text to tokenize: the prompt itself or the chat-formatted conversation. */
-static int build_prompt(const struct gguf_file *f, const struct gen_args *a, char **out,
-                        struct qerr *err)
+/* Tokenizes the prompt itself, or the conversation the chat template makes of it. Either way
+ * the prompt is text: only the template's own markers become control tokens, as in the server
+ * without --chat-parse-special. */
+static int tokenize_prompt(const struct gguf_file *f, const struct tokenizer *tok,
+                           const struct gen_args *a, int32_t **ids, size_t *n, struct qerr *err)
 {
+    bool bos = tokenizer_adds_bos(tok);
+    int rc;
     if (!a->chat) {
-        *out = strdup(a->prompt);
-        return *out ? 0 : qerr_set(err, QERR_NOMEM, "out of memory");
+        if ((rc = tokenizer_encode(tok, a->prompt, strlen(a->prompt), bos, false, ids, n, err)))
+            qerr_wrap(err, "--prompt");
+        return rc;
     }
     struct gguf_str tmpl;
-    int rc = gguf_get_str(f, "tokenizer.chat_template", &tmpl, err);
-    if (rc) return qerr_wrap(err, "--chat");
+    if ((rc = gguf_get_str(f, "tokenizer.chat_template", &tmpl, err)))
+        return qerr_wrap(err, "--chat");
     struct chat_template ct;
     if ((rc = chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, err))) return rc;
     struct chat_msg msgs[2];
-    size_t n = 0;
-    if (a->system) msgs[n++] = (struct chat_msg){"system", a->system};
-    msgs[n++] = (struct chat_msg){"user", a->prompt};
-    rc = chat_format(&ct, msgs, n, true, out, err);
+    size_t n_msgs = 0;
+    if (a->system) msgs[n_msgs++] = (struct chat_msg){"system", a->system};
+    msgs[n_msgs++] = (struct chat_msg){"user", a->prompt};
+    if ((rc = chat_encode(&ct, tok, msgs, n_msgs, true, bos, false, ids, n, err)))
+        qerr_wrap(err, "--prompt");
     chat_template_free(&ct);
     return rc;
 }
@@ -242,21 +248,13 @@ int cli_generate(int argc, char **argv)
     struct tokenizer *tok = NULL;
     struct backend *be = NULL;
     struct model *m = NULL;
-    char *text = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int exit_code = EXIT_RUNTIME;
 
     if ((rc = gguf_open(path, &f, &err))) goto out;
     if ((rc = tokenizer_load(f, &tok, &err))) goto out;
-    if ((rc = build_prompt(f, &a, &text, &err))) goto out;
-    /* special tokens are parsed only in text the chat template produced, never in raw user
-     * text, so a user cannot forge a turn boundary */
-    if ((rc = tokenizer_encode(tok, text, strlen(text), tokenizer_adds_bos(tok), a.chat, &ids,
-                               &n_ids, &err))) {
-        qerr_wrap(&err, "--prompt");
-        goto out;
-    }
+    if ((rc = tokenize_prompt(f, tok, &a, &ids, &n_ids, &err))) goto out;
     if (n_ids == 0) {
         rc = qerr_set(&err, QERR_INVALID, "--prompt: the prompt has no tokens");
         goto out;
@@ -307,7 +305,6 @@ int cli_generate(int argc, char **argv)
 out:
     if (exit_code != EXIT_OK) fprintf(stderr, "quern generate: %s\n", err.msg);
     free(ids);
-    free(text);
     model_free(m);
     backend_destroy(be);
     tokenizer_free(tok);

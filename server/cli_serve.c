@@ -1,12 +1,13 @@
 /* quern serve: the OpenAI-compatible HTTP daemon. Options and lifecycle only; the endpoints
  * are in api*.c, the HTTP glue in http.c.
  *
- * Lifecycle, all on the main thread: block SIGTERM/SIGINT/SIGPIPE (every thread started later
- * inherits the mask, so only sigwait here sees them) -> listen (health says "loading") -> load
- * the model and start the engine -> ready -> sigwait -> drain: new work gets 503, in-flight
- * requests run until they finish or --drain-timeout passes (a second signal cuts it short) ->
- * engine_free aborts what is left (finish reason "abort"; the HTTP threads send those last
- * chunks) -> stop HTTP -> exit 0. */
+ * Lifecycle, on the main thread: block SIGTERM/SIGINT/SIGPIPE (every thread started later
+ * inherits the mask; one signal thread takes them) -> listen (health says "loading") -> load
+ * the model and start the engine -> ready -> wait for a signal -> drain: new work gets 503,
+ * in-flight requests run until they finish or --drain-timeout passes (a second signal cuts it
+ * short) -> engine_stop aborts what is left (finish reason "abort"; the HTTP threads send those
+ * last chunks) -> stop HTTP -> free the engine -> exit 0. A second signal also bounds the rest:
+ * if shutdown has not finished FORCE_EXIT_S later, the process exits at once. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../engine/engine.h"
 #include "../engine/gguf.h"
@@ -43,12 +45,23 @@ static void serve_usage(FILE *out)
             "                           /tokenize, /detokenize (default: $QUERN_API_KEY; none)\n"
             "  --served-model-name NAME the model id clients see (default: the file name)\n"
             "  --max-body SIZE          largest request body (default 2M; more: 413)\n"
-            "  --max-connections N      open connections at once (default 512)\n"
+            "  --max-connections N      open connections at once (default 512); when all are\n"
+            "                           taken, the one idle the longest makes room\n"
+            "  --max-connections-per-client N\n"
+            "                           open connections from one address (default: half of\n"
+            "                           --max-connections; 0: no cap)\n"
+            "  --request-timeout S      seconds for a request's head and body to arrive, and\n"
+            "                           for an idle keep-alive connection (default 30; 0: none)\n"
+            "  --stall-timeout S        a client that reads none of its answer for S seconds is\n"
+            "                           cut off and its request aborted (default 30; 0: never)\n"
             "  --drain-timeout S        on SIGTERM/SIGINT, seconds to let requests finish\n"
             "                           (default 30)\n"
             "  --watchdog S             /health says 503 when the engine has work but no step\n"
             "                           finished for S seconds (default 60)\n"
-            "  --log-format text|json   per-request log lines on stderr (default text)\n");
+            "  --log-format text|json   per-request log lines on stderr (default text)\n"
+            "  --chat-parse-special     let message content name control tokens such as\n"
+            "                           <|im_end|> (default: content is plain text; llama.cpp\n"
+            "                           and vLLM parse them)\n");
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -117,35 +130,47 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_CONNS,
         O_PREC,
         O_DEVICE,
-        O_BATCHINV
+        O_BATCHINV,
+        O_CHATSPECIAL,
+        O_PERCLIENT,
+        O_REQTIMEOUT,
+        O_STALL
     };
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"host", required_argument, 0, O_HOST},
-                                         {"port", required_argument, 0, O_PORT},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"precision", required_argument, 0, O_PREC},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
-                                         {"kv-mem", required_argument, 0, O_KVMEM},
-                                         {"max-batch-tokens", required_argument, 0, O_MBT},
-                                         {"max-seqs", required_argument, 0, O_SEQS},
-                                         {"max-queue", required_argument, 0, O_QUEUE},
-                                         {"ctx", required_argument, 0, O_CTX},
-                                         {"api-key", required_argument, 0, O_KEY},
-                                         {"served-model-name", required_argument, 0, O_NAME},
-                                         {"drain-timeout", required_argument, 0, O_DRAIN},
-                                         {"watchdog", required_argument, 0, O_WATCHDOG},
-                                         {"log-format", required_argument, 0, O_LOGFMT},
-                                         {"max-body", required_argument, 0, O_BODY},
-                                         {"max-connections", required_argument, 0, O_CONNS},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},
+        {"threads", required_argument, 0, O_THREADS},
+        {"precision", required_argument, 0, O_PREC},
+        {"device", required_argument, 0, O_DEVICE},
+        {"batch-invariant", no_argument, 0, O_BATCHINV},
+        {"kv-mem", required_argument, 0, O_KVMEM},
+        {"max-batch-tokens", required_argument, 0, O_MBT},
+        {"max-seqs", required_argument, 0, O_SEQS},
+        {"max-queue", required_argument, 0, O_QUEUE},
+        {"ctx", required_argument, 0, O_CTX},
+        {"api-key", required_argument, 0, O_KEY},
+        {"served-model-name", required_argument, 0, O_NAME},
+        {"drain-timeout", required_argument, 0, O_DRAIN},
+        {"watchdog", required_argument, 0, O_WATCHDOG},
+        {"log-format", required_argument, 0, O_LOGFMT},
+        {"max-body", required_argument, 0, O_BODY},
+        {"max-connections", required_argument, 0, O_CONNS},
+        {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
+        {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
+        {"request-timeout", required_argument, 0, O_REQTIMEOUT},
+        {"stall-timeout", required_argument, 0, O_STALL},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
                              .port = 8080,
                              .drain_timeout_s = 30,
                              .watchdog_s = 60,
                              .max_body = 2u << 20,
-                             .max_connections = 512};
+                             .max_connections = 512,
+                             .max_conns_per_client = -1,
+                             .request_timeout_s = 30,
+                             .stall_timeout_s = 30};
     const char *env_key = getenv("QUERN_API_KEY");
     if (env_key && *env_key) o->api_key = env_key;
     optind = 1;
@@ -196,14 +221,22 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             if (!parse_size(optarg, &o->max_body) || o->max_body == 0)
                 bad = "--max-body wants a size such as 64K or 2M";
             break;
+        case O_PERCLIENT:
+            if (!cli_parse_int(optarg, 0, 1 << 24, &l)) bad = "wants an integer in 0..16777216";
+            o->max_conns_per_client = (int)l;
+            break;
         case O_DRAIN:
         case O_WATCHDOG:
+        case O_REQTIMEOUT:
+        case O_STALL:
             if (!cli_parse_float(optarg, 0, 86400, &d)) {
                 bad = "wants seconds in 0..86400";
                 break;
             }
             if (c == O_DRAIN) o->drain_timeout_s = d;
             if (c == O_WATCHDOG) o->watchdog_s = d;
+            if (c == O_REQTIMEOUT) o->request_timeout_s = d;
+            if (c == O_STALL) o->stall_timeout_s = d;
             break;
         case O_LOGFMT:
             if (!strcmp(optarg, "json"))
@@ -223,6 +256,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_BATCHINV:
             o->batch_invariant = true;
             break;
+        case O_CHATSPECIAL:
+            o->chat_parse_special = true;
+            break;
         case 'h':
             serve_usage(stdout);
             return -1;
@@ -239,6 +275,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         fprintf(stderr, "quern serve: unexpected argument '%s'\n", argv[optind]);
         return EXIT_USAGE;
     }
+    if (o->max_conns_per_client < 0) o->max_conns_per_client = (o->max_connections + 1) / 2;
     o->model_path = cli_model_path(o->model_path);
     return 0;
 }
@@ -283,6 +320,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->max_queue) eo.max_queue = o->max_queue;
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
+    eo.stall_timeout_s = o->stall_timeout_s;
     if ((rc = engine_create(L->f, L->tok, L->be, &eo, &L->e, err))) return rc;
     s->tok = L->tok;
     s->chat = L->has_chat ? &L->chat : NULL;
@@ -300,21 +338,6 @@ static void unload(struct loaded *L)
     gguf_close(L->f);
 }
 
-/* Waits for SIGTERM or SIGINT for up to timeout_s (< 0: forever); the signal, or 0. */
-static int wait_signal(const sigset_t *set, double timeout_s)
-{
-    if (timeout_s < 0) {
-        int sig = 0;
-        while (sigwait(set, &sig) != 0) {
-        }
-        return sig;
-    }
-    struct timespec ts = {.tv_sec = (time_t)timeout_s,
-                          .tv_nsec = (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
-    int sig = sigtimedwait(set, NULL, &ts);
-    return sig > 0 ? sig : 0;
-}
-
 static double now_s(void)
 {
     struct timespec t;
@@ -322,14 +345,111 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Lets in-flight requests finish for up to timeout_s; false when a second signal cut it short. */
-static bool drain(struct serve *s, const sigset_t *set, double timeout_s)
+/* SIGTERM/SIGINT, taken by one thread so that a signal is seen whatever the main thread is
+ * doing (loading, draining, joining): the first starts the drain, the second cuts it short,
+ * and if the orderly shutdown has not finished FORCE_EXIT_S after it (or a third comes), the
+ * process exits at once. */
+#define FORCE_EXIT_S 3.0
+struct sigwatch {
+    sigset_t set;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    int count;         /* signals so far */
+    int last;          /* the last one */
+    bool done;         /* the main thread has shut everything down */
+    pthread_t thread;
+};
+
+static void deadline_in(struct timespec *ts, double s)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    double ns = (double)ts->tv_nsec + s * 1e9;
+    ts->tv_sec += (time_t)(ns / 1e9);
+    ts->tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+}
+
+static void *sigwatch_main(void *arg)
+{
+    struct sigwatch *w = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&w->set, &sig) != 0) continue;
+        pthread_mutex_lock(&w->mu);
+        if (w->done) {
+            pthread_mutex_unlock(&w->mu);
+            return NULL;
+        }
+        int n = ++w->count;
+        w->last = sig;
+        pthread_cond_broadcast(&w->cv);
+        if (n == 2) {
+            struct timespec until;
+            deadline_in(&until, FORCE_EXIT_S);
+            while (!w->done && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0) {
+            }
+        }
+        bool done = w->done;
+        pthread_mutex_unlock(&w->mu);
+        if (done) return NULL;
+        if (n >= 2) {
+            static const char msg[] = "quern serve: shutdown did not finish; exiting now\n";
+            ssize_t ignored = write(2, msg, sizeof msg - 1);
+            (void)ignored;
+            _exit(EXIT_RUNTIME);
+        }
+    }
+}
+
+static int sigwatch_start(struct sigwatch *w, const sigset_t *set)
+{
+    *w = (struct sigwatch){.set = *set};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_mutex_init(&w->mu, NULL) || pthread_cond_init(&w->cv, &ca) ||
+             pthread_create(&w->thread, NULL, sigwatch_main, w);
+    pthread_condattr_destroy(&ca);
+    return rc;
+}
+
+/* Waits up to timeout_s (< 0: forever) until more than `seen` signals came; the count. */
+static int sigwatch_wait(struct sigwatch *w, int seen, double timeout_s)
+{
+    struct timespec until;
+    if (timeout_s >= 0) deadline_in(&until, timeout_s);
+    pthread_mutex_lock(&w->mu);
+    while (w->count <= seen) {
+        if (timeout_s < 0)
+            pthread_cond_wait(&w->cv, &w->mu);
+        else if (pthread_cond_timedwait(&w->cv, &w->mu, &until))
+            break;
+    }
+    int n = w->count;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+static void sigwatch_stop(struct sigwatch *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->done = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_kill(w->thread, SIGTERM); /* blocked everywhere: only its sigwait takes it */
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+}
+
+/* Lets in-flight requests finish for up to timeout_s; false when another signal (beyond
+ * `seen`) cut it short. */
+static bool drain(struct serve *s, struct sigwatch *w, int seen, double timeout_s)
 {
     double end = now_s() + timeout_s;
     while (atomic_load(&s->inflight) > 0) {
         double left = end - now_s();
         if (left <= 0) return true;
-        if (wait_signal(set, left < 0.05 ? left : 0.05)) return false;
+        if (sigwatch_wait(w, seen, left < 0.05 ? left : 0.05) > seen) return false;
     }
     return true;
 }
@@ -349,12 +469,18 @@ int cli_serve(int argc, char **argv)
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     sigdelset(&set, SIGPIPE);
+    struct sigwatch w;
+    if (sigwatch_start(&w, &set)) {
+        fprintf(stderr, "quern serve: cannot start the signal thread\n");
+        return EXIT_RUNTIME;
+    }
 
     struct serve s = {.o = &o, .started = (long long)time(NULL)};
     atomic_init(&s.state, SERVE_LOADING);
     atomic_init(&s.inflight, 0);
     if (metrics_init(&s.metrics) || pthread_rwlock_init(&s.lock, NULL)) {
         fprintf(stderr, "quern serve: out of memory\n");
+        sigwatch_stop(&w);
         return EXIT_RUNTIME;
     }
     struct qerr err = {0};
@@ -376,32 +502,35 @@ int cli_serve(int argc, char **argv)
             now_s() - t0, o.served_name, s.ctx_len, o.api_key ? ", API key required" : "",
             s.chat ? "" : ", no chat template");
 
-    int sig = wait_signal(&set, -1);
+    int seen = sigwatch_wait(&w, 0, -1);
     fprintf(stderr, "quern serve: %s: draining (%ld in flight, up to %.0f s)\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", (long)atomic_load(&s.inflight),
+            w.last == SIGINT ? "SIGINT" : "SIGTERM", (long)atomic_load(&s.inflight),
             o.drain_timeout_s);
     atomic_store(&s.state, SERVE_DRAINING);
     engine_drain(L.e);
-    bool patient = drain(&s, &set, o.drain_timeout_s);
+    bool patient = seen < 2 && drain(&s, &w, seen, o.drain_timeout_s);
     long left = (long)atomic_load(&s.inflight);
     if (left)
         fprintf(stderr, "quern serve: aborting %ld request%s%s\n", left, left == 1 ? "" : "s",
                 patient ? " still running" : " (second signal)");
-    /* take the engine away from the handlers, then free it: that aborts what is left, and the
-     * HTTP threads send those requests' last chunks */
+    /* Order matters: take the engine from the handlers, stop it (every request gets its final
+     * event, so no HTTP thread waits on the engine any more), let the HTTP threads send those
+     * last chunks, stop HTTP (joining its threads, which release their requests), and only
+     * then free the engine. */
     pthread_rwlock_wrlock(&s.lock);
     s.engine = NULL;
     pthread_rwlock_unlock(&s.lock);
-    engine_free(L.e);
-    L.e = NULL;
-    drain(&s, &set, 5.0);
+    engine_stop(L.e);
+    if (patient) drain(&s, &w, seen, 5.0);
     exit_code = EXIT_OK;
 out:
     if (exit_code != EXIT_OK) fprintf(stderr, "quern serve: %s\n", err.msg);
+    if (L.e) engine_stop(L.e); /* a failed start: nothing may wait on it while HTTP stops */
     http_stop(h);
     unload(&L);
     pthread_rwlock_destroy(&s.lock);
     metrics_free(&s.metrics);
+    sigwatch_stop(&w);
     if (exit_code == EXIT_OK) fprintf(stderr, "quern serve: stopped\n");
     return exit_code;
 }

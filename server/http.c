@@ -7,7 +7,18 @@
  * once per piece of body (collected under --max-body; past it the rest is read and dropped), and
  * finally with no data, when the handler runs. on_completed fires once per request whatever
  * happened: it writes the log line, counts the status and frees the conn. A streamed response's
- * context is freed by MHD through the response's free callback, after the last read. */
+ * context is freed by MHD through the response's free callback, after the last read.
+ *
+ * HOSTILE CLIENTS. A thread per connection makes each connection cost a slot, so slots must
+ * not be held by clients that send nothing. Every open connection has a struct conn_slot in a
+ * fixed table (MHD's connection notifications keep it): READING while its request's head and
+ * body are on the way (and while idle between keep-alive requests), HANDLING from the handler
+ * on. A READING connection has --request-timeout seconds in all, however it trickles (the
+ * reaper thread shuts its socket); a new connection that finds every slot taken evicts the
+ * connection READING the longest, and is refused only when none is (so idle connections
+ * cannot lock anyone out, while requests being served are never cut); one client address may
+ * hold at most --max-connections-per-client. Request heads with NUL bytes or no HTTP/1.x
+ * version are refused, since MHD would read them as C strings. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -15,16 +26,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "api.h"
+
+enum conn_phase { PHASE_READING, PHASE_HANDLING };
+
+/* One open connection (MHD's socket_context). Guarded by http_server.mu. */
+struct conn_slot {
+    bool used, closing; /* closing: the server shut its socket; MHD has yet to notice */
+    int fd;
+    enum conn_phase phase;
+    double since; /* monotonic seconds: when it began READING */
+    unsigned char addr[16];
+    int addr_len; /* 4 or 16; 0 when unknown */
+};
 
 struct http_server {
     struct serve *s;
     struct MHD_Daemon *d;
     int port;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;     /* the reaper's sleep (CLOCK_MONOTONIC) */
+    struct conn_slot *slots; /* [n_slots]: MHD's own limit, a little over max_connections */
+    int n_slots, open;       /* open counts used slots that are not closing */
+    bool stopping;
+    bool reaper_started;
+    pthread_t reaper;
 };
+
+#define URL_MAX           8192        /* longer: 414 */
+#define HEAD_MAX          (64 * 1024) /* request line and headers; more: 431 */
+#define CONN_POOL_KB      160 /* MHD's per-connection buffer: room for HEAD_MAX and a reply */
+#define SEND_BUFFER_BYTES (128 * 1024)
+#define EVICT_AFTER_S     1.0
 
 struct route {
     const char *path;
@@ -45,10 +83,15 @@ static const struct route routes[] = {
 
 /* One HTTP request (MHD's con_cls). */
 struct conn {
+    bool started;        /* on_request has seen the headers */
+    const char *raw_url; /* the URL as the request line had it (in MHD's buffer) */
+    size_t raw_url_len;  /* its strlen before MHD unescapes it */
+    struct conn_slot *slot;
     const struct route *route;
     struct sbuf body;
-    size_t dropped; /* body bytes past --max-body, read and thrown away */
-    bool answered;  /* a response is queued */
+    size_t dropped;   /* body bytes past --max-body, read and thrown away */
+    bool answered;    /* a response is queued */
+    bool close_after; /* a malformed head: answer, then close */
     struct timespec t0;
     char method[8];
     char path[96]; /* printable copy for the log */
@@ -62,12 +105,22 @@ static double ms_since(const struct timespec *t0)
     return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) * 1e-6;
 }
 
-/* Constant-time in the key's content: every byte of the expected key is compared. */
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* 'Bearer KEY', the scheme in any case (RFC 7235), constant-time in the key's content: every
+ * byte of the expected key is compared. */
 static bool key_ok(const char *key, const char *header)
 {
-    static const char bearer[] = "Bearer ";
-    if (!header || strncmp(header, bearer, sizeof bearer - 1) != 0) return false;
+    static const char bearer[] = "bearer";
+    if (!header || strncasecmp(header, bearer, sizeof bearer - 1) != 0) return false;
     const char *given = header + sizeof bearer - 1;
+    if (*given != ' ' && *given != '\t') return false;
+    while (*given == ' ' || *given == '\t') given++;
     size_t glen = strlen(given), klen = strlen(key);
     volatile unsigned char diff = glen != klen;
     for (size_t i = 0; i < klen; i++) {
@@ -75,6 +128,173 @@ static bool key_ok(const char *key, const char *header)
         diff |= (unsigned char)(key[i] ^ (glen ? given[j] : 0));
     }
     return diff == 0;
+}
+
+/* ---- the connection table ---- */
+
+static struct conn_slot *slot_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void slot_set_phase(struct http_server *h, struct conn_slot *sl, enum conn_phase ph)
+{
+    if (!sl) return;
+    pthread_mutex_lock(&h->mu);
+    sl->phase = ph;
+    sl->since = mono_s();
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Shuts the slot's socket: MHD's thread for it sees the end and closes it. h->mu held. */
+static void slot_close(struct http_server *h, struct conn_slot *sl, enum metrics_conn_close why)
+{
+    shutdown(sl->fd, SHUT_RDWR);
+    sl->closing = true;
+    h->open--;
+    metrics_count_conn_close(&h->s->metrics, why);
+}
+
+static int addr_key(const struct sockaddr *a, unsigned char out[16])
+{
+    if (a && a->sa_family == AF_INET) {
+        memcpy(out, &((const struct sockaddr_in *)(const void *)a)->sin_addr, 4);
+        return 4;
+    }
+    if (a && a->sa_family == AF_INET6) {
+        memcpy(out, &((const struct sockaddr_in6 *)(const void *)a)->sin6_addr, 16);
+        return 16;
+    }
+    return 0;
+}
+
+/* The open slot READING the longest, for at least EVICT_AFTER_S (a client that means it sends
+ * its head in milliseconds; its request must not be cut before the server has read it), among
+ * those of addr when addr_len > 0; NULL if none. */
+static struct conn_slot *oldest_reading(struct http_server *h, const unsigned char *addr,
+                                        int addr_len)
+{
+    struct conn_slot *best = NULL;
+    double now = mono_s();
+    for (int i = 0; i < h->n_slots; i++) {
+        struct conn_slot *sl = &h->slots[i];
+        if (!sl->used || sl->closing || sl->phase != PHASE_READING) continue;
+        if (now - sl->since < EVICT_AFTER_S) continue;
+        if (addr_len && (sl->addr_len != addr_len || memcmp(sl->addr, addr, (size_t)addr_len)))
+            continue;
+        if (!best || sl->since < best->since) best = sl;
+    }
+    return best;
+}
+
+/* MHD's accept policy: makes room for the new connection or refuses it. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)len;
+    struct http_server *h = cls;
+    const struct serve_opts *o = h->s->o;
+    unsigned char key[16];
+    int klen = addr_key(addr, key);
+    bool ok = true;
+    pthread_mutex_lock(&h->mu);
+    if (o->max_conns_per_client > 0 && klen) {
+        int mine = 0;
+        for (int i = 0; i < h->n_slots; i++) {
+            const struct conn_slot *sl = &h->slots[i];
+            mine += sl->used && !sl->closing && sl->addr_len == klen &&
+                    !memcmp(sl->addr, key, (size_t)klen);
+        }
+        if (mine >= o->max_conns_per_client) {
+            struct conn_slot *victim = oldest_reading(h, key, klen);
+            if (victim)
+                slot_close(h, victim, METRICS_CONN_EVICTED);
+            else
+                ok = false;
+        }
+    }
+    if (ok && h->open >= o->max_connections) {
+        struct conn_slot *victim = oldest_reading(h, NULL, 0);
+        if (victim)
+            slot_close(h, victim, METRICS_CONN_EVICTED);
+        else
+            ok = false;
+    }
+    /* the evicted still hold MHD's slots until their threads end */
+    int free_slots = 0;
+    for (int i = 0; i < h->n_slots && ok && !free_slots; i++) free_slots += !h->slots[i].used;
+    if (ok && !free_slots) ok = false;
+    if (!ok) metrics_count_conn_close(&h->s->metrics, METRICS_CONN_REFUSED);
+    pthread_mutex_unlock(&h->mu);
+    return ok ? MHD_YES : MHD_NO;
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code)
+{
+    struct http_server *h = cls;
+    pthread_mutex_lock(&h->mu);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn_slot *sl = NULL;
+        for (int i = 0; i < h->n_slots && !sl; i++)
+            if (!h->slots[i].used) sl = &h->slots[i];
+        if (sl) {
+            const union MHD_ConnectionInfo *fd =
+                MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+            const union MHD_ConnectionInfo *ad =
+                MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            *sl = (struct conn_slot){.used = true,
+                                     .fd = fd ? fd->connect_fd : -1,
+                                     .phase = PHASE_READING,
+                                     .since = mono_s()};
+            sl->addr_len = addr_key(ad ? ad->client_addr : NULL, sl->addr);
+            /* A client that stops reading must stall its stream soon (back-pressure), not after
+             * the kernel has taken megabytes of it: the send buffer is capped. */
+            int sndbuf = SEND_BUFFER_BYTES;
+            if (sl->fd >= 0) setsockopt(sl->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+            if (sl->fd < 0)
+                sl->closing = true; /* cannot be shut: never counted */
+            else
+                h->open++;
+        }
+        *socket_context = sl;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct conn_slot *sl = *socket_context;
+        if (sl) {
+            if (!sl->closing) h->open--;
+            *sl = (struct conn_slot){0};
+        }
+        *socket_context = NULL;
+    }
+    metrics_set_conns_open(&h->s->metrics, h->open);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Closes connections whose request has been on its way for over --request-timeout. */
+static void *reaper_main(void *arg)
+{
+    struct http_server *h = arg;
+    double limit = h->s->o->request_timeout_s;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        double now = mono_s();
+        for (int i = 0; i < h->n_slots; i++) {
+            struct conn_slot *sl = &h->slots[i];
+            if (sl->used && !sl->closing && sl->phase == PHASE_READING && now - sl->since > limit)
+                slot_close(h, sl, METRICS_CONN_TIMED_OUT);
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += 250 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->wake, &h->mu, &until);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 static void copy_printable(char *dst, size_t cap, const char *src)
@@ -155,7 +375,7 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
     if (r->allow) MHD_add_response_header(resp, "Allow", r->allow);
     if (r->status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     MHD_add_response_header(resp, "X-Request-Id", c->log.id);
-    if (atomic_load(&s->state) == SERVE_DRAINING)
+    if (atomic_load(&s->state) == SERVE_DRAINING || c->close_after)
         MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result ok = MHD_queue_response(mc, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
@@ -207,17 +427,97 @@ static bool early_answer(struct serve *s, struct MHD_Connection *mc, struct conn
     return true;
 }
 
+/* MHD's URI log callback: the first sight of a request, before MHD rewrites its URL in place;
+ * the conn made here is the request's con_cls. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *mc)
+{
+    (void)cls;
+    (void)mc;
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->raw_url = uri;
+    c->raw_url_len = uri ? strlen(uri) : 0;
+    return c;
+}
+
+struct head_walk {
+    const char *end; /* of the previous item of the head, as MHD left it in its buffer */
+    size_t bytes;
+    bool nul;
+};
+
+/* Each header line's CR LF (or bare LF) became NULs: anything else between one header's value
+ * and the next name means a NUL byte inside the line, which MHD's C strings cut off. */
+static bool only_line_end(const char *from, const char *to)
+{
+    if (to < from + 1 || to > from + 2) return false;
+    for (const char *p = from; p < to; p++)
+        if (*p) return false;
+    return true;
+}
+
+static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size)
+{
+    (void)kind;
+    struct head_walk *w = cls;
+    w->bytes += key_size + value_size + 4;
+    if (w->end && !only_line_end(w->end, key)) {
+        w->nul = true;
+        return MHD_NO;
+    }
+    w->end = value ? value + value_size : key + key_size;
+    return MHD_YES;
+}
+
+/* Checks the request head as it arrived; 0, or the status to refuse it with (message in msg). */
+static int check_head(struct MHD_Connection *mc, const struct conn *c, const char *version,
+                      char *msg, size_t cap)
+{
+    if (strcmp(version, MHD_HTTP_VERSION_1_1) != 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0) {
+        snprintf(msg, cap, "the request line has no HTTP/1.0 or HTTP/1.1 version");
+        return 400;
+    }
+    /* MHD put a NUL where the space before the version was: the URL must reach it */
+    if (c->raw_url && c->raw_url + c->raw_url_len != version - 1) {
+        snprintf(msg, cap, "the request line holds a NUL byte");
+        return 400;
+    }
+    if (c->raw_url_len > URL_MAX) {
+        snprintf(msg, cap, "the URL (%zu bytes) is over the limit of %d bytes", c->raw_url_len,
+                 URL_MAX);
+        return 414;
+    }
+    struct head_walk w = {.end = version + strlen(version)};
+    MHD_get_connection_values_n(mc, MHD_HEADER_KIND, walk_header, &w);
+    if (!w.nul && !(w.end[0] == '\0' && w.end[1] == '\0')) w.nul = true; /* the last line */
+    if (w.nul) {
+        snprintf(msg, cap, "a header line holds a NUL byte (or is folded)");
+        return 400;
+    }
+    if (w.bytes + c->raw_url_len > HEAD_MAX) {
+        snprintf(msg, cap, "the request headers (%zu bytes) are over the limit of %d bytes",
+                 w.bytes + c->raw_url_len, HEAD_MAX);
+        return 431;
+    }
+    return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
 {
-    (void)version;
-    struct serve *s = cls;
+    struct http_server *h = cls;
+    struct serve *s = h->s;
     struct conn *c = *con_cls;
     if (!c) {
-        c = calloc(1, sizeof *c);
+        c = on_request_line(NULL, NULL, mc); /* MHD skipped the URI callback */
         if (!c) return MHD_NO;
         *con_cls = c;
+    }
+    if (!c->started) {
+        c->started = true;
+        c->slot = slot_of(mc);
         clock_gettime(CLOCK_MONOTONIC, &c->t0);
         c->log.ttft_ms = -1;
         unsigned char rnd[8] = {0};
@@ -228,6 +528,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         for (int i = 0; i < 8; i++) snprintf(c->log.id + 2 * i, 3, "%02x", rnd[i]);
         copy_printable(c->method, sizeof c->method, method);
         copy_printable(c->path, sizeof c->path, url);
+        char msg[160];
+        int bad = check_head(mc, c, version, msg, sizeof msg);
+        if (bad) {
+            struct http_resp r = {0};
+            fill_error(&r, &c->log, bad, "invalid_request_error",
+                       bad == 400   ? "malformed_request"
+                       : bad == 414 ? "url_too_long"
+                                    : "headers_too_large",
+                       msg);
+            c->close_after = true;
+            if (bad == 400) metrics_count_conn_close(&s->metrics, METRICS_CONN_MALFORMED);
+            return queue(s, mc, c, &r);
+        }
         enum MHD_Result ret;
         if (early_answer(s, mc, c, url, method, &ret)) return ret;
         return MHD_YES;
@@ -255,6 +568,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         fill_error(&r, &c->log, 413, "invalid_request_error", "request_too_large", msg);
         return queue(s, mc, c, &r);
     }
+    slot_set_phase(h, c->slot, PHASE_HANDLING);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     struct http_req rq = {.method = method,
@@ -298,13 +612,27 @@ static void log_line(struct serve *s, const struct conn *c, int status, double t
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)mc;
-    struct serve *s = cls;
+    struct http_server *h = cls;
+    struct serve *s = h->s;
     struct conn *c = *con_cls;
+    struct conn_slot *sl = slot_of(mc);
+    slot_set_phase(h, sl, PHASE_READING); /* a keep-alive connection waits for the next one */
     if (!c) return;
     *con_cls = NULL;
+    if (!c->started) { /* MHD refused the head itself (and answered it) */
+        free(c);
+        return;
+    }
     int status = c->answered ? c->log.status : 0;
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || c->log.disconnected) {
+    pthread_mutex_lock(&h->mu);
+    bool cut = sl && sl->closing && !c->answered;
+    pthread_mutex_unlock(&h->mu);
+    if (cut) {
+        /* the server closed it: the head or body did not arrive in time, or it made room */
+        c->log.has_error = true;
+        c->log.error = METRICS_ERR_TIMEOUT;
+        status = 408;
+    } else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || c->log.disconnected) {
         if (toe != MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN) {
             c->log.has_error = true;
             c->log.error = METRICS_ERR_DISCONNECT;
@@ -333,40 +661,83 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     fprintf(stderr, "quern serve: http: %s\n", msg);
 }
 
+static void server_free(struct http_server *h)
+{
+    if (h->reaper_started) {
+        pthread_mutex_lock(&h->mu);
+        h->stopping = true;
+        pthread_cond_signal(&h->wake);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->reaper, NULL);
+    }
+    pthread_cond_destroy(&h->wake);
+    pthread_mutex_destroy(&h->mu);
+    free(h->slots);
+    free(h);
+}
+
 int http_start(struct serve *s, struct http_server **out, struct qerr *err)
 {
+    const struct serve_opts *o = s->o;
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICHOST | AI_PASSIVE};
     struct addrinfo *ai = NULL;
     char port[16];
-    snprintf(port, sizeof port, "%d", s->o->port);
-    int gai = getaddrinfo(s->o->host, port, &hints, &ai);
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(o->host, port, &hints, &ai);
     if (gai)
         return qerr_set(err, QERR_INVALID, "--host '%s': %s (give a numeric IPv4 or IPv6 address)",
-                        s->o->host, gai_strerror(gai));
+                        o->host, gai_strerror(gai));
     struct http_server *h = calloc(1, sizeof *h);
-    if (!h) {
+    /* room for the evicted, whose threads are still ending, beyond max_connections */
+    int n_slots = o->max_connections + (o->max_connections / 4 > 16 ? o->max_connections / 4 : 16);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (h) {
+        h->s = s;
+        h->n_slots = n_slots;
+        pthread_mutex_init(&h->mu, NULL);
+        pthread_cond_init(&h->wake, &ca);
+        h->slots = calloc((size_t)n_slots, sizeof *h->slots);
+    }
+    pthread_condattr_destroy(&ca);
+    if (!h || !h->slots) {
         freeaddrinfo(ai);
+        if (h) server_free(h);
         return qerr_set(err, QERR_NOMEM, "out of memory");
     }
-    h->s = s;
+    /* MHD's own idle timeout cuts a client that stops reading its answer (the reaper times
+     * requests on their way in) */
+    double idle = o->stall_timeout_s;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(
-        flags, (uint16_t)s->o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)300, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
+        flags, (uint16_t)o->port, accept_policy, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+        h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h, MHD_OPTION_URI_LOG_CALLBACK,
+        on_request_line, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)n_slots,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(idle + 0.999), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)CONN_POOL_KB * 1024, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
-        free(h);
+        server_free(h);
         return qerr_set(err, QERR_IO, "cannot listen on %s:%d (in use, or not an address here)",
-                        s->o->host, s->o->port);
+                        o->host, o->port);
+    }
+    if (o->request_timeout_s > 0) {
+        if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+            MHD_stop_daemon(h->d);
+            server_free(h);
+            return qerr_set(err, QERR_IO, "cannot start the connection reaper thread");
+        }
+        h->reaper_started = true;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di ? di->port : s->o->port;
+    h->port = di ? di->port : o->port;
     *out = h;
     return 0;
 }
@@ -380,5 +751,5 @@ void http_stop(struct http_server *h)
 {
     if (!h) return;
     MHD_stop_daemon(h->d);
-    free(h);
+    server_free(h);
 }

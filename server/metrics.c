@@ -27,6 +27,7 @@ static const char *const error_names[METRICS_ERR_COUNT] = {
     [METRICS_ERR_METHOD] = "method_not_allowed", [METRICS_ERR_TOO_LARGE] = "body_too_large",
     [METRICS_ERR_QUEUE_FULL] = "queue_full",     [METRICS_ERR_UNAVAILABLE] = "unavailable",
     [METRICS_ERR_INTERNAL] = "internal",         [METRICS_ERR_DISCONNECT] = "client_disconnect",
+    [METRICS_ERR_TIMEOUT] = "request_timeout",
 };
 
 static const char *const finish_names[5] = {"none", "stop", "length", "abort", "error"};
@@ -102,6 +103,28 @@ void metrics_count_status(struct metrics *m, int status)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_count_conn_close(struct metrics *m, enum metrics_conn_close why)
+{
+    if ((unsigned)why >= METRICS_CONN_COUNT) return;
+    pthread_mutex_lock(&m->mu);
+    m->conns_closed[why]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_conns_open(struct metrics *m, int open)
+{
+    pthread_mutex_lock(&m->mu);
+    m->conns_open = open;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static const char *const conn_close_names[METRICS_CONN_COUNT] = {
+    [METRICS_CONN_REFUSED] = "refused",
+    [METRICS_CONN_EVICTED] = "evicted_idle",
+    [METRICS_CONN_TIMED_OUT] = "request_timeout",
+    [METRICS_CONN_MALFORMED] = "malformed",
+};
+
 static int head(struct sbuf *o, const char *name, const char *type, const char *help)
 {
     return sbuf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -167,6 +190,12 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
            : counter(o, "quern_generation_tokens_total", "Tokens generated.", s->generation_tokens);
     rc = rc ? rc : counter(o, "quern_engine_steps_total", "Engine steps run.", s->steps);
     rc = rc ? rc
+            : gauge(o, "quern_requests_paused",
+                    "Requests waiting for their client to read (back-pressure).", s->paused);
+    rc = rc ? rc
+            : counter(o, "quern_requests_stalled_total",
+                      "Requests aborted because their client stopped reading.", s->stalled);
+    rc = rc ? rc
             : gauge(o, "quern_engine_last_step_age_seconds",
                     "Seconds since the engine finished a step while it had work.",
                     s->last_step_age_s);
@@ -190,10 +219,24 @@ int metrics_render(struct metrics *m, const struct engine_stats *s, int state, s
     if (!rc && s) rc = render_engine(s, out);
     if (!rc)
         rc = head(out, "quern_request_success_total", "counter",
-                  "Generation requests finished, by finish reason (one per choice).");
-    for (int i = 1; i < 5 && !rc; i++)
+                  "Generation requests that ran to their end, by finish reason (one per choice).");
+    for (int i = FINISH_STOP; i <= FINISH_LENGTH && !rc; i++)
         rc = sbuf_printf(out, "quern_request_success_total{finished_reason=\"%s\"} %llu\n",
                          finish_names[i], (unsigned long long)c.finished[i]);
+    if (!rc)
+        rc = head(out, "quern_request_failure_total", "counter",
+                  "Generation requests cut short: aborted (client gone, stalled, shutdown) or "
+                  "failed by the engine (one per choice).");
+    for (int i = FINISH_ABORT; i <= FINISH_ERROR && !rc; i++)
+        rc = sbuf_printf(out, "quern_request_failure_total{finished_reason=\"%s\"} %llu\n",
+                         finish_names[i], (unsigned long long)c.finished[i]);
+    if (!rc) rc = gauge(out, "quern_http_connections_open", "HTTP connections open.", c.conns_open);
+    if (!rc)
+        rc = head(out, "quern_http_connections_closed_total", "counter",
+                  "Connections the server closed itself, by reason.");
+    for (int i = 0; i < METRICS_CONN_COUNT && !rc; i++)
+        rc = sbuf_printf(out, "quern_http_connections_closed_total{reason=\"%s\"} %llu\n",
+                         conn_close_names[i], (unsigned long long)c.conns_closed[i]);
     if (!rc)
         rc = head(out, "quern_request_errors_total", "counter",
                   "HTTP requests refused or failed, by reason.");

@@ -35,6 +35,7 @@ enum metrics_error {
     METRICS_ERR_UNAVAILABLE, /* 503: loading or draining */
     METRICS_ERR_INTERNAL,    /* 500 */
     METRICS_ERR_DISCONNECT,  /* the client went away before the answer was complete */
+    METRICS_ERR_TIMEOUT,     /* 408: the request did not arrive within --request-timeout */
     METRICS_ERR_COUNT,
 };
 
@@ -43,8 +44,19 @@ const char *metrics_error_name(enum metrics_error r);
 /* The HTTP statuses counted by code; anything else counts as "other". */
 #define METRICS_N_STATUS 11
 
+/* Why the server closed a connection itself (quern_http_connections_closed_total). */
+enum metrics_conn_close {
+    METRICS_CONN_REFUSED,   /* at --max-connections (or per client) with no idle one to evict */
+    METRICS_CONN_EVICTED,   /* idle, closed to make room for a new connection */
+    METRICS_CONN_TIMED_OUT, /* its request head and body took over --request-timeout */
+    METRICS_CONN_MALFORMED, /* NUL bytes or a bad HTTP version in the request head */
+    METRICS_CONN_COUNT,
+};
+
 struct metrics {
     pthread_mutex_t mu;
+    int conns_open; /* HTTP connections open now */
+    uint64_t conns_closed[METRICS_CONN_COUNT];
     uint64_t finished[5]; /* engine requests by enum finish_reason, as the server saw them */
     uint64_t errors[METRICS_ERR_COUNT];
     uint64_t status[METRICS_N_STATUS + 1];
@@ -63,6 +75,8 @@ void metrics_observe_request(struct metrics *m, const struct req_event *final);
 void metrics_count_finish(struct metrics *m, enum finish_reason f);
 void metrics_count_error(struct metrics *m, enum metrics_error r);
 void metrics_count_status(struct metrics *m, int status);
+void metrics_count_conn_close(struct metrics *m, enum metrics_conn_close why);
+void metrics_set_conns_open(struct metrics *m, int open);
 
 /* Appends the exposition of m and, when s is non-NULL, of the engine's statistics; state is
  * 0 loading, 1 ready, 2 draining (quern_server_state). 0 or QERR_NOMEM. */

@@ -32,10 +32,14 @@ struct serve_opts {
     double watchdog_s;
     size_t max_body;
     int max_connections;
+    int max_conns_per_client; /* 0: no cap per client address */
+    double request_timeout_s; /* a request's head and body must arrive within it; 0: no limit */
+    double stall_timeout_s;   /* a stream whose client reads nothing that long is aborted */
     bool log_json;
-    bool q8;              /* MATMUL_Q8 instead of MATMUL_F32 */
-    const char *device;   /* --device: auto (NULL), cpu, cuda, cuda:N */
-    bool batch_invariant; /* --batch-invariant (backend_request) */
+    bool q8;                 /* MATMUL_Q8 instead of MATMUL_F32 */
+    const char *device;      /* --device: auto (NULL), cpu, cuda, cuda:N */
+    bool batch_invariant;    /* --batch-invariant (backend_request) */
+    bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

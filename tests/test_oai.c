@@ -731,7 +731,7 @@ START_TEST(metrics_text)
         "quern_generation_tokens_total 500\n",
         "quern_engine_requests_finished_total{finished_reason=\"stop\"} 7\n",
         "quern_request_success_total{finished_reason=\"stop\"} 1\n",
-        "quern_request_success_total{finished_reason=\"abort\"} 1\n",
+        "quern_request_failure_total{finished_reason=\"abort\"} 1\n",
         "quern_request_errors_total{reason=\"queue_full\"} 1\n",
         "quern_http_responses_total{code=\"429\"} 1\n",
         "quern_http_responses_total{code=\"other\"} 1\n",
