@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine_impl.h"
+#include "model_shard.h"
 
 double engine_now(void)
 {
@@ -23,7 +24,7 @@ void engine_opts_default(struct engine_opts *o)
                               .max_queue = 256,
                               .kv_block_size = 16,
                               .kv_blocks = 0,
-                              .kv_mem = (size_t)1 << 30,
+                              .kv_mem = (size_t)256 << 20,
                               .ctx_len = 0,
                               .prefix_cache = true,
                               .max_unread = 64,
@@ -583,7 +584,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     int blocks = o->kv_blocks;
     if (blocks <= 0) {
         size_t per_block =
-            model_kv_bytes_per_token(&cfg, backend_kv_elem_bytes(be)) * (size_t)o->kv_block_size;
+            model_shard_kv_bytes_max(&cfg, o->tp, backend_kv_elem_bytes(be)) *
+            (size_t)o->kv_block_size;
         size_t nb = o->kv_mem / per_block;
         if (nb < 1) {
             free(e);
@@ -597,7 +599,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     struct model_opts mo = {.max_batch_tokens = o->max_batch_tokens,
                             .max_logits = o->max_seqs,
                             .kv_blocks = blocks,
-                            .kv_block_size = o->kv_block_size};
+                            .kv_block_size = o->kv_block_size,
+                            .tp = o->tp,
+                            .tp_backends = o->tp_backends,
+                            .tp_comms = o->tp_comms};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     size_t slots = (size_t)o->max_queue + (size_t)o->max_seqs;

@@ -36,6 +36,12 @@ struct engine_opts {
      * aborted, freeing its KV blocks (0: never). Defaults 64 and 30. */
     int max_unread;
     double stall_timeout_s;
+    /* Tensor parallelism (model_opts.tp): tp ranks on tp_backends (tp_backends[0] is the
+     * engine's be) and tp_comms; kv_mem then sizes each rank's pool (its KV heads only).
+     * 0 or 1: one rank. */
+    int tp;
+    struct backend *const *tp_backends;
+    struct comm *const *tp_comms;
 };
 
 void engine_opts_default(struct engine_opts *o);

@@ -1,14 +1,22 @@
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../kernels/comm.h"
+#include "model_shard.h"
+#include "model_tp.h"
 
 struct layer {
     const float *attn_norm, *ffn_norm; /* device copies, [dim] */
     struct bweight wq, wk, wv, wo, w_gate, w_up, w_down;
     void *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] of the backend's KV element */
+    void *own[2]; /* tensor parallelism: this rank's column shards of wo and w_down, copied */
 };
 
 /* Activation arena: sized once for max_batch_tokens so a forward allocates nothing. */
@@ -29,6 +37,13 @@ struct padded_batch {
     int32_t logit_idx[STEP_REPLAY_MAX_TOKENS];
 };
 
+/* NaN/Inf found in the weights while loading: the first tensor holding any, in load order. */
+struct nonfinite {
+    const struct gguf_tensor *first;
+    uint64_t first_count, total;
+    int tensors;
+};
+
 struct model {
     struct model_config cfg;
     struct model_opts opts;
@@ -37,6 +52,10 @@ struct model {
     float *output_norm;
     struct layer *layers;
     struct acts a;
+    struct nonfinite bad; /* only during model_load */
+    struct model_shard sh; /* the heads and FFN channels this rank holds (all of them alone) */
+    struct comm *comm;     /* tensor parallelism: this rank's handle, else NULL */
+    struct tp_group *tp;   /* rank 0 of a split model: the other ranks (model_tp.c) */
 };
 
 static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *suffix, int *out,
@@ -133,17 +152,167 @@ static int find_tensor(const struct gguf_file *f, const char *name, int64_t ne0,
     return 0;
 }
 
-static int load_weight(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
-                       int64_t rows, struct bweight *w, struct qerr *err)
+static bool fp16_nonfinite(uint16_t h)
+{
+    return (h & 0x7c00) == 0x7c00; /* all-ones exponent: Inf or NaN */
+}
+
+/* NaN or Inf among the values a tensor stores as floats: each element of a float tensor, and the
+ * fp16 scale (and Q4_1 minimum) of each quantized block, one of which spoils all 32 weights of
+ * its block. The quants are integers, always finite. Each tensor is scanned just before the
+ * backend packs it, so its bytes come from memory once for both: ~5 ms more load for the 135M
+ * model's 4.2 M blocks. */
+static uint64_t count_nonfinite(enum qtype type, const uint8_t *p, uint64_t n_elems)
+{
+    uint64_t bad = 0;
+    if (type == QTYPE_F32) {
+        for (uint64_t i = 0; i < n_elems; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, sizeof u);
+            bad += (u & 0x7f800000u) == 0x7f800000u;
+        }
+        return bad;
+    }
+    if (type == QTYPE_F16 || type == QTYPE_BF16) {
+        uint16_t exp = type == QTYPE_F16 ? 0x7c00 : 0x7f80;
+        for (uint64_t i = 0; i < n_elems; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, sizeof h);
+            bad += (h & exp) == exp;
+        }
+        return bad;
+    }
+    size_t bb = qtype_block_bytes(type);
+    uint64_t nb = n_elems / QK;
+    _Static_assert(offsetof(struct block_q8_0, d) == 0 && offsetof(struct block_q4_0, d) == 0 &&
+                       offsetof(struct block_q4_1, d) == 0 && offsetof(struct block_q4_1, m) == 2,
+                   "every block starts with its fp16 scale (Q4_1: then its minimum)");
+    if (type == QTYPE_Q4_1) {
+        for (uint64_t b = 0; b < nb; b++, p += bb) {
+            uint16_t dm[2];
+            memcpy(dm, p, sizeof dm);
+            bad += fp16_nonfinite(dm[0]) + fp16_nonfinite(dm[1]);
+        }
+        return bad;
+    }
+    for (uint64_t b = 0; b < nb; b++, p += bb) {
+        uint16_t d;
+        memcpy(&d, p, sizeof d);
+        bad += fp16_nonfinite(d);
+    }
+    return bad;
+}
+
+static void scan_tensor(struct model *m, const struct gguf_tensor *t)
+{
+    uint64_t n = count_nonfinite(t->type, t->data, t->n_elems);
+    if (!n) return;
+    if (!m->bad.first) {
+        m->bad.first = t;
+        m->bad.first_count = n;
+    }
+    m->bad.total += n;
+    m->bad.tensors++;
+}
+
+/* One line for the whole model: a NaN spreads through every later layer, so a line per tensor
+ * would say nothing more. */
+static int report_nonfinite(const struct model *m, const struct gguf_file *f, struct qerr *err)
+{
+    const struct nonfinite *b = &m->bad;
+    if (!b->total) return 0;
+    char more[96] = "";
+    if (b->tensors > 1)
+        snprintf(more, sizeof more, ", %d more tensor%s %llu more", b->tensors - 1,
+                 b->tensors > 2 ? "s hold" : " holds",
+                 (unsigned long long)(b->total - b->first_count));
+    char msg[320];
+    snprintf(msg, sizeof msg, "tensor '%.*s' holds %llu non-finite value%s (NaN/Inf)%s",
+             (int)(b->first->name.len > 96 ? 96 : b->first->name.len), b->first->name.ptr,
+             (unsigned long long)b->first_count, b->first_count > 1 ? "s" : "", more);
+    if (m->opts.reject_nonfinite) return qerr_set(err, QERR_FORMAT, "%s: %s", gguf_path(f), msg);
+    char line[400];
+    snprintf(line, sizeof line, "model: %s; %s outputs will be garbage", msg,
+             b->tensors > 1 ? "their" : "its");
+    if (m->opts.warn)
+        m->opts.warn(m->opts.warn_ctx, line);
+    else
+        fprintf(stderr, "quern: warning: %s\n", line);
+    return 0;
+}
+
+/* Once the backend holds its own copy of a weight (impl), the file's pages behind it would only
+ * double the resident size: let the kernel drop them from this process. gguf maps the file
+ * read-only and private, so the bytes stay valid: they remain in the page cache and fault back
+ * in if something still reads them (the CPU embedding lookup reads one row per token). */
+static void drop_file_pages(const struct bweight *w)
+{
+    if (!w->impl) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t n = (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols);
+    uintptr_t lo = ((uintptr_t)w->host + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)w->host + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failure costs only RSS */
+}
+
+/* Each weight's pages go as soon as it is packed, so a load never holds two copies of the model,
+ * and all of them once more at the end: a read maps the file pages around it too (the kernel's
+ * fault-around), bringing back pieces of neighbours dropped before (~40 of the 135M model's 94
+ * MiB). */
+static void drop_all_file_pages(const struct model *m)
+{
+    drop_file_pages(&m->tok_embd);
+    if (!m->cfg.tied_output) drop_file_pages(&m->output);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer *ly = &m->layers[l];
+        const struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                      &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->host != ly->own[0] && ws[i]->host != ly->own[1]) drop_file_pages(ws[i]);
+    }
+}
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
+ * shard. Rows are a window on the file; columns are copied into *own (freed with the model),
+ * whose pages drop_file_pages must never see (madvise would zero them). */
+static int load_weight_part(struct model *m, const struct gguf_file *f, const char *name,
+                            int64_t cols, int64_t rows, int64_t r0, int64_t nr, int64_t c0,
+                            int64_t nc, struct bweight *w, void **own, struct qerr *err)
 {
     const struct gguf_tensor *t = NULL;
     int rc = find_tensor(f, name, cols, rows, &t, err);
     if (rc) return rc;
+    int64_t blk = (int64_t)qtype_block_elems(t->type);
+    if (c0 % blk || nc % blk)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: --tp %d: %s's shard of columns [%lld, %lld) cuts a quant block",
+                        gguf_path(f), m->sh.n_ranks, name, (long long)c0, (long long)(c0 + nc));
+    size_t row_bytes = qtype_row_bytes(t->type, (size_t)cols);
     w->type = t->type;
-    w->rows = rows;
-    w->cols = cols;
-    w->host = t->data;
-    return m->be->ops->weight_prepare(m->be, w, err);
+    w->rows = nr;
+    w->cols = nc;
+    w->host = (const uint8_t *)t->data + (size_t)r0 * row_bytes;
+    if (nc != cols) {
+        size_t part = qtype_row_bytes(t->type, (size_t)nc);
+        size_t skip = qtype_row_bytes(t->type, (size_t)c0);
+        uint8_t *p = malloc((size_t)nr * part);
+        if (!p) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(p + (size_t)r * part, (const uint8_t *)w->host + (size_t)r * row_bytes + skip,
+                   part);
+        *own = p;
+        w->host = p;
+    }
+    if (m->sh.rank == 0) scan_tensor(m, t); /* every rank reads the file: one report */
+    if ((rc = m->be->ops->weight_prepare(m->be, w, err))) return rc;
+    if (nc == cols) drop_file_pages(w);
+    return 0;
+}
+
+static int load_weight(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
+                       int64_t rows, struct bweight *w, struct qerr *err)
+{
+    return load_weight_part(m, f, name, cols, rows, 0, rows, 0, cols, w, NULL, err);
 }
 
 static int load_vector(struct model *m, const struct gguf_file *f, const char *name, int64_t n,
@@ -152,6 +321,7 @@ static int load_vector(struct model *m, const struct gguf_file *f, const char *n
     const struct gguf_tensor *t = NULL;
     int rc = find_tensor(f, name, n, 1, &t, err);
     if (rc) return rc;
+    scan_tensor(m, t);
     float *host = malloc((size_t)n * sizeof *host);
     float *dev = m->be->ops->buf_alloc(m->be, (size_t)n * sizeof *dev);
     if (!host || !dev) {
@@ -186,20 +356,23 @@ static int alloc_acts(struct model *m, struct qerr *err)
     struct backend *be = m->be;
     const struct model_config *c = &m->cfg;
     size_t T = (size_t)m->opts.max_batch_tokens, L = (size_t)m->opts.max_logits;
-    size_t kv = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t kv = (size_t)m->sh.nkv * (size_t)c->head_dim;
     struct acts *a = &m->a;
+    /* a rank's share of the heads and FFN channels; only rank 0 computes logits */
+    size_t qd = (size_t)m->sh.nq * (size_t)c->head_dim, ffn = (size_t)m->sh.nf;
+    if (m->sh.rank != 0) L = 1;
     struct {
         void **p;
         size_t bytes;
     } plan[] = {
         {(void **)&a->x, T * (size_t)c->dim * 4},
         {(void **)&a->xn, T * (size_t)c->dim * 4},
-        {(void **)&a->q, T * (size_t)c->dim * 4},
+        {(void **)&a->q, T * qd * 4},
         {(void **)&a->k, T * kv * 4},
         {(void **)&a->v, T * kv * 4},
-        {(void **)&a->att, T * (size_t)c->dim * 4},
-        {(void **)&a->gate, T * (size_t)c->ffn_dim * 4},
-        {(void **)&a->up, T * (size_t)c->ffn_dim * 4},
+        {(void **)&a->att, T * qd * 4},
+        {(void **)&a->gate, T * ffn * 4},
+        {(void **)&a->up, T * ffn * 4},
         {(void **)&a->sel, L * (size_t)c->dim * 4},
         {(void **)&a->logits, L * (size_t)c->vocab * 4},
         {(void **)&a->tokens, T * 4},
@@ -231,6 +404,14 @@ static int reserve_table(struct model *m, struct qerr *err);
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
                struct model **out, struct qerr *err)
 {
+    if (opts->tp > 1) return model_tp_load(f, be, opts, out, err);
+    return model_load_rank(f, be, opts, NULL, NULL, out, err);
+}
+
+int model_load_rank(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
+                    const struct model_shard *sh, struct comm *comm, struct model **out,
+                    struct qerr *err)
+{
     *out = NULL;
     if (opts->max_batch_tokens < 1 || opts->max_logits < 1 || opts->kv_blocks < 1 ||
         opts->kv_block_size < 1)
@@ -244,7 +425,13 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
     int rc = model_config_read(f, &m->cfg, err);
     if (rc) goto fail;
     const struct model_config *c = &m->cfg;
-    int kv_dim = c->n_kv_heads * c->head_dim;
+    if (sh)
+        m->sh = *sh;
+    else
+        model_shard_whole(c, &m->sh);
+    m->comm = comm;
+    const struct model_shard *s = &m->sh;
+    int hd = c->head_dim, kv_dim = s->nkv * hd;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
         rc = qerr_set(err, QERR_NOMEM, "model: out of memory");
@@ -265,18 +452,22 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
         char name[96];
-#define LOADW(field, suffix, cols, rows)                                                           \
+        int full_kv = c->n_kv_heads * hd;
+        /* this rank's shard (model_shard.h): rows r0.. of column-parallel weights, columns c0.. of
+         * row-parallel ones */
+#define LOADW(field, suffix, cols, rows, r0, nr, c0, nc, own)                                      \
     do {                                                                                           \
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                \
-        if ((rc = load_weight(m, f, name, cols, rows, &ly->field, err))) goto fail;                \
+        if ((rc = load_weight_part(m, f, name, cols, rows, r0, nr, c0, nc, &ly->field, own, err))) \
+            goto fail;                                                                             \
     } while (0)
-        LOADW(wq, "attn_q", c->dim, c->dim);
-        LOADW(wk, "attn_k", c->dim, kv_dim);
-        LOADW(wv, "attn_v", c->dim, kv_dim);
-        LOADW(wo, "attn_output", c->dim, c->dim);
-        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim);
-        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim);
-        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim);
+        LOADW(wq, "attn_q", c->dim, c->dim, s->q0 * hd, s->nq * hd, 0, c->dim, NULL);
+        LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
+        LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
+        LOADW(wo, "attn_output", c->dim, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd, &ly->own[0]);
+        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
+        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
+        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, &ly->own[1]);
 #undef LOADW
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
@@ -293,7 +484,11 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
             goto fail;
         }
     }
-    if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err))) goto fail;
+    if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err)) ||
+        (rc = report_nonfinite(m, f, err)))
+        goto fail;
+    m->bad = (struct nonfinite){0}; /* it points into f, which may close before m is freed */
+    drop_all_file_pages(m);
     *out = m;
     return 0;
 fail:
@@ -302,6 +497,13 @@ fail:
 }
 
 void model_free(struct model *m)
+{
+    if (!m) return;
+    if (m->tp) model_tp_free(m->tp); /* the other ranks; this is rank 0 */
+    model_free_rank(m);
+}
+
+void model_free_rank(struct model *m)
 {
     if (!m) return;
     struct backend *be = m->be;
@@ -316,6 +518,8 @@ void model_free(struct model *m)
             if (ly->ffn_norm) be->ops->buf_free(be, (void *)ly->ffn_norm);
             if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);
             if (ly->v_cache) be->ops->buf_free(be, ly->v_cache);
+            free(ly->own[0]);
+            free(ly->own[1]);
         }
         free(m->layers);
     }
@@ -329,6 +533,11 @@ void model_free(struct model *m)
 const struct model_config *model_get_config(const struct model *m)
 {
     return &m->cfg;
+}
+
+void model_set_tp_group(struct model *m, struct tp_group *g)
+{
+    m->tp = g;
 }
 
 const struct model_opts *model_get_opts(const struct model *m)
@@ -379,16 +588,27 @@ static void add_norm(struct backend *be, float *out, float *x, const float *y, c
     be->ops->rmsnorm(be, out, x, w, n, dim, eps);
 }
 
-/* The ops of one step, from the embedding to the logits, on the inputs already on the device. */
-static void forward_ops(struct model *m, int n, int n_logits, const struct attn_batch *ab)
+/* Tensor parallelism: the row-parallel matmul left each rank a partial sum of x[n][dim]; the sum
+ * over ranks, in rank order, replaces it on every rank. */
+static int reduce_partial(struct model *m, float *x, int n, struct qerr *err)
+{
+    if (!m->comm) return 0;
+    return comm_all_reduce(m->comm, x, (size_t)n * (size_t)m->cfg.dim, COMM_F32, err);
+}
+
+/* The ops of one step, from the embedding to the logits, on the inputs already on the device.
+ * Under tensor parallelism each rank runs them on its heads and FFN channels (m->sh), with an
+ * all-reduce after attention's output matmul and after down; only rank 0 computes logits. */
+static int forward_ops(struct model *m, int n, int n_logits, const struct attn_batch *ab,
+                       struct qerr *err)
 {
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     const struct model_config *c = &m->cfg;
     struct acts *a = &m->a;
-    int dim = c->dim, kv_dim = c->n_kv_heads * c->head_dim;
-    struct attn_shape shape = {.n_heads = c->n_heads,
-                               .n_kv_heads = c->n_kv_heads,
+    int dim = c->dim, kv_dim = m->sh.nkv * c->head_dim, nq = m->sh.nq, nkv = m->sh.nkv, rc;
+    struct attn_shape shape = {.n_heads = nq,
+                               .n_kv_heads = nkv,
                                .head_dim = c->head_dim,
                                .scale = 1.0f / sqrtf((float)c->head_dim)};
 
@@ -399,27 +619,30 @@ static void forward_ops(struct model *m, int n, int n_logits, const struct attn_
         ops->matmul(be, &ly->wq, a->xn, n, a->q);
         ops->matmul(be, &ly->wk, a->xn, n, a->k);
         ops->matmul(be, &ly->wv, a->xn, n, a->v);
-        ops->rope(be, a->q, a->pos, n, c->n_heads, c->head_dim, c->rot_dim, c->rope_base);
-        ops->rope(be, a->k, a->pos, n, c->n_kv_heads, c->head_dim, c->rot_dim, c->rope_base);
+        ops->rope(be, a->q, a->pos, n, nq, c->head_dim, c->rot_dim, c->rope_base);
+        ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, c->rot_dim, c->rope_base);
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
+        if ((rc = reduce_partial(m, a->xn, n, err))) return rc;
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
         ops->matmul(be, &ly->w_gate, a->xn, n, a->gate);
         ops->matmul(be, &ly->w_up, a->xn, n, a->up);
-        ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)c->ffn_dim);
+        ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
+        if ((rc = reduce_partial(m, a->xn, n, err))) return rc;
         if (l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
             add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
         else
             ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
     }
-    if (n_logits == 0) return;
+    if (n_logits == 0 || m->sh.rank != 0) return 0;
     /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */
     ops->get_rows(be, a->sel, a->x, a->logit_idx, n_logits, dim);
     ops->rmsnorm(be, a->sel, a->sel, m->output_norm, n_logits, dim, c->eps);
     ops->matmul(be, &m->output, a->sel, n_logits, a->logits);
+    return 0;
 }
 
 /* Steps of at most STEP_REPLAY_MAX_TOKENS tokens are replayed where the backend can (decode
@@ -510,11 +733,20 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
 {
     int rc = check_batch(m, b, err);
     if (rc) return rc;
+    if (m->tp) return model_tp_forward(m->tp, b, logits, err);
+    return model_forward_rank(m, b, logits, err);
+}
+
+int model_forward_rank(struct model *m, const struct model_batch *b, float *logits,
+                       struct qerr *err)
+{
+    int rc;
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     struct acts *a = &m->a;
-    bool replay =
-        ops->step_begin && b->n_tokens <= STEP_REPLAY_MAX_TOKENS && b->max_blocks <= 0x8000;
+    /* no replay across ranks yet: a captured step would have to hold the collectives too */
+    bool replay = ops->step_begin && !m->comm && b->n_tokens <= STEP_REPLAY_MAX_TOKENS &&
+                  b->max_blocks <= 0x8000;
     struct padded_batch pb;
     replay = replay && pad_batch(m, b, &pb);
     int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;
@@ -535,7 +767,7 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     ops->buf_write(be, a->seq, replay ? pb.seq : b->seq, (size_t)n * 4);
     ops->buf_write(be, a->slot, replay ? pb.slot : b->slot, (size_t)n * 4);
     ops->buf_write(be, a->table, table, table_n * 4);
-    if (n_logits > 0)
+    if (n_logits > 0 && m->sh.rank == 0)
         ops->buf_write(be, a->logit_idx, replay ? pb.logit_idx : b->logit_idx,
                        (size_t)n_logits * 4);
     struct attn_batch ab = {.n_tokens = n,
@@ -549,10 +781,11 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
     /* what shapes the launches: the counts and the table width (buffers stay put) */
     uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
     if (!replay || !ops->step_begin(be, key)) {
-        forward_ops(m, n, n_logits, &ab);
-        if (replay && !ops->step_end(be)) forward_ops(m, n, n_logits, &ab);
+        if ((rc = forward_ops(m, n, n_logits, &ab, err))) return rc;
+        if (replay && !ops->step_end(be) && (rc = forward_ops(m, n, n_logits, &ab, err)))
+            return rc;
     }
-    if (b->n_logits == 0) return 0;
+    if (b->n_logits == 0 || m->sh.rank != 0) return 0;
     ops->buf_read(be, logits, a->logits,
                   (size_t)b->n_logits * (size_t)m->cfg.vocab * sizeof(float));
     return 0;

@@ -25,6 +25,20 @@ struct model_opts {
     int max_logits;       /* largest number of rows of logits per forward */
     int kv_blocks;        /* blocks in the paged KV storage */
     int kv_block_size;    /* tokens per block */
+    /* Weights holding NaN or Inf make every output they reach garbage. model_load reports them
+     * in one line through warn (NULL: "quern: warning: <msg>" on stderr) and loads anyway, or,
+     * with reject_nonfinite, fails with QERR_FORMAT. */
+    void (*warn)(void *ctx, const char *msg);
+    void *warn_ctx;
+    bool reject_nonfinite;
+    /* Tensor parallelism (engine/model_tp.h): tp > 1 splits the model over tp ranks
+     * (engine/model_shard.h), rank r on tp_backends[r] (tp_backends[0] is be) with its handle
+     * tp_comms[r] on one communicator group (kernels/comm.h); they must outlive the model.
+     * model_forward then runs every rank on its own thread and returns rank 0's logits. kv_blocks
+     * counts blocks on every rank; each rank's block holds only its KV heads. 0 or 1: no split. */
+    int tp;
+    struct backend *const *tp_backends;
+    struct comm *const *tp_comms;
 };
 
 /* One step's batch, host arrays. Token i of sequence seq[i] sits at position pos[i] and writes
@@ -40,6 +54,7 @@ struct model_batch {
 };
 
 struct model;
+struct comm;
 
 /* Reads the configuration from GGUF metadata, checking every required key and tensor shape. */
 int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err);

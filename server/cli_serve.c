@@ -383,9 +383,14 @@ static void *sigwatch_main(void *arg)
         w->last = sig;
         pthread_cond_broadcast(&w->cv);
         if (n == 2) {
-            struct timespec until;
-            deadline_in(&until, FORCE_EXIT_S);
-            while (!w->done && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0) {
+            /* the orderly shutdown gets FORCE_EXIT_S; a third signal ends the wait */
+            double end = now_s() + FORCE_EXIT_S;
+            while (!w->done && now_s() < end) {
+                pthread_mutex_unlock(&w->mu);
+                struct timespec tick = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
+                int more = sigtimedwait(&w->set, NULL, &tick);
+                pthread_mutex_lock(&w->mu);
+                if (more > 0) break;
             }
         }
         bool done = w->done;

@@ -38,6 +38,7 @@ enum conn_phase { PHASE_READING, PHASE_HANDLING };
 /* One open connection (MHD's socket_context). Guarded by http_server.mu. */
 struct conn_slot {
     bool used, closing; /* closing: the server shut its socket; MHD has yet to notice */
+    bool has_head;      /* a request's head arrived; its body has not all */
     int fd;
     enum conn_phase phase;
     double since; /* monotonic seconds: when it began READING */
@@ -145,6 +146,15 @@ static void slot_set_phase(struct http_server *h, struct conn_slot *sl, enum con
     pthread_mutex_lock(&h->mu);
     sl->phase = ph;
     sl->since = mono_s();
+    sl->has_head = false;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void slot_head_arrived(struct http_server *h, struct conn_slot *sl)
+{
+    if (!sl) return;
+    pthread_mutex_lock(&h->mu);
+    sl->has_head = true;
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -271,6 +281,14 @@ static void notify_connection(void *cls, struct MHD_Connection *mc, void **socke
     pthread_mutex_unlock(&h->mu);
 }
 
+#define TIMEOUT_BODY                                                                               \
+    "{\"error\":{\"message\":\"the request did not arrive within --request-timeout\",\"type\":"    \
+    "\"invalid_request_error\",\"param\":null,\"code\":\"request_timeout\"}}"
+static const char timeout_reply[] =
+    "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    "Content-Length: 144\r\n\r\n" TIMEOUT_BODY;
+_Static_assert(sizeof TIMEOUT_BODY - 1 == 144, "the 408's Content-Length is its body's");
+
 /* Closes connections whose request has been on its way for over --request-timeout. */
 static void *reaper_main(void *arg)
 {
@@ -281,8 +299,16 @@ static void *reaper_main(void *arg)
         double now = mono_s();
         for (int i = 0; i < h->n_slots; i++) {
             struct conn_slot *sl = &h->slots[i];
-            if (sl->used && !sl->closing && sl->phase == PHASE_READING && now - sl->since > limit)
-                slot_close(h, sl, METRICS_CONN_TIMED_OUT);
+            if (!sl->used || sl->closing || sl->phase != PHASE_READING || now - sl->since <= limit)
+                continue;
+            /* a request whose body is late is answered; an idle connection is just closed (a
+             * keep-alive client would take an unasked-for answer for its next request's) */
+            if (sl->has_head) {
+                ssize_t sent = send(sl->fd, timeout_reply, sizeof timeout_reply - 1,
+                                    MSG_DONTWAIT | MSG_NOSIGNAL);
+                (void)sent;
+            }
+            slot_close(h, sl, METRICS_CONN_TIMED_OUT);
         }
         struct timespec until;
         clock_gettime(CLOCK_MONOTONIC, &until);
@@ -307,22 +333,45 @@ static void copy_printable(char *dst, size_t cap, const char *src)
     dst[i] = '\0';
 }
 
+static unsigned idle_timeout_of(const struct serve *s)
+{
+    return (unsigned)(s->o->stall_timeout_s + 0.999);
+}
+
+/* Restarts MHD's idle clock of mc. MHD 0.9.75 restarts it only when the timeout it replaces is
+ * 0, hence the two calls. */
+static void restart_idle_clock(struct MHD_Connection *mc, unsigned timeout)
+{
+    if (!timeout) return;
+    MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, timeout);
+}
+
+/* A streamed response's context (MHD's reader cls). */
+struct stream_box {
+    const struct http_stream_ops *ops;
+    void *ctx;
+    struct MHD_Connection *mc;
+    unsigned idle_timeout; /* MHD's, restarted whenever the stream produced bytes */
+};
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
-    void **pair = cls; /* [0]: ops, [1]: ctx */
-    const struct http_stream_ops *ops = pair[0];
-    long n = ops->read(pair[1], buf, max);
+    struct stream_box *b = cls;
+    long n = b->ops->read(b->ctx, buf, max);
+    /* the time the reader spent waiting for tokens (a long queue, a slow prefill) is the
+     * server's, not the client's: MHD's idle clock restarts here */
+    if (n > 0) restart_idle_clock(b->mc, b->idle_timeout);
     if (n > 0) return (ssize_t)n;
     return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void stream_free(void *cls)
 {
-    void **pair = cls;
-    const struct http_stream_ops *ops = pair[0];
-    ops->free(pair[1]);
-    free(pair);
+    struct stream_box *b = cls;
+    b->ops->free(b->ctx);
+    free(b);
 }
 
 static void fill_error(struct http_resp *out, struct req_log *log, int status, const char *type,
@@ -343,18 +392,20 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
         return MHD_NO; /* close without answering */
     }
     struct MHD_Response *resp;
+    /* the handler's time (waiting for a whole completion) is not the client's idleness */
+    restart_idle_clock(mc, idle_timeout_of(s));
     if (r->stream) {
-        void **pair = malloc(2 * sizeof *pair);
-        if (!pair) {
+        struct stream_box *box = malloc(sizeof *box);
+        if (!box) {
             r->stream->free(r->stream_ctx);
             return MHD_NO;
         }
-        pair[0] = (void *)r->stream;
-        pair[1] = r->stream_ctx;
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, pair,
+        *box = (struct stream_box){
+            .ops = r->stream, .ctx = r->stream_ctx, .mc = mc, .idle_timeout = idle_timeout_of(s)};
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, box,
                                                  stream_free);
         if (!resp) {
-            stream_free(pair);
+            stream_free(box);
             return MHD_NO;
         }
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -518,6 +569,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (!c->started) {
         c->started = true;
         c->slot = slot_of(mc);
+        slot_head_arrived(h, c->slot);
         clock_gettime(CLOCK_MONOTONIC, &c->t0);
         c->log.ttft_ms = -1;
         unsigned char rnd[8] = {0};
@@ -710,7 +762,7 @@ int http_start(struct serve *s, struct http_server **out, struct qerr *err)
     }
     /* MHD's own idle timeout cuts a client that stops reading its answer (the reaper times
      * requests on their way in) */
-    double idle = o->stall_timeout_s;
+    unsigned idle = idle_timeout_of(s);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -719,7 +771,7 @@ int http_start(struct serve *s, struct http_server **out, struct qerr *err)
         mhd_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
         h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h, MHD_OPTION_URI_LOG_CALLBACK,
         on_request_line, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)n_slots,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(idle + 0.999), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)CONN_POOL_KB * 1024, MHD_OPTION_STRICT_FOR_CLIENT, 1,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -335,6 +335,70 @@ START_TEST(aborts_and_limits)
 END_TEST
 
 /* The pool alone under thousands of random operations, checked after every one. */
+/* Back-pressure: a request whose reader leaves max_unread events unread takes no decode step
+ * (paused) and resumes when read; one left unread for stall_timeout_s is aborted with its
+ * blocks freed; and a request may be read, aborted and released after engine_free. */
+START_TEST(back_pressure_and_after_free)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 64;
+    o.max_seqs = 2;
+    o.kv_blocks = 64;
+    o.max_unread = 4;
+    o.stall_timeout_s = 0.5;
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    struct gen_request r;
+    greedy_request(&r, text_ids, 8, 40);
+    struct request *q = submit(e, &r);
+    struct engine_stats st = {0};
+    for (int i = 0; i < 500 && st.paused == 0; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+        engine_get_stats(e, &st);
+    }
+    ck_assert_int_eq(st.paused, 1);
+    uint64_t gen = st.generation_tokens;
+    ck_assert_uint_le(gen, 5); /* 4 unread events, the 5th token's maybe on its way */
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+    engine_get_stats(e, &st);
+    ck_assert_uint_eq(st.generation_tokens, gen); /* paused: nothing more */
+    /* reading makes room: it goes on, and pauses again 4 events later */
+    struct req_event ev;
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(request_next(q, &ev, 5000), 0);
+    for (int i = 0; i < 500 && st.generation_tokens < gen + 4; i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+        engine_get_stats(e, &st);
+    }
+    ck_assert_uint_ge(st.generation_tokens, gen + 4);
+    /* left unread: aborted after stall_timeout_s, blocks freed */
+    wait_idle(e, &st);
+    ck_assert_uint_eq(st.stalled, 1);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    struct result res;
+    collect(q, &res);
+    ck_assert_int_eq(res.final.finish, FINISH_ABORT);
+    ck_assert_msg(strstr(res.final.error, "read nothing"), "%s", res.final.error);
+
+    /* a request still held when the engine is freed stays usable: abort, read, release */
+    greedy_request(&r, text_ids, 8, 200);
+    struct request *held = submit(e, &r);
+    engine_free(e);
+    request_abort(held);
+    for (int i = 0; i < 300; i++) {
+        ck_assert_int_eq(request_next(held, &ev, 1000), 0);
+        if (ev.done) break;
+    }
+    ck_assert(ev.done);
+    ck_assert_int_eq(ev.finish, FINISH_ABORT);
+    request_abort(held);
+    request_release(held);
+}
+END_TEST
+
 START_TEST(pool_invariants_random)
 {
     enum { BLOCKS = 48, BS = 4, SEQS = 12, MAXB = 16 };
@@ -436,6 +500,7 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     tcase_add_test(tc, pool_invariants_random);
     tcase_add_test(tc, aborts_and_limits);
+    tcase_add_test(tc, back_pressure_and_after_free);
     tcase_add_test(tc, stop_string_across_tokens);
     tcase_add_test(tc, prefix_cache_reuses_blocks);
     tcase_add_test(tc, seeded_sampling_same_in_busy_batch);

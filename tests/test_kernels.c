@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../kernels/backend.h"
 #include "../kernels/cpu/kern.h"
@@ -642,6 +644,50 @@ START_TEST(isa_selection)
 }
 END_TEST
 
+/* Pages of [p, p + n) this process holds in memory (mincore on the whole pages inside). */
+static size_t resident_pages(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    size_t np = hi > lo ? (hi - lo) / page : 0, k = 0;
+    unsigned char *v = malloc(np ? np : 1);
+    ck_assert_int_eq(mincore((void *)lo, hi - lo, v), 0);
+    for (size_t i = 0; i < np; i++) k += v[i] & 1;
+    free(v);
+    return k;
+}
+
+/* Buffers are zeroed and 64-byte aligned at every size, and a big one (a KV pool, the activation
+ * arena) costs no resident memory until it is written: an idle server stays small. */
+START_TEST(buffers_zeroed_and_lazy)
+{
+    struct backend *be = NULL;
+    struct qerr err = {0};
+    struct backend_cpu_opts o = {.n_threads = 1};
+    ck_assert_int_eq(backend_cpu_create(&o, &be, &err), 0);
+    const size_t sizes[] = {
+        0, 1, 100, 4096, ((size_t)1 << 20) - 1, (size_t)1 << 20, ((size_t)64 << 20) + 3};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *p = be->ops->buf_alloc(be, n);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq((uintptr_t)p % 64, 0);
+        if (n >= ((size_t)64 << 20)) /* at most the page its header shares (a 2 MiB one with THP) */
+            ck_assert_uint_le(resident_pages(p, n),
+                              ((size_t)2 << 20) / (size_t)sysconf(_SC_PAGESIZE));
+        for (size_t k = 0; k < n; k++)
+            if (p[k]) ck_abort_msg("buffer of %zu bytes: byte %zu is %d", n, k, p[k]);
+        if (n) {
+            p[0] = 1;
+            p[n - 1] = 2;
+        }
+        be->ops->buf_free(be, p);
+    }
+    be->ops->buf_free(be, NULL);
+    backend_destroy(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kernels");
@@ -658,6 +704,7 @@ int main(void)
     tcase_add_test(tc, large_batch_ops_thread_invariant);
     tcase_add_test(tc, rope_matches_reference_exactly);
     tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, buffers_zeroed_and_lazy);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -3,12 +3,15 @@
  * positions within 1e-3 relative, and 48-token greedy continuations token for token. */
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../engine/generate.h"
+#include "../engine/gguf_write.h"
 #include "testbackend.h"
 #include "testutil.h"
 
@@ -404,6 +407,143 @@ START_TEST(out_of_memory_names_the_allocation)
 }
 END_TEST
 
+/* ---- weights holding NaN/Inf ---- */
+
+/* A copy of the real model with 10 NaN scales and 2 Inf minimums in blk.3.attn_q.weight (Q4_1)
+ * and one Inf in blk.7.ffn_norm.weight (F32). */
+static int fill_poisoned(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
+{
+    (void)err;
+    const struct gguf_tensor *t = gguf_tensor_at(ctx, index);
+    memcpy(dst, t->data, nbytes);
+    if (gguf_str_eq(t->name, "blk.3.attn_q.weight")) {
+        ck_assert_int_eq(t->type, QTYPE_Q4_1);
+        struct block_q4_1 *b = dst;
+        for (int i = 0; i < 10; i++) b[7 * i].d = 0x7e00; /* fp16 NaN */
+        b[100].m = 0x7c00;                                /* fp16 +Inf */
+        b[101].m = 0xfc00;                                /* fp16 -Inf */
+    } else if (gguf_str_eq(t->name, "blk.7.ffn_norm.weight")) {
+        ck_assert_int_eq(t->type, QTYPE_F32);
+        float inf = INFINITY;
+        memcpy((float *)dst + 5, &inf, sizeof inf);
+    }
+    return 0;
+}
+
+static char *write_poisoned_model(char *dir)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *path;
+    ck_assert_int_ge(asprintf(&path, "%s/poisoned.gguf", dir), 0);
+    struct gguf_writer *w;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
+        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
+                      err.msg);
+    }
+    ck_assert_msg(gguf_writer_write(w, path, fill_poisoned, file, NULL, &err) == 0, "%s", err.msg);
+    gguf_writer_free(w);
+    return path;
+}
+
+struct warnings {
+    int n;
+    char last[512];
+};
+
+static void record_warning(void *ctx, const char *msg)
+{
+    struct warnings *w = ctx;
+    w->n++;
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
+#define POISON_MSG                                                                                 \
+    "model: tensor 'blk.3.attn_q.weight' holds 12 non-finite values (NaN/Inf), 1 more tensor "     \
+    "holds 1 more; their outputs will be garbage"
+
+/* A model whose weights hold NaN/Inf still loads, with one warning naming the first bad tensor
+ * and the counts (through the caller's callback, or on stderr); reject_nonfinite makes it a load
+ * error. The real model loads without a word. */
+START_TEST(nonfinite_weights_are_reported)
+{
+    struct model_opts mo = {
+        .max_batch_tokens = 16, .max_logits = 1, .kv_blocks = 4, .kv_block_size = 16};
+    struct qerr err = {0};
+    struct warnings seen = {0};
+    mo.warn = record_warning;
+    mo.warn_ctx = &seen;
+    struct model *m = NULL;
+    ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+    ck_assert_msg(seen.n == 0, "the real model: %s", seen.last);
+    model_free(m);
+
+    char dir[] = "/tmp/quern-nan-XXXXXX";
+    char *path = write_poisoned_model(dir);
+    struct gguf_file *pf;
+    ck_assert_msg(gguf_open(path, &pf, &err) == 0, "%s", err.msg);
+    ck_assert_msg(model_load(pf, be, &mo, &m, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(seen.n, 1);
+    ck_assert_str_eq(seen.last, POISON_MSG);
+    model_free(m);
+
+    /* no callback: one line on stderr */
+    char log_path[sizeof dir + 16];
+    snprintf(log_path, sizeof log_path, "%s/stderr", dir);
+    int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600), saved = dup(2);
+    ck_assert_int_ge(log_fd, 0);
+    fflush(stderr);
+    dup2(log_fd, 2);
+    mo.warn = NULL;
+    int rc = model_load(pf, be, &mo, &m, &err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(log_fd);
+    ck_assert_msg(rc == 0, "%s", err.msg);
+    model_free(m);
+    char *logged = tu_read_file(log_path, NULL);
+    ck_assert_ptr_nonnull(logged);
+    ck_assert_str_eq(logged, "quern: warning: " POISON_MSG "\n");
+    free(logged);
+
+    /* strict: the load fails, naming the file and the tensor */
+    mo.warn = record_warning;
+    mo.reject_nonfinite = true;
+    ck_assert_int_eq(model_load(pf, be, &mo, &m, &err), QERR_FORMAT);
+    ck_assert_ptr_null(m);
+    ck_assert_int_eq(seen.n, 1);
+    ck_assert_msg(strstr(err.msg, path) &&
+                      strstr(err.msg, "tensor 'blk.3.attn_q.weight' holds 12 non-finite values"),
+                  "%s", err.msg);
+
+    gguf_close(pf);
+    unlink(log_path);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+}
+END_TEST
+
+static void open_file(void)
+{
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
+    be = tb_backend(MATMUL_F32, 2);
+}
+
+static void close_file(void)
+{
+    backend_destroy(be);
+    gguf_close(file);
+}
+
 int main(void)
 {
     tu_model_path();
@@ -431,6 +571,11 @@ int main(void)
     tcase_add_test(tc, out_of_memory_names_the_allocation);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n);
     suite_add_tcase(s, tc);
+    TCase *nf = tcase_create("nonfinite");
+    tcase_set_timeout(nf, 120);
+    tcase_add_checked_fixture(nf, open_file, close_file);
+    tcase_add_test(nf, nonfinite_weights_are_reported);
+    suite_add_tcase(s, nf);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
     int failed = srunner_ntests_failed(r);

@@ -2,8 +2,10 @@
  * kernels of one instruction set picked at create (cpu_isa.h, kern.h). Work is split by row
  * groups (matmul), by (token, head) pairs (attention) or by tokens (the rest). Splits never cut
  * a reduction, so results are the same for any thread count and any batch composition. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../backend.h"
@@ -26,19 +28,49 @@ static void cpu_destroy(struct backend *be)
     free(be);
 }
 
+/* Every buffer starts with a header saying how it was made, so buf_free can undo it. */
+#define BUF_HEADER 64
+#define BUF_MMAP   1
+#define BUF_HEAP   2
+/* From this size buffers come straight from mmap: the kernel's zero pages cost nothing until an
+ * op first writes them, so a KV pool and an activation arena sized for peak load do not make an
+ * idle process resident (a memset would touch every page at load). Below it, the heap. */
+#define BUF_MMAP_MIN ((size_t)1 << 20)
+
+struct buf_header {
+    size_t map_bytes; /* BUF_MMAP: the length of the mapping that starts at the header */
+    int kind;
+};
+_Static_assert(sizeof(struct buf_header) <= BUF_HEADER, "header fits its slot");
+
 static void *cpu_buf_alloc(struct backend *be, size_t bytes)
 {
     (void)be;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
-    memset(p, 0, bytes);
-    return p;
+    if (bytes > SIZE_MAX / 2) return NULL;
+    if (bytes >= BUF_MMAP_MIN) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t len = (bytes + BUF_HEADER + page - 1) / page * page;
+        void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        *(struct buf_header *)base = (struct buf_header){.map_bytes = len, .kind = BUF_MMAP};
+        return (char *)base + BUF_HEADER;
+    }
+    void *base = NULL;
+    if (posix_memalign(&base, 64, bytes + BUF_HEADER)) return NULL;
+    memset(base, 0, bytes + BUF_HEADER);
+    ((struct buf_header *)base)->kind = BUF_HEAP;
+    return (char *)base + BUF_HEADER;
 }
 
 static void cpu_buf_free(struct backend *be, void *buf)
 {
     (void)be;
-    free(buf);
+    if (!buf) return;
+    struct buf_header *h = (struct buf_header *)((char *)buf - BUF_HEADER);
+    if (h->kind == BUF_MMAP)
+        munmap(h, h->map_bytes);
+    else
+        free(h);
 }
 
 static void cpu_buf_copy(struct backend *be, void *dst, const void *src, size_t bytes)
