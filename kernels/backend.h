@@ -1,4 +1,5 @@
-/* backend: the contract every compute backend (CPU now, CUDA later) implements.
+/* backend: the contract every compute backend implements (kernels/cpu/backend_cpu.h and
+ * kernels/cuda/backend_cuda.h create them; kernels/backend_select.h picks one).
  *
  * The model forward (engine/model.c) is written once against these ops. Buffers are opaque
  * device pointers from buf_alloc: host memory on the CPU, device memory on a GPU; the engine only
@@ -141,25 +142,6 @@ struct backend {
     const struct backend_ops *ops;
     void *ctx; /* the implementation's state */
 };
-
-/* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID), unless
- * $QUERN_CPU_ISA (scalar|avx2|avx512) names one; asking for an ISA the CPU lacks is an error. */
-enum cpu_isa {
-    CPU_ISA_AUTO = 0,
-    CPU_ISA_SCALAR = 1, /* the reference kernels (kernels/cpu/ref.c) */
-    CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-    CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
-};
-
-struct backend_cpu_opts {
-    int n_threads; /* 0: all online CPUs */
-    enum matmul_precision precision;
-    enum cpu_isa isa;
-};
-
-int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);
-/* The ISA a CPU backend resolved at create (never CPU_ISA_AUTO). */
-enum cpu_isa backend_cpu_isa(const struct backend *be);
 
 static inline void backend_destroy(struct backend *be)
 {

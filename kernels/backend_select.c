@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/backend_cpu.h"
+
 #ifdef QUERN_HAVE_CUDA
 #include "cuda/backend_cuda.h"
 #endif

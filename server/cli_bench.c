@@ -10,7 +10,7 @@
  *     pp = a P-token prompt up to its first token, tg = T decode steps after a 1-token prompt.
  *   quern bench --model M --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]
  *     B sequences with CTX-token contexts decoding together through the model's forward
- *     (tools/bench_decode.h): ms per step, tokens/s and the bytes a step must read. */
+ *     (engine/bench_decode.h): ms per step, tokens/s and the bytes a step must read. */
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -19,11 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "../engine/bench_decode.h"
+#include "../engine/bench_kernels.h"
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/synth.h"
-#include "../tools/bench_decode.h"
-#include "../tools/bench_kernels.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
@@ -358,7 +358,7 @@ out:
 
 int cli_bench(int argc, char **argv)
 {
-    /* --kernels: the CPU kernel benchmark (tools/bench-kernels.c) takes every other option */
+    /* --kernels: the CPU kernel benchmark (engine/bench_kernels.c) takes every other option */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--kernels")) {
             for (int j = i; j + 1 < argc; j++) argv[j] = argv[j + 1];

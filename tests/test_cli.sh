@@ -86,7 +86,7 @@ backend_line cpu 'cpu$'
 expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2
 expect 2 "--type 'q5_k'" -- bench --synthetic smollm2-135m --type q5_k --pp 8 --tg 2
 expect 0 '\| tg4 \|' -- bench --synthetic smollm2-135m --type q4_1 --pp 16 --tg 4 --reps 1 --device cpu
-# B sequences decoding together through the forward (tools/bench_decode.h)
+# B sequences decoding together through the forward (engine/bench_decode.h)
 expect 0 '^\| 3 \| 20 \| [0-9.]+ \| [0-9.]+ \|' -- bench --model "$model" --decode-batches 1,3 --pp 20 --tg 3 --device cpu
 expect 0 '"decode": \[\{"batch": 2, .*"tokens_per_s": [1-9]' -- bench --model "$model" --decode-batches 2 --pp 8 --tg 2 --device cpu --json
 expect 2 "--decode-batches '0,4'" -- bench --model "$model" --decode-batches 0,4

@@ -12,6 +12,7 @@
 
 #include "../engine/generate.h"
 #include "../engine/gguf_write.h"
+#include "../kernels/cpu/backend_cpu.h"
 #include "testbackend.h"
 #include "testutil.h"
 

@@ -13,6 +13,7 @@
 #include "../engine/synth.h"
 #include "../engine/tokenizer.h"
 #include "../kernels/backend.h"
+#include "../kernels/cpu/backend_cpu.h"
 
 static int entries(const char *dir)
 {

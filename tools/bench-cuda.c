@@ -17,7 +17,7 @@
  * 4. decode  synthetic models of real shapes with random weights (engine/synth.h: written here
  *            to a temporary file, opened and unlinked: the GPU machine receives no gigabytes):
  *            llama3-8b (Q4_0) and smollm2-135m (Q4_1), batch 1, 8 and 64 sequences at context
- *            128 (+16 decoded) through the engine's model_forward (tools/bench_decode.h: CUDA
+ *            128 (+16 decoded) through the engine's model_forward (engine/bench_decode.h: CUDA
  *            graphs and their padding as in serving, logits copied to the host every step);
  *            tokens/s against the roofline (weight + KV bytes per step / copy bandwidth).
  *    --model runs the real file the same way.
@@ -32,7 +32,7 @@
 #include "../engine/generate.h"
 #include "../engine/synth.h"
 #include "../kernels/cuda/backend_cuda.h"
-#include "bench_decode.h"
+#include "../engine/bench_decode.h"
 
 static double now(void)
 {
@@ -276,7 +276,7 @@ static void bench_gemm(int device, bool quick)
 
 /* ---- 4. decode through the engine's forward ---- */
 
-/* B = 1, 8, 64 sequences at context 128 (tools/bench_decode.h: model_forward, the step replay
+/* B = 1, 8, 64 sequences at context 128 (engine/bench_decode.h: model_forward, the step replay
  * with its padding, logits to the host every step), int8 activations at every batch and fp32 at
  * batch 1, against the roofline: the bytes a step must read over the copy bandwidth. */
 static void bench_decode_model(struct backend *be, const char *label, const struct gguf_file *f,

@@ -3,7 +3,7 @@
 # sequences, each with its own CTX-token prompt, decoding STEPS tokens together.
 #
 #   quern:     build/server/quern bench --model FILE --decode-batches B1,B2,.. --pp CTX --tg STEPS
-#              --threads T --device cpu [--quern-args]        (tools/bench_decode.h)
+#              --threads T --device cpu [--quern-args]        (engine/bench_decode.h)
 #   llama.cpp: llama-batched-bench -m FILE -c C -b 2048 -ub 512 -npp CTX -ntg STEPS
 #              -npl B1,B2,.. -t T                             (its S_TG t/s column)
 #

@@ -9,15 +9,11 @@
 
 #include <stdbool.h>
 
-#include "../backend.h"
+#include "backend_cpu.h"
 
 /* The best ISA this CPU supports (never CPU_ISA_AUTO). */
 enum cpu_isa cpu_isa_best(void);
-/* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
-bool cpu_isa_supported(enum cpu_isa isa);
-const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avx512", "auto" */
-/* Parses "scalar", "avx2", "avx512" or "auto" (case-insensitive); -1 when unknown. */
-int cpu_isa_parse(const char *s);
+/* cpu_isa_supported, cpu_isa_name and cpu_isa_parse are public: backend_cpu.h. */
 /* Resolves the requested ISA: AUTO consults $QUERN_CPU_ISA, then CPUID. QERR_UNSUPPORTED when the
  * CPU lacks the requested ISA, QERR_INVALID when the variable names none. */
 int cpu_isa_resolve(enum cpu_isa want, enum cpu_isa *out, struct qerr *err);

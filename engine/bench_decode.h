@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/gguf.h"
-#include "../engine/model.h"
+#include "gguf.h"
+#include "model.h"
 
 struct decode_bench {
     int batch, ctx, steps;

@@ -1,0 +1,35 @@
+/* backend_cpu: the CPU backend's own options and what it tells about itself (the ops are
+ * kernels/backend.h's contract). */
+#ifndef QUERN_BACKEND_CPU_H
+#define QUERN_BACKEND_CPU_H
+
+#include <stdbool.h>
+
+#include "../backend.h"
+
+/* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID), unless
+ * $QUERN_CPU_ISA (scalar|avx2|avx512) names one; asking for an ISA the CPU lacks is an error. */
+enum cpu_isa {
+    CPU_ISA_AUTO = 0,
+    CPU_ISA_SCALAR = 1, /* the reference kernels (kernels/cpu/ref.c) */
+    CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+    CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
+};
+
+struct backend_cpu_opts {
+    int n_threads; /* 0: all online CPUs */
+    enum matmul_precision precision;
+    enum cpu_isa isa;
+};
+
+int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);
+/* The ISA a CPU backend resolved at create (never CPU_ISA_AUTO). */
+enum cpu_isa backend_cpu_isa(const struct backend *be);
+
+/* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
+bool cpu_isa_supported(enum cpu_isa isa);
+const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avx512", "auto" */
+/* Parses "scalar", "avx2", "avx512" or "auto" (case-insensitive); -1 when unknown. */
+int cpu_isa_parse(const char *s);
+
+#endif
