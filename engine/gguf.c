@@ -78,7 +78,7 @@ static int read_str(struct cursor *c, struct gguf_str *s, const char *what)
     return 0;
 }
 
-static uint64_t vtype_size(uint32_t t)
+size_t gguf_vtype_size(uint32_t t)
 {
     switch (t) {
     case GGUF_U8:
@@ -146,7 +146,7 @@ static int read_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
                 if ((rc = read_str(c, &kv->strs[i], what))) return rc;
             return 0;
         }
-        uint64_t es = vtype_size(at);
+        uint64_t es = gguf_vtype_size(at);
         if (!es) {
             char b[512];
             snprintf(b, sizeof b, "%s: unsupported array element type %u", what, at);
@@ -163,7 +163,7 @@ static int read_kv(struct cursor *c, struct gguf_kv *kv, uint64_t idx)
         c->pos += kv->arr_len * es;
         return 0;
     }
-    uint64_t sz = vtype_size(t);
+    uint64_t sz = gguf_vtype_size(t);
     if (!sz) {
         char b[512];
         snprintf(b, sizeof b, "%s: unknown value type %u", what, t);

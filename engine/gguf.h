@@ -92,5 +92,7 @@ const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char
 
 bool gguf_str_eq(struct gguf_str s, const char *c);
 const char *gguf_vtype_name(enum gguf_vtype t);
+/* Bytes of one value of a scalar type; 0 for strings, arrays and unknown types. */
+size_t gguf_vtype_size(uint32_t t);
 
 #endif

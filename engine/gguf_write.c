@@ -80,28 +80,6 @@ static void wb_str(struct wbuf *b, const char *s, uint64_t len)
     wb_put(b, s, (size_t)len);
 }
 
-static size_t scalar_size(uint32_t t)
-{
-    switch (t) {
-    case GGUF_U8:
-    case GGUF_I8:
-    case GGUF_BOOL:
-        return 1;
-    case GGUF_U16:
-    case GGUF_I16:
-        return 2;
-    case GGUF_U32:
-    case GGUF_I32:
-    case GGUF_F32:
-        return 4;
-    case GGUF_U64:
-    case GGUF_I64:
-    case GGUF_F64:
-        return 8;
-    }
-    return 0;
-}
-
 int gguf_writer_init(struct gguf_writer **out, struct qerr *err)
 {
     *out = calloc(1, sizeof **out);
@@ -171,7 +149,7 @@ static int set_scalar(struct gguf_writer *w, const char *key, uint32_t type, con
                       struct qerr *err)
 {
     struct wbuf b = {0};
-    wb_put(&b, v, scalar_size(type));
+    wb_put(&b, v, gguf_vtype_size(type));
     return set_kv(w, key, type, &b, err);
 }
 
@@ -232,7 +210,7 @@ int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *s, s
 int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem,
                         const void *data, uint64_t n, struct qerr *err)
 {
-    size_t es = scalar_size(elem);
+    size_t es = gguf_vtype_size(elem);
     if (!es)
         return qerr_set(err, QERR_INVALID,
                         "gguf writer: metadata '%s': array element type %s is not numeric", key,
@@ -269,7 +247,7 @@ int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv, struct 
         rc = gguf_writer_set_str_arr(w, key, kv->strs, kv->arr_len, err);
     } else if (kv->type == GGUF_ARRAY) {
         rc = gguf_writer_set_arr(w, key, kv->arr_type, kv->value, kv->arr_len, err);
-    } else if (scalar_size(kv->type)) {
+    } else if (gguf_vtype_size(kv->type)) {
         rc = set_scalar(w, key, kv->type, kv->value, err);
     } else {
         rc = qerr_set(err, QERR_INVALID, "gguf writer: metadata '%s' has unknown type %u", key,

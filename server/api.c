@@ -1,39 +1,10 @@
-/* api: the small endpoints (models, health, metrics, tokenize, detokenize), the error answer
- * every handler shares, and the serve_* wrappers around the engine. Generation lives in
- * api_generate.c. */
+/* api: the small endpoints (models, health, metrics, tokenize, detokenize) and the error answer
+ * every handler shares. Generation lives in api_generate.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api.h"
-
-int serve_submit(struct serve *s, const struct gen_request *r, struct request **out,
-                 struct qerr *err)
-{
-    pthread_rwlock_rdlock(&s->lock);
-    int rc = s->engine ? engine_submit(s->engine, r, out, err)
-                       : qerr_set(err, QERR_FULL, "the server is draining");
-    pthread_rwlock_unlock(&s->lock);
-    if (!rc) atomic_fetch_add(&s->inflight, 1);
-    return rc;
-}
-
-void serve_release(struct serve *s, struct request *r, bool abort)
-{
-    if (!r) return;
-    if (abort) request_abort(r);
-    request_release(r);
-    atomic_fetch_sub(&s->inflight, 1);
-}
-
-bool serve_stats(struct serve *s, struct engine_stats *st)
-{
-    pthread_rwlock_rdlock(&s->lock);
-    bool have = s->engine != NULL;
-    if (have) engine_get_stats(s->engine, st);
-    pthread_rwlock_unlock(&s->lock);
-    return have;
-}
 
 static enum metrics_error error_reason(const struct oai_error *e)
 {

@@ -30,8 +30,6 @@ static const char *const error_names[METRICS_ERR_COUNT] = {
     [METRICS_ERR_TIMEOUT] = "request_timeout",
 };
 
-static const char *const finish_names[5] = {"none", "stop", "length", "abort", "error"};
-
 const char *metrics_error_name(enum metrics_error r)
 {
     return (unsigned)r < METRICS_ERR_COUNT ? error_names[r] : "unknown";
@@ -204,7 +202,8 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
                    "Requests the engine finished, by finish reason.");
     for (int i = 1; i < 5 && !rc; i++)
         rc = sbuf_printf(o, "quern_engine_requests_finished_total{finished_reason=\"%s\"} %llu\n",
-                         finish_names[i], (unsigned long long)s->finished[i]);
+                         finish_reason_name((enum finish_reason)i),
+                         (unsigned long long)s->finished[i]);
     return rc;
 }
 
@@ -222,14 +221,16 @@ int metrics_render(struct metrics *m, const struct engine_stats *s, int state, s
                   "Generation requests that ran to their end, by finish reason (one per choice).");
     for (int i = FINISH_STOP; i <= FINISH_LENGTH && !rc; i++)
         rc = sbuf_printf(out, "quern_request_success_total{finished_reason=\"%s\"} %llu\n",
-                         finish_names[i], (unsigned long long)c.finished[i]);
+                         finish_reason_name((enum finish_reason)i),
+                         (unsigned long long)c.finished[i]);
     if (!rc)
         rc = head(out, "quern_request_failure_total", "counter",
                   "Generation requests cut short: aborted (client gone, stalled, shutdown) or "
                   "failed by the engine (one per choice).");
     for (int i = FINISH_ABORT; i <= FINISH_ERROR && !rc; i++)
         rc = sbuf_printf(out, "quern_request_failure_total{finished_reason=\"%s\"} %llu\n",
-                         finish_names[i], (unsigned long long)c.finished[i]);
+                         finish_reason_name((enum finish_reason)i),
+                         (unsigned long long)c.finished[i]);
     if (!rc) rc = gauge(out, "quern_http_connections_open", "HTTP connections open.", c.conns_open);
     if (!rc)
         rc = head(out, "quern_http_connections_closed_total", "counter",

@@ -13,19 +13,7 @@
 
 const char *oai_finish_name(enum finish_reason r)
 {
-    switch (r) {
-    case FINISH_NONE:
-        return NULL;
-    case FINISH_STOP:
-        return "stop";
-    case FINISH_LENGTH:
-        return "length";
-    case FINISH_ABORT:
-        return "abort";
-    case FINISH_ERROR:
-        return "error";
-    }
-    return "error";
+    return r == FINISH_NONE ? NULL : finish_reason_name(r);
 }
 
 int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t text_offset,
