@@ -422,6 +422,17 @@ def test_abort_accounting(d):
     check(out >= 5, "the 499 log line counts the streamed tokens", lines[-1] if lines else "none")
 
 
+def test_idle_rss(d):
+    """Item 7: an idle daemon with the default 256 MiB KV pool is resident for what it uses
+    (weights, tokenizer), not for its pools (1.28 GB before)."""
+    if SANITIZED:
+        print("-- test_idle_rss: skipped under a sanitizer (its shadow memory counts)")
+        return
+    with open(f"/proc/{d.proc.pid}/status") as f:
+        rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+    check(rss < 300, f"an idle daemon is resident for {rss:.0f} MiB (< 300)")
+
+
 def main():
     if not test_http.BIN or not os.path.exists(test_http.BIN):
         print("skip: QUERN_BIN not set or missing")
@@ -444,6 +455,8 @@ def main():
     d = Daemon("--api-key", KEY, "--max-connections", "20", "--max-connections-per-client", "0",
                "--request-timeout", "2", "--stall-timeout", "3")
     try:
+        if not only or "rss" in only:
+            test_idle_rss(d)
         for t in (test_malformed_heads, test_error_bodies, test_idle_connections, test_slow_loris,
                   test_back_pressure, test_abort_accounting):
             run(t, d)
