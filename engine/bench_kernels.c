@@ -27,28 +27,7 @@
 #include "generate.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "bench_kernels.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static float frand(void)
-{
-    return (float)(rnd() >> 40) * 0x1p-23f - 1.0f;
-}
+#include "bench_util.h"
 
 /* ---- memory bandwidth ---- */
 
@@ -98,14 +77,14 @@ static double read_bandwidth(const uint64_t *buf, size_t bytes, int threads)
         pthread_t th[64];
         struct read_arg a[64];
         size_t per = bytes / 8 / (size_t)threads;
-        double t0 = now();
+        double t0 = bench_now_s();
         for (int i = 0; i < threads; i++) {
             a[i] = (struct read_arg){buf + (size_t)i * per, per, 0};
             if (i) pthread_create(&th[i], NULL, read_loop, &a[i]);
         }
         read_loop(&a[0]);
         for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
-        double dt = now() - t0;
+        double dt = bench_now_s() - t0;
         uint64_t x = 0;
         for (int i = 0; i < threads; i++) x ^= a[i].sum;
         if (x == 42) printf(" "); /* keeps the sums alive */
@@ -118,9 +97,9 @@ static double memcpy_bandwidth(uint8_t *buf, size_t bytes)
 {
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now();
+        double t0 = bench_now_s();
         memcpy(buf + bytes / 2, buf, bytes / 2);
-        double dt = now() - t0;
+        double dt = bench_now_s() - t0;
         best = fmax(best, (double)(bytes / 2) / dt / 1e9); /* bytes read (as many written) */
     }
     return best;
@@ -174,14 +153,14 @@ static double compute_peak(bool fma, int threads)
     for (int rep = 0; rep < 3; rep++) {
         pthread_t th[64];
         struct peak_arg a[64];
-        double t0 = now();
+        double t0 = bench_now_s();
         for (int i = 0; i < threads; i++) {
             a[i] = (struct peak_arg){.iters = iters, .fma = fma};
             if (i) pthread_create(&th[i], NULL, peak_loop, &a[i]);
         }
         peak_loop(&a[0]);
         for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
-        double dt = now() - t0;
+        double dt = bench_now_s() - t0;
         double ops = (double)iters * PEAK_CHAINS * (fma ? 32.0 : 128.0) * threads;
         best = fmax(best, ops / dt / 1e9);
     }
@@ -202,20 +181,6 @@ static const struct shape model_shapes[] = {
     {"output 49152x576", 49152, 576, QTYPE_Q8_0},
 };
 
-static void *random_weight(enum qtype t, int64_t rows, int64_t cols)
-{
-    size_t bytes = qtype_row_bytes(t, (size_t)cols) * (size_t)rows, bb = qtype_block_bytes(t);
-    uint8_t *p = malloc(bytes);
-    if (!p) return NULL;
-    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)rnd();
-    for (size_t off = 0; off < bytes; off += bb) {
-        uint16_t d = f32_to_fp16(frand() * 0.02f), m = f32_to_fp16(frand() * 0.1f);
-        memcpy(p + off, &d, 2);
-        if (t == QTYPE_Q4_1) memcpy(p + off + 2, &m, 2);
-    }
-    return p;
-}
-
 /* Seconds per matmul call: the fastest of 5 windows of at least min_s / 5 each, each rotating
  * over `copies` prepared copies of the weight. The fastest window is the one least disturbed by
  * other processes on a shared machine. */
@@ -226,11 +191,11 @@ static double time_matmul(struct backend *be, struct bweight *ws, int copies, co
     double best = 1e30;
     for (int win = 0; win < 5; win++) {
         int calls = 0;
-        double t0 = now(), dt;
+        double t0 = bench_now_s(), dt;
         do {
             for (int c = 0; c < copies; c++) be->ops->matmul(be, &ws[c], x, n, y);
             calls += copies;
-            dt = now() - t0;
+            dt = bench_now_s() - t0;
         } while (dt < min_s / 5);
         best = fmin(best, dt / calls);
     }
@@ -240,6 +205,7 @@ static double time_matmul(struct backend *be, struct bweight *ws, int copies, co
 static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, int n_batches,
                          double bw, double peak)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     struct backend *be;
     struct qerr err = {0};
     if (backend_cpu_create(bo, &be, &err)) {
@@ -256,7 +222,7 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
     printf("\n");
     float *x = malloc((size_t)maxn * 1536 * sizeof *x);
     float *y = malloc((size_t)maxn * 49152 * sizeof *y);
-    for (size_t i = 0; i < (size_t)maxn * 1536; i++) x[i] = frand();
+    for (size_t i = 0; i < (size_t)maxn * 1536; i++) x[i] = bench_rng_float(&rng);
     for (size_t s = 0; s < sizeof model_shapes / sizeof model_shapes[0]; s++) {
         const struct shape *sh = &model_shapes[s];
         size_t bytes = qtype_row_bytes(sh->type, (size_t)sh->cols) * (size_t)sh->rows;
@@ -265,7 +231,7 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
         struct bweight *ws = calloc((size_t)copies, sizeof *ws);
         for (int c = 0; c < copies; c++) {
             ws[c] = (struct bweight){.type = sh->type, .rows = sh->rows, .cols = sh->cols};
-            ws[c].host = random_weight(sh->type, sh->rows, sh->cols);
+            ws[c].host = bench_random_weights(&rng, sh->type, sh->rows, sh->cols, 0.02f, 0.1f);
             if (!ws[c].host || be->ops->weight_prepare(be, &ws[c], &err)) {
                 fprintf(stderr, "cannot prepare weight: %s\n", err.msg);
                 return 1;
@@ -300,6 +266,7 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
 
 static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int n_batches)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     struct backend *be;
     struct qerr err = {0};
     if (backend_cpu_create(bo, &be, &err)) {
@@ -312,16 +279,16 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     float *x = malloc((size_t)maxn * ffn * 4), *u = malloc((size_t)maxn * ffn * 4);
     float *w = malloc(dim * 4), *o = calloc((size_t)maxn * ffn, 4);
     for (size_t i = 0; i < (size_t)maxn * ffn; i++) {
-        x[i] = frand();
-        u[i] = frand();
+        x[i] = bench_rng_float(&rng);
+        u[i] = bench_rng_float(&rng);
     }
-    for (int i = 0; i < dim; i++) w[i] = frand();
+    for (int i = 0; i < dim; i++) w[i] = bench_rng_float(&rng);
     /* one sequence of ctx positions, the batch being its last n tokens */
     size_t kv = (size_t)ctx * kvh * hd;
     float *kc = malloc(kv * 4), *vc = malloc(kv * 4);
     for (size_t i = 0; i < kv; i++) {
-        kc[i] = frand();
-        vc[i] = frand();
+        kc[i] = bench_rng_float(&rng);
+        vc[i] = bench_rng_float(&rng);
     }
     int32_t *pos = malloc((size_t)ctx * 4), *seq = calloc((size_t)ctx, 4),
             *slot = malloc((size_t)ctx * 4);
@@ -348,7 +315,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
             double best = 1e30;
             for (int win = 0; win < 5; win++) {
                 int calls = 0;
-                double t0 = now(), dt;
+                double t0 = bench_now_s(), dt;
                 do {
                     switch (op) {
                     case 0:
@@ -366,7 +333,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
                         break;
                     }
                     calls++;
-                    dt = now() - t0;
+                    dt = bench_now_s() - t0;
                 } while (dt < 0.02);
                 best = fmin(best, dt / calls);
             }
@@ -410,9 +377,9 @@ static struct prof *prof_of(struct backend *be)
     do {                                                                                           \
         struct prof *p_ = prof_of(be);                                                             \
         struct backend *r = p_->real;                                                              \
-        double t0_ = now();                                                                        \
+        double t0_ = bench_now_s();                                                                \
         call;                                                                                      \
-        p_->sec[k] += now() - t0_;                                                                 \
+        p_->sec[k] += bench_now_s() - t0_;                                                         \
         p_->calls[k]++;                                                                            \
     } while (0)
 
@@ -540,13 +507,14 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
     (void)token;
     (void)logits;
     struct timing *t = ctx;
-    if (t->tokens++ == 0) t->first = now();
+    if (t->tokens++ == 0) t->first = bench_now_s();
     return false;
 }
 
 static int bench_model(const char *path, const struct backend_cpu_opts *bo, int pp, int tg,
                        double bw, bool profile)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     struct qerr err = {0};
     struct gguf_file *f = NULL;
     struct backend *be = NULL, *run;
@@ -575,7 +543,7 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
         wbytes += (double)gguf_tensor_at(f, i)->nbytes;
     const struct model_config *c = model_get_config(m);
     int32_t *prompt = malloc((size_t)pp * sizeof *prompt);
-    for (int i = 0; i < pp; i++) prompt[i] = (int32_t)(rnd() % (uint64_t)c->vocab);
+    for (int i = 0; i < pp; i++) prompt[i] = (int32_t)(bench_rng_next(&rng) % (uint64_t)c->vocab);
     struct gen_opts o = {.n_predict = 1, .prefill_chunk = pp};
     sample_params_default(&o.sample);
     o.sample.temperature = 0;
@@ -583,7 +551,7 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
     double best_pp = 0;
     for (int rep = 0; rep < 3 && !rc; rep++) {
         struct timing t = {0};
-        double t0 = now();
+        double t0 = bench_now_s();
         rc = generate_run(m, prompt, (size_t)pp, &o, on_token, &t, &err);
         best_pp = fmax(best_pp, pp / (t.first - t0));
     }
@@ -593,7 +561,7 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
     for (int rep = 0; rep < 3 && !rc; rep++) {
         struct timing t = {0};
         rc = generate_run(m, prompt, 16, &o, on_token, &t, &err);
-        best_tg = fmax(best_tg, (t.tokens - 1) / (now() - t.first));
+        best_tg = fmax(best_tg, (t.tokens - 1) / (bench_now_s() - t.first));
     }
     if (profile && !rc) {
         /* one more prefill and one more decode run, each profiled */
@@ -602,17 +570,17 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
         struct timing t = {0};
         memset(prof.sec, 0, sizeof prof.sec);
         memset(prof.calls, 0, sizeof prof.calls);
-        double t0 = now();
+        double t0 = bench_now_s();
         rc = generate_run(m, prompt, (size_t)pp, &o1, on_token, &t, &err);
         printf("  prefill of %d tokens:", pp);
-        prof_print(&prof, now() - t0, 1);
+        prof_print(&prof, bench_now_s() - t0, 1);
         memset(prof.sec, 0, sizeof prof.sec);
         memset(prof.calls, 0, sizeof prof.calls);
         t = (struct timing){0};
-        t0 = now();
+        t0 = bench_now_s();
         if (!rc) rc = generate_run(m, prompt, 16, &o, on_token, &t, &err);
         printf("  decode, per step of %d:", tg + 1);
-        prof_print(&prof, now() - t0, tg + 1);
+        prof_print(&prof, bench_now_s() - t0, tg + 1);
     }
     free(prompt);
     if (rc) {

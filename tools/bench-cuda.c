@@ -33,28 +33,7 @@
 #include "../engine/synth.h"
 #include "../kernels/cuda/backend_cuda.h"
 #include "../engine/bench_decode.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static float frand(void)
-{
-    return (float)(rnd() >> 40) * 0x1p-23f - 1.0f;
-}
+#include "../engine/bench_util.h"
 
 static void die(const char *what, const struct qerr *err)
 {
@@ -68,25 +47,11 @@ static void check_status(struct backend *be, const char *what)
     if (backend_cuda_status(be, &err)) die(what, &err);
 }
 
-/* Random bytes in the file layout of type t for `elems` weights, with sane scales. */
-static void *random_weight_bytes(enum qtype t, size_t elems)
+/* Random weights in the file layout of type t for `elems` values, with sane scales. */
+static void *random_weight_bytes(struct bench_rng *rng, enum qtype t, size_t elems)
 {
-    size_t bytes = qtype_row_bytes(t, elems);
-    uint8_t *p = malloc(bytes);
+    void *p = bench_random_weights(rng, t, 1, (int64_t)elems, 0.01f, 0.05f);
     if (!p) die("out of host memory", NULL);
-    for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        uint64_t v = rnd();
-        memcpy(p + i, &v, 8);
-    }
-    size_t bb = qtype_block_bytes(t);
-    if (t == QTYPE_Q4_0 || t == QTYPE_Q4_1 || t == QTYPE_Q8_0)
-        for (size_t off = 0; off + bb <= bytes; off += bb) {
-            uint16_t d = f32_to_fp16(0.01f * frand()), m = f32_to_fp16(0.05f * frand());
-            memcpy(p + off, &d, 2);
-            if (t == QTYPE_Q4_1) memcpy(p + off + 2, &m, 2);
-        }
-    else if (t == QTYPE_F16)
-        for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)p)[i] = f32_to_fp16(0.05f * frand());
     return p;
 }
 
@@ -98,10 +63,10 @@ static void prepare(struct backend *be, struct bweight *w, enum qtype t, int64_t
     if (be->ops->weight_prepare(be, w, &err)) die("weight_prepare", &err);
 }
 
-static float *dev_random(struct backend *be, size_t n, float scale)
+static float *dev_random(struct bench_rng *rng, struct backend *be, size_t n, float scale)
 {
     float *h = malloc(n * sizeof *h);
-    for (size_t i = 0; i < n; i++) h[i] = scale * frand();
+    for (size_t i = 0; i < n; i++) h[i] = scale * bench_rng_float(rng);
     float *d = be->ops->buf_alloc(be, n * sizeof *d);
     if (!d) die("buf_alloc", NULL);
     be->ops->buf_write(be, d, h, n * sizeof *d);
@@ -137,6 +102,7 @@ static const struct shape gemv_shapes[] = {
 
 static void bench_gemv(struct backend *be, bool quick)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     printf("\n## GEMV (matmul op, weights streamed from HBM)\n\n");
     printf("| model | rows x cols | type | batch | activations | us/call | GB/s | of copy |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
@@ -146,7 +112,7 @@ static void bench_gemv(struct backend *be, bool quick)
         if (quick && sh->rows * sh->cols > 60000000) continue;
         for (size_t ti = 0; ti < 2; ti++) {
             enum qtype t = types[ti];
-            void *host = random_weight_bytes(t, (size_t)(sh->rows * sh->cols));
+            void *host = random_weight_bytes(&rng, t, (size_t)(sh->rows * sh->cols));
             struct bweight w0;
             prepare(be, &w0, t, sh->rows, sh->cols, host);
             size_t wbytes = backend_cuda_weight_bytes(&w0);
@@ -156,7 +122,7 @@ static void bench_gemv(struct backend *be, bool quick)
             ws[0] = w0;
             for (int c = 1; c < copies; c++) prepare(be, &ws[c], t, sh->rows, sh->cols, host);
             free(host);
-            float *x = dev_random(be, (size_t)16 * (size_t)sh->cols, 1.0f);
+            float *x = dev_random(&rng, be, (size_t)16 * (size_t)sh->cols, 1.0f);
             float *y = be->ops->buf_alloc(be, (size_t)16 * (size_t)sh->rows * sizeof(float));
             const int batches[] = {1, 8, 16};
             const char *const act_name[] = {"int8", "fp32", "fp16"};
@@ -168,10 +134,10 @@ static void bench_gemv(struct backend *be, bool quick)
                     int calls = copies > 200 ? copies : 200;
                     for (int c = 0; c < copies; c++) be->ops->matmul(be, &ws[c], x, n, y);
                     be->ops->sync(be);
-                    double t0 = now();
+                    double t0 = bench_now_s();
                     for (int c = 0; c < calls; c++) be->ops->matmul(be, &ws[c % copies], x, n, y);
                     be->ops->sync(be);
-                    double dt = (now() - t0) / calls;
+                    double dt = (bench_now_s() - t0) / calls;
                     check_status(be, "gemv");
                     double gbs = (double)wbytes / dt / 1e9;
                     printf("| %s | %lld x %lld | %s | %d | %s | %.1f | %.0f | %.0f%% |\n",
@@ -207,6 +173,7 @@ static const struct gemm_path {
 
 static void bench_gemm(int device, bool quick)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     printf("\n## GEMM (prefill-sized batches, Q4_0 weights)\n\n");
     printf("| rows x cols | tokens | path | ms/call | TFLOP/s |\n|---|---|---|---|---|\n");
     enum { N_NS = 6 };
@@ -226,11 +193,11 @@ static void bench_gemm(int device, bool quick)
     for (size_t si = 0; si < 4; si++) {
         const struct shape *sh = &gemv_shapes[si];
         if (quick && si > 1) break;
-        void *host = random_weight_bytes(QTYPE_Q4_0, (size_t)(sh->rows * sh->cols));
+        void *host = random_weight_bytes(&rng, QTYPE_Q4_0, (size_t)(sh->rows * sh->cols));
         for (size_t p = 0; p < N_GEMM_PATHS; p++) {
             struct bweight w;
             prepare(be[p], &w, QTYPE_Q4_0, sh->rows, sh->cols, host);
-            float *x = dev_random(be[p], (size_t)4096 * (size_t)sh->cols, 1.0f);
+            float *x = dev_random(&rng, be[p], (size_t)4096 * (size_t)sh->cols, 1.0f);
             float *y = be[p]->ops->buf_alloc(be[p], (size_t)4096 * (size_t)sh->rows * 4);
             if (!y) die("buf_alloc", NULL);
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
@@ -239,10 +206,10 @@ static void bench_gemm(int device, bool quick)
                 be[p]->ops->matmul(be[p], &w, x, n, y);
                 be[p]->ops->sync(be[p]);
                 int calls = n >= 512 ? 3 : 20;
-                double t0 = now();
+                double t0 = bench_now_s();
                 for (int c = 0; c < calls; c++) be[p]->ops->matmul(be[p], &w, x, n, y);
                 be[p]->ops->sync(be[p]);
-                double dt = (now() - t0) / calls;
+                double dt = (bench_now_s() - t0) / calls;
                 check_status(be[p], "gemm");
                 ms[si][p][ni] = dt * 1e3;
                 printf("| %lld x %lld | %d | %s | %.3f | %.1f |\n", (long long)sh->rows,
@@ -282,14 +249,15 @@ static void bench_gemm(int device, bool quick)
 static void bench_decode_model(struct backend *be, const char *label, const struct gguf_file *f,
                                bool quick)
 {
+    struct bench_rng rng = BENCH_RNG_INIT;
     struct qerr err = {0};
     const int ctx = 128, steps = quick ? 8 : 16, batches[] = {1, 8, 64};
     struct model_opts mo;
     bench_decode_model_opts(64, ctx, steps, &mo);
     struct model *m;
-    double t0 = now();
+    double t0 = bench_now_s();
     if (model_load(f, be, &mo, &m, &err)) die("model_load", &err);
-    double load_s = now() - t0, wb = bench_decode_weight_bytes(f);
+    double load_s = bench_now_s() - t0, wb = bench_decode_weight_bytes(f);
     uint64_t cap0, rep0, cap, rep;
     backend_cuda_graph_counts(be, &cap0, &rep0);
     for (int bi = 0; bi < 3; bi++)
@@ -299,7 +267,8 @@ static void bench_decode_model(struct backend *be, const char *label, const stru
             if (prec == MATMUL_F32 && B > 1) continue;
             backend_cuda_set_precision(be, prec, NULL);
             struct decode_bench r;
-            if (bench_decode_run(m, be, wb, B, ctx, steps, rnd(), &r, &err)) die("decode", &err);
+            if (bench_decode_run(m, be, wb, B, ctx, steps, bench_rng_next(&rng), &r, &err))
+                die("decode", &err);
             check_status(be, "decode");
             const double roof = copy_gbps * 1e9 / r.read_bytes; /* steps per second */
             printf("| %s | %d | %s | %.2f | %.0f | %.0f | %.0f%% |\n", label, B,

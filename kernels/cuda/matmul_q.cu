@@ -387,21 +387,22 @@ static void launch_f32_quant(struct cuda_ctx *c, const struct cuda_weight *w, co
     }
 }
 
+/* The slot of a weight's quant type in the launch tables below: the one switch from a type to
+ * the template instance that serves it. */
+static int qtype_slot(enum qtype t)
+{
+    return t == QTYPE_Q4_0 ? 0 : t == QTYPE_Q4_1 ? 1 : 2; /* else Q8_0 */
+}
+
 template <typename XT>
 static void launch_f32_quant_any(struct cuda_ctx *c, const struct cuda_weight *w, const XT *x,
                                  int n, float *y)
 {
-    switch (w->L.type) {
-    case QTYPE_Q4_0:
-        launch_f32_quant<QTYPE_Q4_0>(c, w, x, n, y);
-        break;
-    case QTYPE_Q4_1:
-        launch_f32_quant<QTYPE_Q4_1>(c, w, x, n, y);
-        break;
-    default:
-        launch_f32_quant<QTYPE_Q8_0>(c, w, x, n, y);
-        break;
-    }
+    static void (*const by_type[])(struct cuda_ctx *, const struct cuda_weight *, const XT *, int,
+                                   float *) = {launch_f32_quant<QTYPE_Q4_0, XT>,
+                                               launch_f32_quant<QTYPE_Q4_1, XT>,
+                                               launch_f32_quant<QTYPE_Q8_0, XT>};
+    by_type[qtype_slot(w->L.type)](c, w, x, n, y);
 }
 
 template <int FT, int T>
@@ -490,17 +491,10 @@ static void launch_q8(struct cuda_ctx *c, const struct cuda_weight *w, const str
 static void launch_q8_any(struct cuda_ctx *c, const struct cuda_weight *w, const struct q8_parts *p,
                           int n, float *y)
 {
-    switch (w->L.type) {
-    case QTYPE_Q4_0:
-        launch_q8<QTYPE_Q4_0>(c, w, p, n, y);
-        break;
-    case QTYPE_Q4_1:
-        launch_q8<QTYPE_Q4_1>(c, w, p, n, y);
-        break;
-    default:
-        launch_q8<QTYPE_Q8_0>(c, w, p, n, y);
-        break;
-    }
+    static void (*const by_type[])(struct cuda_ctx *, const struct cuda_weight *,
+                                   const struct q8_parts *, int, float *) = {
+        launch_q8<QTYPE_Q4_0>, launch_q8<QTYPE_Q4_1>, launch_q8<QTYPE_Q8_0>};
+    by_type[qtype_slot(w->L.type)](c, w, p, n, y);
 }
 
 #ifdef QUERN_HAVE_CUBLAS
