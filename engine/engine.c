@@ -104,18 +104,19 @@ bool seq_backlogged(const struct seq *s)
     return full;
 }
 
+/* Now + ms on the clock pthread_cond_timedwait uses by default. */
+static struct timespec realtime_after_ms(long ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    long long ns = (long long)t.tv_nsec + (long long)ms * 1000000LL;
+    return (struct timespec){.tv_sec = t.tv_sec + (time_t)(ns / 1000000000LL),
+                             .tv_nsec = (long)(ns % 1000000000LL)};
+}
+
 int request_next(struct request *r, struct req_event *ev, int timeout_ms)
 {
-    struct timespec deadline;
-    if (timeout_ms >= 0) {
-        clock_gettime(CLOCK_REALTIME, &deadline);
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
+    struct timespec deadline = realtime_after_ms(timeout_ms >= 0 ? timeout_ms : 0);
     pthread_mutex_lock(&r->mu);
     while (r->read == r->n_events && !(r->finished && r->n_events > 0)) {
         if (timeout_ms < 0)
@@ -516,13 +517,7 @@ static void *engine_main(void *arg)
         if (ran > 0) continue;
         /* nothing could run (every sequence waits on its reader, or on blocks held by those):
          * sleep until someone reads, aborts or submits, or the next stall check */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 100 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = realtime_after_ms(100);
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->n_incoming == 0 && e->wakes == seen)
             if (pthread_cond_timedwait(&e->wake, &e->mu, &until)) break;
@@ -583,9 +578,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->ctx_len = o->ctx_len > 0 && o->ctx_len < cfg.ctx_len ? o->ctx_len : cfg.ctx_len;
     int blocks = o->kv_blocks;
     if (blocks <= 0) {
-        size_t per_block =
-            model_shard_kv_bytes_max(&cfg, o->tp, backend_kv_elem_bytes(be)) *
-            (size_t)o->kv_block_size;
+        size_t per_block = model_shard_kv_bytes_max(&cfg, o->tp, backend_kv_elem_bytes(be)) *
+                           (size_t)o->kv_block_size;
         size_t nb = o->kv_mem / per_block;
         if (nb < 1) {
             free(e);

@@ -312,11 +312,9 @@ static void *reaper_main(void *arg)
         }
         struct timespec until;
         clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += 250 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        long long ns = (long long)until.tv_nsec + 250000000LL; /* a check every 250 ms */
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
         pthread_cond_timedwait(&h->wake, &h->mu, &until);
     }
     pthread_mutex_unlock(&h->mu);
