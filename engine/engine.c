@@ -694,7 +694,7 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
             return qerr_set(err, QERR_INVALID, "prompt: token id %d is not in [0, %d)",
                             r->prompt[i], e->vocab);
     if (r->n_prompt + (size_t)r->max_tokens > (size_t)e->ctx_len)
-        return qerr_set(err, QERR_INVALID,
+        return qerr_set(err, QERR_TOO_LONG,
                         "prompt (%zu tokens) + max_tokens (%d) = %zu exceeds the context length "
                         "of %d tokens",
                         r->n_prompt, r->max_tokens, r->n_prompt + (size_t)r->max_tokens,

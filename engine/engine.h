@@ -122,9 +122,10 @@ void engine_stop(struct engine *e);
  * request_release, and request_abort/request_next on them stay safe. */
 void engine_free(struct engine *e);
 
-/* Queues a request. QERR_FULL when the waiting queue is full; QERR_INVALID when the prompt is
- * empty or prompt + max_tokens exceed the context, or it could never fit the KV pool (the
- * message has both counts). *out is the caller's reference: release it with request_release. */
+/* Queues a request. QERR_FULL when the waiting queue is full; QERR_TOO_LONG when prompt +
+ * max_tokens exceed the context; QERR_INVALID when the prompt is empty or it could never fit
+ * the KV pool (the message has both counts). *out is the caller's reference: release it with
+ * request_release. */
 int engine_submit(struct engine *e, const struct gen_request *r, struct request **out,
                   struct qerr *err);
 

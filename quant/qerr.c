@@ -53,6 +53,8 @@ const char *qerr_code_name(int code)
         return "full";
     case QERR_NOTFOUND:
         return "notfound";
+    case QERR_TOO_LONG:
+        return "too_long";
     }
     return "unknown";
 }

@@ -15,6 +15,7 @@ enum qerr_code {
     QERR_INVALID = -5,  /* bad argument or parameter value */
     QERR_FULL = -6,     /* a pool, queue or context is full */
     QERR_NOTFOUND = -7, /* missing key, tensor or token */
+    QERR_TOO_LONG = -8, /* prompt + max_tokens over the context length */
 };
 
 struct qerr {

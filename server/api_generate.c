@@ -314,6 +314,28 @@ static int submit_error(struct serve *s, const struct qerr *q, struct oai_error 
     return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", q->msg);
 }
 
+/* The engine's verdict that prompt + max_tokens exceed the context (QERR_TOO_LONG), in
+ * OpenAI's words. */
+static int context_error(struct serve *s, const struct oai_request *r, size_t n_prompt, int mt,
+                         struct oai_error *e)
+{
+    const char *what = r->kind == OAI_CHAT ? "messages" : "prompt";
+    return oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded", what,
+                         "This model's maximum context length is %d tokens. However, you "
+                         "requested %zu tokens (%zu in the %s, %d for the completion). Please "
+                         "reduce the length of the %s or the completion.",
+                         s->ctx_len, n_prompt + (size_t)mt, n_prompt, what, mt, what);
+}
+
+/* max_tokens when the request gives none: what the context leaves for chat (as OpenAI's chat
+ * API does), 16 for completions (OpenAI's completions default). The one place it is decided. */
+static int max_tokens_for(const struct serve *s, const struct oai_request *r, size_t n_prompt)
+{
+    if (r->max_tokens >= 0) return r->max_tokens;
+    if (r->kind != OAI_CHAT) return 16;
+    return n_prompt < (size_t)s->ctx_len ? s->ctx_len - (int)n_prompt : 0;
+}
+
 /* Builds g from the parsed request and submits every choice. */
 static int gen_start(struct serve *s, const struct http_req *rq, const struct oai_request *r,
                      struct gen **out, struct oai_error *e)
@@ -345,31 +367,15 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .created = (long long)time(NULL),
                                 .logprobs = r->logprobs,
                                 .vocab = api_vocab(s)};
-    int max_tokens = r->max_tokens;
     for (int p = 0; p < n_prompts; p++) {
         if ((rc = tokenize_prompt(s, r, g, p, e))) goto fail;
-        int mt = max_tokens >= 0       ? max_tokens
-                 : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
-                                       : 16;
-        if (mt < 0 || g->n_ids[p] + (size_t)mt > (size_t)s->ctx_len) {
-            rc = oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
-                               r->kind == OAI_CHAT ? "messages" : "prompt",
-                               "This model's maximum context length is %d tokens. However, you "
-                               "requested %zu tokens (%zu in the %s, %d for the completion). "
-                               "Please reduce the length of the %s or the completion.",
-                               s->ctx_len, g->n_ids[p] + (size_t)(mt > 0 ? mt : 0), g->n_ids[p],
-                               r->kind == OAI_CHAT ? "messages" : "prompt", mt > 0 ? mt : 0,
-                               r->kind == OAI_CHAT ? "messages" : "prompt");
-            goto fail;
-        }
         g->usage.prompt_tokens += (int)g->n_ids[p];
     }
     rq->log->prompt_tokens = g->usage.prompt_tokens;
     uint64_t seed = r->has_seed ? r->sample.seed : random_seed();
     for (int p = 0; p < n_prompts; p++) {
-        int mt = max_tokens >= 0       ? max_tokens
-                 : r->kind == OAI_CHAT ? s->ctx_len - (int)g->n_ids[p]
-                                       : 16;
+        /* the engine alone judges the context (engine_submit: QERR_TOO_LONG) */
+        int mt = max_tokens_for(s, r, g->n_ids[p]);
         for (int j = 0; j < r->n; j++) {
             int i = p * r->n + j;
             struct gen_request gr = {.prompt = g->ids[p],
@@ -384,7 +390,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
             struct qerr q = {0};
             g->ch[i].prompt = p;
             if (serve_submit(s, &gr, &g->ch[i].req, &q)) {
-                rc = submit_error(s, &q, e);
+                rc = q.code == QERR_TOO_LONG ? context_error(s, r, g->n_ids[p], mt, e)
+                                             : submit_error(s, &q, e);
                 goto fail;
             }
             g->n_choices = i + 1;

@@ -293,7 +293,7 @@ START_TEST(aborts_and_limits)
     struct request *q;
     /* over the context */
     greedy_request(&r, text_ids, 100, 8192);
-    ck_assert_int_eq(engine_submit(e, &r, &q, &err), QERR_INVALID);
+    ck_assert_int_eq(engine_submit(e, &r, &q, &err), QERR_TOO_LONG);
     ck_assert_ptr_nonnull(strstr(err.msg, "exceeds the context length"));
     /* could never fit the pool (64 blocks = 1024 tokens) */
     greedy_request(&r, text_ids, 1000, 100);
