@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine_impl.h"
+#include "trace.h"
 #include "model_shard.h"
 
 double engine_now(void)
@@ -273,6 +274,16 @@ static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, 
     }
     fill_final(e, s, &ev, why);
     if (error) snprintf(ev.error, sizeof ev.error, "%s", error);
+    if (e->o.trace)
+        trace_add_request(e->o.trace, &(struct trace_request){.id = s->id,
+                                                              .t_submit = s->t_submit,
+                                                              .t_admit = s->t_admit,
+                                                              .t_first = s->t_first,
+                                                              .t_end = engine_now(),
+                                                              .prompt_tokens = s->n_prompt,
+                                                              .completion_tokens = s->n_generated,
+                                                              .cached_tokens = s->cached_tokens,
+                                                              .finish = why});
     request_push(s->req, &ev);
     e->local.finished[why]++;
     request_unref(s->req);
@@ -416,8 +427,10 @@ static int check_stalls(struct engine *e, struct seq **list, int *n, double now)
 /* One step; returns the tokens it ran (0: nothing could run). */
 static int run_step(struct engine *e)
 {
+    double t_begin = engine_now();
+    uint64_t preempted_before = e->local.preemptions;
     abort_flagged(e);
-    double now = engine_now();
+    double now = t_begin;
     e->local.paused = check_stalls(e, e->running, &e->n_running, now) +
                       check_stalls(e, e->waiting, &e->n_waiting, now);
     /* requests that ask for nothing finish at admission without touching the model */
@@ -445,7 +458,9 @@ static int run_step(struct engine *e)
                             .n_logits = p->n_logits,
                             .logit_idx = p->logit_idx};
     struct qerr err = {0};
+    double t_forward = engine_now();
     int rc = model_forward(e->model, &b, e->logits, &err);
+    double t_sample = engine_now();
     e->local.steps++;
     if (rc) {
         /* the step failed as a whole: fail its sequences, keep serving the others */
@@ -460,9 +475,19 @@ static int run_step(struct engine *e)
         }
         return n;
     }
-    for (int i = 0; i < p->n_seqs; i++)
-        if (p->seqs[i]->n_computed < p->seqs[i]->n_prompt)
-            e->local.prompt_tokens += (uint64_t)p->chunk[i];
+    struct trace_step ts = {.t_begin = t_begin,
+                            .t_forward = t_forward,
+                            .t_sample = t_sample,
+                            .n_seqs = p->n_seqs,
+                            .sampled = p->n_logits};
+    for (int i = 0; i < p->n_seqs; i++) {
+        const struct seq *s = p->seqs[i];
+        if (s->n_computed < s->n_prompt) ts.prompt_tokens += p->chunk[i];
+        /* a decode is one token after the prompt; any other chunk is prefill or recomputation */
+        if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens++;
+    }
+    ts.prefill_tokens = p->n_tokens - ts.decode_tokens;
+    e->local.prompt_tokens += (uint64_t)ts.prompt_tokens;
     sched_commit(e);
     int li = 0;
     for (int i = 0; i < p->n_seqs; i++) {
@@ -476,6 +501,13 @@ static int run_step(struct engine *e)
                 break;
             }
         seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, NULL);
+    }
+    if (e->o.trace) {
+        ts.t_end = engine_now();
+        ts.kv_blocks_used = kv_pool_used(e->pool);
+        ts.preemptions = (int)(e->local.preemptions - preempted_before);
+        ts.paused = e->local.paused;
+        trace_add_step(e->o.trace, &ts);
     }
     return n;
 }
@@ -746,6 +778,7 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
         pthread_mutex_unlock(&e->mu);
         rc = qerr_set(err, QERR_FULL, "the queue is full (%d waiting requests)", e->o.max_queue);
     } else {
+        s->id = ++e->next_id;
         e->incoming[e->n_incoming++] = s;
         pthread_cond_signal(&e->wake);
         pthread_mutex_unlock(&e->mu);

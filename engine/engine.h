@@ -36,6 +36,7 @@ struct engine_opts {
      * aborted, freeing its KV blocks (0: never). Defaults 64 and 30. */
     int max_unread;
     double stall_timeout_s;
+    struct trace *trace; /* engine/trace.h: steps and requests recorded there; NULL: none */
     /* Tensor parallelism (model_opts.tp): tp ranks on tp_backends (tp_backends[0] is the
      * engine's be) and tp_comms; kv_mem then sizes each rank's pool (its KV heads only).
      * 0 or 1: one rank. */

@@ -48,6 +48,7 @@ struct seq {
     int n_hold, cap_hold;
     double t_submit, t_admit, t_first;
     double paused_since; /* > 0: its client has had max_unread events unread since then */
+    uint64_t id;         /* submission order, from 1 (the trace's request id) */
 };
 
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
@@ -78,8 +79,9 @@ struct engine {
     struct seq **incoming;
     int n_incoming, cap_incoming;
     bool stop, draining;
-    unsigned wakes; /* counts wake-ups, so one between a step and the sleep is not lost */
-    bool joined;    /* the engine thread has ended (engine_stop); main thread only */
+    unsigned wakes;   /* counts wake-ups, so one between a step and the sleep is not lost */
+    uint64_t next_id; /* the last request id given (seq.id) */
+    bool joined;      /* the engine thread has ended (engine_stop); main thread only */
     struct engine_stats stats;
     int n_waiting_pub;    /* n_waiting as last seen under mu; bounds the queue at submit */
     double last_progress; /* time of the last finished step (or of going idle) */

@@ -24,6 +24,7 @@
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/synth.h"
+#include "../engine/trace.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
@@ -49,11 +50,14 @@ static void bench_usage(FILE *out)
             "  --max-seqs N          running sequences (default 64)\n"
             "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
             "  --seed S              prompt generator seed (default 1)\n"
-            "  --json                print one JSON object instead of a table\n");
+            "  --json                print one JSON object instead of a table\n"
+            "  --trace FILE          with --requests: write the engine's steps and requests as a\n"
+            "                        Chrome trace (Perfetto, chrome://tracing)\n");
 }
 
 struct bench_args {
     const char *model, *device, *synthetic;
+    const char *trace_path; /* --trace */
     enum qtype synth_type;
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
@@ -148,9 +152,16 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.kv_mem = (size_t)a->kv_mib << 20;
     o.max_queue = (int)(a->requests + a->concurrency);
     o.prefix_cache = true;
-    struct engine *e;
-    int rc = engine_create(f, tok, be, &o, &e, err);
+    struct trace *tr = NULL;
+    int rc =
+        a->trace_path ? trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, err) : 0;
     if (rc) return rc;
+    o.trace = tr;
+    struct engine *e;
+    if ((rc = engine_create(f, tok, be, &o, &e, err))) {
+        trace_free(tr);
+        return rc;
+    }
     int vocab = engine_model_config(e)->vocab;
     size_t n = (size_t)a->requests * (size_t)a->input_len;
     int32_t *prompts = malloc(n * sizeof *prompts);
@@ -175,7 +186,13 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     for (long i = 0; i < a->concurrency; i++) pthread_join(th[i], NULL);
     double wall = now_s() - t0;
     struct engine_stats st;
-    engine_get_stats(e, &st);
+    /* the last request's final event comes before the engine publishes that step's counters */
+    for (int i = 0; i < 1000; i++) {
+        engine_get_stats(e, &st);
+        if (st.running == 0 && st.waiting == 0) break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    int trace_rc = tr ? trace_write(tr, a->trace_path, &st, err) : 0;
     qsort(ttft, (size_t)done, sizeof *ttft, cmp_double);
     qsort(tpot, (size_t)done, sizeof *tpot, cmp_double);
     double rps = (double)done / wall, in_tps = (double)done * (double)a->input_len / wall,
@@ -210,13 +227,14 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
         printf("prefix hit rate   %.1f%%\n", hit * 100);
         printf("engine steps      %llu\n", (unsigned long long)st.steps);
     }
-    rc = failed ? qerr_set(err, QERR_INVALID, "bench: %ld requests failed", failed) : 0;
+    rc = failed ? qerr_set(err, QERR_INVALID, "bench: %ld requests failed", failed) : trace_rc;
 out:
     free(prompts);
     free(ttft);
     free(tpot);
     free(th);
     engine_free(e);
+    trace_free(tr);
     return rc;
 }
 
@@ -378,6 +396,7 @@ int cli_bench(int argc, char **argv)
         O_KV,
         O_SEED,
         O_JSON,
+        O_TRACE,
         O_PREC,
         O_DEVICE,
         O_SYNTH,
@@ -399,6 +418,7 @@ int cli_bench(int argc, char **argv)
                                          {"kv-mem", required_argument, 0, O_KV},
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
+                                         {"trace", required_argument, 0, O_TRACE},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"synthetic", required_argument, 0, O_SYNTH},
@@ -433,6 +453,9 @@ int cli_bench(int argc, char **argv)
             return EXIT_OK;
         case O_JSON:
             a.json = true;
+            continue;
+        case O_TRACE:
+            a.trace_path = optarg;
             continue;
         case O_PREC:
             if (!strcmp(optarg, "f32"))

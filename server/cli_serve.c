@@ -20,6 +20,7 @@
 #include "../engine/engine.h"
 #include "../engine/gguf.h"
 #include "../engine/tokenizer.h"
+#include "../engine/trace.h"
 #include "cli.h"
 #include "http.h"
 #include "serve.h"
@@ -59,6 +60,8 @@ static void serve_usage(FILE *out)
             "  --watchdog S             /health says 503 when the engine has work but no step\n"
             "                           finished for S seconds (default 60)\n"
             "  --log-format text|json   per-request log lines on stderr (default text)\n"
+            "  --trace FILE             record the engine's steps and requests; written as a\n"
+            "                           Chrome trace at exit and on SIGUSR1\n"
             "  --chat-parse-special     let message content name control tokens such as\n"
             "                           <|im_end|> (default: content is plain text; llama.cpp\n"
             "                           and vLLM parse them)\n");
@@ -132,6 +135,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_DEVICE,
         O_BATCHINV,
         O_CHATSPECIAL,
+        O_TRACE,
         O_PERCLIENT,
         O_REQTIMEOUT,
         O_STALL
@@ -157,6 +161,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-body", required_argument, 0, O_BODY},
         {"max-connections", required_argument, 0, O_CONNS},
         {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
+        {"trace", required_argument, 0, O_TRACE},
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
         {"request-timeout", required_argument, 0, O_REQTIMEOUT},
         {"stall-timeout", required_argument, 0, O_STALL},
@@ -259,6 +264,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
             break;
+        case O_TRACE:
+            o->trace_path = optarg;
+            break;
         case 'h':
             serve_usage(stdout);
             return -1;
@@ -288,6 +296,7 @@ struct loaded {
     struct engine *e;
     struct chat_template chat;
     bool has_chat;
+    struct trace *trace; /* --trace; outlives the engine */
 };
 
 static int load(struct serve *s, struct loaded *L, struct qerr *err)
@@ -321,6 +330,10 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
     eo.stall_timeout_s = o->stall_timeout_s;
+    if (o->trace_path &&
+        (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
+        return rc;
+    eo.trace = L->trace;
     if ((rc = engine_create(L->f, L->tok, L->be, &eo, &L->e, err))) return rc;
     s->tok = L->tok;
     s->chat = L->has_chat ? &L->chat : NULL;
@@ -332,6 +345,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
 static void unload(struct loaded *L)
 {
     engine_free(L->e);
+    trace_free(L->trace);
     backend_destroy(L->be);
     if (L->has_chat) chat_template_free(&L->chat);
     tokenizer_free(L->tok);
@@ -358,7 +372,17 @@ struct sigwatch {
     int last;          /* the last one */
     bool done;         /* the main thread has shut everything down */
     pthread_t thread;
+    void (*on_usr1)(void *ctx); /* SIGUSR1, on the signal thread under mu; NULL: ignored */
+    void *usr1_ctx;
 };
+
+static void sigwatch_on_usr1(struct sigwatch *w, void (*fn)(void *), void *ctx)
+{
+    pthread_mutex_lock(&w->mu);
+    w->on_usr1 = fn;
+    w->usr1_ctx = ctx;
+    pthread_mutex_unlock(&w->mu);
+}
 
 static void deadline_in(struct timespec *ts, double s)
 {
@@ -379,6 +403,11 @@ static void *sigwatch_main(void *arg)
             pthread_mutex_unlock(&w->mu);
             return NULL;
         }
+        if (sig == SIGUSR1) { /* not a shutdown signal */
+            if (w->on_usr1) w->on_usr1(w->usr1_ctx);
+            pthread_mutex_unlock(&w->mu);
+            continue;
+        }
         int n = ++w->count;
         w->last = sig;
         pthread_cond_broadcast(&w->cv);
@@ -390,7 +419,7 @@ static void *sigwatch_main(void *arg)
                 struct timespec tick = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
                 int more = sigtimedwait(&w->set, NULL, &tick);
                 pthread_mutex_lock(&w->mu);
-                if (more > 0) break;
+                if (more > 0 && more != SIGUSR1) break;
             }
         }
         bool done = w->done;
@@ -446,6 +475,25 @@ static void sigwatch_stop(struct sigwatch *w)
     pthread_mutex_destroy(&w->mu);
 }
 
+/* --trace: the trace written on SIGUSR1, with the engine's counters of the moment. */
+struct trace_dump {
+    struct serve *s;
+    struct trace *trace;
+    const char *path;
+};
+
+static void trace_dump(void *ctx)
+{
+    struct trace_dump *d = ctx;
+    struct engine_stats st;
+    bool have = serve_stats(d->s, &st);
+    struct qerr err = {0};
+    if (trace_write(d->trace, d->path, have ? &st : NULL, &err))
+        fprintf(stderr, "quern serve: %s\n", err.msg);
+    else
+        fprintf(stderr, "quern serve: trace written to %s\n", d->path);
+}
+
 /* Lets in-flight requests finish for up to timeout_s; false when another signal (beyond
  * `seen`) cut it short. */
 static bool drain(struct serve *s, struct sigwatch *w, int seen, double timeout_s)
@@ -472,6 +520,7 @@ int cli_serve(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGPIPE);
+    sigaddset(&set, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     sigdelset(&set, SIGPIPE);
     struct sigwatch w;
@@ -503,6 +552,8 @@ int cli_serve(int argc, char **argv)
     s.engine = L.e;
     pthread_rwlock_unlock(&s.lock);
     atomic_store(&s.state, SERVE_READY);
+    struct trace_dump dump = {.s = &s, .trace = L.trace, .path = o.trace_path};
+    if (L.trace) sigwatch_on_usr1(&w, trace_dump, &dump);
     fprintf(stderr, "quern serve: ready in %.2f s: model '%s', context %d tokens%s%s\n",
             now_s() - t0, o.served_name, s.ctx_len, o.api_key ? ", API key required" : "",
             s.chat ? "" : ", no chat template");
@@ -526,6 +577,16 @@ int cli_serve(int argc, char **argv)
     s.engine = NULL;
     pthread_rwlock_unlock(&s.lock);
     engine_stop(L.e);
+    if (L.trace) {
+        sigwatch_on_usr1(&w, NULL, NULL);
+        struct engine_stats st;
+        engine_get_stats(L.e, &st);
+        struct qerr terr = {0};
+        if (trace_write(L.trace, o.trace_path, &st, &terr))
+            fprintf(stderr, "quern serve: %s\n", terr.msg);
+        else
+            fprintf(stderr, "quern serve: trace written to %s\n", o.trace_path);
+    }
     if (patient) drain(&s, &w, seen, 5.0);
     exit_code = EXIT_OK;
 out:

@@ -35,6 +35,7 @@ struct serve_opts {
     int max_conns_per_client; /* 0: no cap per client address */
     double request_timeout_s; /* a request's head and body must arrive within it; 0: no limit */
     double stall_timeout_s;   /* a stream whose client reads nothing that long is aborted */
+    const char *trace_path;   /* --trace: engine/trace.h's file; NULL: no trace */
     bool log_json;
     bool q8;                 /* MATMUL_Q8 instead of MATMUL_F32 */
     const char *device;      /* --device: auto (NULL), cpu, cuda, cuda:N */

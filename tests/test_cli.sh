@@ -92,6 +92,15 @@ expect 0 '"decode": \[\{"batch": 2, .*"tokens_per_s": [1-9]' -- bench --model "$
 expect 2 "--decode-batches '0,4'" -- bench --model "$model" --decode-batches 0,4
 # --batch-invariant: accepted everywhere; the CPU always is (the same greedy text)
 expect 0 'Paris' -- generate --model "$model" --prompt "The capital of France is" -n 4 --temp 0 --batch-invariant --device cpu
+# --trace: the engine's steps and requests as a Chrome trace, checked against its own counters
+# (a pool small enough to preempt)
+expect 0 'engine steps' -- bench --model "$model" --requests 6 --input-len 60 --output-len 20 \
+  --concurrency 3 --kv-mem 8 --max-batch-tokens 32 --device cpu --threads 2 --trace "$tmp/trace.json"
+if python3 "$(dirname "$0")/check_trace.py" "$tmp/trace.json" 6; then
+  echo "ok: the bench trace holds together"
+else
+  fails=$((fails + 1))
+fi
 expect 0 'prefill 16 tokens: .* tokens/s' -- bench --kernels --no-kernels --threads 1 --model "$model" --pp 16 --tg 2
 
 # valgrind on the CPU path (--device cpu; the CUDA device probe is test_cuda_select's), with no

@@ -422,6 +422,36 @@ def test_abort_accounting(d):
     check(out >= 5, "the 499 log line counts the streamed tokens", lines[-1] if lines else "none")
 
 
+def test_trace_on_sigusr1():
+    """Issue 21's trace from a serving daemon: written on SIGUSR1 while it serves, and at exit;
+    each holds together (tests/check_trace.py)."""
+    import subprocess
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-trace-{os.getpid()}.json")
+    checker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_trace.py")
+    d = Daemon("--api-key", test_http.KEY, "--trace", path)
+    try:
+        for _ in range(3):
+            st, _, _ = d.post("/v1/completions", {"prompt": "Hello there", "max_tokens": 4})
+            check(st == 200, "trace: a request is served")
+        check(wait_until(lambda: kv_idle(d), 10), "trace: the engine is idle")
+        d.proc.send_signal(signal.SIGUSR1)
+        check(wait_until(lambda: any("trace written" in l for l in d.lines), 10),
+              "SIGUSR1 writes the trace and the daemon goes on")
+        r = subprocess.run([sys.executable, checker, path, "3"], capture_output=True, text=True)
+        check(r.returncode == 0, "the SIGUSR1 trace holds together", r.stdout + r.stderr)
+        st, _, _ = d.post("/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+        check(st == 200, "trace: served after SIGUSR1")
+        rc = d.stop()
+        check(rc == 0, "trace: the daemon exits 0", str(rc))
+        r = subprocess.run([sys.executable, checker, path, "4"], capture_output=True, text=True)
+        check(r.returncode == 0, "the trace written at exit holds together", r.stdout + r.stderr)
+        check_sanitizers(d)
+    finally:
+        d.stop()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_idle_rss(d):
     """Item 7: an idle daemon with the default 256 MiB KV pool is resident for what it uses
     (weights, tokenizer), not for its pools (1.28 GB before)."""
@@ -467,6 +497,7 @@ def main():
         check_sanitizers(d)
     run(test_per_client_cap)
     run(test_slow_first_token)
+    run(test_trace_on_sigusr1)
     run(test_shutdown_with_a_stuck_stream)
     if test_http.FAILS:
         print(f"\n{len(test_http.FAILS)} check(s) failed; daemon log tail:")
