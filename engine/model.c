@@ -52,7 +52,7 @@ struct model {
     float *output_norm;
     struct layer *layers;
     struct acts a;
-    struct nonfinite bad; /* only during model_load */
+    struct nonfinite bad;  /* only during model_load */
     struct model_shard sh; /* the heads and FFN channels this rank holds (all of them alone) */
     struct comm *comm;     /* tensor parallelism: this rank's handle, else NULL */
     struct tp_group *tp;   /* rank 0 of a split model: the other ranks (model_tp.c) */
@@ -782,8 +782,7 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
     if (!replay || !ops->step_begin(be, key)) {
         if ((rc = forward_ops(m, n, n_logits, &ab, err))) return rc;
-        if (replay && !ops->step_end(be) && (rc = forward_ops(m, n, n_logits, &ab, err)))
-            return rc;
+        if (replay && !ops->step_end(be) && (rc = forward_ops(m, n, n_logits, &ab, err))) return rc;
     }
     if (b->n_logits == 0 || m->sh.rank != 0) return 0;
     ops->buf_read(be, logits, a->logits,

@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/backend_cpu.h"
 
 #ifdef QUERN_HAVE_CUDA
 #include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
 #endif
 
 int backend_device_parse(const char *device, enum backend_kind *kind, int *index, struct qerr *err)
@@ -127,4 +129,105 @@ int backend_create_auto(const struct backend_request *r, struct backend **out, s
                         r->device);
     return create_cpu(r->threads, r->precision, "auto: built without CUDA", out, err);
 #endif
+}
+
+void backend_group_free(struct backend_group *g)
+{
+    for (int r = 0; r < g->n; r++) {
+        comm_destroy(g->comm[r]);
+        backend_destroy(g->be[r]);
+        g->comm[r] = NULL;
+        g->be[r] = NULL;
+    }
+    g->n = 0;
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+#ifdef QUERN_HAVE_CUDA
+/* Ranks on devices index .. index + n - 1, one CUDA backend each, over NCCL. */
+static int backend_group_create_cuda(const struct backend_request *r, int index, int n,
+                                     struct backend_group *g, struct qerr *err)
+{
+    struct qerr perr = {0};
+    for (int k = 0; k < n; k++)
+        if (backend_cuda_probe(index + k, NULL, 0, &perr))
+            return qerr_set(err, QERR_INVALID, "--tp %d from cuda:%d: device %d: %s", n, index,
+                            index + k, perr.msg);
+    int rc;
+    for (int k = 0; k < n; k++) {
+        struct backend_cuda_opts co = {
+            .device = index + k, .precision = r->precision, .batch_invariant = r->batch_invariant};
+        if ((rc = cuda_gemm_env(&co, err)) || (rc = backend_cuda_create(&co, &g->be[k], err))) {
+            backend_group_free(g);
+            return qerr_wrap(err, "--tp %d rank %d", n, k);
+        }
+        g->n = k + 1;
+    }
+    if ((rc = comm_nccl_create(g->be, n, g->comm, err))) {
+        backend_group_free(g);
+        return qerr_wrap(err, "--tp %d", n);
+    }
+    err->code = 0;
+    snprintf(err->msg, sizeof err->msg, "%s, --tp %d: cuda:%d..cuda:%d over NCCL",
+             backend_cuda_describe(g->be[0]), n, index, index + n - 1);
+    return 0;
+}
+#endif
+
+int backend_group_create(const struct backend_request *r, int n, struct backend_group *g,
+                         struct qerr *err)
+{
+    memset(g, 0, sizeof *g);
+    if (n < 1 || n > COMM_MAX_RANKS)
+        return qerr_set(err, QERR_INVALID, "--tp %d: want 1..%d ranks", n, COMM_MAX_RANKS);
+    if (n == 1) {
+        g->n = 1;
+        return backend_create_auto(r, &g->be[0], err);
+    }
+    enum backend_kind kind;
+    int index;
+    int rc = backend_device_parse(r->device, &kind, &index, err);
+    if (rc) return rc;
+    const char *why = force_cpu() ? " (QUERN_FORCE_CPU is set)" : "";
+#ifdef QUERN_HAVE_CUDA
+    if (!force_cpu() && kind != BACKEND_KIND_CPU) {
+        struct qerr cerr = {0};
+        int usable = backend_cuda_probe(index, NULL, 0, &cerr) == 0;
+        if (usable || kind == BACKEND_KIND_CUDA)
+            return backend_group_create_cuda(r, index, n, g, err);
+        why = " (auto: cuda: no usable device)";
+    }
+#else
+    if (!force_cpu() && kind == BACKEND_KIND_CUDA)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "--device %s --tp %d: this build has no CUDA backend", r->device, n);
+    if (kind == BACKEND_KIND_AUTO && !force_cpu()) why = " (auto: built without CUDA)";
+#endif
+    int total = r->threads > 0 ? r->threads : online_cpus();
+    int each = total / n > 0 ? total / n : 1;
+    struct backend_cpu_opts o = {.n_threads = each, .precision = r->precision, .isa = CPU_ISA_AUTO};
+    for (int k = 0; k < n; k++) {
+        if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
+            g->n = k;
+            backend_group_free(g);
+            return qerr_wrap(err, "--tp %d rank %d", n, k);
+        }
+        g->n = k + 1;
+    }
+    struct comm *c[COMM_MAX_RANKS];
+    if ((rc = comm_cpu_create(n, NULL, c, err))) {
+        backend_group_free(g);
+        return rc;
+    }
+    memcpy(g->comm, c, (size_t)n * sizeof *c);
+    err->code = 0;
+    snprintf(err->msg, sizeof err->msg,
+             "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator", why, n, n, each,
+             each > 1 ? "s" : "", g->comm[0]->ops->name);
+    return 0;
 }

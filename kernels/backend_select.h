@@ -46,4 +46,25 @@ struct backend_request {
 
 int backend_create_auto(const struct backend_request *r, struct backend **out, struct qerr *err);
 
+/* Tensor parallelism (`--tp N`): n ranks, each a backend of its own and a handle on one
+ * communicator group (kernels/comm.h), as model_opts.tp_backends/tp_comms want them.
+ *   cpu      n CPU backends over the shared-memory group; r->threads (0: all online CPUs) is
+ *            split across the ranks, at least one each
+ *   cuda     devices index .. index + n - 1 over NCCL (loaded on demand); an error naming the
+ *            device count when there are fewer devices, or when NCCL cannot be loaded
+ *   auto     cuda when device 0 is usable, else cpu
+ * n = 1 is exactly backend_create_auto with no communicator. err->msg says what was chosen, as
+ * backend_create_auto's does. */
+#include "comm.h"
+struct backend_group {
+    int n;
+    struct backend *be[COMM_MAX_RANKS];
+    struct comm *comm[COMM_MAX_RANKS];
+};
+
+int backend_group_create(const struct backend_request *r, int n, struct backend_group *g,
+                         struct qerr *err);
+/* Destroys every rank's backend and handle (after the model that uses them is freed). */
+void backend_group_free(struct backend_group *g);
+
 #endif

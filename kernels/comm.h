@@ -73,17 +73,23 @@ static inline void comm_destroy(struct comm *c)
     if (c) c->ops->destroy(c);
 }
 
-/* The CPU shared-memory group: ranks are threads of this process. Each collective is two
- * barriers around a copy: after the first every rank reads the others' buffers in place; each
- * rank sums (or copies) its own 1/n of the elements into every rank's buffer; the second
- * barrier makes every output complete before anyone returns. A rank waits at most timeout_ms
- * (0: 30000) for the others, then aborts the group. */
+/* The CPU shared-memory group: ranks are threads of this process. An all-reduce is one barrier:
+ * each rank stages a copy of its buffer, meets the others, and sums all copies in rank order into
+ * its own buffer (kernels/cpu/comm_cpu.c); all-gather and broadcast read the others' buffers
+ * between two barriers. A rank waits at most timeout_ms (0: 30000) for the others, then aborts
+ * the group. */
 struct comm_cpu_opts {
     int timeout_ms;
 };
 
 /* out[r] is rank r's handle, r < n_ranks (1..COMM_MAX_RANKS). */
+#ifdef __cplusplus
+extern "C" {
+#endif
 int comm_cpu_create(int n_ranks, const struct comm_cpu_opts *opts, struct comm **out,
                     struct qerr *err);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -24,6 +24,16 @@ bool cli_parse_float(const char *text, double lo, double hi, double *out);
 #include "../kernels/backend_select.h"
 int cli_backend_create(const char *prog, const struct backend_request *r, struct backend **out,
                        struct qerr *err);
+/* --tp N: the ranks of backend_group_create (kernels/backend_select.h), logged as
+ * cli_backend_create does; tp 1 is one backend and no communicator. */
+int cli_backend_group_create(const char *prog, const struct backend_request *r, int tp,
+                             struct backend_group *g, struct qerr *err);
+/* Checks a --tp argument (1..COMM_MAX_RANKS): true and *out set, or false after a one-line
+ * error. */
+bool cli_tp_arg(const char *prog, const char *text, int *out);
+#define CLI_TP_HELP                                                                                \
+    "  --tp N            tensor parallelism: split the model over N ranks (CPU: --threads\n"       \
+    "                    divided among them; CUDA: N devices over NCCL; default 1)\n"
 /* Checks a --device argument: true and *out = text, or false after a one-line error. */
 bool cli_device_arg(const char *prog, const char *text, const char **out);
 #define CLI_DEVICE_HELP                                                                            \

@@ -41,7 +41,7 @@ static void bench_usage(FILE *out)
             "  --threads N           CPU threads (default: all)\n"
             "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
             "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                        cuda:N\n" CLI_BATCH_INVARIANT_HELP
+            "                        cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
             "  --synthetic NAME      instead of --model: random weights of a real shape, made\n"
             "                        here (llama3-8b, llama2-7b, smollm2-135m)\n"
             "  --type T              the synthetic weights' type: q4_0 (default), q4_1, q8_0,\n"
@@ -64,6 +64,8 @@ struct bench_args {
     enum matmul_precision precision;
     bool json, batch_invariant;
     int decode_batches[16], n_decode; /* --decode-batches */
+    int tp;                           /* --tp ranks, 0: one */
+    const struct backend_group *grp;  /* the ranks' backends and communicators */
 };
 
 static double now_s(void)
@@ -152,6 +154,9 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.kv_mem = (size_t)a->kv_mib << 20;
     o.max_queue = (int)(a->requests + a->concurrency);
     o.prefix_cache = true;
+    o.tp = a->grp->n;
+    o.tp_backends = a->grp->be;
+    o.tp_comms = a->grp->comm;
     struct trace *tr = NULL;
     int rc =
         a->trace_path ? trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, err) : 0;
@@ -280,6 +285,9 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
         if (a->decode_batches[i] > maxb) maxb = a->decode_batches[i];
     struct model_opts mo;
     bench_decode_model_opts(maxb, ctx, steps, &mo);
+    mo.tp = a->grp->n;
+    mo.tp_backends = a->grp->be;
+    mo.tp_comms = a->grp->comm;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
     if (rc) return rc;
@@ -317,7 +325,10 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
     struct model_opts mo = {.max_batch_tokens = (int)(a->batch < a->pp ? a->batch : a->pp),
                             .max_logits = 1,
                             .kv_blocks = (int)((total + bs - 1) / bs),
-                            .kv_block_size = bs};
+                            .kv_block_size = bs,
+                            .tp = a->grp->n,
+                            .tp_backends = a->grp->be,
+                            .tp_comms = a->grp->comm};
     if (mo.max_batch_tokens < 1) mo.max_batch_tokens = 1;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
@@ -402,7 +413,8 @@ int cli_bench(int argc, char **argv)
         O_SYNTH,
         O_TYPE,
         O_BATCHINV,
-        O_DECODE
+        O_DECODE,
+        O_TP
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -424,6 +436,7 @@ int cli_bench(int argc, char **argv)
                                          {"synthetic", required_argument, 0, O_SYNTH},
                                          {"type", required_argument, 0, O_TYPE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
+                                         {"tp", required_argument, 0, O_TP},
                                          {"decode-batches", required_argument, 0, O_DECODE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -469,6 +482,9 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_DEVICE:
             if (!cli_device_arg("bench", optarg, &a.device)) return EXIT_USAGE;
+            continue;
+        case O_TP:
+            if (!cli_tp_arg("bench", optarg, &a.tp)) return EXIT_USAGE;
             continue;
         case O_BATCHINV:
             a.batch_invariant = true;
@@ -571,6 +587,8 @@ int cli_bench(int argc, char **argv)
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
     struct backend *be = NULL;
+    struct backend_group grp = {0};
+    a.grp = &grp;
     int rc = a.synthetic
                  ? synth_model_open(a.synthetic, a.synth_type, (uint64_t)a.seed, NULL, &f, &err)
                  : gguf_open(cli_model_path(a.model), &f, &err);
@@ -579,13 +597,14 @@ int cli_bench(int argc, char **argv)
                                   .threads = (int)a.threads,
                                   .precision = a.precision,
                                   .batch_invariant = a.batch_invariant};
-    if (!rc) rc = cli_backend_create("bench", &req, &be, &err);
+    if (!rc) rc = cli_backend_group_create("bench", &req, a.tp, &grp, &err);
+    if (!rc) be = grp.be[0];
     if (!rc)
         rc = serving      ? run_serving(f, tok, be, &a, &err)
              : a.n_decode ? run_decode_batches(f, be, &a, &err)
                           : run_pp_tg(f, be, &a, &err);
     if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
-    backend_destroy(be);
+    backend_group_free(&grp);
     tokenizer_free(tok);
     gguf_close(f);
     return rc ? EXIT_RUNTIME : EXIT_OK;

@@ -36,19 +36,20 @@ static void eval_usage(FILE *out)
         "  --precision P    f32 (default) or q8: activations quantized to int8 in matmuls\n"
         "  --threads N      CPU threads (default: all)\n"
         "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, "
-        "cuda:N\n" CLI_BATCH_INVARIANT_HELP);
+        "cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP);
 }
 
 struct eval_args {
     const char *model, *ref, *text, *device;
     long ctx, chunks, threads;
+    int tp; /* --tp ranks, 0: one */
     enum matmul_precision precision;
     bool batch_invariant;
 };
 
 static int parse_args(int argc, char **argv, struct eval_args *a)
 {
-    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE, O_BATCHINV };
+    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE, O_BATCHINV, O_TP };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"ref", required_argument, 0, O_REF},
                                          {"text", required_argument, 0, O_TEXT},
@@ -58,6 +59,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
+                                         {"tp", required_argument, 0, O_TP},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     *a = (struct eval_args){.ctx = 512, .precision = MATMUL_F32};
@@ -106,6 +108,9 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
         case O_DEVICE:
             if (!cli_device_arg("eval", optarg, &a->device)) return EXIT_USAGE;
             break;
+        case O_TP:
+            if (!cli_tp_arg("eval", optarg, &a->tp)) return EXIT_USAGE;
+            break;
         case O_BATCHINV:
             a->batch_invariant = true;
             break;
@@ -132,7 +137,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
 struct loaded {
     struct gguf_file *f;
     struct tokenizer *tok;
-    struct backend *be;
+    struct backend_group grp; /* --tp ranks (one without) */
     struct model *m;
     struct model_config cfg;
 };
@@ -140,7 +145,7 @@ struct loaded {
 static void loaded_free(struct loaded *l)
 {
     model_free(l->m);
-    backend_destroy(l->be);
+    backend_group_free(&l->grp);
     tokenizer_free(l->tok);
     gguf_close(l->f);
 }
@@ -158,13 +163,16 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
                                   .threads = (int)a->threads,
                                   .precision = a->precision,
                                   .batch_invariant = a->batch_invariant};
-    if ((rc = cli_backend_create("eval", &req, &l->be, err))) return rc;
+    if ((rc = cli_backend_group_create("eval", &req, a->tp, &l->grp, err))) return rc;
     int batch = a->ctx < 512 ? (int)a->ctx : 512, bs = 16;
     struct model_opts mo = {.max_batch_tokens = batch,
                             .max_logits = batch,
                             .kv_blocks = (int)((a->ctx + bs - 1) / bs),
-                            .kv_block_size = bs};
-    return model_load(l->f, l->be, &mo, &l->m, err);
+                            .kv_block_size = bs,
+                            .tp = l->grp.n,
+                            .tp_backends = l->grp.be,
+                            .tp_comms = l->grp.comm};
+    return model_load(l->f, l->grp.be[0], &mo, &l->m, err);
 }
 
 static int read_text(const char *path, char **out, size_t *len, struct qerr *err)

@@ -27,7 +27,7 @@ static void generate_usage(FILE *out)
             "  --seed S          RNG seed (default 0)\n"
             "  --threads N       CPU threads (default: all)\n"
             "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
-            "faster)\n" CLI_DEVICE_HELP CLI_BATCH_INVARIANT_HELP
+            "faster)\n" CLI_DEVICE_HELP CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -66,6 +66,7 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 struct gen_args {
     const char *model, *prompt, *system, *device;
     long n_predict, threads;
+    int tp; /* --tp ranks, 0: one */
     bool chat, ignore_eos, stats, batch_invariant;
     enum matmul_precision precision;
     struct sample_params sp;
@@ -87,7 +88,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_NOSTATS,
         O_PREC,
         O_DEVICE,
-        O_BATCHINV
+        O_BATCHINV,
+        O_TP
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -106,6 +108,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
+                                         {"tp", required_argument, 0, O_TP},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
     sample_params_default(&a->sp);
@@ -146,6 +149,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_DEVICE:
             if (!cli_device_arg("generate", optarg, &a->device)) return EXIT_USAGE;
+            break;
+        case O_TP:
+            if (!cli_tp_arg("generate", optarg, &a->tp)) return EXIT_USAGE;
             break;
         case O_BATCHINV:
             a->batch_invariant = true;
@@ -246,7 +252,7 @@ int cli_generate(int argc, char **argv)
     struct qerr err = {0};
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
-    struct backend *be = NULL;
+    struct backend_group grp = {0};
     struct model *m = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -272,13 +278,16 @@ int cli_generate(int argc, char **argv)
                                   .threads = (int)a.threads,
                                   .precision = a.precision,
                                   .batch_invariant = a.batch_invariant};
-    if ((rc = cli_backend_create("generate", &req, &be, &err))) goto out;
+    if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
     int bs = 16;
     struct model_opts mo = {.max_batch_tokens = 256,
                             .max_logits = 1,
                             .kv_blocks = (int)((total + (size_t)bs - 1) / (size_t)bs),
-                            .kv_block_size = bs};
-    if ((rc = model_load(f, be, &mo, &m, &err))) goto out;
+                            .kv_block_size = bs,
+                            .tp = grp.n,
+                            .tp_backends = grp.be,
+                            .tp_comms = grp.comm};
+    if ((rc = model_load(f, grp.be[0], &mo, &m, &err))) goto out;
 
     struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
     detok_init(&g.dt);
@@ -306,7 +315,7 @@ out:
     if (exit_code != EXIT_OK) fprintf(stderr, "quern generate: %s\n", err.msg);
     free(ids);
     model_free(m);
-    backend_destroy(be);
+    backend_group_free(&grp);
     tokenizer_free(tok);
     gguf_close(f);
     return exit_code;

@@ -5,13 +5,15 @@
 
 #include "../engine/chat.h"
 #include "../engine/model.h"
+#include "../engine/model_shard.h"
 #include "../engine/tokenizer.h"
 #include "cli.h"
 
 static void info_usage(FILE *out)
 {
-    fprintf(out, "usage: quern info [--model PATH]\n"
+    fprintf(out, "usage: quern info [--model PATH] [--tp N]\n"
                  "  --model PATH  GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
+                 "  --tp N        also print what each of N tensor-parallel ranks holds\n"
                  "Prints architecture, dimensions, tensor types, vocabulary, special tokens and\n"
                  "the chat template.\n");
 }
@@ -22,17 +24,42 @@ static void print_token(const struct tokenizer *tok, const char *label, int32_t 
     printf("  %-14s %d %s\n", label, id, text ? text : "(none)");
 }
 
+/* --tp N: each rank's heads, FFN channels, weight bytes (its shards plus the replicated
+ * embedding, output and norms) and KV bytes per token, fp32 (the CPU) and fp16 (CUDA). */
+static int print_tp(const struct gguf_file *f, const struct model_config *cfg, int n,
+                    struct qerr *err)
+{
+    printf("tensor parallel --tp %d\n", n);
+    for (int r = 0; r < n; r++) {
+        struct model_shard s;
+        uint64_t w;
+        size_t kv;
+        int rc = model_shard_plan(cfg, n, r, &s, err);
+        if (!rc) rc = model_shard_bytes(f, cfg, &s, 4, &w, &kv, err);
+        if (rc) return rc;
+        printf("  rank %-2d q heads %d-%d, kv heads %d-%d, ffn %d-%d: weights %.2f MiB, KV %.1f "
+               "KiB/token fp32 (%.1f fp16)\n",
+               r, s.q0, s.q0 + s.nq - 1, s.kv0, s.kv0 + s.nkv - 1, s.f0, s.f0 + s.nf - 1,
+               (double)w / 1048576.0, (double)kv / 1024.0, (double)kv / 2048.0);
+    }
+    return 0;
+}
+
 int cli_info(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"tp", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *model = NULL;
-    int c;
+    int c, tp = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         if (c == 'm')
             model = optarg;
-        else if (c == 'h') {
+        else if (c == 't') {
+            if (!cli_tp_arg("info", optarg, &tp)) return EXIT_USAGE;
+        } else if (c == 'h') {
             info_usage(stdout);
             return EXIT_OK;
         } else {
@@ -88,6 +115,12 @@ int cli_info(int argc, char **argv)
         if (count[ty])
             printf("  %-6s %4llu tensors %8.2f MiB\n", qtype_name(ty),
                    (unsigned long long)count[ty], (double)bytes[ty] / (1024.0 * 1024.0));
+    if (tp > 0 && (rc = print_tp(f, &cfg, tp, &err))) {
+        fprintf(stderr, "quern info: %s\n", err.msg);
+        tokenizer_free(tok);
+        gguf_close(f);
+        return rc == QERR_INVALID ? EXIT_USAGE : EXIT_RUNTIME;
+    }
     printf("tokenizer     %s (pre '%s'), %d tokens\n", tokenizer_model_name(tok),
            tokenizer_pre_name(tok), tokenizer_vocab_size(tok));
     print_token(tok, "bos", tokenizer_bos(tok));

@@ -36,7 +36,7 @@ static void serve_usage(FILE *out)
             "  --threads N              CPU threads for the model (default: all)\n"
             "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
             "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                           cuda:N\n" CLI_BATCH_INVARIANT_HELP
+            "                           cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
             "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
             "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
             "  --max-seqs N             sequences running at once (default 64)\n"
@@ -138,7 +138,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_TRACE,
         O_PERCLIENT,
         O_REQTIMEOUT,
-        O_STALL
+        O_STALL,
+        O_TP
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -148,6 +149,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"precision", required_argument, 0, O_PREC},
         {"device", required_argument, 0, O_DEVICE},
         {"batch-invariant", no_argument, 0, O_BATCHINV},
+        {"tp", required_argument, 0, O_TP},
         {"kv-mem", required_argument, 0, O_KVMEM},
         {"max-batch-tokens", required_argument, 0, O_MBT},
         {"max-seqs", required_argument, 0, O_SEQS},
@@ -258,6 +260,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_DEVICE:
             if (!cli_device_arg("serve", optarg, &o->device)) return EXIT_USAGE;
             break;
+        case O_TP:
+            if (!cli_tp_arg("serve", optarg, &o->tp)) return EXIT_USAGE;
+            break;
         case O_BATCHINV:
             o->batch_invariant = true;
             break;
@@ -292,7 +297,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
 struct loaded {
     struct gguf_file *f;
     struct tokenizer *tok;
-    struct backend *be;
+    struct backend_group grp; /* --tp ranks (one without) */
     struct engine *e;
     struct chat_template chat;
     bool has_chat;
@@ -321,7 +326,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
                                   .threads = o->threads,
                                   .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32,
                                   .batch_invariant = o->batch_invariant};
-    if ((rc = cli_backend_create("serve", &req, &L->be, err))) return rc;
+    if ((rc = cli_backend_group_create("serve", &req, o->tp, &L->grp, err))) return rc;
     struct engine_opts eo;
     engine_opts_default(&eo);
     if (o->max_batch_tokens) eo.max_batch_tokens = o->max_batch_tokens;
@@ -334,7 +339,10 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;
     eo.trace = L->trace;
-    if ((rc = engine_create(L->f, L->tok, L->be, &eo, &L->e, err))) return rc;
+    eo.tp = L->grp.n;
+    eo.tp_backends = L->grp.be;
+    eo.tp_comms = L->grp.comm;
+    if ((rc = engine_create(L->f, L->tok, L->grp.be[0], &eo, &L->e, err))) return rc;
     s->tok = L->tok;
     s->chat = L->has_chat ? &L->chat : NULL;
     s->vocab = tokenizer_vocab_size(L->tok);
@@ -346,7 +354,7 @@ static void unload(struct loaded *L)
 {
     engine_free(L->e);
     trace_free(L->trace);
-    backend_destroy(L->be);
+    backend_group_free(&L->grp);
     if (L->has_chat) chat_template_free(&L->chat);
     tokenizer_free(L->tok);
     gguf_close(L->f);

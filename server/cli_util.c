@@ -54,3 +54,23 @@ bool cli_device_arg(const char *prog, const char *text, const char **out)
     *out = text;
     return true;
 }
+
+int cli_backend_group_create(const char *prog, const struct backend_request *r, int tp,
+                             struct backend_group *g, struct qerr *err)
+{
+    int rc = backend_group_create(r, tp > 0 ? tp : 1, g, err);
+    if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
+    return rc;
+}
+
+bool cli_tp_arg(const char *prog, const char *text, int *out)
+{
+    long v;
+    if (!cli_parse_int(text, 1, COMM_MAX_RANKS, &v)) {
+        fprintf(stderr, "quern %s: --tp '%s': want a rank count in 1..%d\n", prog, text,
+                COMM_MAX_RANKS);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}

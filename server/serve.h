@@ -39,6 +39,7 @@ struct serve_opts {
     bool log_json;
     bool q8;                 /* MATMUL_Q8 instead of MATMUL_F32 */
     const char *device;      /* --device: auto (NULL), cpu, cuda, cuda:N */
+    int tp;                  /* --tp: tensor-parallel ranks (0: one) */
     bool batch_invariant;    /* --batch-invariant (backend_request) */
     bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
 };

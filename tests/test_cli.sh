@@ -56,6 +56,12 @@ long=$(printf 'word %.0s' $(seq 1 9000))
 expect 1 'exceeds the context length' -- generate --model "$model" --prompt "$long" -n 1
 
 expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --prompt "What is the capital of France?"
+# --tp: the per-rank split, impossible splits refused, and the same greedy text as one rank
+expect 0 'rank 1 +q heads 6-8, kv heads 2-2' -- info --model "$model" --tp 2
+expect 2 "--tp '0'" -- generate --model "$model" --prompt hi --tp 0
+expect 1 'at most 9 ranks' -- generate --model "$model" --device cpu --prompt hi -n 1 --tp 10
+expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --tp 2 \
+  --prompt "What is the capital of France?"
 expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n 8 --prompt "Once upon a time"
 # the same seed gives the same text
 "$bin" generate --model "$model" --temp 0.9 --seed 11 -n 12 --prompt "Hello" >"$tmp/a" 2>/dev/null

@@ -1,10 +1,12 @@
 /* The CPU shared-memory communicator (kernels/comm.h): ranks are threads of one process.
  *
- * Every collective publishes each rank's buffer pointer, meets at a barrier, works directly on
- * the others' buffers, and meets again so that no rank returns (and reuses its buffer) while
- * another still reads or writes it. all_reduce splits the elements into n_ranks slices; rank r
- * sums slice r over ranks 0..n-1 in that order and stores the sum into every rank's buffer, so
- * the slices are disjoint and no element is summed twice or in another order.
+ * all_reduce, the hot path (two per layer), costs one barrier: each rank copies its buffer into
+ * a staging buffer of its own, meets the others, then sums every rank's staging copy in rank
+ * order into its own buffer. Staging buffers alternate between two sets by the parity of the
+ * all-reduce's sequence number: a rank may start all-reduce k+1 while a slower one still reads
+ * set k % 2, but it cannot start k+2 (which rewrites that set) before everyone has arrived at
+ * k+1's barrier, i.e. finished reading k. all_gather and broadcast (not per layer) work on the
+ * others' buffers directly between two barriers, so no rank returns while another still reads.
  *
  * The barrier spins briefly (a decode step's all-reduce is a few microseconds of work, less than
  * a futex wake), then sleeps on a condition variable with a deadline. A timeout or comm_abort
@@ -40,11 +42,15 @@ struct group {
     char why[200];
     void *buf[COMM_MAX_RANKS];
     const void *src[COMM_MAX_RANKS];
+    const void *stage[2][COMM_MAX_RANKS]; /* each rank's staging copy, by all-reduce parity */
 };
 
 struct rank {
     struct comm c;
     struct group *g;
+    uint64_t seq;   /* all-reduces this rank has entered */
+    void *stage[2]; /* its staging buffers (only it writes them) */
+    size_t cap[2];  /* their bytes */
 };
 
 static struct group *group_of(struct comm *c)
@@ -115,29 +121,22 @@ static int cpu_barrier(struct comm *c, struct qerr *err)
     return barrier(c, err);
 }
 
-/* Rank r's slice [lo, hi) of count elements. */
-static void slice(const struct comm *c, size_t count, size_t *lo, size_t *hi)
+/* out[i] = in[0][i] + in[1][i] + ... in rank order */
+static void sum_f32(float *out, const float *const *in, int n, size_t count)
 {
-    *lo = count * (size_t)c->rank / (size_t)c->n_ranks;
-    *hi = count * (size_t)(c->rank + 1) / (size_t)c->n_ranks;
-}
-
-static void sum_f32(float *const *b, int n, size_t lo, size_t hi)
-{
-    for (size_t i = lo; i < hi; i++) {
-        float s = b[0][i];
-        for (int k = 1; k < n; k++) s += b[k][i];
-        for (int k = 0; k < n; k++) b[k][i] = s;
+    for (size_t i = 0; i < count; i++) {
+        float s = in[0][i];
+        for (int k = 1; k < n; k++) s += in[k][i];
+        out[i] = s;
     }
 }
 
-static void sum_f16(uint16_t *const *b, int n, size_t lo, size_t hi)
+static void sum_f16(uint16_t *out, const uint16_t *const *in, int n, size_t count)
 {
-    for (size_t i = lo; i < hi; i++) {
-        float s = fp16_to_f32(b[0][i]);
-        for (int k = 1; k < n; k++) s += fp16_to_f32(b[k][i]);
-        uint16_t h = f32_to_fp16(s);
-        for (int k = 0; k < n; k++) b[k][i] = h;
+    for (size_t i = 0; i < count; i++) {
+        float s = fp16_to_f32(in[0][i]);
+        for (int k = 1; k < n; k++) s += fp16_to_f32(in[k][i]);
+        out[i] = f32_to_fp16(s);
     }
 }
 
@@ -145,17 +144,28 @@ static int cpu_all_reduce(struct comm *c, void *buf, size_t count, enum comm_dty
                           struct qerr *err)
 {
     if (c->n_ranks == 1) return 0;
-    struct group *g = group_of(c);
-    g->buf[c->rank] = buf;
+    struct rank *rk = (struct rank *)c;
+    struct group *g = rk->g;
+    int p = (int)(rk->seq++ & 1);
+    size_t bytes = count * comm_dtype_bytes(dt);
+    if (bytes > rk->cap[p]) { /* nobody reads set p now (see the top of this file) */
+        void *grown = realloc(rk->stage[p], bytes);
+        if (!grown) {
+            comm_abort(c, "out of memory for an all-reduce's staging buffer");
+            return qerr_set(err, QERR_NOMEM, "comm: rank %d: staging %zu bytes", c->rank, bytes);
+        }
+        rk->stage[p] = grown;
+        rk->cap[p] = bytes;
+    }
+    if (bytes) memcpy(rk->stage[p], buf, bytes);
+    g->stage[p][c->rank] = rk->stage[p];
     int rc = barrier(c, err);
     if (rc) return rc;
-    size_t lo, hi;
-    slice(c, count, &lo, &hi);
     if (dt == COMM_F16)
-        sum_f16((uint16_t *const *)g->buf, c->n_ranks, lo, hi);
+        sum_f16(buf, (const uint16_t *const *)g->stage[p], c->n_ranks, count);
     else
-        sum_f32((float *const *)g->buf, c->n_ranks, lo, hi);
-    return barrier(c, err);
+        sum_f32(buf, (const float *const *)g->stage[p], c->n_ranks, count);
+    return 0;
 }
 
 static int cpu_all_gather(struct comm *c, const void *send, void *recv, size_t count,
@@ -199,6 +209,8 @@ static void cpu_abort(struct comm *c, const char *why)
 static void cpu_destroy(struct comm *c)
 {
     struct group *g = group_of(c);
+    free(((struct rank *)c)->stage[0]);
+    free(((struct rank *)c)->stage[1]);
     pthread_mutex_lock(&g->mu);
     bool last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
