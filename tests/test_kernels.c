@@ -24,29 +24,6 @@
 
 /* ---- helpers ---- */
 
-static uint64_t rng_state;
-
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return rng_state = x;
-}
-
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() >> 40) * 0x1p-24f;
-}
-
-static void fill(float *x, size_t n, float scale)
-{
-    for (size_t i = 0; i < n; i++) x[i] = frand(-scale, scale);
-    /* a few outliers, as real activations have */
-    for (size_t i = 0; i < n / 97; i++) x[rnd() % n] *= 8.0f;
-}
-
 static const enum cpu_isa all_isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
 #define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
 
@@ -60,46 +37,6 @@ static struct backend *make_backend(enum cpu_isa isa, enum matmul_precision p, i
     return be;
 }
 
-/* A random weight of the given type: host bytes malloc'd into w->host. */
-static void make_weight(struct bweight *w, enum qtype t, int64_t rows, int64_t cols)
-{
-    *w = (struct bweight){.type = t, .rows = rows, .cols = cols};
-    size_t rb = qtype_row_bytes(t, (size_t)cols), bytes = rb * (size_t)rows;
-    uint8_t *p = malloc(bytes);
-    ck_assert_ptr_nonnull(p);
-    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)rnd();
-    size_t bb = qtype_block_bytes(t);
-    switch (t) {
-    case QTYPE_F32:
-        for (size_t i = 0; i < bytes / 4; i++) ((float *)p)[i] = frand(-0.1f, 0.1f);
-        break;
-    case QTYPE_F16:
-        for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)p)[i] = f32_to_fp16(frand(-0.1f, 0.1f));
-        break;
-    case QTYPE_BF16:
-        for (size_t i = 0; i < bytes / 2; i++) {
-            float f = frand(-0.1f, 0.1f);
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-        }
-        break;
-    default:
-        /* sane scales (random bytes would make NaNs and infinities) */
-        for (size_t off = 0; off < bytes; off += bb) {
-            uint16_t d = f32_to_fp16(frand(-0.02f, 0.02f)), m = f32_to_fp16(frand(-0.1f, 0.1f));
-            memcpy(p + off, &d, 2);
-            if (t == QTYPE_Q4_1) memcpy(p + off + 2, &m, 2);
-        }
-    }
-    w->host = p;
-}
-
-static void free_weight(struct bweight *w)
-{
-    free((void *)w->host);
-}
-
 /* y[n][rows] through a backend: prepare, run, release. */
 static void be_matmul(struct backend *be, const struct bweight *w0, const float *x, int n, float *y)
 {
@@ -108,38 +45,6 @@ static void be_matmul(struct backend *be, const struct bweight *w0, const float 
     ck_assert_msg(be->ops->weight_prepare(be, &w, &err) == 0, "%s", err.msg);
     be->ops->matmul(be, &w, x, n, y);
     be->ops->weight_release(be, &w);
-}
-
-static void q8_quantize_all(struct q8act *a, const float *x, int n, int64_t cols)
-{
-    a->cols = cols;
-    a->nb = cols / QK;
-    a->q = malloc((size_t)n * (size_t)cols);
-    a->d = malloc((size_t)n * (size_t)a->nb * sizeof(float));
-    a->s = malloc((size_t)n * (size_t)a->nb * sizeof(float));
-    a->sum = malloc((size_t)n * (size_t)a->nb * sizeof(int32_t));
-    for (int t = 0; t < n; t++)
-        ref_quantize_q8(x + (size_t)t * (size_t)cols, cols, a->q + (size_t)t * (size_t)cols,
-                        a->d + (size_t)t * (size_t)a->nb, a->s + (size_t)t * (size_t)a->nb,
-                        a->sum + (size_t)t * (size_t)a->nb);
-}
-
-static void q8_free(struct q8act *a)
-{
-    free(a->q);
-    free(a->d);
-    free(a->s);
-    free(a->sum);
-}
-
-static int bits_differ(const float *a, const float *b, size_t n, size_t *at)
-{
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-            *at = i;
-            return 1;
-        }
-    return 0;
 }
 
 static const enum qtype quant_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
@@ -151,12 +56,12 @@ static const int odd_n[] = {1, 2, 3, 5, 8, 13, 37, 64};
 
 START_TEST(qpack_roundtrip)
 {
-    rng_state = 0x1234567;
+    tu_seed(0x1234567);
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t ri = 0; ri < sizeof odd_rows / sizeof odd_rows[0]; ri++)
             for (size_t ci = 0; ci < sizeof odd_cols / sizeof odd_cols[0]; ci++) {
                 struct bweight w;
-                make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
+                tu_make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
                 struct qpack *p;
                 struct qerr err = {0};
                 ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
@@ -172,7 +77,7 @@ START_TEST(qpack_roundtrip)
                 ck_assert_int_eq(p->data_bytes % 64, 0);
                 free(row);
                 qpack_free(p);
-                free_weight(&w);
+                tu_free_weight(&w);
             }
 }
 END_TEST
@@ -194,7 +99,7 @@ typedef void (*quant_fn)(const float *, int64_t, int8_t *, float *, float *, int
 
 START_TEST(quantize_q8_matches_reference)
 {
-    rng_state = 0xabcdef;
+    tu_seed(0xabcdef);
     const quant_fn fns[] = {NULL, avx2_quantize_q8, avx512_quantize_q8};
     const int64_t cols = 1536, nb = cols / QK;
     float *x = malloc(cols * sizeof *x);
@@ -202,7 +107,7 @@ START_TEST(quantize_q8_matches_reference)
     float d0[48], d1[48], s0[48], s1[48];
     int32_t u0[48], u1[48];
     for (int rep = 0; rep < 200; rep++) {
-        fill(x, (size_t)cols, rep % 7 == 0 ? 1e-30f : frand(0.01f, 100.0f));
+        tu_fill(x, (size_t)cols, rep % 7 == 0 ? 1e-30f : tu_frand(0.01f, 100.0f));
         for (int j = 0; j < QK; j++) x[j] = 0; /* an all-zero block */
         x[40] = 127.5f * x[41];                /* exact halves appear in practice too */
         ref_quantize_q8(x, cols, q0, d0, s0, u0);
@@ -226,32 +131,9 @@ END_TEST
 
 /* ---- matmul ---- */
 
-/* Max over outputs of |y - yref| / (sum |w x| + 1e-30). */
-static double f32_error(const struct bweight *w, const float *x, int n, const float *y,
-                        const float *yref)
-{
-    double worst = 0;
-    float *row = malloc((size_t)w->cols * sizeof *row);
-    size_t rb = qtype_row_bytes(w->type, (size_t)w->cols);
-    for (int64_t r = 0; r < w->rows; r++) {
-        qtype_dequantize_row(w->type, (const uint8_t *)w->host + (size_t)r * rb, row,
-                             (size_t)w->cols);
-        for (int i = 0; i < n; i++) {
-            double mag = 0;
-            for (int64_t k = 0; k < w->cols; k++)
-                mag += fabs((double)row[k] * x[(size_t)i * (size_t)w->cols + (size_t)k]);
-            size_t o = (size_t)i * (size_t)w->rows + (size_t)r;
-            double e = fabs((double)y[o] - yref[o]) / (mag + 1e-30);
-            if (e > worst) worst = e;
-        }
-    }
-    free(row);
-    return worst;
-}
-
 START_TEST(matmul_matches_reference)
 {
-    rng_state = 0x5eed + (uint64_t)_i;
+    tu_seed(0x5eed + (uint64_t)_i);
     int shrink = tu_sanitized();
     int runs[N_ISAS] = {0};
     double worst_f32[N_ISAS] = {0};
@@ -261,15 +143,15 @@ START_TEST(matmul_matches_reference)
                 if (shrink && odd_cols[ci] > 576) continue;
                 int n = odd_n[(ri + ci + ti) % (sizeof odd_n / sizeof odd_n[0])];
                 struct bweight w;
-                make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
+                tu_make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
                 size_t ny = (size_t)n * (size_t)w.rows;
                 float *x = malloc((size_t)n * (size_t)w.cols * sizeof *x);
-                fill(x, (size_t)n * (size_t)w.cols, 1.0f);
+                tu_fill(x, (size_t)n * (size_t)w.cols, 1.0f);
                 float *yref = malloc(ny * sizeof *yref), *yq = malloc(ny * sizeof *yq);
                 float *y = malloc(ny * sizeof *y);
                 ref_matmul_rows(&w, x, n, yref, 0, w.rows);
                 struct q8act a;
-                q8_quantize_all(&a, x, n, w.cols);
+                tu_q8_quantize(&a, x, n, w.cols);
                 ref_matmul_q8_rows(&w, &a, n, yq, 0, w.rows);
                 for (int i = 0; i < N_ISAS; i++) {
                     if (!cpu_isa_supported(all_isas[i])) continue;
@@ -277,26 +159,26 @@ START_TEST(matmul_matches_reference)
                     struct backend *be = make_backend(all_isas[i], MATMUL_Q8, 2);
                     be_matmul(be, &w, x, n, y);
                     size_t at;
-                    ck_assert_msg(!bits_differ(y, yq, ny, &at),
+                    ck_assert_msg(!tu_bits_differ(y, yq, ny, &at),
                                   "%s Q8 %s %lld x %lld n %d: y[%zu] = %.9g, reference %.9g",
                                   cpu_isa_name(all_isas[i]), qtype_name(w.type), (long long)w.rows,
                                   (long long)w.cols, n, at, y[at], yq[at]);
                     backend_destroy(be);
                     be = make_backend(all_isas[i], MATMUL_F32, 2);
                     be_matmul(be, &w, x, n, y);
-                    double e = f32_error(&w, x, n, y, yref);
+                    double e = tu_matmul_error(&w, x, n, y, yref);
                     ck_assert_msg(e <= 1e-5, "%s F32 %s %lld x %lld n %d: error %.3g",
                                   cpu_isa_name(all_isas[i]), qtype_name(w.type), (long long)w.rows,
                                   (long long)w.cols, n, e);
                     if (e > worst_f32[i]) worst_f32[i] = e;
                     backend_destroy(be);
                 }
-                q8_free(&a);
+                tu_q8_free(&a);
                 free(x);
                 free(y);
                 free(yq);
                 free(yref);
-                free_weight(&w);
+                tu_free_weight(&w);
             }
     for (int i = 0; i < N_ISAS; i++)
         if (runs[i])
@@ -307,7 +189,7 @@ END_TEST
 
 START_TEST(matmul_float_weights)
 {
-    rng_state = 0xf10a7;
+    tu_seed(0xf10a7);
     const enum qtype types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
     const int shapes[][3] = {{37, 100, 5}, {19, 64, 9}, {5, 7, 3}, {64, 576, 13}};
     for (size_t ti = 0; ti < 3; ti++)
@@ -315,23 +197,23 @@ START_TEST(matmul_float_weights)
             int rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
             if (types[ti] != QTYPE_F32 && cols % 2) continue;
             struct bweight w;
-            make_weight(&w, types[ti], rows, cols);
+            tu_make_weight(&w, types[ti], rows, cols);
             float *x = malloc((size_t)n * (size_t)cols * 4), *y = malloc((size_t)n * rows * 4);
             float *yref = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)rows * 4);
-            fill(x, (size_t)n * (size_t)cols, 1.0f);
+            tu_fill(x, (size_t)n * (size_t)cols, 1.0f);
             ref_matmul_rows(&w, x, n, yref, 0, w.rows);
             for (int i = 0; i < N_ISAS; i++) {
                 if (!cpu_isa_supported(all_isas[i])) continue;
                 for (int p = 0; p < 2; p++) {
                     struct backend *be = make_backend(all_isas[i], (enum matmul_precision)p, 3);
                     be_matmul(be, &w, x, n, y);
-                    double e = f32_error(&w, x, n, y, yref);
+                    double e = tu_matmul_error(&w, x, n, y, yref);
                     ck_assert_msg(e <= 1e-5, "%s %s %dx%d: error %.3g", cpu_isa_name(all_isas[i]),
                                   qtype_name(w.type), rows, cols, e);
                     /* the last token alone: the same bits */
                     be_matmul(be, &w, x + (size_t)(n - 1) * (size_t)cols, 1, y1);
                     size_t at;
-                    ck_assert(!bits_differ(y1, y + (size_t)(n - 1) * rows, (size_t)rows, &at));
+                    ck_assert(!tu_bits_differ(y1, y + (size_t)(n - 1) * rows, (size_t)rows, &at));
                     backend_destroy(be);
                 }
             }
@@ -339,7 +221,7 @@ START_TEST(matmul_float_weights)
             free(y);
             free(yref);
             free(y1);
-            free_weight(&w);
+            tu_free_weight(&w);
         }
 }
 END_TEST
@@ -347,13 +229,13 @@ END_TEST
 /* A token's row is bit-identical alone, inside a batch of 37, and at 1, 2 or 3 threads. */
 START_TEST(matmul_batch_and_thread_invariant)
 {
-    rng_state = 0xba7c4;
+    tu_seed(0xba7c4);
     const int n = 37;
     for (size_t ti = 0; ti < 3; ti++) {
         struct bweight w;
-        make_weight(&w, quant_types[ti], 45, 576);
+        tu_make_weight(&w, quant_types[ti], 45, 576);
         float *x = malloc((size_t)n * 576 * sizeof *x);
-        fill(x, (size_t)n * 576, 1.0f);
+        tu_fill(x, (size_t)n * 576, 1.0f);
         float *yb = malloc((size_t)n * 45 * sizeof *yb), *y1 = malloc(45 * sizeof *y1);
         float *yt = malloc((size_t)n * 45 * sizeof *yt);
         for (int i = 0; i < N_ISAS; i++) {
@@ -364,19 +246,19 @@ START_TEST(matmul_batch_and_thread_invariant)
                 for (int t = 0; t < n; t++) {
                     be_matmul(be, &w, x + (size_t)t * 576, 1, y1);
                     size_t at;
-                    ck_assert_msg(!bits_differ(y1, yb + (size_t)t * 45, 45, &at),
+                    ck_assert_msg(!tu_bits_differ(y1, yb + (size_t)t * 45, 45, &at),
                                   "%s %s precision %d: token %d differs alone vs in a batch",
                                   cpu_isa_name(all_isas[i]), qtype_name(w.type), p, t);
                 }
                 /* a prefix of the batch: different tiles, same values */
                 be_matmul(be, &w, x, 11, yt);
                 size_t at;
-                ck_assert(!bits_differ(yt, yb, 11 * 45, &at));
+                ck_assert(!tu_bits_differ(yt, yb, 11 * 45, &at));
                 backend_destroy(be);
                 for (int th = 1; th <= 3; th += 2) {
                     be = make_backend(all_isas[i], (enum matmul_precision)p, th);
                     be_matmul(be, &w, x, n, yt);
-                    ck_assert_msg(!bits_differ(yt, yb, (size_t)n * 45, &at),
+                    ck_assert_msg(!tu_bits_differ(yt, yb, (size_t)n * 45, &at),
                                   "%s: %d threads changed output %zu", cpu_isa_name(all_isas[i]),
                                   th, at);
                     backend_destroy(be);
@@ -387,7 +269,7 @@ START_TEST(matmul_batch_and_thread_invariant)
         free(yb);
         free(y1);
         free(yt);
-        free_weight(&w);
+        tu_free_weight(&w);
     }
 }
 END_TEST
@@ -401,19 +283,19 @@ static double rel_err(float a, float b)
 
 START_TEST(rmsnorm_add_silu_match_reference)
 {
-    rng_state = 0x70;
+    tu_seed(0x70);
     const int dims[] = {8, 64, 100, 576, 1536};
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
         struct backend *be = make_backend(all_isas[i], MATMUL_F32, 2);
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-            int dim = dims[di], n = 1 + (int)(rnd() % 64);
+            int dim = dims[di], n = 1 + (int)(tu_rnd() % 64);
             size_t len = (size_t)n * (size_t)dim;
             float *x = malloc(len * 4), *w = malloc((size_t)dim * 4), *o = malloc(len * 4);
             float *r = malloc(len * 4), *y = malloc(len * 4);
-            fill(x, len, 3.0f);
-            fill(w, (size_t)dim, 1.0f);
-            fill(y, len, 3.0f);
+            tu_fill(x, len, 3.0f);
+            tu_fill(w, (size_t)dim, 1.0f);
+            tu_fill(y, len, 3.0f);
             be->ops->rmsnorm(be, o, x, w, n, dim, 1e-5f);
             ref_rmsnorm(r, x, w, n, dim, 1e-5f);
             for (size_t k = 0; k < len; k++)
@@ -423,7 +305,7 @@ START_TEST(rmsnorm_add_silu_match_reference)
             memcpy(r, x, len * 4);
             be->ops->add(be, x, y, len);
             for (size_t k = 0; k < len; k++) ck_assert_float_eq(x[k], r[k] + y[k]);
-            for (size_t k = 0; k < len; k++) x[k] = frand(-30.0f, 30.0f);
+            for (size_t k = 0; k < len; k++) x[k] = tu_frand(-30.0f, 30.0f);
             memcpy(r, x, len * 4);
             be->ops->silu_mul(be, x, y, len);
             ref_silu_mul(r, y, len);
@@ -445,18 +327,18 @@ END_TEST
 START_TEST(large_batch_ops_thread_invariant)
 {
     /* big enough that the ops split across the pool */
-    rng_state = 0x1a7;
+    tu_seed(0x1a7);
     const int n = 300, dim = 576, ffn = 1536;
     float *x = malloc((size_t)n * ffn * 4), *u = malloc((size_t)n * ffn * 4);
     float *w = malloc(dim * 4), *out[2];
-    fill(w, dim, 1.0f);
+    tu_fill(w, dim, 1.0f);
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
         for (int th = 0; th < 2; th++) {
             struct backend *be = make_backend(all_isas[i], MATMUL_F32, th ? 3 : 1);
-            rng_state = 0x1a8;
-            fill(x, (size_t)n * ffn, 2.0f);
-            fill(u, (size_t)n * ffn, 2.0f);
+            tu_seed(0x1a8);
+            tu_fill(x, (size_t)n * ffn, 2.0f);
+            tu_fill(u, (size_t)n * ffn, 2.0f);
             out[th] = malloc((size_t)n * ffn * 4 * 2);
             be->ops->rmsnorm(be, out[th], x, w, n, dim, 1e-5f);
             be->ops->silu_mul(be, x, u, (size_t)n * ffn);
@@ -465,7 +347,7 @@ START_TEST(large_batch_ops_thread_invariant)
             backend_destroy(be);
         }
         size_t at;
-        ck_assert(!bits_differ(out[0], out[1], (size_t)n * ffn * 2, &at));
+        ck_assert(!tu_bits_differ(out[0], out[1], (size_t)n * ffn * 2, &at));
         free(out[0]);
         free(out[1]);
     }
@@ -477,24 +359,24 @@ END_TEST
 
 START_TEST(rope_matches_reference_exactly)
 {
-    rng_state = 0x20be;
+    tu_seed(0x20be);
     const int cfg[][3] = {{64, 64, 9}, {64, 32, 3}, {128, 128, 2}, {48, 16, 1}, {20, 10, 2}};
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
         struct backend *be = make_backend(all_isas[i], MATMUL_F32, 2);
         for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
-            int hd = cfg[c][0], rot = cfg[c][1], heads = cfg[c][2], n = 1 + (int)(rnd() % 64);
+            int hd = cfg[c][0], rot = cfg[c][1], heads = cfg[c][2], n = 1 + (int)(tu_rnd() % 64);
             size_t len = (size_t)n * (size_t)heads * (size_t)hd;
             float *x = malloc(len * 4), *r = malloc(len * 4);
             int32_t *pos = malloc((size_t)n * 4);
-            for (int t = 0; t < n; t++) pos[t] = (int32_t)(rnd() % 9000);
-            fill(x, len, 2.0f);
+            for (int t = 0; t < n; t++) pos[t] = (int32_t)(tu_rnd() % 9000);
+            tu_fill(x, len, 2.0f);
             memcpy(r, x, len * 4);
             float base = c % 2 ? 10000.0f : 100000.0f;
             be->ops->rope(be, x, pos, n, heads, hd, rot, base);
             ref_rope(r, pos, n, heads, hd, rot, base);
             size_t at;
-            ck_assert_msg(!bits_differ(x, r, len, &at), "%s rope hd %d rot %d: [%zu] %g vs %g",
+            ck_assert_msg(!tu_bits_differ(x, r, len, &at), "%s rope hd %d rot %d: [%zu] %g vs %g",
                           cpu_isa_name(all_isas[i]), hd, rot, at, x[at], r[at]);
             free(x);
             free(r);
@@ -529,14 +411,14 @@ static void attn_case_make(struct attn_case *c, int n, int heads, int kv_heads, 
     c->table = malloc((size_t)n_seqs * max_blocks * 4);
     for (int i = 0; i < n_blocks; i++) c->table[i] = i;
     for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)(rnd() % (uint64_t)(i + 1)), tmp = c->table[i];
+        int j = (int)(tu_rnd() % (uint64_t)(i + 1)), tmp = c->table[i];
         c->table[i] = c->table[j];
         c->table[j] = tmp;
     }
-    int base = (int)(rnd() % (uint64_t)(max_blocks * bs - n));
+    int base = (int)(tu_rnd() % (uint64_t)(max_blocks * bs - n));
     for (int t = 0; t < n; t++) {
-        c->seq[t] = (int32_t)(rnd() % n_seqs);
-        c->pos[t] = (int32_t)(rnd() % (max_blocks * bs));
+        c->seq[t] = (int32_t)(tu_rnd() % n_seqs);
+        c->pos[t] = (int32_t)(tu_rnd() % (max_blocks * bs));
         if (t % 5 == 0) c->pos[t] = t % 3; /* short contexts, a partial first chunk */
         if (prefill) {
             c->seq[t] = 1;
@@ -548,11 +430,11 @@ static void attn_case_make(struct attn_case *c, int n, int heads, int kv_heads, 
     size_t kv = (size_t)n_blocks * bs * (size_t)kv_heads * (size_t)hd;
     c->kc = malloc(kv * 4);
     c->vc = malloc(kv * 4);
-    fill(c->kc, kv, 2.0f);
-    fill(c->vc, kv, 1.0f);
+    tu_fill(c->kc, kv, 2.0f);
+    tu_fill(c->vc, kv, 1.0f);
     c->q_len = (size_t)n * (size_t)heads * (size_t)hd;
     c->q = malloc(c->q_len * 4);
-    fill(c->q, c->q_len, 2.0f);
+    tu_fill(c->q, c->q_len, 2.0f);
 }
 
 static void attn_case_free(struct attn_case *c)
@@ -568,11 +450,11 @@ static void attn_case_free(struct attn_case *c)
 
 START_TEST(attention_matches_reference)
 {
-    rng_state = 0xa77e;
+    tu_seed(0xa77e);
     const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {4, 4, 128, 0}, {8, 2, 128, 1},
                           {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
-        int n = 1 + (int)(rnd() % 64);
+        int n = 1 + (int)(tu_rnd() % 64);
         struct attn_case c;
         attn_case_make(&c, n, cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3]);
         float *ref = malloc(c.q_len * 4), *out = malloc(c.q_len * 4), *one = malloc(c.q_len * 4);
@@ -603,7 +485,7 @@ START_TEST(attention_matches_reference)
                 b1.slot = c.slot + t;
                 be->ops->attention(be, one, c.q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
                 size_t at;
-                ck_assert_msg(!bits_differ(one, out + (size_t)t * row, row, &at),
+                ck_assert_msg(!tu_bits_differ(one, out + (size_t)t * row, row, &at),
                               "%s: token %d differs alone vs in the batch",
                               cpu_isa_name(all_isas[i]), t);
             }

@@ -1,8 +1,9 @@
 /* The forward pass on the real model against tests/golden/smollm2.json, which Hugging Face
  * transformers computed in fp32 from the same GGUF file (tools/make-golden.py): logits at chosen
- * positions within 1e-3 relative, and 48-token greedy continuations token for token. */
+ * positions within 1e-3 relative, and 48-token greedy continuations token for token (the checks
+ * are testmodel.c's). On $QUERN_TEST_DEVICE's backend; with $QUERN_TEST_DEVICE=cuda[:N] also the
+ * CUDA backend's own paths (tests/test_model_cuda.c). */
 #include <check.h>
-#include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,9 +15,12 @@
 #include "../engine/gguf_write.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "testbackend.h"
+#include "testmodel.h"
 #include "testutil.h"
+#ifdef QUERN_HAVE_CUDA
+#include "../kernels/backend_select.h"
+#endif
 
-static cJSON *golden;
 static struct gguf_file *file;
 static struct backend *be;
 static struct model *model;
@@ -38,60 +42,16 @@ static void teardown(void)
     gguf_close(file);
 }
 
-static int32_t *json_ids(const cJSON *arr, size_t *n)
+/* The fixture's model, as testmodel.c's checks take it. */
+static struct tm_run run(void)
 {
-    *n = (size_t)cJSON_GetArraySize(arr);
-    int32_t *ids = malloc((*n ? *n : 1) * sizeof *ids);
-    size_t i = 0;
-    const cJSON *v;
-    cJSON_ArrayForEach(v, arr) ids[i++] = (int32_t)v->valueint;
-    return ids;
-}
-
-static const cJSON *gen_case(int i)
-{
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(golden, "generate");
-    return cJSON_GetArrayItem(g, i);
+    return (struct tm_run){.m = model, .be = be, .label = "quern"};
 }
 
 START_TEST(logits_match_reference)
 {
-    const cJSON *c = gen_case(_i);
-    size_t np, ng;
-    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
-    int32_t *g = json_ids(cJSON_GetObjectItemCaseSensitive(c, "greedy_ids"), &ng);
-    int32_t *seq = malloc((np + ng) * sizeof *seq);
-    memcpy(seq, p, np * sizeof *seq);
-    memcpy(seq + np, g, ng * sizeof *seq);
-    float *logits;
-    struct qerr err = {0};
-    ck_assert_msg(generate_all_logits(model, seq, np + ng, 37, &logits, &err) == 0, "%s", err.msg);
-    int vocab = model_get_config(model)->vocab;
-    double worst = 0;
-    const cJSON *pl;
-    cJSON_ArrayForEach(pl, cJSON_GetObjectItemCaseSensitive(c, "logits"))
-    {
-        int pos = cJSON_GetObjectItemCaseSensitive(pl, "pos")->valueint;
-        ck_assert_int_lt(pos, (int)(np + ng));
-        const float *row = logits + (size_t)pos * (size_t)vocab;
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pl, "top_ids");
-        const cJSON *vals = cJSON_GetObjectItemCaseSensitive(pl, "top_logits");
-        for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
-            int id = cJSON_GetArrayItem(ids, k)->valueint;
-            double ref = cJSON_GetArrayItem(vals, k)->valuedouble;
-            double rel = fabs(row[id] - ref) / fmax(fabs(ref), 1.0);
-            if (rel > worst) worst = rel;
-            ck_assert_msg(rel <= 1e-3, "%s pos %d token %d: quern %.6f, reference %.6f",
-                          cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, pos, id,
-                          row[id], ref);
-        }
-    }
-    printf("%s: worst relative logit error %.2e\n",
-           cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, worst);
-    free(logits);
-    free(seq);
-    free(p);
-    free(g);
+    struct tm_run r = run();
+    tm_check_logits(&r, _i, 37, 1e-3);
 }
 END_TEST
 
@@ -108,156 +68,26 @@ START_TEST(q8_logits_near_reference)
     struct model_opts mo = {
         .max_batch_tokens = 64, .max_logits = 64, .kv_blocks = 16, .kv_block_size = 16};
     ck_assert_msg(model_load(file, qbe, &mo, &qm, &err) == 0, "%s", err.msg);
-    const cJSON *c = gen_case(_i);
-    size_t np, ng;
-    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
-    int32_t *g = json_ids(cJSON_GetObjectItemCaseSensitive(c, "greedy_ids"), &ng);
-    int32_t *seq = malloc((np + ng) * sizeof *seq);
-    memcpy(seq, p, np * sizeof *seq);
-    memcpy(seq + np, g, ng * sizeof *seq);
-    float *logits;
-    ck_assert_msg(generate_all_logits(qm, seq, np + ng, 64, &logits, &err) == 0, "%s", err.msg);
-    int vocab = model_get_config(qm)->vocab;
-    const cJSON *pl;
-    cJSON_ArrayForEach(pl, cJSON_GetObjectItemCaseSensitive(c, "logits"))
-    {
-        int pos = cJSON_GetObjectItemCaseSensitive(pl, "pos")->valueint;
-        const float *row = logits + (size_t)pos * (size_t)vocab;
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pl, "top_ids");
-        const cJSON *vals = cJSON_GetObjectItemCaseSensitive(pl, "top_logits");
-        for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
-            int id = cJSON_GetArrayItem(ids, k)->valueint;
-            double ref = cJSON_GetArrayItem(vals, k)->valuedouble;
-            ck_assert_msg(fabs(row[id] - ref) < 1.5, "pos %d token %d: q8 %.3f, reference %.3f",
-                          pos, id, row[id], ref);
-        }
-        double margin =
-            cJSON_GetArrayItem(vals, 0)->valuedouble - cJSON_GetArrayItem(vals, 1)->valuedouble;
-        int best = 0;
-        for (int i = 1; i < vocab; i++)
-            if (row[i] > row[best]) best = i;
-        if (margin > 1.0) ck_assert_int_eq(best, cJSON_GetArrayItem(ids, 0)->valueint);
-    }
-    free(logits);
-    free(seq);
-    free(p);
-    free(g);
+    struct tm_run r = {.m = qm, .be = qbe, .label = "q8"};
+    tm_check_logits_q8(&r, _i, 64);
     model_free(qm);
     backend_destroy(qbe);
 }
 END_TEST
 
-struct collect {
-    int32_t *out;
-    int n, cap;
-};
-
-static bool collect_token(void *ctx, int32_t token, const float *logits)
-{
-    (void)logits;
-    struct collect *c = ctx;
-    if (c->n < c->cap) c->out[c->n++] = token;
-    return false;
-}
-
 START_TEST(greedy_matches_reference)
 {
-    const cJSON *c = gen_case(_i);
-    const char *name = cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring;
-    size_t np, ng;
-    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(c, "prompt_ids"), &np);
-    int32_t *g = json_ids(cJSON_GetObjectItemCaseSensitive(c, "greedy_ids"), &ng);
-    const cJSON *gaps = cJSON_GetObjectItemCaseSensitive(c, "top2_gap");
-    struct collect col = {.out = calloc(ng, sizeof(int32_t)), .cap = (int)ng};
-    struct gen_opts o = {.n_predict = (int)ng, .prefill_chunk = 29};
-    sample_params_default(&o.sample);
-    o.sample.temperature = 0;
-    struct qerr err = {0};
-    ck_assert_msg(generate_run(model, p, np, &o, collect_token, &col, &err) == 0, "%s", err.msg);
-    ck_assert_int_eq(col.n, (int)ng);
-    for (size_t i = 0; i < ng; i++) {
-        if (col.out[i] == g[i]) continue;
-        double gap = cJSON_GetArrayItem(gaps, (int)i)->valuedouble;
-        ck_assert_msg(gap < 1e-3, "%s: step %zu: quern %d, reference %d (top-2 gap %.4f)", name, i,
-                      col.out[i], g[i], gap);
-        /* a near-tie may break either way; after it the texts legitimately diverge */
-        printf("%s: step %zu differs at a near-tie (gap %.2e); later steps not compared\n", name, i,
-               gap);
-        break;
-    }
-    free(col.out);
-    free(p);
-    free(g);
+    struct tm_run r = run();
+    tm_check_greedy(&r, _i);
 }
 END_TEST
-
-/* Runs one forward over a batch: sequence 0 is `x` (tokens [from, n) computed now, [0, from)
- * already in the cache), sequences 1..n_seqs-1 are prefill chunks of other text. Each sequence
- * owns blocks [s * per_seq, (s + 1) * per_seq). Returns sequence 0's last logits in out. */
-static void batched_forward(const int32_t *x, int n, int from, int n_seqs, const int32_t *other,
-                            int n_other, float *out)
-{
-    enum { PER_SEQ = 8, BS = 16, MAXT = 1024 };
-    static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[64 * PER_SEQ], lidx[64];
-    int t = 0, nl = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        for (int j = 0; j < PER_SEQ; j++) table[s * PER_SEQ + j] = s * PER_SEQ + j;
-        int len = s == 0 ? n : 3 + (s * 7) % 29;
-        int start = s == 0 ? from : 0;
-        for (int p = start; p < len; p++, t++) {
-            ck_assert_int_lt(t, MAXT);
-            tokens[t] = s == 0 ? x[p] : other[(s * 13 + p) % n_other];
-            pos[t] = p;
-            seq[t] = s;
-            slot[t] = table[s * PER_SEQ + p / BS] * BS + p % BS;
-        }
-        lidx[nl++] = t - 1;
-    }
-    struct model_batch b = {.n_tokens = t,
-                            .tokens = tokens,
-                            .pos = pos,
-                            .seq = seq,
-                            .slot = slot,
-                            .n_seqs = n_seqs,
-                            .max_blocks = PER_SEQ,
-                            .block_table = table,
-                            .n_logits = nl,
-                            .logit_idx = lidx};
-    int vocab = model_get_config(model)->vocab;
-    float *logits = malloc((size_t)nl * (size_t)vocab * sizeof *logits);
-    struct qerr err = {0};
-    ck_assert_msg(model_forward(model, &b, logits, &err) == 0, "%s", err.msg);
-    memcpy(out, logits, (size_t)vocab * sizeof *out);
-    free(logits);
-}
 
 /* A sequence's logits are bit-identical alone and in batches of 2, 7 and 33 sequences mixed
  * with prefill chunks, both when it is prefilled and when it decodes. */
 START_TEST(logits_batch_invariant)
 {
-    size_t nx, no;
-    int32_t *x = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(4), "prompt_ids"), &nx);
-    int32_t *other = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(1), "prompt_ids"), &no);
-    ck_assert_uint_le(nx, 120);
-    int vocab = model_get_config(model)->vocab;
-    float *alone = malloc((size_t)vocab * sizeof *alone);
-    float *got = malloc((size_t)vocab * sizeof *got);
-    batched_forward(x, (int)nx, 0, 1, other, (int)no, alone);
-    const int sizes[] = {2, 7, 33};
-    for (int k = 0; k < 3; k++) {
-        batched_forward(x, (int)nx, 0, sizes[k], other, (int)no, got);
-        ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
-                      "prefill logits differ in a batch of %d", sizes[k]);
-        /* decode: the first n-1 tokens alone, then the last one among other prefills */
-        batched_forward(x, (int)nx - 1, 0, 1, other, (int)no, got);
-        batched_forward(x, (int)nx, (int)nx - 1, sizes[k], other, (int)no, got);
-        ck_assert_msg(memcmp(alone, got, (size_t)vocab * sizeof *got) == 0,
-                      "decode logits differ in a batch of %d", sizes[k]);
-    }
-    free(alone);
-    free(got);
-    free(x);
-    free(other);
+    struct tm_run r = run();
+    tm_check_batch_invariant(&r);
 }
 END_TEST
 
@@ -314,7 +144,7 @@ START_TEST(padded_steps_equal_plain)
     struct qerr err = {0};
     ck_assert_msg(model_load(file, &padded, &mo, &pm, &err) == 0, "%s", err.msg);
     size_t np;
-    int32_t *p = json_ids(cJSON_GetObjectItemCaseSensitive(gen_case(2), "prompt_ids"), &np);
+    int32_t *p = tm_case_ids(2, "prompt_ids", &np);
     enum { SEQS = 5, PER_SEQ = 8, BS = 16 };
     int32_t table[SEQS * PER_SEQ], tokens[64], pos[64], seq[64], slot[64], lidx[64];
     for (int i = 0; i < SEQS * PER_SEQ; i++) table[i] = i;
@@ -545,22 +375,25 @@ static void close_file(void)
     gguf_close(file);
 }
 
+#ifdef QUERN_HAVE_CUDA
+/* The CUDA device $QUERN_TEST_DEVICE names (cuda, cuda:N), or -1. Not auto: finding out would
+ * start CUDA in this process, which its forked tests then could not use. */
+static int cuda_test_device(void)
+{
+    const char *dev = getenv("QUERN_TEST_DEVICE");
+    enum backend_kind kind;
+    int index;
+    struct qerr err = {0};
+    if (!dev || !*dev || backend_device_parse(dev, &kind, &index, &err) != 0) return -1;
+    return kind == BACKEND_KIND_CUDA ? index : -1;
+}
+#endif
+
 int main(void)
 {
     tu_model_path();
-    const char *gp = tu_golden_path();
-    if (!gp) {
-        fprintf(stderr, "missing golden file ($QUERN_GOLDEN)\n");
-        return EXIT_FAILURE;
-    }
-    char *text = tu_read_file(gp, NULL);
-    golden = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    if (!golden) {
-        fprintf(stderr, "cannot parse %s\n", gp);
-        return EXIT_FAILURE;
-    }
-    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(golden, "generate"));
+    if (!tm_golden_load()) return EXIT_FAILURE;
+    int n = tm_n_cases();
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("golden");
     tcase_set_timeout(tc, 600);
@@ -577,10 +410,14 @@ int main(void)
     tcase_add_checked_fixture(nf, open_file, close_file);
     tcase_add_test(nf, nonfinite_weights_are_reported);
     suite_add_tcase(s, nf);
+#ifdef QUERN_HAVE_CUDA
+    int dev = cuda_test_device();
+    if (dev >= 0) model_cuda_add(s, dev, false);
+#endif
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
     int failed = srunner_ntests_failed(r);
     srunner_free(r);
-    cJSON_Delete(golden);
+    tm_golden_free();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

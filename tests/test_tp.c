@@ -15,6 +15,7 @@
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/model_shard.h"
+#include "../kernels/backend_select.h"
 #include "../kernels/comm.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "testutil.h"
@@ -22,7 +23,9 @@
 static cJSON *golden;
 static struct gguf_file *file;
 
-/* A model over n ranks, each a CPU backend of `threads` workers (n = 1: no split). */
+/* A model over n ranks (n = 1: no split): each a CPU backend of `threads` workers over the
+ * shared-memory communicator, or, when $QUERN_TEST_DEVICE names a CUDA device
+ * (tools/gpu-check.sh on a machine with several GPUs), one GPU each over NCCL. */
 struct tp_model {
     int n;
     struct backend *be[COMM_MAX_RANKS];
@@ -35,6 +38,16 @@ static void tp_ranks(struct tp_model *t, int n, int threads)
     memset(t, 0, sizeof *t);
     t->n = n;
     struct qerr err = {0};
+    const char *dev = getenv("QUERN_TEST_DEVICE");
+    if (dev && !strncmp(dev, "cuda", 4)) {
+        struct backend_request req = {
+            .device = dev, .threads = threads, .precision = MATMUL_F32, .batch_invariant = true};
+        struct backend_group g;
+        ck_assert_msg(backend_group_create(&req, n, &g, &err) == 0, "%s", err.msg);
+        memcpy(t->be, g.be, sizeof t->be);
+        memcpy(t->comm, g.comm, sizeof t->comm);
+        return;
+    }
     for (int r = 0; r < n; r++) {
         struct backend_cpu_opts bo = {.n_threads = threads, .precision = MATMUL_F32};
         ck_assert_msg(backend_cpu_create(&bo, &t->be[r], &err) == 0, "%s", err.msg);

@@ -9,10 +9,11 @@
 #   3. build: meson setup build-gpu (-Dcuda=enabled, release), then only the targets the checks
 #      need (the server is not built: libmicrohttpd's own dependencies may be missing there)
 #   4. tests: test_cuda_pack, test_cuda_select, test_backend_ops (every op against the CPU
-#      reference; the golden-logit and batch-invariance tests of the real model when
-#      models/SmolLM2-135M-Instruct.Q4_1.gguf is there or can be joined from build-model-a/b,
-#      see tools/gpu-debs.sh --model), then test_model and test_engine on the CUDA backend
-#      (QUERN_TEST_DEVICE=cuda: the golden tests, batched = sequential in the engine)
+#      reference), then test_model and test_engine on the CUDA backend (QUERN_TEST_DEVICE=cuda:
+#      the golden tests, batched = sequential in the engine, and test_model's CUDA cases in
+#      tests/test_model_cuda.c: fp16 KV, MMA GEMM, graphs, batch invariance in passes; these
+#      need models/SmolLM2-135M-Instruct.Q4_1.gguf, there or joined from build-model-a/b, see
+#      tools/gpu-debs.sh --model); test_tp over NCCL when the machine has 4 GPUs or more
 #   5. benchmark: tools/bench-cuda.c (copy bandwidth, GEMV GB/s, GEMM TFLOP/s, synthetic decode)
 #   6. baselines in the same run: torch.matmul bf16 on the GEMM shapes, and Hugging Face
 #      transformers generating with a Llama-3-8B-shaped random bf16 model at batch 1, 8 and 64
@@ -125,7 +126,7 @@ fi
 
 # ---- 3. build ----
 TARGETS=(tests/test_cuda_pack tests/test_cuda_select tests/test_backend_ops
-         tests/test_model tests/test_engine tools/quern-bench-cuda)
+         tests/test_model tests/test_engine tests/test_tp tools/quern-bench-cuda)
 {
   if [ -f build-gpu/build.ninja ]; then
     "${MESON[@]}" setup --reconfigure build-gpu -Dcuda=enabled
@@ -173,6 +174,18 @@ if [ -f "$MODEL" ]; then
       *) result "$t on cuda" "FAILED (rc $rc)" ;;
     esac
   done
+fi
+# tensor parallelism over NCCL (tests/test_tp.c: --tp 2/3 equal to --tp 1, bit-identical runs)
+# needs as many GPUs as its largest split
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$NGPU" -ge 4 ] && [ -f "$MODEL" ]; then
+  echo "==== test_tp (cuda, $NGPU GPUs)" >>"$OUTD/tests.log"
+  QUERN_TEST_DEVICE=cuda CK_FORK=no timeout "$(tmo 240)" build-gpu/tests/test_tp \
+    >>"$OUTD/tests.log" 2>&1
+  rc=$?
+  result "test_tp over NCCL ($NGPU GPUs)" "$([ $rc = 0 ] && echo passed || echo "FAILED (rc $rc)")"
+else
+  result "test_tp over NCCL" "not run: this machine has $NGPU GPU(s); the suite needs 4 (--tp 4 is its largest split)"
 fi
 grep -E '^[0-9]+%:|worst|bit-exact|device:|backend:|batched:|skipped|:[0-9]+:[EF]:' \
   "$OUTD/tests.log" | head -80 | tee -a "$REPORT"

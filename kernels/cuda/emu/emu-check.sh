@@ -11,7 +11,8 @@
 # build-emu/ ($EMU_DIR, to run two at once). The op tests always run; the whole-model tests only
 # with EMU_MODEL=1 (slow: about a second per forward; one case at a time with CK_RUN_CASE: model
 # (golden logits and greedy text, ~2 min per prompt), model_kv16 (the fp16 KV cache),
-# model_graphs (replayed steps = direct, ~1 min), model_invariance (about an hour)). Extra
+# model_graphs (replayed steps = direct, ~1 min), model_invariance (F32 and Q8, about an hour);
+# the model cases live in tests/test_model_cuda.c). Extra
 # environment: EMU_TIMEOUT (seconds, default 3600), EMU_UBSAN=1 (UndefinedBehaviorSanitizer with
 # its alignment check over the kernels and the test).
 set -euo pipefail
@@ -32,7 +33,9 @@ for f in "$E"/src/*.cc; do
 done
 CFLAGS=(-std=c11 -O2 -g -D_GNU_SOURCE -pthread "${SAN[@]}")
 gcc "${CFLAGS[@]}" -c kernels/cuda/cuda_pack.c -o "$E/obj/cuda_pack.o" &
-gcc "${CFLAGS[@]}" -c tests/test_backend_ops.c -o "$E/obj/test.o" &
+gcc "${CFLAGS[@]}" -DQUERN_TEST_MODEL_CASES=1 -c tests/test_backend_ops.c -o "$E/obj/test.o" &
+gcc "${CFLAGS[@]}" -c tests/testmodel.c -o "$E/obj/testmodel.o" &
+gcc "${CFLAGS[@]}" -c tests/test_model_cuda.c -o "$E/obj/test_model_cuda.o" &
 gcc "${CFLAGS[@]}" -c tests/testutil.c -o "$E/obj/testutil.o" &
 wait
 # shellcheck disable=SC2046
