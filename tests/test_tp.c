@@ -286,35 +286,11 @@ END_TEST
 static void batched_forward(struct model *m, const int32_t *x, int n, int from, int n_seqs,
                             const int32_t *other, int n_other, float *out)
 {
-    enum { PER_SEQ = 8, BS = 16, MAXT = 512 };
-    static int32_t tokens[MAXT], pos[MAXT], seq[MAXT], slot[MAXT], table[16 * PER_SEQ], lidx[16];
-    int t = 0, nl = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        for (int j = 0; j < PER_SEQ; j++) table[s * PER_SEQ + j] = s * PER_SEQ + j;
-        int len = s == 0 ? n : 3 + (s * 7) % 29;
-        for (int p = s == 0 ? from : 0; p < len; p++, t++) {
-            ck_assert_int_lt(t, MAXT);
-            tokens[t] = s == 0 ? x[p] : other[(s * 13 + p) % n_other];
-            pos[t] = p;
-            seq[t] = s;
-            slot[t] = table[s * PER_SEQ + p / BS] * BS + p % BS;
-        }
-        lidx[nl++] = t - 1;
-    }
-    struct model_batch b = {.n_tokens = t,
-                            .tokens = tokens,
-                            .pos = pos,
-                            .seq = seq,
-                            .slot = slot,
-                            .n_seqs = n_seqs,
-                            .max_blocks = PER_SEQ,
-                            .block_table = table,
-                            .n_logits = nl,
-                            .logit_idx = lidx};
+    const struct model_batch *b = tu_ragged_batch(x, n, from, n_seqs, other, n_other);
     int vocab = model_get_config(m)->vocab;
-    float *logits = malloc((size_t)nl * (size_t)vocab * sizeof *logits);
+    float *logits = malloc((size_t)b->n_logits * (size_t)vocab * sizeof *logits);
     struct qerr err = {0};
-    ck_assert_msg(model_forward(m, &b, logits, &err) == 0, "%s", err.msg);
+    ck_assert_msg(model_forward(m, b, logits, &err) == 0, "%s", err.msg);
     memcpy(out, logits, (size_t)vocab * sizeof *out);
     free(logits);
 }
