@@ -25,6 +25,8 @@ import time
 BIN = os.environ.get("QUERN_BIN", "")
 MODEL = os.environ.get("QUERN_MODEL", "")
 KEY = "test-key-123"
+# extra `quern serve` flags for every daemon, e.g. "--tp 2" (meson's test_http_tp2)
+SERVE_ARGS = os.environ.get("QUERN_TEST_SERVE_ARGS", "").split()
 FAILS = []
 
 
@@ -44,7 +46,7 @@ class Daemon:
         self.lines = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            [BIN, "serve", "--model", MODEL, "--port", "0", "--threads", "2", *args],
+            [BIN, "serve", "--model", MODEL, "--port", "0", "--threads", "2", *SERVE_ARGS, *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
         self.port = None
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -667,6 +669,9 @@ def main():
         return 77
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: no model at {MODEL!r}")
+        return 77
+    if SERVE_ARGS and os.environ.get("QUERN_SANITIZED"):
+        print("skip: the sanitized run covers the daemon once, without extra flags")
         return 77
     d = Daemon("--api-key", KEY, "--served-model-name", "smol")
     only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
