@@ -473,16 +473,21 @@ int main(void)
         return EXIT_FAILURE;
     }
     Suite *s = suite_create("tp");
+    /* "tp2" needs two ranks at most (on CUDA: two GPUs; CK_RUN_CASE=tp2), "tp" up to four */
+    TCase *tc2 = tcase_create("tp2");
+    tcase_set_timeout(tc2, 600);
+    tcase_add_checked_fixture(tc2, open_file, close_file);
+    tcase_add_test(tc2, tp2_bit_identical);
+    tcase_add_test(tc2, engine_tp2_batched_equals_alone);
+    suite_add_tcase(s, tc2);
     TCase *tc = tcase_create("tp");
     tcase_set_timeout(tc, 600);
     tcase_add_checked_fixture(tc, open_file, close_file);
     tcase_add_test(tc, shard_plan_splits_heads);
     tcase_add_test(tc, impossible_tp_is_refused);
     tcase_add_test(tc, failed_rank_fails_the_step);
-    tcase_add_test(tc, tp2_bit_identical);
     tcase_add_test(tc, logits_close_across_tp);
     tcase_add_test(tc, greedy_equal_across_tp);
-    tcase_add_test(tc, engine_tp2_batched_equals_alone);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
