@@ -17,6 +17,15 @@ void sample_params_default(struct sample_params *p)
                                 .seed = 0};
 }
 
+void sample_params_cli_default(struct sample_params *p)
+{
+    sample_params_default(p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+}
+
 int sample_params_check(const struct sample_params *p, struct qerr *err)
 {
     if (!(p->temperature >= 0 && p->temperature <= 100))

@@ -24,7 +24,12 @@ struct sample_params {
     uint64_t seed;
 };
 
+/* The two sets of defaults, decided here and nowhere else: the API's (OpenAI's: temperature 1,
+ * every filter off), which the server and the engine use, and the interactive CLI's (quern
+ * generate: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, as llama.cpp's CLI samples).
+ * quern bench decodes greedily (temperature 0): it measures speed, not text. */
 void sample_params_default(struct sample_params *p);
+void sample_params_cli_default(struct sample_params *p);
 /* QERR_INVALID naming the first parameter out of range. */
 int sample_params_check(const struct sample_params *p, struct qerr *err);
 

@@ -111,11 +111,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"tp", required_argument, 0, O_TP},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
-    sample_params_default(&a->sp);
-    a->sp.temperature = 0.8f;
-    a->sp.top_k = 40;
-    a->sp.top_p = 0.95f;
-    a->sp.min_p = 0.05f;
+    sample_params_cli_default(&a->sp); /* the defaults --help states */
     optind = 1;
     int c;
     double d;
