@@ -147,7 +147,7 @@ START_TEST(batched_equals_sequential)
     }
     engine_free(e);
     /* together: small step budget (chunked prefill) and a pool too small for all at once */
-    e = make_engine(64, 8, tu_sanitized() ? 48 : 80, true);
+    e = make_engine(64, 8, tu_sanitized() ? 26 : 80, true);
     struct request *q[24];
     for (int i = 0; i < n_prompts; i++) {
         const int32_t *p;
