@@ -49,16 +49,85 @@ bool backend_have_cuda(void)
 #endif
 }
 
-static bool force_cpu(void)
+/* Every knob a backend takes (backend_select.h): the request's, then the environment's. */
+struct knobs {
+    bool force_cpu;
+    enum cpu_isa isa;
+    int kv_bits;      /* --kv-type, any backend: 0 (the backend's own), 16, 32 */
+    int cuda_kv_bits; /* what a CUDA backend gets: kv_bits, else $QUERN_CUDA_KV's */
+    int gemm;         /* 0: mma, 1: cublas */
+    int gemm_min;     /* 0: the backend's default */
+    bool invariant;   /* every batch on the batch-invariant kernels */
+    bool act_f16, no_graphs, sync_launch;
+};
+
+static bool env_on(const char *name)
 {
-    const char *v = getenv("QUERN_FORCE_CPU");
+    const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static int create_cpu(int threads, enum matmul_precision precision, const char *why,
-                      struct backend **out, struct qerr *err)
+static const char *env_str(const char *name)
 {
-    struct backend_cpu_opts o = {.n_threads = threads, .precision = precision, .isa = CPU_ISA_AUTO};
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static int read_knobs(const struct backend_request *r, struct knobs *k, struct qerr *err)
+{
+    *k = (struct knobs){.force_cpu = env_on("QUERN_FORCE_CPU"),
+                        .isa = CPU_ISA_AUTO,
+                        .gemm_min = r->gemm_min_tokens,
+                        .invariant = r->batch_invariant,
+                        .no_graphs = getenv("QUERN_CUDA_GRAPHS") && !env_on("QUERN_CUDA_GRAPHS"),
+                        .sync_launch = env_on("QUERN_SYNC_LAUNCH")};
+    const char *isa = env_str("QUERN_CPU_ISA");
+    if (isa) {
+        int p = cpu_isa_parse(isa);
+        if (p < 0)
+            return qerr_set(err, QERR_INVALID,
+                            "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto", isa);
+        k->isa = (enum cpu_isa)p;
+    }
+    const char *kv_names[2] = {r->kv_type, env_str("QUERN_CUDA_KV")};
+    for (int i = 0; i < 2; i++) {
+        const char *kv = kv_names[i];
+        if (!kv) continue;
+        if (strcmp(kv, "f16") && strcmp(kv, "f32"))
+            return qerr_set(err, QERR_INVALID, "%s '%s': want f16 or f32",
+                            i == 0 ? "--kv-type" : "QUERN_CUDA_KV", kv);
+        if (i == 0) k->kv_bits = kv[1] == '1' ? 16 : 32;
+    }
+    k->cuda_kv_bits = k->kv_bits ? k->kv_bits : kv_names[1] ? (kv_names[1][1] == '1' ? 16 : 32) : 0;
+    const char *gemm = r->gemm ? r->gemm : env_str("QUERN_CUDA_GEMM");
+    if (gemm) {
+        if (strcmp(gemm, "mma") && strcmp(gemm, "cublas"))
+            return qerr_set(err, QERR_INVALID, "%s '%s': want mma or cublas",
+                            r->gemm ? "--gemm" : "QUERN_CUDA_GEMM", gemm);
+        k->gemm = !strcmp(gemm, "cublas");
+    }
+    const char *gm = env_str("QUERN_CUDA_GEMM_MIN_TOKENS");
+    if (gm && !r->gemm_min_tokens) {
+        char *end;
+        long v = strtol(gm, &end, 10);
+        if (*end || v < 0 || v > 1 << 20)
+            return qerr_set(err, QERR_INVALID,
+                            "QUERN_CUDA_GEMM_MIN_TOKENS '%s': want a token count (0: never)", gm);
+        if (v == 0) k->invariant = true;
+        k->gemm_min = (int)v;
+    }
+    const char *act = env_str("QUERN_CUDA_ACT");
+    k->act_f16 = act && !strcmp(act, "f16");
+    return 0;
+}
+
+static int create_cpu(int threads, enum matmul_precision precision, const struct knobs *k,
+                      const char *why, struct backend **out, struct qerr *err)
+{
+    if (k->kv_bits == 16)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "--kv-type f16: the CPU backend keeps its KV cache in f32");
+    struct backend_cpu_opts o = {.n_threads = threads, .precision = precision, .isa = k->isa};
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
@@ -68,29 +137,18 @@ static int create_cpu(int threads, enum matmul_precision precision, const char *
 }
 
 #ifdef QUERN_HAVE_CUDA
-/* The GEMM choices of $QUERN_CUDA_GEMM_MIN_TOKENS and $QUERN_CUDA_GEMM (backend_select.h). */
-static int cuda_gemm_env(struct backend_cuda_opts *co, struct qerr *err)
+static struct backend_cuda_opts cuda_opts(const struct knobs *k, int device,
+                                          enum matmul_precision precision)
 {
-    const char *gm = getenv("QUERN_CUDA_GEMM_MIN_TOKENS");
-    if (gm && *gm) {
-        char *end;
-        long v = strtol(gm, &end, 10);
-        if (*end || v < 0 || v > 1 << 20)
-            return qerr_set(err, QERR_INVALID,
-                            "QUERN_CUDA_GEMM_MIN_TOKENS '%s': want a token count (0: never)", gm);
-        if (v == 0) co->batch_invariant = true;
-        co->gemm_min_tokens = (int)v;
-    }
-    const char *kind = getenv("QUERN_CUDA_GEMM");
-    if (kind && *kind) {
-        if (strcmp(kind, "mma") == 0)
-            co->gemm = CUDA_GEMM_MMA;
-        else if (strcmp(kind, "cublas") == 0)
-            co->gemm = CUDA_GEMM_CUBLAS;
-        else
-            return qerr_set(err, QERR_INVALID, "QUERN_CUDA_GEMM '%s': want mma or cublas", kind);
-    }
-    return 0;
+    return (struct backend_cuda_opts){.device = device,
+                                      .precision = precision,
+                                      .gemm_min_tokens = k->gemm_min,
+                                      .gemm = k->gemm ? CUDA_GEMM_CUBLAS : CUDA_GEMM_MMA,
+                                      .batch_invariant = k->invariant,
+                                      .kv_f32 = k->cuda_kv_bits == 32,
+                                      .act_f16 = k->act_f16,
+                                      .no_graphs = k->no_graphs,
+                                      .sync_launch = k->sync_launch};
 }
 #endif
 
@@ -103,13 +161,13 @@ int backend_create_auto(const struct backend_request *r, struct backend **out, s
     int index;
     int rc = backend_device_parse(r->device, &kind, &index, err);
     if (rc) return rc;
-    if (force_cpu())
-        return create_cpu(r->threads, r->precision, "QUERN_FORCE_CPU is set", out, err);
-    if (kind == BACKEND_KIND_CPU) return create_cpu(r->threads, r->precision, NULL, out, err);
+    struct knobs k;
+    if ((rc = read_knobs(r, &k, err))) return rc;
+    if (k.force_cpu)
+        return create_cpu(r->threads, r->precision, &k, "QUERN_FORCE_CPU is set", out, err);
+    if (kind == BACKEND_KIND_CPU) return create_cpu(r->threads, r->precision, &k, NULL, out, err);
 #ifdef QUERN_HAVE_CUDA
-    struct backend_cuda_opts co = {
-        .device = index, .precision = r->precision, .batch_invariant = r->batch_invariant};
-    if ((rc = cuda_gemm_env(&co, err))) return rc;
+    struct backend_cuda_opts co = cuda_opts(&k, index, r->precision);
     struct qerr cerr = {0};
     rc = backend_cuda_create(&co, out, &cerr);
     if (rc == 0) {
@@ -120,14 +178,14 @@ int backend_create_auto(const struct backend_request *r, struct backend **out, s
     if (kind == BACKEND_KIND_CUDA) return qerr_set(err, rc, "%s", cerr.msg);
     char why[sizeof cerr.msg];
     snprintf(why, sizeof why, "auto: %.490s", cerr.msg);
-    return create_cpu(r->threads, r->precision, why, out, err);
+    return create_cpu(r->threads, r->precision, &k, why, out, err);
 #else
     if (kind == BACKEND_KIND_CUDA)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "--device %s: this build has no CUDA backend (nvcc was not found, or "
                         "-Dcuda=disabled)",
                         r->device);
-    return create_cpu(r->threads, r->precision, "auto: built without CUDA", out, err);
+    return create_cpu(r->threads, r->precision, &k, "auto: built without CUDA", out, err);
 #endif
 }
 
@@ -150,8 +208,8 @@ static int online_cpus(void)
 
 #ifdef QUERN_HAVE_CUDA
 /* Ranks on devices index .. index + n - 1, one CUDA backend each, over NCCL. */
-static int backend_group_create_cuda(const struct backend_request *r, int index, int n,
-                                     struct backend_group *g, struct qerr *err)
+static int backend_group_create_cuda(const struct backend_request *r, const struct knobs *kn,
+                                     int index, int n, struct backend_group *g, struct qerr *err)
 {
     struct qerr perr = {0};
     for (int k = 0; k < n; k++)
@@ -160,9 +218,8 @@ static int backend_group_create_cuda(const struct backend_request *r, int index,
                             index + k, perr.msg);
     int rc;
     for (int k = 0; k < n; k++) {
-        struct backend_cuda_opts co = {
-            .device = index + k, .precision = r->precision, .batch_invariant = r->batch_invariant};
-        if ((rc = cuda_gemm_env(&co, err)) || (rc = backend_cuda_create(&co, &g->be[k], err))) {
+        struct backend_cuda_opts co = cuda_opts(kn, index + k, r->precision);
+        if ((rc = backend_cuda_create(&co, &g->be[k], err))) {
             backend_group_free(g);
             return qerr_wrap(err, "--tp %d rank %d", n, k);
         }
@@ -193,24 +250,29 @@ int backend_group_create(const struct backend_request *r, int n, struct backend_
     int index;
     int rc = backend_device_parse(r->device, &kind, &index, err);
     if (rc) return rc;
-    const char *why = force_cpu() ? " (QUERN_FORCE_CPU is set)" : "";
+    struct knobs kn;
+    if ((rc = read_knobs(r, &kn, err))) return rc;
+    const char *why = kn.force_cpu ? " (QUERN_FORCE_CPU is set)" : "";
 #ifdef QUERN_HAVE_CUDA
-    if (!force_cpu() && kind != BACKEND_KIND_CPU) {
+    if (!kn.force_cpu && kind != BACKEND_KIND_CPU) {
         struct qerr cerr = {0};
         int usable = backend_cuda_probe(index, NULL, 0, &cerr) == 0;
         if (usable || kind == BACKEND_KIND_CUDA)
-            return backend_group_create_cuda(r, index, n, g, err);
+            return backend_group_create_cuda(r, &kn, index, n, g, err);
         why = " (auto: cuda: no usable device)";
     }
 #else
-    if (!force_cpu() && kind == BACKEND_KIND_CUDA)
+    if (!kn.force_cpu && kind == BACKEND_KIND_CUDA)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "--device %s --tp %d: this build has no CUDA backend", r->device, n);
-    if (kind == BACKEND_KIND_AUTO && !force_cpu()) why = " (auto: built without CUDA)";
+    if (kind == BACKEND_KIND_AUTO && !kn.force_cpu) why = " (auto: built without CUDA)";
 #endif
     int total = r->threads > 0 ? r->threads : online_cpus();
     int each = total / n > 0 ? total / n : 1;
-    struct backend_cpu_opts o = {.n_threads = each, .precision = r->precision, .isa = CPU_ISA_AUTO};
+    if (kn.kv_bits == 16)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "--kv-type f16: the CPU backend keeps its KV cache in f32");
+    struct backend_cpu_opts o = {.n_threads = each, .precision = r->precision, .isa = kn.isa};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
             g->n = k;

@@ -6,12 +6,14 @@
  *   cpu      the CPU backend (`threads` workers, 0: all CPUs).
  *   cuda     the CUDA backend on device 0; cuda:N on device N. An error when it cannot start.
  *
- * $QUERN_FORCE_CPU=1 makes every choice the CPU (a debug switch, as calm's).
- * CUDA only: batches of $QUERN_CUDA_GEMM_MIN_TOKENS (default 128; 0: never, as batch_invariant)
- * or more tokens run a GEMM, $QUERN_CUDA_GEMM=mma (the default: gemm_mma.cu's tensor-core
- * kernels) or cublas (cuBLAS over fp16 copies of the weights); $QUERN_CUDA_KV=f32 keeps the KV
- * cache fp32; $QUERN_CUDA_ACT=f16 gives the f32-precision GEMV fp16 activations;
- * $QUERN_CUDA_GRAPHS=0 turns step replay off.
+ * The knobs (docs/ARCHITECTURE.md, "Knobs") are read here and nowhere else, once per backend
+ * created, into the backends' options: the request's fields (the CLI's flags: --kv-type,
+ * --gemm, --gemm-min-tokens) first, then the environment's test and debug switches for what the
+ * request leaves open: $QUERN_FORCE_CPU=1 (every choice the CPU), $QUERN_CPU_ISA
+ * (scalar|avx2|avx512), $QUERN_CUDA_GEMM (mma|cublas), $QUERN_CUDA_GEMM_MIN_TOKENS (0: never,
+ * as batch_invariant), $QUERN_CUDA_KV=f16|f32, $QUERN_CUDA_ACT=f16, $QUERN_CUDA_GRAPHS=0,
+ * $QUERN_SYNC_LAUNCH=1. A backend created directly (backend_cpu_create, backend_cuda_create)
+ * sees none of them.
  *
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
  * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 128 tokens", or
@@ -42,6 +44,9 @@ struct backend_request {
      * would otherwise switch to faster ones for large batches (CUDA: the GEMM path). The CPU
      * backend always is. */
     bool batch_invariant;
+    const char *kv_type; /* "f16" or "f32"; NULL: the backend's own (CPU f32, CUDA f16) */
+    const char *gemm;    /* CUDA's GEMM for large batches: "mma" or "cublas"; NULL: mma */
+    int gemm_min_tokens; /* CUDA: batches from this many tokens take the GEMM; 0: 128 */
 };
 
 int backend_create_auto(const struct backend_request *r, struct backend **out, struct qerr *err);

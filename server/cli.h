@@ -43,6 +43,29 @@ bool cli_device_arg(const char *prog, const char *text, const char **out);
     "  --batch-invariant   GPU: batch-invariant kernels for every batch size (a token's\n"         \
     "                    result never depends on its batch; slower prefill). The CPU always is\n"
 
+/* --kv-type, --gemm, --gemm-min-tokens: the backend knobs a user may set
+ * (kernels/backend_select.h), the same on every subcommand that makes a backend. The other
+ * knobs are the environment's test and debug switches (docs/ARCHITECTURE.md, "Knobs"). */
+struct cli_knobs {
+    const char *kv_type, *gemm;
+    int gemm_min_tokens;
+};
+enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN };
+#define CLI_KNOB_OPTIONS                                                                           \
+    {"kv-type", required_argument, 0, CLI_O_KV_TYPE}, {"gemm", required_argument, 0, CLI_O_GEMM},  \
+    {                                                                                              \
+        "gemm-min-tokens", required_argument, 0, CLI_O_GEMM_MIN                                    \
+    }
+#define CLI_KNOBS_HELP                                                                             \
+    "  --kv-type f16|f32   the KV cache's element (default: the backend's, CPU f32, CUDA f16;\n"   \
+    "                    the CPU has only f32)\n"                                                  \
+    "  --gemm mma|cublas   GPU: the GEMM for large batches (default mma)\n"                        \
+    "  --gemm-min-tokens N GPU: batches of N or more tokens take the GEMM (default 128)\n"
+/* Takes the knob option `code` (CLI_O_*) with its argument; false after a one-line error. */
+bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k);
+/* Puts the knobs into a backend request. */
+void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
+
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);
 

@@ -41,7 +41,7 @@ static void bench_usage(FILE *out)
             "  --threads N           CPU threads (default: all)\n"
             "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
             "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                        cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
+            "                        cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --synthetic NAME      instead of --model: random weights of a real shape, made\n"
             "                        here (llama3-8b, llama2-7b, smollm2-135m)\n"
             "  --type T              the synthetic weights' type: q4_0 (default), q4_1, q8_0,\n"
@@ -63,6 +63,7 @@ struct bench_args {
         seed;
     enum matmul_precision precision;
     bool json, batch_invariant;
+    struct cli_knobs knobs;
     int decode_batches[16], n_decode; /* --decode-batches */
     int tp;                           /* --tp ranks, 0: one */
     const struct backend_group *grp;  /* the ranks' backends and communicators */
@@ -438,6 +439,7 @@ int cli_bench(int argc, char **argv)
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"tp", required_argument, 0, O_TP},
                                          {"decode-batches", required_argument, 0, O_DECODE},
+                                         CLI_KNOB_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -488,6 +490,11 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_BATCHINV:
             a.batch_invariant = true;
+            continue;
+        case CLI_O_KV_TYPE:
+        case CLI_O_GEMM:
+        case CLI_O_GEMM_MIN:
+            if (!cli_knob_arg("bench", c, optarg, &a.knobs)) return EXIT_USAGE;
             continue;
         case O_DECODE:
             if (!parse_batches(optarg, &a)) {
@@ -597,6 +604,7 @@ int cli_bench(int argc, char **argv)
                                   .threads = (int)a.threads,
                                   .precision = a.precision,
                                   .batch_invariant = a.batch_invariant};
+    cli_knobs_apply(&a.knobs, &req);
     if (!rc) rc = cli_backend_group_create("bench", &req, a.tp, &grp, &err);
     if (!rc) be = grp.be[0];
     if (!rc)

@@ -36,7 +36,7 @@ static void eval_usage(FILE *out)
         "  --precision P    f32 (default) or q8: activations quantized to int8 in matmuls\n"
         "  --threads N      CPU threads (default: all)\n"
         "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, "
-        "cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP);
+        "cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP);
 }
 
 struct eval_args {
@@ -45,6 +45,7 @@ struct eval_args {
     int tp; /* --tp ranks, 0: one */
     enum matmul_precision precision;
     bool batch_invariant;
+    struct cli_knobs knobs;
 };
 
 static int parse_args(int argc, char **argv, struct eval_args *a)
@@ -60,6 +61,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"tp", required_argument, 0, O_TP},
+                                         CLI_KNOB_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     *a = (struct eval_args){.ctx = 512, .precision = MATMUL_F32};
@@ -114,6 +116,11 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
         case O_BATCHINV:
             a->batch_invariant = true;
             break;
+        case CLI_O_KV_TYPE:
+        case CLI_O_GEMM:
+        case CLI_O_GEMM_MIN:
+            if (!cli_knob_arg("eval", c, optarg, &a->knobs)) return EXIT_USAGE;
+            break;
         case 'h':
             eval_usage(stdout);
             return -1;
@@ -163,6 +170,7 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
                                   .threads = (int)a->threads,
                                   .precision = a->precision,
                                   .batch_invariant = a->batch_invariant};
+    cli_knobs_apply(&a->knobs, &req);
     if ((rc = cli_backend_group_create("eval", &req, a->tp, &l->grp, err))) return rc;
     int batch = a->ctx < 512 ? (int)a->ctx : 512, bs = 16;
     struct model_opts mo = {.max_batch_tokens = batch,

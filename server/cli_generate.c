@@ -27,7 +27,7 @@ static void generate_usage(FILE *out)
             "  --seed S          RNG seed (default 0)\n"
             "  --threads N       CPU threads (default: all)\n"
             "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
-            "faster)\n" CLI_DEVICE_HELP CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
+            "faster)\n" CLI_DEVICE_HELP CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -68,6 +68,7 @@ struct gen_args {
     long n_predict, threads;
     int tp; /* --tp ranks, 0: one */
     bool chat, ignore_eos, stats, batch_invariant;
+    struct cli_knobs knobs;
     enum matmul_precision precision;
     struct sample_params sp;
 };
@@ -104,6 +105,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"system", required_argument, 0, O_SYSTEM},
                                          {"repeat-penalty", required_argument, 0, O_REPEAT},
                                          {"no-stats", no_argument, 0, O_NOSTATS},
+                                         CLI_KNOB_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -151,6 +153,11 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_BATCHINV:
             a->batch_invariant = true;
+            break;
+        case CLI_O_KV_TYPE:
+        case CLI_O_GEMM:
+        case CLI_O_GEMM_MIN:
+            if (!cli_knob_arg("generate", c, optarg, &a->knobs)) return EXIT_USAGE;
             break;
         case O_PREC:
             if (!strcmp(optarg, "q8"))
@@ -274,6 +281,7 @@ int cli_generate(int argc, char **argv)
                                   .threads = (int)a.threads,
                                   .precision = a.precision,
                                   .batch_invariant = a.batch_invariant};
+    cli_knobs_apply(&a.knobs, &req);
     if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
     int bs = 16;
     struct model_opts mo = {.max_batch_tokens = 256,

@@ -27,44 +27,44 @@
 
 static void serve_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: quern serve [--model PATH] [options]\n"
-            "  --model PATH             GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL
-            ")\n"
-            "  --host ADDR              numeric address to listen on (default 127.0.0.1)\n"
-            "  --port N                 port (default 8080; 0: any free port)\n"
-            "  --threads N              CPU threads for the model (default: all)\n"
-            "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
-            "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
-            "                           cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP
-            "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
-            "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
-            "  --max-seqs N             sequences running at once (default 64)\n"
-            "  --max-queue N            waiting requests before 429 (default 256)\n"
-            "  --ctx N                  context length per request (default: the model's)\n"
-            "  --api-key KEY            require 'Authorization: Bearer KEY' on /v1/* and\n"
-            "                           /tokenize, /detokenize (default: $QUERN_API_KEY; none)\n"
-            "  --served-model-name NAME the model id clients see (default: the file name)\n"
-            "  --max-body SIZE          largest request body (default 2M; more: 413)\n"
-            "  --max-connections N      open connections at once (default 512); when all are\n"
-            "                           taken, the one idle the longest makes room\n"
-            "  --max-connections-per-client N\n"
-            "                           open connections from one address (default: half of\n"
-            "                           --max-connections; 0: no cap)\n"
-            "  --request-timeout S      seconds for a request's head and body to arrive, and\n"
-            "                           for an idle keep-alive connection (default 30; 0: none)\n"
-            "  --stall-timeout S        a client that reads none of its answer for S seconds is\n"
-            "                           cut off and its request aborted (default 30; 0: never)\n"
-            "  --drain-timeout S        on SIGTERM/SIGINT, seconds to let requests finish\n"
-            "                           (default 30)\n"
-            "  --watchdog S             /health says 503 when the engine has work but no step\n"
-            "                           finished for S seconds (default 60)\n"
-            "  --log-format text|json   per-request log lines on stderr (default text)\n"
-            "  --trace FILE             record the engine's steps and requests; written as a\n"
-            "                           Chrome trace at exit and on SIGUSR1\n"
-            "  --chat-parse-special     let message content name control tokens such as\n"
-            "                           <|im_end|> (default: content is plain text; llama.cpp\n"
-            "                           and vLLM parse them)\n");
+    fprintf(
+        out,
+        "usage: quern serve [--model PATH] [options]\n"
+        "  --model PATH             GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
+        "  --host ADDR              numeric address to listen on (default 127.0.0.1)\n"
+        "  --port N                 port (default 8080; 0: any free port)\n"
+        "  --threads N              CPU threads for the model (default: all)\n"
+        "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
+        "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
+        "                           cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
+        "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
+        "  --max-batch-tokens N     tokens per engine step (default 2048)\n"
+        "  --max-seqs N             sequences running at once (default 64)\n"
+        "  --max-queue N            waiting requests before 429 (default 256)\n"
+        "  --ctx N                  context length per request (default: the model's)\n"
+        "  --api-key KEY            require 'Authorization: Bearer KEY' on /v1/* and\n"
+        "                           /tokenize, /detokenize (default: $QUERN_API_KEY; none)\n"
+        "  --served-model-name NAME the model id clients see (default: the file name)\n"
+        "  --max-body SIZE          largest request body (default 2M; more: 413)\n"
+        "  --max-connections N      open connections at once (default 512); when all are\n"
+        "                           taken, the one idle the longest makes room\n"
+        "  --max-connections-per-client N\n"
+        "                           open connections from one address (default: half of\n"
+        "                           --max-connections; 0: no cap)\n"
+        "  --request-timeout S      seconds for a request's head and body to arrive, and\n"
+        "                           for an idle keep-alive connection (default 30; 0: none)\n"
+        "  --stall-timeout S        a client that reads none of its answer for S seconds is\n"
+        "                           cut off and its request aborted (default 30; 0: never)\n"
+        "  --drain-timeout S        on SIGTERM/SIGINT, seconds to let requests finish\n"
+        "                           (default 30)\n"
+        "  --watchdog S             /health says 503 when the engine has work but no step\n"
+        "                           finished for S seconds (default 60)\n"
+        "  --log-format text|json   per-request log lines on stderr (default text)\n"
+        "  --trace FILE             record the engine's steps and requests; written as a\n"
+        "                           Chrome trace at exit and on SIGUSR1\n"
+        "  --chat-parse-special     let message content name control tokens such as\n"
+        "                           <|im_end|> (default: content is plain text; llama.cpp\n"
+        "                           and vLLM parse them)\n");
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -167,6 +167,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
         {"request-timeout", required_argument, 0, O_REQTIMEOUT},
         {"stall-timeout", required_argument, 0, O_STALL},
+        CLI_KNOB_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
@@ -266,6 +267,11 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_BATCHINV:
             o->batch_invariant = true;
             break;
+        case CLI_O_KV_TYPE:
+        case CLI_O_GEMM:
+        case CLI_O_GEMM_MIN:
+            if (!cli_knob_arg("serve", c, optarg, &o->knobs)) return EXIT_USAGE;
+            break;
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
             break;
@@ -326,6 +332,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
                                   .threads = o->threads,
                                   .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32,
                                   .batch_invariant = o->batch_invariant};
+    cli_knobs_apply(&o->knobs, &req);
     if ((rc = cli_backend_group_create("serve", &req, o->tp, &L->grp, err))) return rc;
     struct engine_opts eo;
     engine_opts_default(&eo);

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -73,4 +74,36 @@ bool cli_tp_arg(const char *prog, const char *text, int *out)
     }
     *out = (int)v;
     return true;
+}
+
+bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k)
+{
+    long v;
+    switch (code) {
+    case CLI_O_KV_TYPE:
+        if (strcmp(text, "f16") && strcmp(text, "f32")) break;
+        k->kv_type = text;
+        return true;
+    case CLI_O_GEMM:
+        if (strcmp(text, "mma") && strcmp(text, "cublas")) break;
+        k->gemm = text;
+        return true;
+    case CLI_O_GEMM_MIN:
+        if (!cli_parse_int(text, 1, 1 << 20, &v)) break;
+        k->gemm_min_tokens = (int)v;
+        return true;
+    }
+    fprintf(stderr, "quern %s: '%s': %s\n", prog, text,
+            code == CLI_O_KV_TYPE ? "--kv-type wants f16 or f32"
+            : code == CLI_O_GEMM
+                ? "--gemm wants mma or cublas"
+                : "--gemm-min-tokens wants 1..1048576 (for never: --batch-invariant)");
+    return false;
+}
+
+void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r)
+{
+    r->kv_type = k->kv_type;
+    r->gemm = k->gemm;
+    r->gemm_min_tokens = k->gemm_min_tokens;
 }

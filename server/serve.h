@@ -17,6 +17,7 @@
 #include "../engine/chat.h"
 #include "../engine/engine.h"
 #include "../engine/tokenizer.h"
+#include "cli.h"
 #include "metrics.h"
 
 struct serve_opts {
@@ -42,6 +43,7 @@ struct serve_opts {
     int tp;                  /* --tp: tensor-parallel ranks (0: one) */
     bool batch_invariant;    /* --batch-invariant (backend_request) */
     bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
+    struct cli_knobs knobs;  /* --kv-type, --gemm, --gemm-min-tokens */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

@@ -56,6 +56,13 @@ long=$(printf 'word %.0s' $(seq 1 9000))
 expect 1 'exceeds the context length' -- generate --model "$model" --prompt "$long" -n 1
 
 expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --prompt "What is the capital of France?"
+# the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
+expect 2 "--kv-type wants f16 or f32" -- generate --model "$model" --prompt hi --kv-type f8
+expect 1 'keeps its KV cache in f32' -- generate --model "$model" --device cpu --prompt hi --kv-type f16
+expect 2 "--gemm wants mma or cublas" -- serve --model "$model" --gemm fast
+expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --kv-type f32 \
+  --prompt "What is the capital of France?"
+QUERN_CPU_ISA=bogus expect 1 'QUERN_CPU_ISA=bogus' -- generate --model "$model" --device cpu --prompt hi
 # --tp: the per-rank split, impossible splits refused, and the same greedy text as one rank
 expect 0 'rank 1 +q heads 6-8, kv heads 2-2' -- info --model "$model" --tp 2
 expect 2 "--tp '0'" -- generate --model "$model" --prompt hi --tp 0

@@ -43,7 +43,8 @@ static void close_file(void)
 
 /* fp32 KV cache, matmul passes of 40 tokens; gemm_min 0: batch-invariant (the GEMV for every
  * batch), else the GEMM g from gemm_min tokens. */
-static struct backend *cuda_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g)
+static struct backend *cuda_backend_opts(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
+                                         bool no_graphs)
 {
     struct qerr err = {0};
     struct backend_cuda_opts o = {.device = device,
@@ -52,10 +53,16 @@ static struct backend *cuda_backend(enum matmul_precision p, int gemm_min, enum 
                                   .gemm_min_tokens = gemm_min,
                                   .gemm = g,
                                   .batch_invariant = gemm_min == 0,
-                                  .kv_f32 = true};
+                                  .kv_f32 = true,
+                                  .no_graphs = no_graphs};
     struct backend *be = NULL;
     ck_assert_msg(backend_cuda_create(&o, &be, &err) == 0, "cuda backend: %s", err.msg);
     return be;
+}
+
+static struct backend *cuda_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g)
+{
+    return cuda_backend_opts(p, gemm_min, g, false);
 }
 
 /* The real model on be, with room for the batch tests. */
@@ -104,17 +111,11 @@ END_TEST
 /* fp16 rounding of K and V; the emulation measured 2.2e-4 worst on the first two prompts */
 START_TEST(model_kv16_logits_near_golden)
 {
-    /* the backend's default cache, whatever $QUERN_CUDA_KV says (gpu-check sets f32 for this
-     * suite's other cases) */
-    const char *env = getenv("QUERN_CUDA_KV");
-    char *saved = env ? strdup(env) : NULL;
-    unsetenv("QUERN_CUDA_KV");
+    /* the backend's default cache (the environment's knobs apply only through backend_select) */
     struct backend_cuda_opts o = {.device = device, .precision = MATMUL_F32, .max_tokens = 40};
     struct backend *be = NULL;
     struct qerr err = {0};
     int rc = backend_cuda_create(&o, &be, &err);
-    if (saved) setenv("QUERN_CUDA_KV", saved, 1);
-    free(saved);
     ck_assert_msg(rc == 0, "cuda backend: %s", err.msg);
     ck_assert_uint_eq(backend_kv_elem_bytes(be), 2);
     struct tm_run r = load_on(be, "cuda fp16 KV");
@@ -174,9 +175,7 @@ START_TEST(model_graphs_equal_direct)
     const int steps = 12, vocab = 49152;
     float *a = malloc((size_t)steps * vocab * 4), *b = malloc((size_t)steps * vocab * 4);
     int32_t ta[12], tb[12];
-    setenv("QUERN_CUDA_GRAPHS", "0", 1);
-    struct backend *direct = cuda_backend(MATMUL_Q8, 0, CUDA_GEMM_MMA);
-    unsetenv("QUERN_CUDA_GRAPHS");
+    struct backend *direct = cuda_backend_opts(MATMUL_Q8, 0, CUDA_GEMM_MMA, true);
     struct backend *graphs = cuda_backend(MATMUL_Q8, 0, CUDA_GEMM_MMA);
     greedy_logits(direct, p, np, steps, a, ta);
     greedy_logits(graphs, p, np, steps, b, tb);

@@ -7,8 +7,8 @@
 
 #include "../backend.h"
 
-/* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID), unless
- * $QUERN_CPU_ISA (scalar|avx2|avx512) names one; asking for an ISA the CPU lacks is an error. */
+/* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID); asking
+ * for an ISA the CPU lacks is an error. (backend_select.c applies $QUERN_CPU_ISA.) */
 enum cpu_isa {
     CPU_ISA_AUTO = 0,
     CPU_ISA_SCALAR = 1, /* the reference kernels (kernels/cpu/ref.c) */

@@ -60,16 +60,6 @@ int cpu_isa_parse(const char *s)
 
 int cpu_isa_resolve(enum cpu_isa want, enum cpu_isa *out, struct qerr *err)
 {
-    if (want == CPU_ISA_AUTO) {
-        const char *env = getenv("QUERN_CPU_ISA");
-        if (env && *env) {
-            int p = cpu_isa_parse(env);
-            if (p < 0)
-                return qerr_set(err, QERR_INVALID,
-                                "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto", env);
-            want = (enum cpu_isa)p;
-        }
-    }
     if (want == CPU_ISA_AUTO) want = cpu_isa_best();
     if (!cpu_isa_supported(want))
         return qerr_set(err, QERR_UNSUPPORTED, "cpu backend: this CPU cannot run %s kernels",

@@ -14,8 +14,8 @@
 /* The best ISA this CPU supports (never CPU_ISA_AUTO). */
 enum cpu_isa cpu_isa_best(void);
 /* cpu_isa_supported, cpu_isa_name and cpu_isa_parse are public: backend_cpu.h. */
-/* Resolves the requested ISA: AUTO consults $QUERN_CPU_ISA, then CPUID. QERR_UNSUPPORTED when the
- * CPU lacks the requested ISA, QERR_INVALID when the variable names none. */
+/* Resolves the requested ISA (AUTO: the best CPUID reports). QERR_UNSUPPORTED when the CPU lacks
+ * it. */
 int cpu_isa_resolve(enum cpu_isa want, enum cpu_isa *out, struct qerr *err);
 
 #endif

@@ -363,13 +363,10 @@ extern "C" int backend_cuda_create(const struct backend_cuda_opts *o, struct bac
                          : o->gemm_min_tokens ? o->gemm_min_tokens
                                               : CUDA_GEMM_MIN_TOKENS_DEFAULT;
     c->gemm_cublas = gemm == CUDA_GEMM_CUBLAS && c->gemm_min_tokens > 0;
-    const char *sl = getenv("QUERN_SYNC_LAUNCH");
-    c->sync_launch = sl && *sl && strcmp(sl, "0") != 0;
-    const char *kv = getenv("QUERN_CUDA_KV");
-    c->kv_f16 = !o->kv_f32 && !(kv && strcmp(kv, "f32") == 0);
-    const char *act = getenv("QUERN_CUDA_ACT");
-    c->act_f16 = o->act_f16 || (act && strcmp(act, "f16") == 0);
-    cuda_graphs_init(c);
+    c->sync_launch = o->sync_launch;
+    c->kv_f16 = !o->kv_f32;
+    c->act_f16 = o->act_f16;
+    cuda_graphs_init(c, o->no_graphs);
     if (c->gemm_min_tokens == 0)
         snprintf(c->desc, sizeof c->desc, "%s; batch-invariant (GEMV for every batch)", desc);
     else

@@ -55,15 +55,15 @@ struct backend_cuda_opts {
     bool batch_invariant;
     /* Keep the KV cache in fp32, as the CPU backend does (bit-comparable attention). Default
      * (false): fp16, rounded to nearest even by kv_write and widened to fp32 when attention
-     * reads it: half the memory and the bytes read per decoded token. $QUERN_CUDA_KV=f32 sets
-     * it too. */
+     * reads it: half the memory and the bytes read per decoded token. */
     bool kv_f32;
     /* MATMUL_F32 on quantized weights: the GEMV reads fp16 activations (converted once per
      * matmul, round to nearest even) instead of fp32, half the bytes every warp reads per token;
-     * weights are still dequantized exactly in registers and accumulated in fp32.
-     * $QUERN_CUDA_ACT=f16 sets it too. Results then carry fp16's rounding of x (~1e-4
-     * normalized), as the MMA GEMM's do. */
+     * weights are still dequantized exactly in registers and accumulated in fp32. Results then
+     * carry fp16's rounding of x (~1e-4 normalized), as the MMA GEMM's do. */
     bool act_f16;
+    bool no_graphs;   /* run every step op by op: no CUDA graph capture or replay */
+    bool sync_launch; /* wait after every op, to pin an error on the kernel that made it */
     /* Device memory for attention's FlashDecoding partials, taken at create: a batch whose
      * partials exceed it runs attention in passes over its tokens (same results). 0: 64 MiB. */
     size_t attn_scratch_bytes;

@@ -68,7 +68,7 @@ struct cuda_ctx {
     int max_tokens;      /* tokens per matmul pass */
     int gemm_min_tokens; /* batches of this many tokens or more run a GEMM; 0: never */
     bool gemm_cublas;    /* that GEMM is cuBLAS's (weights keep fp16 copies), else gemm_mma */
-    bool sync_launch;    /* $QUERN_SYNC_LAUNCH: wait after every op, to pin an error on it */
+    bool sync_launch;    /* backend_cuda_opts.sync_launch: wait after every op */
     bool kv_f16;         /* the KV cache holds fp16 (backend_cuda_opts.kv_f32 unset) */
     bool act_f16;        /* the F32 GEMV reads fp16 activations (backend_cuda_opts.act_f16) */
     cudaStream_t stream;
@@ -256,7 +256,7 @@ void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n);
 bool cuda_op_step_begin(struct backend *be, uint64_t key);
 bool cuda_op_step_end(struct backend *be);
 void cuda_op_step_reset(struct backend *be);
-void cuda_graphs_init(struct cuda_ctx *c);
+void cuda_graphs_init(struct cuda_ctx *c, bool off);
 void cuda_graphs_reset(struct cuda_ctx *c);
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,

@@ -35,10 +35,9 @@ void cuda_graphs_reset(struct cuda_ctx *c)
     for (int i = 0; i < GRAPH_SLOTS; i++) drop(&c->graphs[i]);
 }
 
-void cuda_graphs_init(struct cuda_ctx *c)
+void cuda_graphs_init(struct cuda_ctx *c, bool off)
 {
-    const char *v = getenv("QUERN_CUDA_GRAPHS");
-    c->graphs_on = !c->sync_launch && !(v && strcmp(v, "0") == 0);
+    c->graphs_on = !c->sync_launch && !off;
 }
 
 /* The slot holding key, or NULL. */
