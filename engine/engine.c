@@ -179,6 +179,8 @@ static void seq_free(struct seq *s)
     for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
     sampler_free(&s->sampler);
     free(s->hold);
+    grammar_matcher_free(s->gm);
+    grammar_unref(s->grammar);
     free(s);
 }
 
@@ -334,12 +336,14 @@ static void top_logprobs(const float *logits, int vocab, int n, struct req_event
 static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row)
 {
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
+    if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
+    if (s->grammar && seq_constrain_accept(e, s, t)) return FINISH_ERROR;
     sampler_accept(&s->sampler, t);
     if (s->t_first == 0) s->t_first = engine_now();
     s->n_generated++;
     e->local.generation_tokens++;
-    if (is_stop_token(e, s, t)) return FINISH_STOP;
+    if (is_stop_token(e, s, t) || (s->gm && grammar_vocab_is_eog(e->gvocab, t))) return FINISH_STOP;
 
     struct req_event ev = {0};
     ev.token = t;
@@ -500,7 +504,7 @@ static int run_step(struct engine *e)
                 remove_running(e, j);
                 break;
             }
-        seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, NULL);
+        seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, s->error[0] ? s->error : NULL);
     }
     if (e->o.trace) {
         ts.t_end = engine_now();
@@ -581,6 +585,10 @@ static void engine_release(struct engine *e)
     free(e->running);
     backend_host_free(e->be, e->logits);
     free(e->work);
+    grammar_cache_free(e->grammars);
+    grammar_vocab_free(e->gvocab);
+    free(e->gmask);
+    pthread_mutex_destroy(&e->gvocab_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     free(e);
@@ -631,6 +639,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                             .tp_comms = o->tp_comms};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
+    pthread_mutex_init(&e->gvocab_mu, NULL);
     size_t slots = (size_t)o->max_queue + (size_t)o->max_seqs;
     e->incoming = calloc(slots, sizeof *e->incoming);
     e->waiting = calloc(slots, sizeof *e->waiting);
@@ -643,6 +652,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         goto fail;
     }
     if ((rc = sched_plan_init(&e->plan, o, err))) goto fail;
+    if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
     if ((rc = model_load(f, be, &mo, &e->model, err))) goto fail;
     e->local.kv_blocks_total = blocks;
@@ -701,6 +711,10 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
     s->top_logprobs = r->top_logprobs;
+    if (r->grammar) {
+        s->grammar = r->grammar;
+        grammar_ref(s->grammar);
+    }
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     for (int i = 0; i < r->n_stop_strings; i++) {

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -71,6 +72,10 @@ struct gen_request {
     int n_stop_strings;
     const char *stop_strings[ENGINE_MAX_STOPS]; /* copied; matched on the detokenized text */
     int top_logprobs; /* -1: no logprobs; 0: the chosen token's; N: and the top N */
+    /* NULL, or the grammar the output must follow (engine_submit takes its own reference):
+     * tokens it does not allow are masked before sampling, end-of-generation only where it
+     * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */
+    struct grammar *grammar;
 };
 
 struct token_logprob {
@@ -107,6 +112,8 @@ struct engine_stats {
     uint64_t steps;
     uint64_t finished[5];   /* indexed by enum finish_reason */
     double last_step_age_s; /* seconds since the engine last finished a step while it had work */
+    uint64_t grammar_masks; /* token masks computed for constrained sequences */
+    double grammar_mask_s;  /* time spent computing and applying them */
 };
 
 struct engine;
@@ -139,6 +146,11 @@ void request_release(struct request *r);
 void engine_get_stats(struct engine *e, struct engine_stats *s);
 const struct model_config *engine_model_config(const struct engine *e);
 int engine_ctx_len(const struct engine *e);
+
+/* A reference (grammar_unref it) to the compiled grammar of (kind, text), from the engine's
+ * cache of recent compilations (any thread). Errors are grammar_compile's. */
+int engine_grammar(struct engine *e, enum grammar_kind kind, const char *text, size_t len,
+                   struct grammar **out, struct qerr *err);
 
 /* Stops admitting new requests (engine_submit returns QERR_FULL with "draining"). */
 void engine_drain(struct engine *e);

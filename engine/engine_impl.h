@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "engine.h"
+#include "grammar_cache.h"
 #include "kv_cache.h"
 
 /* The channel between the engine thread and whoever holds the request. */
@@ -47,8 +48,11 @@ struct seq {
     char *hold; /* text held back because it may begin a stop string */
     int n_hold, cap_hold;
     double t_submit, t_admit, t_first;
-    double paused_since; /* > 0: its client has had max_unread events unread since then */
-    uint64_t id;         /* submission order, from 1 (the trace's request id) */
+    double paused_since;        /* > 0: its client has had max_unread events unread since then */
+    uint64_t id;                /* submission order, from 1 (the trace's request id) */
+    struct grammar *grammar;    /* NULL: unconstrained */
+    struct grammar_matcher *gm; /* made at its first sampling step (engine thread) */
+    char error[200];            /* why it failed, for FINISH_ERROR */
 };
 
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
@@ -96,12 +100,24 @@ struct engine {
     struct step_plan plan;
     float *logits; /* [max_seqs][vocab] */
     float *work;   /* [vocab] */
+    /* structured outputs: the cache any thread compiles through; the vocabulary trie, made by
+     * the first thread that needs it; the mask buffer (engine thread) */
+    struct grammar_cache *grammars;
+    pthread_mutex_t gvocab_mu; /* guards gvocab's creation; it is immutable after */
+    struct grammar_vocab *gvocab;
+    uint64_t *gmask;
 };
 
 double engine_now(void);
 
 /* True while s's client has max_unread events unread: s takes no decode step until it reads. */
 bool seq_backlogged(const struct seq *s);
+
+/* engine_grammar.c: masks row (the sequence's logits) by s's grammar before sampling; a
+ * non-zero return fails s with s->error set. */
+int seq_constrain(struct engine *e, struct seq *s, float *row);
+/* Moves s's grammar past its sampled token t; non-zero (s->error set) when it cannot. */
+int seq_constrain_accept(struct engine *e, struct seq *s, int32_t t);
 
 /* sched.c */
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);

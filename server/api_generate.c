@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "api.h"
+#include "api_structured.h"
 
 struct choice {
     struct request *req; /* NULL once released */
@@ -29,7 +30,9 @@ struct choice {
     int prompt;            /* index of its prompt */
     size_t text_len;       /* bytes of text so far (echo included): logprobs text_offset */
     int logged_tokens;     /* of its tokens, those already counted in the request's log */
+    size_t streamed;       /* streamed with tools: bytes of its text already sent as content */
     struct oai_choice out; /* non-streamed: the collected text and logprobs */
+    char error[256];       /* FINISH_ERROR: the engine's message */
 };
 
 struct gen {
@@ -37,6 +40,7 @@ struct gen {
     struct oai_meta meta;
     char id[48];
     bool stream, include_usage;
+    bool tools; /* chat with tools: outputs are parsed for <tool_call> blocks */
     int fd;
     struct req_log *log;
     int n_choices, n_prompts, n_per; /* choices submitted; prompts; choices per prompt */
@@ -115,7 +119,14 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     enum finish_reason fin = ev->done ? ev->finish : FINISH_NONE;
     if (ev->done && fin == FINISH_NONE) fin = FINISH_ERROR;
     int rc = 0;
-    if (g->stream) {
+    if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
+        /* content is sent as it comes, up to where a <tool_call> may begin; the calls when
+         * the choice ends */
+        if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        if (!rc)
+            rc = append_chunk(g, api_tools_chunks(&g->meta, i, c->out.text.p, c->out.text.len,
+                                                  &c->streamed, fin, g->include_usage));
+    } else if (g->stream) {
         if (ev->done && fin == FINISH_ERROR) {
             struct oai_error e = {0};
             oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
@@ -140,6 +151,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     if (ev->done) {
         c->done = true;
         c->out.finish = fin;
+        if (fin == FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error);
         g->usage.completion_tokens += ev->completion_tokens;
         if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
@@ -349,6 +361,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     g->log = rq->log;
     g->stream = r->stream;
     g->include_usage = r->stream && r->include_usage;
+    g->tools = api_tools_active(r);
     g->n_prompts = n_prompts;
     g->n_per = r->n;
     g->ids = calloc((size_t)n_prompts, sizeof *g->ids);
@@ -356,10 +369,12 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     g->echo = calloc((size_t)n_prompts, sizeof *g->echo);
     g->ch = calloc((size_t)n_prompts * (size_t)r->n, sizeof *g->ch);
     int rc = 0;
+    struct grammar *grammar = NULL;
     if (!g->ids || !g->n_ids || !g->echo || !g->ch) {
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
+    if ((rc = api_grammar(s, r, &grammar, e))) goto fail;
     snprintf(g->id, sizeof g->id, "%s-%s", r->kind == OAI_CHAT ? "chatcmpl" : "cmpl", rq->log->id);
     g->meta = (struct oai_meta){.kind = r->kind,
                                 .id = g->id,
@@ -384,7 +399,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
                                      .n_stop_strings = r->n_stop,
-                                     .top_logprobs = r->logprobs};
+                                     .top_logprobs = r->logprobs,
+                                     .grammar = grammar};
             gr.sample.seed = seed + (uint64_t)j;
             for (int k = 0; k < r->n_stop; k++) gr.stop_strings[k] = r->stop[k];
             struct qerr q = {0};
@@ -405,9 +421,11 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
             }
         }
     }
+    grammar_unref(grammar); /* each request holds its own reference */
     *out = g;
     return 0;
 fail:
+    grammar_unref(grammar);
     gen_free(g); /* releases (and aborts) only the choices already submitted */
     return rc;
 }
@@ -450,7 +468,7 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
         return;
     }
     struct gen *g = NULL;
-    if (gen_start(s, rq, &r, &g, &e)) {
+    if (api_tools_prompt(s, &r, &e) || gen_start(s, rq, &r, &g, &e)) {
         oai_request_free(&r);
         api_error(&e, rq->log, out);
         return;
@@ -477,11 +495,12 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
         oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
         api_error(&e, rq->log, out);
     } else {
-        bool failed = false;
-        for (int i = 0; i < g->n_choices; i++) failed |= g->ch[i].out.finish == FINISH_ERROR;
+        const char *failed = NULL;
+        for (int i = 0; i < g->n_choices && !failed; i++)
+            if (g->ch[i].out.finish == FINISH_ERROR) failed = g->ch[i].error;
         if (failed) {
-            oai_error_set(&e, 500, "server_error", "engine_error", NULL,
-                          "the engine failed this request (see the server log)");
+            oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
+                          *failed ? failed : "the engine failed this request (see the server log)");
             api_error(&e, rq->log, out);
         } else {
             struct oai_choice *cs = malloc((size_t)g->n_choices * sizeof *cs);
@@ -490,6 +509,7 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
             char *body =
                 cs ? oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage) : NULL;
             free(cs);
+            if (body && g->tools) body = api_tools_rewrite(body, g->id);
             if (!body) {
                 oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
                 api_error(&e, rq->log, out);

@@ -188,6 +188,13 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
            : counter(o, "quern_generation_tokens_total", "Tokens generated.", s->generation_tokens);
     rc = rc ? rc : counter(o, "quern_engine_steps_total", "Engine steps run.", s->steps);
     rc = rc ? rc
+            : counter(o, "quern_grammar_masks_total",
+                      "Token masks computed for structured outputs.", s->grammar_masks);
+    rc = rc ? rc
+            : head(o, "quern_grammar_mask_seconds_total", "counter",
+                   "Engine time spent computing and applying them.");
+    rc = rc ? rc : sbuf_printf(o, "quern_grammar_mask_seconds_total %.17g\n", s->grammar_mask_s);
+    rc = rc ? rc
             : gauge(o, "quern_requests_paused",
                     "Requests waiting for their client to read (back-pressure).", s->paused);
     rc = rc ? rc

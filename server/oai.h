@@ -52,6 +52,23 @@ struct oai_prompt {
     size_t n_ids;
 };
 
+/* Structured outputs (server/oai_structured.c): the grammar a request asks for, from
+ * response_format, vLLM's structured_outputs, or tool_choice required / a named function. */
+struct oai_constraint {
+    int kind;   /* -1: none; else an enum grammar_kind */
+    char *text; /* owned: a schema printed compactly, a regex, a JSON choice list, a tool list */
+    size_t len;
+    char param[64]; /* the field it came from, named in compile errors */
+};
+
+/* Tool calling (server/oai_tools.c). */
+enum oai_tool_choice { OAI_TOOLS_AUTO, OAI_TOOLS_NONE, OAI_TOOLS_REQUIRED, OAI_TOOLS_NAMED };
+
+struct oai_tool {
+    const char *name;             /* in the JSON tree */
+    const struct cJSON *function; /* the "function" object as sent (rendered into the prompt) */
+};
+
 struct oai_request {
     enum oai_kind kind;
     struct cJSON *root; /* owned */
@@ -80,7 +97,37 @@ struct oai_request {
     const char *stop[ENGINE_MAX_STOPS];
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
     bool add_generation_prompt; /* tokenize with messages (default true) */
+    struct oai_constraint constraint;
+    struct oai_tool *tools; /* owned array; chat only */
+    size_t n_tools;
+    enum oai_tool_choice tool_choice;
+    const char *tool_choice_name; /* OAI_TOOLS_NAMED */
+    bool parallel_tool_calls;     /* default true */
 };
+
+/* Fills r->constraint from response_format / structured_outputs (400 naming the field). */
+int oai_parse_structured(const struct cJSON *root, struct oai_request *r, struct oai_error *e);
+/* Fills r->tools, tool_choice, parallel_tool_calls and, for required or a named function, the
+ * tool-call constraint. */
+int oai_parse_tools(const struct cJSON *root, struct oai_request *r, struct oai_error *e);
+/* A message of role "tool", or an assistant message with tool_calls, as the ChatML tool format
+ * writes it in the conversation (*out malloc'd); 0 with *out NULL for other messages. */
+int oai_tool_message(const struct cJSON *msg, size_t i, const char **role, char **out,
+                     struct oai_error *e);
+/* The system text that offers the tools (Hermes/Qwen format), after base (may be NULL):
+ * malloc'd, NULL on OOM. */
+char *oai_tools_system(const struct oai_request *r, const char *base);
+
+/* Tool calls found in a finished chat output (the <tool_call> blocks). */
+struct oai_tool_call {
+    char *name, *arguments; /* owned; arguments compact JSON */
+};
+/* Parses text for <tool_call>{"name":..,"arguments":..}</tool_call> blocks. Returns the count
+ * (0: none, the text is content), with *calls malloc'd and *content_len the length of the text
+ * before the first block (the content that goes with the calls). */
+int oai_parse_tool_calls(const char *text, size_t len, struct oai_tool_call **calls,
+                         size_t *content_len);
+void oai_tool_calls_free(struct oai_tool_call *c, size_t n);
 
 /* Parses and validates body[0..len) for the endpoint kind. On failure *out is left empty (no
  * free needed) and e says why; on success free *out with oai_request_free. */

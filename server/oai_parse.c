@@ -257,6 +257,16 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
         char param[64];
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!cJSON_IsObject(x)) return bad(e, param, "'%s' must be an object", param);
+        const char *trole = NULL;
+        char *tcontent = NULL;
+        int trc = oai_tool_message(x, i, &trole, &tcontent, e);
+        if (trc) return trc;
+        if (tcontent) { /* a tool result, or an assistant's tool calls, as the model saw them */
+            r->msgs[i].role = trole;
+            r->msgs[i].content = r->owned[i] = tcontent;
+            i++;
+            continue;
+        }
         snprintf(param, sizeof param, "messages[%zu].role", i);
         const cJSON *role = field(x, "role");
         if (!role || !cJSON_IsString(role)) return bad(e, param, "'%s' must be a string", param);
@@ -365,7 +375,7 @@ static int parse_completion(const cJSON *root, struct oai_request *r, struct oai
     if ((size_t)r->n * r->n_prompts > OAI_MAX_CHOICES)
         return bad(e, "n", "%zu prompts x n=%d is more than %d choices", r->n_prompts, r->n,
                    OAI_MAX_CHOICES);
-    return 0;
+    return oai_parse_structured(root, r, e);
 }
 
 static int parse_chat(const cJSON *root, struct oai_request *r, struct oai_error *e)
@@ -379,23 +389,8 @@ static int parse_chat(const cJSON *root, struct oai_request *r, struct oai_error
     if ((rc = get_int(root, "top_logprobs", 0, OAI_MAX_LOGPROBS, &l, e)) < 0) return rc;
     if (rc && !lp) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
     if (lp) r->logprobs = rc ? (int)l : 0;
-    const cJSON *tools = field(root, "tools");
-    if (tools && !(cJSON_IsArray(tools) && !tools->child))
-        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "tools",
-                             "'tools' (function calling) is not supported by this server");
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const char *type = NULL;
-        if (!cJSON_IsObject(rf) || get_str(rf, "type", &type, e) < 0 || !type)
-            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
-        if (strcmp(type, "text") != 0)
-            return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
-                                 "response_format",
-                                 "'response_format' type '%.40s' is not "
-                                 "supported; only 'text' is",
-                                 type);
-    }
-    return 0;
+    if ((rc = oai_parse_structured(root, r, e))) return rc;
+    return oai_parse_tools(root, r, e);
 }
 
 static int parse_tokenize(const cJSON *root, struct oai_request *r, struct oai_error *e)
@@ -433,7 +428,9 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
                                 .max_tokens = -1,
                                 .logprobs = -1,
                                 .add_special = true,
-                                .add_generation_prompt = true};
+                                .add_generation_prompt = true,
+                                .constraint = {.kind = -1},
+                                .parallel_tool_calls = true};
     sample_params_default(&out->sample);
     size_t bad_at = utf8_check(body, len);
     if (bad_at != len)
@@ -490,6 +487,8 @@ void oai_request_free(struct oai_request *r)
     free(r->owned);
     free(r->msgs);
     free(r->tokens);
+    free(r->constraint.text);
+    free(r->tools);
     cJSON_Delete(r->root);
-    *r = (struct oai_request){.kind = r->kind};
+    *r = (struct oai_request){.kind = r->kind, .constraint = {.kind = -1}};
 }

@@ -335,7 +335,7 @@ START_TEST(messages)
     expect_bad(OAI_CHAT, "{\"messages\":[\"hi\"]}", 400, "messages[0]");
     expect_bad(OAI_CHAT, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role");
     expect_bad(OAI_CHAT,
-               "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\"}]}", 400,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"robot\"}]}", 400,
                "messages[1].role");
     expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":5,\"content\":\"a\"}]}", 400,
                "messages[0].role");
@@ -351,12 +351,105 @@ START_TEST(messages)
     const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],";
     char b[256];
     snprintf(b, sizeof b, "%s\"tools\":[{\"type\":\"function\"}]}", m);
-    expect_bad(OAI_CHAT, b, 400, "tools");
-    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"json_object\"}}", m);
-    expect_bad(OAI_CHAT, b, 400, "response_format");
+    expect_bad(OAI_CHAT, b, 400, "tools[0]");
+    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"xml\"}}", m);
+    expect_bad(OAI_CHAT, b, 400, "response_format.type");
     snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"text\"},\"tools\":[]}", m);
     ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    ck_assert_int_eq(r.constraint.kind, -1);
     oai_request_free(&r);
+}
+END_TEST
+
+/* response_format and structured_outputs become one constraint; tools and tool messages */
+START_TEST(structured_bodies)
+{
+    struct oai_request r;
+    struct oai_error e;
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],";
+    char b[512];
+    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"json_object\"}}", m);
+    ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_JSON_OBJECT);
+    oai_request_free(&r);
+    snprintf(b, sizeof b,
+             "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+             "\"strict\":true,\"schema\":{\"type\": \"integer\"}}}}",
+             m);
+    ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_JSON_SCHEMA);
+    ck_assert_str_eq(r.constraint.text, "{\"type\":\"integer\"}");
+    ck_assert_str_eq(r.constraint.param, "response_format.json_schema.schema");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION,
+                           "{\"prompt\":\"a\",\"structured_outputs\":{\"choice\":[\"x\",\"y\"]}}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_CHOICE);
+    ck_assert_str_eq(r.constraint.text, "[\"x\",\"y\"]");
+    oai_request_free(&r);
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"a\",\"structured_outputs\":{\"regex\":5}}", 400,
+               "structured_outputs.regex");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"a\",\"structured_outputs\":{}}", 400,
+               "structured_outputs");
+    expect_bad(OAI_COMPLETION,
+               "{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"},"
+               "\"structured_outputs\":{\"regex\":\"a\"}}",
+               400, "structured_outputs");
+    snprintf(b, sizeof b, "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":5}}", m);
+    expect_bad(OAI_CHAT, b, 400, "response_format.json_schema");
+    /* tools: required makes a tool-call constraint */
+    snprintf(b, sizeof b,
+             "%s\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+             "{\"type\":\"object\"}}}],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}",
+             m);
+    ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_TOOL_CALLS);
+    ck_assert_int_eq(r.n_tools, 1);
+    ck_assert_ptr_nonnull(strstr(r.constraint.text, "\"parallel\":false"));
+    oai_request_free(&r);
+    snprintf(b, sizeof b, "%s\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+             m);
+    ck_assert_int_eq(parse(OAI_CHAT, b, &r, &e), 0);
+    ck_assert_int_eq(r.tool_choice, OAI_TOOLS_AUTO); /* text, or calls once one opens */
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_TOOL_CALLS);
+    ck_assert_ptr_nonnull(strstr(r.constraint.text, "\"auto\":true"));
+    oai_request_free(&r);
+    snprintf(b, sizeof b,
+             "%s\"tool_choice\":\"sometimes\",\"tools\":[{\"type\":\"function\","
+             "\"function\":{\"name\":\"f\"}}]}",
+             m);
+    expect_bad(OAI_CHAT, b, 400, "tool_choice");
+    /* a tool result and an assistant's calls, as the model's format writes them */
+    ck_assert_int_eq(
+        parse(
+            OAI_CHAT,
+            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+            "\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+            "\"{\\\"x\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"1\",\"content\":\"ok\"}]}",
+            &r, &e),
+        0);
+    ck_assert_str_eq(r.msgs[0].role, "assistant");
+    ck_assert_str_eq(r.msgs[0].content,
+                     "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>");
+    ck_assert_str_eq(r.msgs[1].role, "user");
+    ck_assert_str_eq(r.msgs[1].content, "<tool_response>\nok\n</tool_response>");
+    oai_request_free(&r);
+    /* tool calls found in an output */
+    struct oai_tool_call *calls;
+    size_t keep;
+    const char *out =
+        "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
+        "\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>\n";
+    ck_assert_int_eq(oai_parse_tool_calls(out, strlen(out), &calls, &keep), 2);
+    ck_assert_int_eq(keep, 5);
+    ck_assert_str_eq(calls[0].name, "f");
+    ck_assert_str_eq(calls[0].arguments, "{\"x\":1}");
+    ck_assert_str_eq(calls[1].name, "g");
+    oai_tool_calls_free(calls, 2);
+    const char *broken = "<tool_call>\n{\"name\": \"f\", \"argum";
+    ck_assert_int_eq(oai_parse_tool_calls(broken, strlen(broken), &calls, &keep), 0);
+    ck_assert_int_eq(keep, strlen(broken));
 }
 END_TEST
 
@@ -828,6 +921,7 @@ int main(void)
     tcase_add_test(p, prompt_forms);
     tcase_add_test(p, messages);
     tcase_add_test(p, tokenize_bodies);
+    tcase_add_test(p, structured_bodies);
     tcase_add_test(p, hostile_bodies);
     suite_add_tcase(s, p);
     TCase *w = tcase_create("write");

@@ -1,0 +1,1102 @@
+/* json_schema: JSON Schema (and any-JSON, and tool calls) -> the NFA builder.
+ *
+ * DESIGN. A schema is inlined into the automaton of its caller, so a schema without recursion
+ * is one regular automaton whose token masks are cached per state; only what recurses (a $ref
+ * to a schema being expanded, the generic JSON value) and array items repeated many times
+ * become rules reached by call edges. Every keyword is either compiled, or an annotation
+ * (title, description, ...), or refused with QERR_UNSUPPORTED naming it and where it is.
+ *
+ * Choices and limits (documented in README): whitespace as grammar.h says; properties in
+ * schema order; a missing additionalProperties means none when properties are listed (OpenAI
+ * strict mode's rule) and any when not; oneOf is compiled as anyOf; pattern is matched against
+ * the whole string and its characters must not need JSON escapes; numbers have at most 15
+ * integer and 15 fraction digits; integer bounds are exact, number bounds must be integers
+ * (the grammar then keeps to a subset of the valid numbers near the bounds). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_impl.h"
+
+#define JS_MAX_INLINE    48 /* nesting of inlined schemas */
+#define JS_MAX_REFS      64
+#define JS_INLINE_COPIES 8 /* array items repeated more often than this become a rule */
+
+struct js {
+    struct gb *b;
+    const cJSON *root; /* what "#" points to */
+    int any_rule;      /* rule of the generic JSON value, -1 until needed */
+    struct {
+        const cJSON *node;
+        int rule;
+    } rules[JS_MAX_REFS];
+    int n_rules;
+    const cJSON *active[JS_MAX_INLINE]; /* $ref targets being inlined */
+    int n_active;
+    int depth;
+    cJSON *owned[JS_MAX_REFS]; /* merged allOf schemas */
+    int n_owned;
+    char path[256];
+};
+
+static struct frag js_value(struct js *j, const cJSON *s);
+
+static struct frag js_fail(struct js *j, int code, const char *fmt, const char *arg)
+{
+    char msg[300];
+    snprintf(msg, sizeof msg, fmt, arg);
+    gb_fail(j->b, code, "%s (at %s)", msg, j->path[0] ? j->path : "/");
+    return (struct frag){0, 0};
+}
+
+/* ---- primitives ---- */
+
+static struct frag ws(struct gb *b)
+{
+    return gb_opt(b, gb_lits(b, " "));
+}
+
+static struct frag json_char(struct gb *b, const void *ctx)
+{
+    (void)ctx;
+    static const struct cp_range plain[] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+    struct frag f = gb_alt_begin(b);
+    gb_alt_add(b, f, gb_codepoints(b, plain, 3));
+    struct frag esc = gb_lits(b, "\\");
+    struct frag one = gb_alt_begin(b);
+    static const char simple[] = "\"\\/bfnrt";
+    for (const char *c = simple; *c; c++) gb_alt_add(b, one, gb_lit(b, c, 1));
+    struct frag u = gb_lits(b, "u");
+    for (int k = 0; k < 4; k++) {
+        struct frag h = gb_alt_begin(b);
+        gb_alt_add(b, h, gb_byte_range(b, '0', '9'));
+        gb_alt_add(b, h, gb_byte_range(b, 'a', 'f'));
+        gb_alt_add(b, h, gb_byte_range(b, 'A', 'F'));
+        u = gb_seq(b, u, h);
+    }
+    gb_alt_add(b, one, u);
+    gb_alt_add(b, f, gb_seq(b, esc, one));
+    return f;
+}
+
+static struct frag json_string(struct gb *b, int min, int max)
+{
+    struct frag f = gb_lits(b, "\"");
+    f = gb_seq(b, f, gb_repeat(b, json_char, NULL, min, max));
+    return gb_seq(b, f, gb_lits(b, "\""));
+}
+
+static struct frag digit(struct gb *b, const void *ctx)
+{
+    (void)ctx;
+    return gb_byte_range(b, '0', '9');
+}
+
+static struct frag digits(struct gb *b, int min, int max)
+{
+    return gb_repeat(b, digit, NULL, min, max);
+}
+
+#define NUM_DIGITS 15
+
+/* Unbounded JSON number (integer: no fraction or exponent), digits capped. */
+static struct frag json_number(struct gb *b, bool integer)
+{
+    struct frag f = gb_opt(b, gb_lits(b, "-"));
+    struct frag ip = gb_alt_begin(b);
+    gb_alt_add(b, ip, gb_lits(b, "0"));
+    gb_alt_add(b, ip, gb_seq(b, gb_byte_range(b, '1', '9'), digits(b, 0, NUM_DIGITS - 1)));
+    f = gb_seq(b, f, ip);
+    if (integer) return f;
+    f = gb_seq(b, f, gb_opt(b, gb_seq(b, gb_lits(b, "."), digits(b, 1, NUM_DIGITS))));
+    struct frag e = gb_alt_begin(b);
+    gb_alt_add(b, e, gb_lits(b, "e"));
+    gb_alt_add(b, e, gb_lits(b, "E"));
+    struct frag sign = gb_alt_begin(b);
+    gb_alt_add(b, sign, gb_lits(b, "+"));
+    gb_alt_add(b, sign, gb_lits(b, "-"));
+    e = gb_seq(b, e, gb_opt(b, sign));
+    e = gb_seq(b, e, digits(b, 1, 3));
+    return gb_seq(b, f, gb_opt(b, e));
+}
+
+/* Decimal strings of length L - pos that are >= s[pos..] (ge) or <= s[pos..] (le). */
+static struct frag digits_cmp(struct gb *b, const char *s, int pos, int L, bool ge)
+{
+    if (pos == L) return gb_empty(b);
+    struct frag f = gb_alt_begin(b);
+    gb_alt_add(b, f, gb_seq(b, gb_lit(b, s + pos, 1), digits_cmp(b, s, pos + 1, L, ge)));
+    if (ge && s[pos] < '9')
+        gb_alt_add(b, f,
+                   gb_seq(b, gb_byte_range(b, (uint8_t)(s[pos] + 1), '9'),
+                          digits(b, L - pos - 1, L - pos - 1)));
+    if (!ge && s[pos] > '0')
+        gb_alt_add(b, f,
+                   gb_seq(b, gb_byte_range(b, '0', (uint8_t)(s[pos] - 1)),
+                          digits(b, L - pos - 1, L - pos - 1)));
+    return f;
+}
+
+/* Decimal strings of equal length L in [a, b]. */
+static struct frag digits_between(struct gb *b, const char *a, const char *z, int pos, int L)
+{
+    if (pos == L) return gb_empty(b);
+    if (a[pos] == z[pos])
+        return gb_seq(b, gb_lit(b, a + pos, 1), digits_between(b, a, z, pos + 1, L));
+    struct frag f = gb_alt_begin(b);
+    gb_alt_add(b, f, gb_seq(b, gb_lit(b, a + pos, 1), digits_cmp(b, a, pos + 1, L, true)));
+    if (z[pos] - a[pos] > 1)
+        gb_alt_add(b, f,
+                   gb_seq(b, gb_byte_range(b, (uint8_t)(a[pos] + 1), (uint8_t)(z[pos] - 1)),
+                          digits(b, L - pos - 1, L - pos - 1)));
+    gb_alt_add(b, f, gb_seq(b, gb_lit(b, z + pos, 1), digits_cmp(b, z, pos + 1, L, false)));
+    return f;
+}
+
+static const uint64_t NUM_MAX = 999999999999999ull; /* NUM_DIGITS nines */
+
+/* Non-negative integers in [lo, hi] without leading zeros. */
+static struct frag uint_range(struct gb *b, uint64_t lo, uint64_t hi)
+{
+    char a[24], z[24];
+    int la = snprintf(a, sizeof a, "%llu", (unsigned long long)lo);
+    int lz = snprintf(z, sizeof z, "%llu", (unsigned long long)hi);
+    struct frag f = gb_alt_begin(b);
+    for (int L = la; L <= lz; L++) {
+        char x[24], y[24];
+        if (L == la)
+            memcpy(x, a, (size_t)L + 1);
+        else {
+            x[0] = '1';
+            memset(x + 1, '0', (size_t)L - 1);
+            x[L] = 0;
+        }
+        if (L == lz)
+            memcpy(y, z, (size_t)L + 1);
+        else {
+            memset(y, '9', (size_t)L);
+            y[L] = 0;
+        }
+        gb_alt_add(b, f, digits_between(b, x, y, 0, L));
+    }
+    return f;
+}
+
+/* Integers in [lo, hi] (both within +-NUM_MAX). */
+static struct frag int_range(struct gb *b, int64_t lo, int64_t hi)
+{
+    struct frag f = gb_alt_begin(b);
+    if (hi >= 0) gb_alt_add(b, f, uint_range(b, lo > 0 ? (uint64_t)lo : 0, (uint64_t)hi));
+    if (lo < 0) {
+        uint64_t mlo = hi < 0 ? (uint64_t)(-hi) : 1, mhi = (uint64_t)(-lo);
+        gb_alt_add(b, f, gb_seq(b, gb_lits(b, "-"), uint_range(b, mlo, mhi)));
+    }
+    return f;
+}
+
+static struct frag frac_any(struct gb *b)
+{
+    return gb_opt(b, gb_seq(b, gb_lits(b, "."), digits(b, 1, NUM_DIGITS)));
+}
+
+static struct frag zero(struct gb *b, const void *ctx)
+{
+    (void)ctx;
+    return gb_lits(b, "0");
+}
+
+static struct frag frac_zero(struct gb *b)
+{
+    return gb_opt(b, gb_seq(b, gb_lits(b, "."), gb_repeat(b, zero, NULL, 1, NUM_DIGITS)));
+}
+
+/* Magnitudes in [A, B]: k.f with k in [A, B-1], or B with a zero fraction. */
+static struct frag magnitude(struct gb *b, uint64_t A, uint64_t B)
+{
+    struct frag f = gb_alt_begin(b);
+    if (B > A) gb_alt_add(b, f, gb_seq(b, uint_range(b, A, B - 1), frac_any(b)));
+    gb_alt_add(b, f, gb_seq(b, uint_range(b, B, B), frac_zero(b)));
+    return f;
+}
+
+/* ---- helpers over the schema tree ---- */
+
+static const cJSON *get(const cJSON *s, const char *k)
+{
+    return cJSON_GetObjectItemCaseSensitive(s, k);
+}
+
+static bool get_count(struct js *j, const cJSON *s, const char *k, int *out)
+{
+    const cJSON *v = get(s, k);
+    if (!v) return false;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble)) {
+        js_fail(j, QERR_INVALID, "'%s' must be a non-negative integer", k);
+        return false;
+    }
+    if (v->valuedouble > 1000) {
+        js_fail(j, QERR_UNSUPPORTED, "'%s' above 1000 is not supported", k);
+        return false;
+    }
+    *out = (int)v->valuedouble;
+    return true;
+}
+
+static void path_push(struct js *j, const char *seg, size_t *save)
+{
+    *save = strlen(j->path);
+    snprintf(j->path + *save, sizeof j->path - *save, "/%s", seg);
+}
+
+static void path_pop(struct js *j, size_t save)
+{
+    j->path[save] = 0;
+}
+
+static struct frag literal_json(struct js *j, const cJSON *v)
+{
+    char *t = cJSON_PrintUnformatted(v);
+    if (!t) {
+        gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+        return (struct frag){0, 0};
+    }
+    struct frag f = gb_lits(j->b, t);
+    cJSON_free(t);
+    return f;
+}
+
+/* "name": as written in an object, with the optional space after ':' */
+static struct frag key_frag(struct js *j, const char *name)
+{
+    cJSON *s = cJSON_CreateString(name);
+    if (!s) {
+        gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+        return (struct frag){0, 0};
+    }
+    struct frag f = literal_json(j, s);
+    cJSON_Delete(s);
+    f = gb_seq(j->b, f, gb_lits(j->b, ":"));
+    return gb_seq(j->b, f, ws(j->b));
+}
+
+static struct frag comma(struct gb *b)
+{
+    return gb_seq(b, gb_lits(b, ","), ws(b));
+}
+
+/* ---- the generic JSON value (a rule: it recurses) ---- */
+
+static struct frag any_value(struct js *j);
+
+static struct frag any_object_body(struct js *j, bool object)
+{
+    struct gb *b = j->b;
+    /* '{' ( '}' | member (',' member)* '}' ), the member fragment shared by both entries */
+    struct frag f = gb_lits(b, object ? "{" : "[");
+    int more = gb_state(b), close = gb_state(b);
+    struct frag m =
+        object ? gb_seq(b, gb_seq(b, json_string(b, 0, -1), gb_lits(b, ":")), ws(b)) : gb_empty(b);
+    m = gb_seq(b, m, any_value(j));
+    gb_eps(b, f.e, m.s);
+    gb_eps(b, f.e, close);
+    gb_eps(b, m.e, more);
+    struct frag c = comma(b);
+    gb_eps(b, more, c.s);
+    gb_eps(b, c.e, m.s);
+    gb_eps(b, more, close);
+    struct frag end = gb_lits(b, object ? "}" : "]");
+    gb_eps(b, close, end.s);
+    return (struct frag){f.s, end.e};
+}
+
+static struct frag any_value(struct js *j)
+{
+    struct gb *b = j->b;
+    if (j->any_rule < 0) {
+        j->any_rule = gb_rule_new(b);
+        struct frag f = gb_alt_begin(b);
+        gb_alt_add(b, f, json_string(b, 0, -1));
+        gb_alt_add(b, f, json_number(b, false));
+        gb_alt_add(b, f, gb_lits(b, "true"));
+        gb_alt_add(b, f, gb_lits(b, "false"));
+        gb_alt_add(b, f, gb_lits(b, "null"));
+        gb_alt_add(b, f, any_object_body(j, true));
+        gb_alt_add(b, f, any_object_body(j, false));
+        gb_rule_set(b, j->any_rule, f);
+    }
+    return gb_call_frag(b, j->any_rule);
+}
+
+struct frag gb_json_any_object(struct gb *b)
+{
+    struct js j = {.b = b, .any_rule = -1};
+    int root = gb_rule_new(b);
+    gb_rule_set(b, root, any_object_body(&j, true));
+    return (struct frag){b->rules[root].start, b->rules[root].end};
+}
+
+/* ---- $ref ---- */
+
+static const cJSON *resolve_ref(struct js *j, const char *ref)
+{
+    if (ref[0] != '#') {
+        js_fail(j, QERR_UNSUPPORTED, "$ref '%.80s': only local references (#...) are supported",
+                ref);
+        return NULL;
+    }
+    const cJSON *n = j->root;
+    const char *p = ref + 1;
+    while (*p == '/') {
+        p++;
+        char seg[128];
+        size_t k = 0;
+        while (*p && *p != '/' && k + 1 < sizeof seg) {
+            if (p[0] == '~' && p[1] == '1') {
+                seg[k++] = '/';
+                p += 2;
+            } else if (p[0] == '~' && p[1] == '0') {
+                seg[k++] = '~';
+                p += 2;
+            } else {
+                seg[k++] = *p++;
+            }
+        }
+        seg[k] = 0;
+        if (cJSON_IsArray(n)) {
+            char *end;
+            long idx = strtol(seg, &end, 10);
+            n = *end ? NULL : cJSON_GetArrayItem(n, (int)idx);
+        } else {
+            n = cJSON_IsObject(n) ? get(n, seg) : NULL;
+        }
+        if (!n) break;
+    }
+    if (!n || *p) js_fail(j, QERR_INVALID, "$ref '%.80s' points to nothing", ref);
+    return n;
+}
+
+/* The rule compiling schema node s (made once; calls to it may come before its body). */
+static struct frag rule_for(struct js *j, const cJSON *s)
+{
+    for (int i = 0; i < j->n_rules; i++)
+        if (j->rules[i].node == s) return gb_call_frag(j->b, j->rules[i].rule);
+    if (j->n_rules == JS_MAX_REFS) return js_fail(j, QERR_UNSUPPORTED, "%s", "too many rules");
+    int r = gb_rule_new(j->b);
+    j->rules[j->n_rules].node = s;
+    j->rules[j->n_rules++].rule = r;
+    if (j->n_active == JS_MAX_INLINE) return js_fail(j, QERR_UNSUPPORTED, "%s", "nesting too deep");
+    j->active[j->n_active++] = s;
+    int depth = j->depth;
+    j->depth = 0;
+    struct frag body = js_value(j, s);
+    j->depth = depth;
+    j->n_active--;
+    gb_rule_set(j->b, r, body);
+    return gb_call_frag(j->b, r);
+}
+
+static struct frag ref_value(struct js *j, const char *ref)
+{
+    const cJSON *t = resolve_ref(j, ref);
+    if (!t) return (struct frag){0, 0};
+    for (int i = 0; i < j->n_active; i++)
+        if (j->active[i] == t) return rule_for(j, t); /* recursion */
+    if (j->n_active == JS_MAX_INLINE)
+        return js_fail(j, QERR_UNSUPPORTED, "%s", "$ref nesting too deep");
+    j->active[j->n_active++] = t;
+    struct frag f = js_value(j, t);
+    j->n_active--;
+    return f;
+}
+
+/* ---- objects ---- */
+
+static bool in_required(const cJSON *req, const char *name)
+{
+    const cJSON *x;
+    cJSON_ArrayForEach(x, req) if (cJSON_IsString(x) && !strcmp(x->valuestring, name)) return true;
+    return false;
+}
+
+/* One additional member "key": value (with a leading comma when comma is set). */
+struct member_gen {
+    struct js *j;
+    const cJSON *addl; /* its schema when an object, else any value */
+    bool comma;
+};
+
+static struct frag member(struct gb *b, const void *ctx)
+{
+    const struct member_gen *g = ctx;
+    struct frag m = g->comma ? comma(b) : gb_empty(b);
+    m = gb_seq(b, m, gb_seq(b, gb_seq(b, json_string(b, 0, -1), gb_lits(b, ":")), ws(b)));
+    if (g->addl && cJSON_IsObject(g->addl)) {
+        size_t save;
+        path_push(g->j, "additionalProperties", &save);
+        m = gb_seq(b, m, js_value(g->j, g->addl));
+        path_pop(g->j, save);
+        return m;
+    }
+    return gb_seq(b, m, any_value(g->j));
+}
+
+static struct frag object_value(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    const cJSON *props = get(s, "properties"), *req = get(s, "required"),
+                *addl = get(s, "additionalProperties");
+    if (props && !cJSON_IsObject(props))
+        return js_fail(j, QERR_INVALID, "%s", "'properties' must be an object");
+    if (req && !cJSON_IsArray(req))
+        return js_fail(j, QERR_INVALID, "%s", "'required' must be a list");
+    if (req) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, req)
+        {
+            if (!cJSON_IsString(x))
+                return js_fail(j, QERR_INVALID, "%s", "'required' must hold strings");
+            if (!props || !get(props, x->valuestring))
+                return js_fail(j, QERR_UNSUPPORTED,
+                               "required property '%.60s' is not in 'properties'", x->valuestring);
+        }
+    }
+    if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl))
+        return js_fail(j, QERR_INVALID, "%s",
+                       "'additionalProperties' must be a boolean or a schema");
+    bool extra = addl ? !cJSON_IsFalse(addl) : !props || !props->child;
+    int min_p = 0, max_p = -1;
+    bool has_min = get_count(j, s, "minProperties", &min_p),
+         has_max = get_count(j, s, "maxProperties", &max_p);
+    if (b->rc) return (struct frag){0, 0};
+    if ((has_min || has_max) && ((props && props->child) || !extra))
+        return js_fail(j, QERR_UNSUPPORTED, "%s",
+                       "minProperties/maxProperties are supported only on objects without "
+                       "listed properties");
+    if (has_max && min_p > max_p)
+        return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
+    struct frag open = gb_lits(b, "{");
+    /* t0: nothing written yet; t1: some member written (the next needs a comma) */
+    int t0 = open.e, t1 = gb_state(b);
+    size_t save;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, props)
+    {
+        bool required = req && in_required(req, p->string);
+        int n0 = gb_state(b), n1 = gb_state(b), mid = gb_state(b);
+        struct frag k0 = key_frag(j, p->string);
+        struct frag k1 = gb_seq(b, comma(b), key_frag(j, p->string));
+        gb_eps(b, t0, k0.s);
+        gb_eps(b, k0.e, mid);
+        gb_eps(b, t1, k1.s);
+        gb_eps(b, k1.e, mid);
+        path_push(j, "properties", &save);
+        size_t save2;
+        path_push(j, p->string, &save2);
+        struct frag v = js_value(j, p);
+        path_pop(j, save);
+        gb_eps(b, mid, v.s);
+        gb_eps(b, v.e, n1);
+        if (!required) {
+            gb_eps(b, t0, n0);
+            gb_eps(b, t1, n1);
+        }
+        /* the next property is reached from n0 (still nothing) or n1 (something) */
+        t0 = n0;
+        t1 = n1;
+    }
+    struct frag close = gb_lits(b, "}");
+    if (extra && (has_min || has_max)) {
+        /* counted members: the first without a comma, the rest with one */
+        struct member_gen g0 = {j, addl, false}, g1 = {j, addl, true};
+        if (min_p == 0) gb_eps(b, t0, close.s);
+        if (max_p != 0) {
+            struct frag first = member(b, &g0);
+            struct frag rest =
+                gb_repeat(b, member, &g1, min_p > 0 ? min_p - 1 : 0, max_p < 0 ? -1 : max_p - 1);
+            gb_eps(b, t0, first.s);
+            gb_eps(b, first.e, rest.s);
+            gb_eps(b, rest.e, close.s);
+        }
+        return (struct frag){open.s, close.e};
+    }
+    if (extra) {
+        struct member_gen g0 = {j, addl, false};
+        struct frag m = member(b, &g0);
+        struct frag c = comma(b);
+        gb_eps(b, t0, m.s);
+        gb_eps(b, t1, c.s);
+        gb_eps(b, c.e, m.s);
+        gb_eps(b, m.e, t1);
+    }
+    gb_eps(b, t0, close.s);
+    gb_eps(b, t1, close.s);
+    return (struct frag){open.s, close.e};
+}
+
+/* allOf of object schemas: one object with the union of their properties and requirements. */
+static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
+{
+    if (!cJSON_IsArray(all) || !all->child)
+        return js_fail(j, QERR_INVALID, "%s", "'allOf' must be a non-empty list");
+    if (j->n_owned == JS_MAX_REFS) return js_fail(j, QERR_UNSUPPORTED, "%s", "too many allOf");
+    cJSON *m = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
+    j->owned[j->n_owned++] = m;
+    if (!m || !props || !req) {
+        cJSON_Delete(props);
+        cJSON_Delete(req);
+        gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+        return (struct frag){0, 0};
+    }
+    cJSON_AddItemToObject(m, "type", cJSON_CreateString("object"));
+    cJSON_AddItemToObject(m, "properties", props);
+    cJSON_AddItemToObject(m, "required", req);
+    bool closed = false;
+    /* the schema itself may carry object keywords beside allOf */
+    const cJSON *parts[64];
+    int np = 0;
+    parts[np++] = s;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, all)
+    {
+        if (np == 64) return js_fail(j, QERR_UNSUPPORTED, "%s", "allOf with over 63 schemas");
+        const cJSON *t = x;
+        const cJSON *ref = get(t, "$ref");
+        if (ref && cJSON_IsString(ref)) t = resolve_ref(j, ref->valuestring);
+        if (!t) return (struct frag){0, 0};
+        parts[np++] = t;
+    }
+    for (int k = 0; k < np; k++) {
+        const cJSON *t = parts[k], *kw;
+        cJSON_ArrayForEach(kw, t)
+        {
+            const char *n = kw->string;
+            if (!strcmp(n, "properties") && cJSON_IsObject(kw)) {
+                const cJSON *p;
+                cJSON_ArrayForEach(p, kw) if (!get(props, p->string))
+                    cJSON_AddItemReferenceToObject(props, p->string, (cJSON *)p);
+            } else if (!strcmp(n, "required") && cJSON_IsArray(kw)) {
+                const cJSON *r;
+                cJSON_ArrayForEach(r,
+                                   kw) if (cJSON_IsString(r) && !in_required(req, r->valuestring))
+                    cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+            } else if (!strcmp(n, "additionalProperties")) {
+                closed |= cJSON_IsFalse(kw);
+            } else if (!strcmp(n, "type")) {
+                if (!cJSON_IsString(kw) || strcmp(kw->valuestring, "object"))
+                    return js_fail(j, QERR_UNSUPPORTED, "%s",
+                                   "'allOf' is supported only over object schemas");
+            } else if (strcmp(n, "allOf") && strcmp(n, "title") && strcmp(n, "description") &&
+                       strcmp(n, "$defs") && strcmp(n, "definitions") && strcmp(n, "$ref") &&
+                       strcmp(n, "$schema") && strcmp(n, "$id") && strcmp(n, "$comment")) {
+                return js_fail(j, QERR_UNSUPPORTED,
+                               "keyword '%.60s' inside 'allOf' is not supported", n);
+            }
+        }
+    }
+    /* a branch with additionalProperties false allows only its own properties: the merged
+     * object keeps the properties every such branch lists */
+    if (closed) {
+        for (cJSON *p = props->child, *nx; p; p = nx) {
+            nx = p->next;
+            bool everywhere = true;
+            for (int k = 0; k < np; k++) {
+                const cJSON *ap = get(parts[k], "additionalProperties");
+                const cJSON *pp = get(parts[k], "properties");
+                if (ap && cJSON_IsFalse(ap) && !(pp && get(pp, p->string))) everywhere = false;
+            }
+            if (everywhere) continue;
+            if (in_required(req, p->string))
+                return js_fail(j, QERR_INVALID,
+                               "allOf: required property '%.60s' is excluded by another branch's "
+                               "additionalProperties: false",
+                               p->string);
+            cJSON_Delete(cJSON_DetachItemViaPointer(props, p));
+        }
+    }
+    /* listed properties only (the policy for an object with properties) */
+    cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse());
+    return object_value(j, m);
+}
+
+/* ---- arrays ---- */
+
+struct item_gen {
+    struct js *j;
+    const cJSON *schema; /* NULL: any value */
+    bool comma;
+};
+
+static struct frag item(struct gb *b, const void *ctx)
+{
+    const struct item_gen *g = ctx;
+    struct frag f = g->comma ? comma(b) : gb_empty(b);
+    if (!g->schema) return gb_seq(b, f, any_value(g->j));
+    size_t save;
+    path_push(g->j, "items", &save);
+    struct frag v = js_value(g->j, g->schema);
+    path_pop(g->j, save);
+    return gb_seq(b, f, v);
+}
+
+static struct frag item_call(struct gb *b, const void *ctx)
+{
+    const struct item_gen *g = ctx;
+    struct frag f = g->comma ? comma(b) : gb_empty(b);
+    return gb_seq(b, f, rule_for(g->j, g->schema));
+}
+
+static struct frag array_value(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    const cJSON *prefix = get(s, "prefixItems"), *items = get(s, "items");
+    int min = 0, max = -1;
+    get_count(j, s, "minItems", &min);
+    get_count(j, s, "maxItems", &max);
+    if (b->rc) return (struct frag){0, 0};
+    if (prefix && !cJSON_IsArray(prefix))
+        return js_fail(j, QERR_INVALID, "%s", "'prefixItems' must be a list");
+    if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items))
+        return js_fail(j, QERR_UNSUPPORTED, "%s", "'items' must be a schema");
+    int k = prefix ? cJSON_GetArraySize(prefix) : 0;
+    if (items && cJSON_IsFalse(items)) max = max < 0 || max > k ? k : max;
+    if (max >= 0 && min > max)
+        return js_fail(j, QERR_INVALID, "%s", "minItems is greater than maxItems");
+    const cJSON *tail = items && cJSON_IsObject(items) ? items : NULL;
+    struct frag open = gb_lits(b, "[");
+    int end = gb_state(b);
+    int cur = open.e;
+    int count = 0;
+    /* prefix items, each optional once min is met */
+    const cJSON *p = prefix ? prefix->child : NULL;
+    for (; p && (max < 0 || count < max); p = p->next, count++) {
+        if (count >= min) gb_eps(b, cur, end);
+        struct item_gen g = {j, p, count > 0};
+        struct frag f = item(b, &g);
+        gb_eps(b, cur, f.s);
+        cur = f.e;
+    }
+    int left_min = min > count ? min - count : 0;
+    int left_max = max < 0 ? -1 : max - count;
+    if (left_max != 0 && !(items && cJSON_IsFalse(items))) {
+        bool first = count == 0;
+        struct item_gen g0 = {j, tail, false}, g1 = {j, tail, true};
+        int copies = left_max < 0 ? left_min + 1 : left_max;
+        gb_gen_fn gen = tail && copies > JS_INLINE_COPIES ? item_call : item;
+        if (!tail && copies > JS_INLINE_COPIES) gen = item;
+        if (first) {
+            /* the first tail item has no comma */
+            if (left_min == 0) gb_eps(b, cur, end);
+            struct frag f = gen(b, &g0);
+            gb_eps(b, cur, f.s);
+            cur = f.e;
+            left_min = left_min > 0 ? left_min - 1 : 0;
+            left_max = left_max < 0 ? -1 : left_max - 1;
+        }
+        struct frag rest = gb_repeat(b, gen, &g1, left_min, left_max);
+        gb_eps(b, cur, rest.s);
+        cur = rest.e;
+    } else if (count < min) {
+        return js_fail(j, QERR_INVALID, "%s", "minItems cannot be met with these items");
+    }
+    gb_eps(b, cur, end);
+    struct frag close = gb_lits(b, "]");
+    gb_eps(b, end, close.s);
+    return (struct frag){open.s, close.e};
+}
+
+/* ---- strings, numbers ---- */
+
+struct format {
+    const char *name, *re;
+};
+
+#define RE_DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+#define RE_TIME                                                                                    \
+    "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]" \
+    ")"
+#define RE_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+
+static const struct format formats[] = {
+    {"date", RE_DATE},
+    {"time", RE_TIME},
+    {"date-time", RE_DATE "T" RE_TIME},
+    {"email", "[a-zA-Z0-9_%+-]{1,32}(\\.[a-zA-Z0-9_%+-]{1,32}){0,3}@[a-zA-Z0-9-]{1,32}"
+              "(\\.[a-zA-Z0-9-]{1,32}){0,3}\\.[a-zA-Z]{2,8}"},
+    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+    {"uri", "[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[!-~]{1,100}"},
+    {"ipv4", "(" RE_OCTET "\\.){3}" RE_OCTET},
+};
+
+static struct frag string_value(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    int min = 0, max = -1;
+    bool has_min = get_count(j, s, "minLength", &min);
+    bool has_max = get_count(j, s, "maxLength", &max);
+    if (b->rc) return (struct frag){0, 0};
+    if (has_max && min > max) return js_fail(j, QERR_INVALID, "%s", "minLength > maxLength");
+    const cJSON *pat = get(s, "pattern"), *fmt = get(s, "format");
+    if (pat && fmt) return js_fail(j, QERR_UNSUPPORTED, "%s", "'pattern' with 'format'");
+    const char *re = NULL;
+    if (pat) {
+        if (!cJSON_IsString(pat))
+            return js_fail(j, QERR_INVALID, "%s", "'pattern' must be a string");
+        re = pat->valuestring;
+    } else if (fmt) {
+        if (!cJSON_IsString(fmt))
+            return js_fail(j, QERR_INVALID, "%s", "'format' must be a string");
+        for (size_t k = 0; k < sizeof formats / sizeof formats[0]; k++)
+            if (!strcmp(fmt->valuestring, formats[k].name)) re = formats[k].re;
+        if (!re)
+            return js_fail(j, QERR_UNSUPPORTED,
+                           "format '%.40s' is not supported (date, time, date-time, email, uuid, "
+                           "uri, ipv4 are)",
+                           fmt->valuestring);
+    }
+    if (!re) return json_string(b, min, max);
+    if (has_min || has_max)
+        return js_fail(j, QERR_UNSUPPORTED, "%s",
+                       "'minLength'/'maxLength' together with 'pattern' or 'format'");
+    struct frag f = gb_lits(b, "\"");
+    f = gb_seq(b, f, gb_regex(b, re, strlen(re), true));
+    return gb_seq(b, f, gb_lits(b, "\""));
+}
+
+/* A bound keyword as a double; false when absent. */
+static bool bound(struct js *j, const cJSON *s, const char *k, double *out)
+{
+    const cJSON *v = get(s, k);
+    if (!v) return false;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        js_fail(j, QERR_INVALID, "'%s' must be a number", k);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+static struct frag number_value(struct js *j, const cJSON *s, bool integer)
+{
+    struct gb *b = j->b;
+    double lo = -(double)NUM_MAX, hi = (double)NUM_MAX, v;
+    bool lo_ex = false, hi_ex = false, has = false;
+    if (bound(j, s, "minimum", &v)) lo = v, has = true;
+    if (bound(j, s, "maximum", &v)) hi = v, has = true;
+    if (bound(j, s, "exclusiveMinimum", &v) && v >= lo) lo = v, lo_ex = true, has = true;
+    if (bound(j, s, "exclusiveMaximum", &v) && v <= hi) hi = v, hi_ex = true, has = true;
+    if (get(s, "multipleOf"))
+        return js_fail(j, QERR_UNSUPPORTED, "keyword '%s' is not supported", "multipleOf");
+    if (b->rc) return (struct frag){0, 0};
+    if (!has) return json_number(b, integer);
+    if (fabs(lo) > (double)NUM_MAX || fabs(hi) > (double)NUM_MAX)
+        return js_fail(j, QERR_UNSUPPORTED, "%s", "bounds beyond 15 digits");
+    if (integer) {
+        double l = lo_ex ? floor(lo) + 1 : ceil(lo), h = hi_ex ? ceil(hi) - 1 : floor(hi);
+        if (l > h) return js_fail(j, QERR_INVALID, "%s", "no integer lies within the bounds");
+        return int_range(b, (int64_t)l, (int64_t)h);
+    }
+    if (lo != floor(lo) || hi != floor(hi))
+        return js_fail(j, QERR_UNSUPPORTED, "%s",
+                       "number bounds must be integers (integer schemas take any bounds)");
+    int64_t L = (int64_t)lo + (lo_ex ? 1 : 0), H = (int64_t)hi - (hi_ex ? 1 : 0);
+    if (L > H) return js_fail(j, QERR_INVALID, "%s", "the number bounds leave nothing");
+    struct frag f = gb_alt_begin(b);
+    if (H >= 0) gb_alt_add(b, f, magnitude(b, L > 0 ? (uint64_t)L : 0, (uint64_t)H));
+    if (L < 0) {
+        uint64_t A = H < 0 ? (uint64_t)(-H) : 1, B = (uint64_t)(-L);
+        gb_alt_add(b, f, gb_seq(b, gb_lits(b, "-"), magnitude(b, A, B)));
+    }
+    return f;
+}
+
+/* ---- dispatch ---- */
+
+static const char *const annotations[] = {"title",    "description",   "default",  "examples",
+                                          "$schema",  "$id",           "$comment", "deprecated",
+                                          "readOnly", "writeOnly",     "$defs",    "definitions",
+                                          "strict",   "discriminator", NULL};
+static const char *const supported[] = {"type",
+                                        "properties",
+                                        "required",
+                                        "additionalProperties",
+                                        "items",
+                                        "prefixItems",
+                                        "minItems",
+                                        "maxItems",
+                                        "enum",
+                                        "const",
+                                        "anyOf",
+                                        "oneOf",
+                                        "allOf",
+                                        "$ref",
+                                        "minLength",
+                                        "maxLength",
+                                        "pattern",
+                                        "format",
+                                        "minimum",
+                                        "maximum",
+                                        "exclusiveMinimum",
+                                        "exclusiveMaximum",
+                                        "nullable",
+                                        "minProperties",
+                                        "maxProperties",
+                                        NULL};
+
+static bool listed(const char *const *l, const char *k)
+{
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+static struct frag typed_value(struct js *j, const cJSON *s, const char *type)
+{
+    if (!strcmp(type, "object")) return object_value(j, s);
+    if (!strcmp(type, "array")) return array_value(j, s);
+    if (!strcmp(type, "string")) return string_value(j, s);
+    if (!strcmp(type, "integer")) return number_value(j, s, true);
+    if (!strcmp(type, "number")) return number_value(j, s, false);
+    if (!strcmp(type, "boolean")) {
+        struct frag f = gb_alt_begin(j->b);
+        gb_alt_add(j->b, f, gb_lits(j->b, "true"));
+        gb_alt_add(j->b, f, gb_lits(j->b, "false"));
+        return f;
+    }
+    if (!strcmp(type, "null")) return gb_lits(j->b, "null");
+    return js_fail(j, QERR_UNSUPPORTED, "type '%.40s' is not a JSON Schema type", type);
+}
+
+static const char *infer_type(const cJSON *s)
+{
+    if (get(s, "properties") || get(s, "additionalProperties") || get(s, "required") ||
+        get(s, "minProperties") || get(s, "maxProperties"))
+        return "object";
+    if (get(s, "items") || get(s, "prefixItems") || get(s, "minItems") || get(s, "maxItems"))
+        return "array";
+    if (get(s, "minLength") || get(s, "maxLength") || get(s, "pattern") || get(s, "format"))
+        return "string";
+    if (get(s, "minimum") || get(s, "maximum") || get(s, "exclusiveMinimum") ||
+        get(s, "exclusiveMaximum"))
+        return "number";
+    return NULL;
+}
+
+static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
+{
+    if (!cJSON_IsArray(list) || !list->child)
+        return js_fail(j, QERR_INVALID, "'%s' must be a non-empty list", kw);
+    struct frag f = gb_alt_begin(j->b);
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, list)
+    {
+        char seg[48];
+        snprintf(seg, sizeof seg, "%s/%d", kw, i++);
+        size_t save;
+        path_push(j, seg, &save);
+        gb_alt_add(j->b, f, js_value(j, x));
+        path_pop(j, save);
+    }
+    return f;
+}
+
+static struct frag js_value(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    if (b->rc) return (struct frag){0, 0};
+    if (cJSON_IsTrue(s)) return any_value(j);
+    if (cJSON_IsFalse(s))
+        return js_fail(j, QERR_UNSUPPORTED, "%s", "the schema 'false' allows nothing");
+    if (!cJSON_IsObject(s)) return js_fail(j, QERR_INVALID, "%s", "a schema must be an object");
+    if (++j->depth > JS_MAX_INLINE) return js_fail(j, QERR_UNSUPPORTED, "%s", "nesting too deep");
+    struct frag f;
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, s)
+    {
+        if (!listed(supported, kw->string) && !listed(annotations, kw->string)) {
+            f = js_fail(j, QERR_UNSUPPORTED, "JSON Schema keyword '%.60s' is not supported",
+                        kw->string);
+            goto out;
+        }
+    }
+    const cJSON *nullable = get(s, "nullable"), *type = get(s, "type"), *x;
+    bool add_null = nullable && cJSON_IsTrue(nullable);
+    if ((x = get(s, "$ref"))) {
+        if (!cJSON_IsString(x)) {
+            f = js_fail(j, QERR_INVALID, "%s", "'$ref' must be a string");
+            goto out;
+        }
+        f = ref_value(j, x->valuestring);
+    } else if ((x = get(s, "const"))) {
+        f = literal_json(j, x);
+    } else if ((x = get(s, "enum"))) {
+        if (!cJSON_IsArray(x) || !x->child) {
+            f = js_fail(j, QERR_INVALID, "%s", "'enum' must be a non-empty list");
+            goto out;
+        }
+        f = gb_alt_begin(b);
+        const cJSON *v;
+        cJSON_ArrayForEach(v, x) gb_alt_add(b, f, literal_json(j, v));
+    } else if ((x = get(s, "anyOf")) || (x = get(s, "oneOf"))) {
+        f = alternatives(j, x, get(s, "anyOf") ? "anyOf" : "oneOf");
+    } else if ((x = get(s, "allOf"))) {
+        f = all_of(j, s, x);
+    } else if (cJSON_IsArray(type)) {
+        f = gb_alt_begin(b);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, type)
+        {
+            if (!cJSON_IsString(t)) {
+                f = js_fail(j, QERR_INVALID, "%s", "'type' must hold strings");
+                goto out;
+            }
+            gb_alt_add(b, f, typed_value(j, s, t->valuestring));
+        }
+    } else if (type) {
+        if (!cJSON_IsString(type)) {
+            f = js_fail(j, QERR_INVALID, "%s", "'type' must be a string or a list of strings");
+            goto out;
+        }
+        f = typed_value(j, s, type->valuestring);
+    } else {
+        const char *t = infer_type(s);
+        f = t ? typed_value(j, s, t) : any_value(j);
+    }
+    if (add_null) {
+        struct frag a = gb_alt_begin(b);
+        gb_alt_add(b, a, f);
+        gb_alt_add(b, a, gb_lits(b, "null"));
+        f = a;
+    }
+out:
+    j->depth--;
+    return f;
+}
+
+static void js_free(struct js *j)
+{
+    for (int i = 0; i < j->n_owned; i++) cJSON_Delete(j->owned[i]);
+}
+
+static cJSON *parse_text(struct gb *b, const char *text, size_t len, const char *what)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) gb_fail(b, QERR_INVALID, "the %s is not valid JSON", what);
+    return root;
+}
+
+struct frag gb_json_schema(struct gb *b, const char *text, size_t len)
+{
+    cJSON *root = parse_text(b, text, len, "schema");
+    if (!root) return (struct frag){0, 0};
+    struct js j = {.b = b, .root = root, .any_rule = -1};
+    int r = gb_rule_new(b);
+    struct frag f = js_value(&j, root);
+    gb_rule_set(b, r, f);
+    js_free(&j);
+    cJSON_Delete(root);
+    return f;
+}
+
+/* Free text that never contains `tag`, whose end (e) may finish the rule, and a path that
+ * leaves it at `tag`'s last byte to `after` (a KMP automaton over bytes). */
+static struct frag text_until(struct gb *b, const char *tag, int after)
+{
+    int L = (int)strlen(tag), fail[32] = {0}, st[32];
+    for (int k = 0; k < L; k++) st[k] = gb_state(b);
+    int end = gb_state(b);
+    for (int k = 1, m = 0; k < L; k++) { /* KMP failure function */
+        while (m && tag[k] != tag[m]) m = fail[m - 1];
+        if (tag[k] == tag[m]) m++;
+        fail[k] = m;
+    }
+    for (int k = 0; k < L; k++) {
+        gb_eps(b, st[k], end);
+        int lo = 0, prev = -2;
+        for (int c = 0; c <= 256; c++) {
+            int to = -1;
+            if (c < 256) {
+                int m = k;
+                while (m && (unsigned char)tag[m] != c) m = fail[m - 1];
+                if ((unsigned char)tag[m] == c) m++;
+                to = m == L ? after : st[m];
+            }
+            if (c == 256 || to != prev) {
+                if (prev >= -1 && c > lo) gb_range(b, st[k], prev, (uint8_t)lo, (uint8_t)(c - 1));
+                lo = c;
+                prev = to;
+            }
+        }
+    }
+    return (struct frag){st[0], end};
+}
+
+struct frag gb_tool_calls(struct gb *b, const char *text, size_t len)
+{
+    cJSON *root = parse_text(b, text, len, "tool list");
+    if (!root) return (struct frag){0, 0};
+    struct js j = {.b = b, .any_rule = -1};
+    int r = gb_rule_new(b);
+    const cJSON *tools = get(root, "tools"), *t;
+    /* one call after its opening tag, any of the functions */
+    struct frag one = gb_alt_begin(b);
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *name = get(t, "name"), *params = get(t, "parameters");
+        if (!cJSON_IsString(name)) {
+            gb_fail(b, QERR_INVALID, "a tool has no name");
+            break;
+        }
+        cJSON *ns = cJSON_CreateString(name->valuestring);
+        char *quoted = ns ? cJSON_PrintUnformatted(ns) : NULL;
+        cJSON_Delete(ns);
+        if (!quoted) {
+            gb_fail(b, QERR_NOMEM, "out of memory compiling the tools");
+            break;
+        }
+        /* the Hermes/Qwen format: <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call> */
+        struct frag f = gb_lits(b, "\n{\"name\": ");
+        f = gb_seq(b, f, gb_lits(b, quoted));
+        cJSON_free(quoted);
+        f = gb_seq(b, f, gb_lits(b, ", \"arguments\": "));
+        j.root = params;
+        snprintf(j.path, sizeof j.path, "/tools/%.60s/parameters", name->valuestring);
+        if (params && cJSON_IsObject(params) && params->child) {
+            f = gb_seq(b, f, js_value(&j, params));
+        } else {
+            f = gb_seq(b, f, gb_lits(b, "{}"));
+        }
+        f = gb_seq(b, f, gb_lits(b, "}\n</tool_call>"));
+        gb_alt_add(b, one, f);
+    }
+    struct frag calls = one;
+    if (cJSON_IsTrue(get(root, "parallel"))) {
+        /* later calls are copies: one rule, called */
+        int call = gb_rule_new(b);
+        gb_rule_set(b, call, one);
+        struct frag more = gb_seq(b, gb_lits(b, "\n<tool_call>"), gb_call_frag(b, call));
+        calls = gb_seq(b, gb_call_frag(b, call), gb_star(b, more));
+    }
+    /* models end a turn with a newline after the last call as often as not: allow it, so the
+     * end of the turn can come after it */
+    calls = gb_seq(b, calls, gb_opt(b, gb_lits(b, "\n")));
+    struct frag all;
+    if (cJSON_IsTrue(get(root, "auto"))) {
+        /* tool_choice auto: free text, or text up to an opening tag and then well-formed calls
+         * (the text may not contain the tag otherwise) */
+        struct frag txt = text_until(b, "<tool_call>", calls.s);
+        all = gb_alt_begin(b);
+        gb_eps(b, all.s, txt.s);
+        gb_eps(b, txt.e, all.e);
+        gb_eps(b, calls.e, all.e);
+    } else {
+        all = gb_seq(b, gb_lits(b, "<tool_call>"), calls);
+    }
+    gb_rule_set(b, r, all);
+    js_free(&j);
+    cJSON_Delete(root);
+    return all;
+}

@@ -1,0 +1,689 @@
+/* The grammar engine: regexes, JSON Schema compilation (what each keyword accepts and refuses),
+ * integer ranges against brute force, the cache, and the token mask on the real vocabulary
+ * compared with a token-by-token check of every token. */
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/gguf.h"
+#include "../engine/grammar.h"
+#include "../engine/grammar_cache.h"
+#include "../engine/tokenizer.h"
+#include "testutil.h"
+
+static struct gguf_file *gf;
+static struct tokenizer *tok;
+static struct grammar_vocab *vocab;
+
+static void load_vocab(void)
+{
+    if (vocab) return;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(tu_model_path(), &gf, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tokenizer_load(gf, &tok, &err) == 0, "%s", err.msg);
+    ck_assert_msg(grammar_vocab_create(tok, tokenizer_vocab_size(tok), &vocab, &err) == 0, "%s",
+                  err.msg);
+}
+
+/* A small vocabulary-free matcher: grammars are checked on bytes through a one-token-per-byte
+ * view, so these tests need no model. */
+static struct grammar *compile_ok(enum grammar_kind k, const char *text)
+{
+    struct grammar *g = NULL;
+    struct qerr err = {0};
+    int rc = grammar_compile(k, text, strlen(text), &g, &err);
+    ck_assert_msg(rc == 0, "compile '%s': %s", text, err.msg);
+    return g;
+}
+
+static int compile_rc(enum grammar_kind k, const char *text, char *msg, size_t cap)
+{
+    struct grammar *g = NULL;
+    struct qerr err = {0};
+    int rc = grammar_compile(k, text, strlen(text), &g, &err);
+    if (msg) snprintf(msg, cap, "%s", err.msg);
+    grammar_unref(g);
+    return rc;
+}
+
+/* Whether the whole string s is in the grammar (1), a proper prefix only (2), or neither (0). */
+static int matches(struct grammar *g, const char *s)
+{
+    load_vocab();
+    struct grammar_matcher *m;
+    struct qerr err = {0};
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    int rc = grammar_matcher_accept_bytes(m, s, strlen(s), &err);
+    int out = rc ? 0 : grammar_matcher_accepting(m) ? 1 : 2;
+    grammar_matcher_free(m);
+    return out;
+}
+
+#define ACCEPTS(g, s) ck_assert_msg(matches(g, s) == 1, "should accept: %s", s)
+#define REJECTS(g, s) ck_assert_msg(matches(g, s) != 1, "should reject: %s", s)
+
+START_TEST(regex_basics)
+{
+    struct grammar *g = compile_ok(GRAMMAR_REGEX, "(ab|c)+[0-9]{2,3}x?");
+    ACCEPTS(g, "ab12");
+    ACCEPTS(g, "cab123x");
+    REJECTS(g, "ab1");
+    REJECTS(g, "ab1234");
+    ck_assert_int_eq(matches(g, "ab1"), 2);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_REGEX, "[^a-z]\\d\\w\\s.");
+    ACCEPTS(g, "Z1_ é");
+    REJECTS(g, "a1_ x");
+    REJECTS(g, "Z1_ \n");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_REGEX, "^héllo [α-ω]+$");
+    ACCEPTS(g, "héllo αβγ");
+    REJECTS(g, "hello αβγ");
+    grammar_unref(g);
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_REGEX, "(?=a)b", msg, sizeof msg), QERR_UNSUPPORTED);
+    ck_assert_int_eq(compile_rc(GRAMMAR_REGEX, "(a)\\1", msg, sizeof msg), QERR_UNSUPPORTED);
+    ck_assert_int_eq(compile_rc(GRAMMAR_REGEX, "(ab", msg, sizeof msg), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "unclosed"), "%s", msg);
+}
+END_TEST
+
+START_TEST(choice)
+{
+    struct grammar *g = compile_ok(GRAMMAR_CHOICE, "[\"yes\", \"no\", \"maybe so\"]");
+    ACCEPTS(g, "yes");
+    ACCEPTS(g, "maybe so");
+    REJECTS(g, "ye");
+    REJECTS(g, "yess");
+    grammar_unref(g);
+    ck_assert_int_eq(compile_rc(GRAMMAR_CHOICE, "[1]", NULL, 0), QERR_INVALID);
+}
+END_TEST
+
+START_TEST(json_object_any)
+{
+    struct grammar *g = compile_ok(GRAMMAR_JSON_OBJECT, "");
+    ACCEPTS(g, "{}");
+    ACCEPTS(g, "{\"a\":1,\"b\":[true,null,{\"c\":\"\\u00e9x\"}],\"d\":-1.5e3}");
+    ACCEPTS(g, "{\"a\": [1, 2], \"b\": {}}");
+    REJECTS(g, "[]");
+    REJECTS(g, "{\"a\":01}");
+    REJECTS(g, "{\"a\":1,}");
+    REJECTS(g, "{ \"a\":1}");
+    REJECTS(g, "{\"a\":\"\n\"}");
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_objects)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
+        "\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
+        "\"required\":[\"name\"]}");
+    ACCEPTS(g, "{\"name\":\"x\"}");
+    ACCEPTS(g, "{\"name\": \"x\", \"age\": 3}");
+    ACCEPTS(g, "{\"name\":\"x\",\"tags\":[\"a\",\"b\"]}");
+    ACCEPTS(g, "{\"name\":\"x\",\"age\":3,\"tags\":[]}");
+    REJECTS(g, "{\"age\":3}");
+    REJECTS(g, "{\"name\":\"x\",\"other\":1}");
+    REJECTS(g, "{\"age\":3,\"name\":\"x\"}");
+    grammar_unref(g);
+    /* all optional: the comma only between written members */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"},"
+                   "\"c\":{\"enum\":[1,\"x\"]}}}");
+    ACCEPTS(g, "{}");
+    ACCEPTS(g, "{\"b\":null}");
+    ACCEPTS(g, "{\"a\":true,\"c\":\"x\"}");
+    REJECTS(g, "{,\"b\":null}");
+    REJECTS(g, "{\"c\":2}");
+    grammar_unref(g);
+    /* additionalProperties as a schema */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"additionalProperties\":{\"type\":"
+                                        "\"integer\"}}");
+    ACCEPTS(g, "{\"x\":1,\"y\":2}");
+    REJECTS(g, "{\"x\":\"1\"}");
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_arrays)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":"
+                                        "\"integer\"},\"minItems\":2,\"maxItems\":3}");
+    REJECTS(g, "[1]");
+    ACCEPTS(g, "[1,2]");
+    ACCEPTS(g, "[1, 2, 3]");
+    REJECTS(g, "[1,2,3,4]");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":"
+                   "\"number\"}],\"items\":false}");
+    ACCEPTS(g, "[\"a\",1.5]");
+    ACCEPTS(g, "[\"a\"]");
+    REJECTS(g, "[\"a\",1,2]");
+    REJECTS(g, "[1]");
+    grammar_unref(g);
+    /* many items: the item schema becomes a rule reached by calls */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"k\":{"
+                   "\"type\":\"integer\"}},\"required\":[\"k\"]},\"minItems\":10,\"maxItems\":20}");
+    char buf[400] = "[";
+    for (int i = 0; i < 10; i++) strcat(buf, i ? ",{\"k\":1}" : "{\"k\":1}");
+    REJECTS(g, buf);
+    strcat(buf, "]");
+    ACCEPTS(g, buf);
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_strings)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}");
+    REJECTS(g, "\"a\"");
+    ACCEPTS(g, "\"ab\"");
+    ACCEPTS(g, "\"a\\\"éc\"");
+    REJECTS(g, "\"abcde\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d+$\"}");
+    ACCEPTS(g, "\"AB-12\"");
+    REJECTS(g, "\"A-12\"");
+    grammar_unref(g);
+    const char *fmts[][3] = {
+        {"date", "\"2024-02-29\"", "\"2024-13-01\""},
+        {"date-time", "\"2024-02-29T12:30:00Z\"", "\"2024-02-29 12:30:00\""},
+        {"time", "\"23:59:59+01:00\"", "\"24:00:00Z\""},
+        {"email", "\"a.b@example.com\"", "\"ab@\""},
+        {"uuid", "\"123e4567-e89b-12d3-a456-426614174000\"", "\"123e4567\""},
+        {"uri", "\"https://example.com/x?y=1\"", "\"no scheme\""},
+        {"ipv4", "\"192.168.0.255\"", "\"256.1.1.1\""},
+    };
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        char s[200];
+        snprintf(s, sizeof s, "{\"type\":\"string\",\"format\":\"%s\"}", fmts[i][0]);
+        g = compile_ok(GRAMMAR_JSON_SCHEMA, s);
+        ACCEPTS(g, fmts[i][1]);
+        REJECTS(g, fmts[i][2]);
+        grammar_unref(g);
+    }
+}
+END_TEST
+
+START_TEST(integer_ranges)
+{
+    static const long long ranges[][2] = {{0, 0},     {0, 9},     {1, 100}, {-5, 5},
+                                          {-120, -7}, {17, 2345}, {-99, 0}, {100, 100}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+        char s[200];
+        snprintf(s, sizeof s, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}",
+                 ranges[r][0], ranges[r][1]);
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, s);
+        for (long long v = -3000; v <= 3000; v += (v > -200 && v < 200) ? 1 : 7) {
+            char num[32];
+            snprintf(num, sizeof num, "%lld", v);
+            bool in = v >= ranges[r][0] && v <= ranges[r][1];
+            ck_assert_msg((matches(g, num) == 1) == in, "%s: %lld", s, v);
+        }
+        REJECTS(g, "-0");
+        REJECTS(g, "01");
+        grammar_unref(g);
+    }
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"exclusiveMinimum\":0}");
+    REJECTS(g, "0");
+    ACCEPTS(g, "1");
+    ACCEPTS(g, "123456789");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":-10,\"maximum\":10}");
+    ACCEPTS(g, "9.75");
+    ACCEPTS(g, "10");
+    ACCEPTS(g, "-10.0");
+    REJECTS(g, "10.5");
+    REJECTS(g, "-11");
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_refs_and_combinators)
+{
+    /* a recursive tree through $ref: calls, so it nests to any depth the stack allows */
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{"
+        "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$"
+        "defs/node\"}}},\"required\":[\"v\"]}}}");
+    ACCEPTS(g, "{\"v\":1}");
+    ACCEPTS(g, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}");
+    REJECTS(g, "{\"v\":1,\"kids\":[{\"kids\":[]}]}");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":2}]}");
+    ACCEPTS(g, "12");
+    ACCEPTS(g, "\"ab\"");
+    REJECTS(g, "\"abc\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                   "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"const\":\"x\"}},"
+                   "\"required\":[\"b\"]}]}");
+    ACCEPTS(g, "{\"a\":1,\"b\":\"x\"}");
+    REJECTS(g, "{\"a\":1}");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":[\"string\",\"null\"]}");
+    ACCEPTS(g, "null");
+    ACCEPTS(g, "\"s\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"nullable\":true}");
+    ACCEPTS(g, "null");
+    ACCEPTS(g, "-4");
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_refusals)
+{
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}",
+                                msg, sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "uniqueItems"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"properties\":{\"a\":{\"not\":{\"type\":\"string\"}}}}", msg,
+                                sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "'not'") && strstr(msg, "/properties/a"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"string\",\"format\":\"hostname\"}", msg, sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/none\"}", msg, sizeof msg),
+        QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":", msg, sizeof msg), QERR_INVALID);
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", msg, sizeof msg),
+        QERR_UNSUPPORTED);
+}
+END_TEST
+
+START_TEST(cache_lru)
+{
+    struct grammar_cache *c;
+    struct qerr err = {0};
+    ck_assert(grammar_cache_create(2, &c, &err) == 0);
+    struct grammar *a, *b, *a2;
+    ck_assert(grammar_cache_get(c, GRAMMAR_REGEX, "a+", 2, NULL, &a, &err) == 0);
+    ck_assert(grammar_cache_get(c, GRAMMAR_REGEX, "a+", 2, NULL, &a2, &err) == 0);
+    ck_assert_ptr_eq(a, a2);
+    ck_assert(grammar_cache_get(c, GRAMMAR_CHOICE, "[\"a+\"]", 6, NULL, &b, &err) == 0);
+    ck_assert_ptr_ne(a, b);
+    uint64_t hits, misses;
+    grammar_cache_stats(c, &hits, &misses);
+    ck_assert_int_eq(hits, 1);
+    ck_assert_int_eq(misses, 2);
+    grammar_unref(a2);
+    ck_assert(grammar_cache_get(c, GRAMMAR_REGEX, "(", 1, NULL, &a2, &err) != 0);
+    ck_assert_ptr_null(a2);
+    grammar_unref(a);
+    grammar_unref(b);
+    grammar_cache_free(c);
+}
+END_TEST
+
+/* The mask against the definition: token t is allowed iff its bytes continue the output. */
+static void check_mask_exact(struct grammar *g, const char *prefix, int stride)
+{
+    load_vocab();
+    struct qerr err = {0};
+    struct grammar_matcher *m;
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    ck_assert_msg(grammar_matcher_accept_bytes(m, prefix, strlen(prefix), &err) == 0, "%s",
+                  err.msg);
+    int words = grammar_mask_words(vocab);
+    uint64_t *mask = calloc((size_t)words, sizeof *mask);
+    int count = grammar_matcher_mask(m, mask);
+    int n = 0;
+    char buf[512];
+    for (int32_t t = 0; t < grammar_vocab_size(vocab); t += stride) {
+        bool got = mask[t / 64] >> (t % 64) & 1;
+        bool want;
+        if (grammar_vocab_is_eog(vocab, t)) {
+            want = grammar_matcher_accepting(m);
+        } else if (tokenizer_is_control(tok, t)) {
+            want = false;
+        } else {
+            int len = tokenizer_token_bytes(tok, t, buf, sizeof buf);
+            struct grammar_matcher *m2;
+            ck_assert(grammar_matcher_create(g, vocab, &m2, &err) == 0);
+            grammar_matcher_accept_bytes(m2, prefix, strlen(prefix), &err);
+            want = len > 0 && grammar_matcher_accept_bytes(m2, buf, (size_t)len, &err) == 0;
+            grammar_matcher_free(m2);
+        }
+        ck_assert_msg(got == want, "prefix '%s' token %d (%s): mask %d, definition %d", prefix, t,
+                      tokenizer_token_text(tok, t), got, want);
+        n += got;
+    }
+    if (stride == 1) ck_assert_int_eq(n, count);
+    free(mask);
+    grammar_matcher_free(m);
+}
+
+START_TEST(mask_exact)
+{
+    int stride = tu_sanitized() ? 53 : 1;
+    struct grammar *g = compile_ok(GRAMMAR_JSON_OBJECT, "");
+    check_mask_exact(g, "", stride);
+    check_mask_exact(g, "{\"a\":", stride);
+    check_mask_exact(g, "{\"a\":[1,{\"b\":\"x", stride);
+    check_mask_exact(g, "{\"a\":[1,{\"b\":\"x\"}", stride);
+    check_mask_exact(g, "{\"a\":12", stride);
+    grammar_unref(g);
+    g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":"
+        "8},\"n\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":300}},\"required\":"
+        "[\"name\",\"n\"]}");
+    check_mask_exact(g, "", stride);
+    check_mask_exact(g, "{\"name\":\"abc", stride);
+    check_mask_exact(g, "{\"name\":\"abc\", \"n\": 2", stride);
+    check_mask_exact(g, "{\"name\":\"abc\",\"n\":29", stride);
+    check_mask_exact(g, "{\"name\":\"abc\",\"n\":299}", stride);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_TOOL_CALLS,
+                   "{\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                   "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}],"
+                   "\"parallel\":true}");
+    check_mask_exact(g, "", stride);
+    check_mask_exact(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"P",
+                     stride);
+    check_mask_exact(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"P\"}}",
+                     stride);
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(tool_calls_auto)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_TOOL_CALLS, "{\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                            "\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}}],"
+                            "\"parallel\":false,\"auto\":true}");
+    ACCEPTS(g, "");
+    ACCEPTS(g, "Plain text <tool <tool_cal a < b.");
+    ACCEPTS(
+        g, "Let me check.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>");
+    ACCEPTS(g, "<<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 2}}\n</tool_call>\n");
+    ck_assert_int_eq(matches(g, "text <tool_call>"), 2); /* once opened, only a call */
+    REJECTS(g, "text <tool_call>\n{\"name\": \"g\"");
+    REJECTS(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+    REJECTS(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call> more");
+    check_mask_exact(g, "Sure <tool_", tu_sanitized() ? 53 : 1);
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(mask_dead_end_and_done)
+{
+    load_vocab();
+    struct grammar *g = compile_ok(GRAMMAR_CHOICE, "[\"yes\",\"no\"]");
+    struct qerr err = {0};
+    struct grammar_matcher *m;
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    ck_assert(grammar_matcher_accept_bytes(m, "yes", 3, &err) == 0);
+    ck_assert(grammar_matcher_done(m));
+    uint64_t *mask = calloc((size_t)grammar_mask_words(vocab), sizeof *mask);
+    int n = grammar_matcher_mask(m, mask);
+    /* only end-of-generation tokens remain */
+    int eog = 0;
+    for (int t = 0; t < grammar_vocab_size(vocab); t++) eog += grammar_vocab_is_eog(vocab, t);
+    ck_assert_int_eq(n, eog);
+    ck_assert(grammar_matcher_accept_bytes(m, "!", 1, &err) != 0);
+    free(mask);
+    grammar_matcher_free(m);
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(dead_ends_pruned)
+{
+    /* an empty character class (after JSON-unsafe characters are removed) leads nowhere: the
+     * grammar keeps no path into it, and a grammar with no path at all is refused */
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"[\\\"]\"}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_msg(strstr(msg, "no output"), "%s", msg);
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"a[\\\"]\"},{\"const\":\"ab\"}]}");
+    load_vocab();
+    struct qerr err = {0};
+    struct grammar_matcher *m;
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    ck_assert(grammar_matcher_accept_bytes(m, "\"a", 2, &err) == 0);
+    uint64_t *mask = calloc((size_t)grammar_mask_words(vocab), sizeof *mask);
+    ck_assert_int_gt(grammar_matcher_mask(m, mask), 0); /* only "b" continues */
+    ck_assert(grammar_matcher_accept_bytes(m, "b\"", 2, &err) == 0);
+    ck_assert(grammar_matcher_accepting(m));
+    grammar_matcher_free(m);
+    grammar_unref(g);
+    /* the call stack is bounded: nesting past GRAMMAR_MAX_DEPTH is a dead end, reported as
+     * an empty mask (the engine fails the request with a message) */
+    g = compile_ok(GRAMMAR_JSON_OBJECT, "");
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    char deep[200] = "{\"a\":";
+    for (int i = 0; i < GRAMMAR_MAX_DEPTH - 1; i++) strcat(deep, "[");
+    ck_assert_msg(grammar_matcher_accept_bytes(m, deep, strlen(deep), &err) == 0, "%s", err.msg);
+    int n = grammar_matcher_mask(m, mask);
+    ck_assert_int_gt(n, 0);
+    ck_assert(grammar_matcher_accept_bytes(m, "[", 1, &err) != 0);
+    free(mask);
+    grammar_matcher_free(m);
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(schema_properties_counts)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"additionalProperties\":{\"type\":"
+                                        "\"integer\"},\"minProperties\":1,\"maxProperties\":2}");
+    REJECTS(g, "{}");
+    ACCEPTS(g, "{\"a\":1}");
+    ACCEPTS(g, "{\"a\":1, \"b\":2}");
+    REJECTS(g, "{\"a\":1,\"b\":2,\"c\":3}");
+    grammar_unref(g);
+    /* allOf with a closed branch keeps only that branch's properties */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                   "\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":"
+                   "\"integer\"}}}]}");
+    ACCEPTS(g, "{\"a\":1}");
+    REJECTS(g, "{\"a\":1,\"b\":2}");
+    grammar_unref(g);
+}
+END_TEST
+
+START_TEST(gbnf)
+{
+    struct grammar *g = compile_ok(GRAMMAR_GBNF, "# a comment\n"
+                                                 "root ::= greeting \" \" name (\"!\" | \".\")?\n"
+                                                 "greeting ::= \"hello\" | \"hi\"\n"
+                                                 "name ::= [A-Z] [a-z]{1,8}\n");
+    ACCEPTS(g, "hello World!");
+    ACCEPTS(g, "hi Bo");
+    REJECTS(g, "hey Bo");
+    REJECTS(g, "hi bo");
+    REJECTS(g, "hi Bobobobobo");
+    grammar_unref(g);
+    /* recursion becomes calls: balanced brackets */
+    g = compile_ok(GRAMMAR_GBNF, "root ::= item+\nitem ::= \"[\" item* \"]\" | \"x\"\n");
+    ACCEPTS(g, "x[x[]]x");
+    ACCEPTS(g, "[[[x]]]");
+    REJECTS(g, "[[x]");
+    grammar_unref(g);
+    /* multi-line alternatives and escapes */
+    g = compile_ok(GRAMMAR_GBNF, "root ::= (\n  \"a\\n\"\n  | [^a-z\\]]\n)\n");
+    ACCEPTS(g, "a\n");
+    ACCEPTS(g, "Q");
+    REJECTS(g, "q");
+    grammar_unref(g);
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_GBNF, "start ::= \"a\"", msg, sizeof msg), QERR_INVALID);
+    ck_assert_msg(strstr(msg, "root"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_GBNF, "root ::= undefined-rule", msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_msg(strstr(msg, "undefined-rule"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_GBNF, "root ::= \"a", msg, sizeof msg), QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_GBNF, "root ::= <[42]>", msg, sizeof msg), QERR_INVALID);
+}
+END_TEST
+
+START_TEST(mask_apply)
+{
+    enum { N = 200 };
+    uint64_t mask[4] = {~0ull, 0, 0x8000000000000001ull, 0x5ull};
+    float l[N];
+    for (int i = 0; i < N; i++) l[i] = (float)i;
+    grammar_mask_apply(mask, l, N);
+    for (int i = 0; i < N; i++) {
+        bool keep = mask[i / 64] >> (i % 64) & 1;
+        ck_assert_msg(keep ? l[i] == (float)i : isinf(l[i]) && l[i] < 0, "logit %d", i);
+    }
+}
+END_TEST
+
+/* Mutated schemas and regexes: every compile either succeeds or fails with a message, never
+ * crashes or leaks (the sanitizer build checks the latter); what compiles gives a mask. */
+static uint64_t fuzz_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+START_TEST(fuzz_compilers)
+{
+    size_t len;
+    char *path = NULL;
+    const char *dir = getenv("QUERN_SCHEMAS");
+    if (!dir) dir = "tests/structured_schemas.json";
+    char *text = tu_read_file(dir, &len);
+    if (!text) { /* meson runs tests from the build directory */
+        path = malloc(strlen(tu_model_path()) + 64);
+        strcpy(path, tu_model_path());
+        char *slash = strstr(path, "/models/");
+        ck_assert_ptr_nonnull(slash);
+        strcpy(slash, "/tests/structured_schemas.json");
+        text = tu_read_file(path, &len);
+    }
+    ck_assert_ptr_nonnull(text);
+    load_vocab();
+    cJSON *suite_json = cJSON_Parse(text);
+    ck_assert_ptr_nonnull(suite_json);
+    int n_suite = cJSON_GetArraySize(suite_json);
+    static const char alphabet[] = "{}[]\":,0123456789-+.eE*?|()^$\\ abcdefxyz\x01";
+    uint64_t rng = getenv("QUERN_FUZZ_SEED") ? strtoull(getenv("QUERN_FUZZ_SEED"), NULL, 0) | 1
+                                             : 0x9e3779b97f4a7c15ull;
+    int rounds = getenv("QUERN_FUZZ_ROUNDS") ? atoi(getenv("QUERN_FUZZ_ROUNDS"))
+                 : tu_sanitized()            ? 150
+                                             : 1500;
+    int ok = 0;
+    uint64_t *mask = calloc((size_t)grammar_mask_words(vocab), sizeof *mask);
+    char *buf = malloc(len + 64);
+    for (int r = 0; r < rounds; r++) {
+        /* a whole schema of the suite (or, for regexes and choices, a window of the file),
+         * then a few byte edits */
+        size_t n;
+        int kind = r % 4;
+        static const char gbnf_text[] =
+            "root ::= obj\nobj ::= \"{\" (pair (\",\" pair)*)? \"}\"\n"
+            "pair ::= str \":\" val\nval ::= str | [0-9]+ | obj | \"[\" val{0,3} \"]\"\n"
+            "str ::= \"\\\"\" [^\"\\\\]* \"\\\"\" # strings\n";
+        if (kind == 0) {
+            const cJSON *one = cJSON_GetArrayItem(suite_json, (int)(fuzz_next(&rng) % n_suite));
+            char *p = cJSON_PrintUnformatted(cJSON_GetObjectItem(one, "schema"));
+            n = strlen(p) < len ? strlen(p) : len;
+            memcpy(buf, p, n);
+            free(p);
+        } else if (kind == 3) {
+            n = sizeof gbnf_text - 1;
+            memcpy(buf, gbnf_text, n);
+        } else {
+            size_t a = fuzz_next(&rng) % len;
+            n = 1 + fuzz_next(&rng) % 60;
+            if (a + n > len) n = len - a;
+            memcpy(buf, text + a, n);
+        }
+        int edits = (int)(fuzz_next(&rng) % 4);
+        for (int k = 0; k < edits && n; k++)
+            buf[fuzz_next(&rng) % n] = alphabet[fuzz_next(&rng) % (sizeof alphabet - 1)];
+        buf[n] = 0;
+        static const enum grammar_kind kinds[] = {GRAMMAR_JSON_SCHEMA, GRAMMAR_REGEX,
+                                                  GRAMMAR_CHOICE, GRAMMAR_GBNF};
+        struct grammar *g = NULL;
+        struct qerr err = {0};
+        int rc = grammar_compile(kinds[kind], buf, n, &g, &err);
+        if (rc) {
+            ck_assert_msg(err.msg[0], "compile failed without a message: %s", buf);
+            continue;
+        }
+        ok++;
+        struct grammar_matcher *m;
+        ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+        ck_assert_int_ge(grammar_matcher_mask(m, mask), 0);
+        grammar_matcher_free(m);
+        grammar_unref(g);
+    }
+    ck_assert_int_gt(ok, rounds / 10);
+    cJSON_Delete(suite_json);
+    free(buf);
+    free(mask);
+    free(text);
+    free(path);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("grammar");
+    TCase *tc = tcase_create("compile");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, regex_basics);
+    tcase_add_test(tc, choice);
+    tcase_add_test(tc, json_object_any);
+    tcase_add_test(tc, schema_objects);
+    tcase_add_test(tc, schema_arrays);
+    tcase_add_test(tc, schema_strings);
+    tcase_add_test(tc, integer_ranges);
+    tcase_add_test(tc, schema_refs_and_combinators);
+    tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, cache_lru);
+    tcase_add_test(tc, mask_exact);
+    tcase_add_test(tc, mask_dead_end_and_done);
+    tcase_add_test(tc, dead_ends_pruned);
+    tcase_add_test(tc, schema_properties_counts);
+    tcase_add_test(tc, mask_apply);
+    tcase_add_test(tc, gbnf);
+    tcase_add_test(tc, tool_calls_auto);
+    tcase_add_test(tc, fuzz_compilers);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    tu_model_path(); /* skip (77) without the model */
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
