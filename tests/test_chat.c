@@ -220,24 +220,33 @@ START_TEST(refusals)
 END_TEST
 
 /* The model's own template, and every chat prompt of the golden file. */
-START_TEST(model_template_and_golden)
+/* The real model's file, chat template and tokenizer; false (after saying so) without a model. */
+static bool open_model_chat(const char *check, struct gguf_file **f, struct chat_template *ct,
+                            struct tokenizer **tok)
 {
     const char *mp = getenv("QUERN_MODEL");
     if (!mp || access(mp, R_OK) != 0) {
-        printf("chat: model missing, model template check skipped\n");
-        return;
+        printf("chat: model missing, %s check skipped\n", check);
+        return false;
     }
     struct qerr err = {0};
-    struct gguf_file *f;
-    ck_assert_msg(gguf_open(mp, &f, &err) == 0, "%s", err.msg);
+    ck_assert_msg(gguf_open(mp, f, &err) == 0, "%s", err.msg);
     struct gguf_str tmpl;
-    ck_assert_int_eq(gguf_get_str(f, "tokenizer.chat_template", &tmpl, &err), 0);
+    ck_assert_int_eq(gguf_get_str(*f, "tokenizer.chat_template", &tmpl, &err), 0);
+    ck_assert_msg(chat_template_parse(tmpl.ptr, tmpl.len, ct, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tokenizer_load(*f, tok, &err) == 0, "%s", err.msg);
+    return true;
+}
+
+START_TEST(model_template_and_golden)
+{
+    struct qerr err = {0};
+    struct gguf_file *f;
     struct chat_template ct;
-    ck_assert_msg(chat_template_parse(tmpl.ptr, tmpl.len, &ct, &err) == 0, "%s", err.msg);
+    struct tokenizer *tok;
+    if (!open_model_chat("model template", &f, &ct, &tok)) return;
     ck_assert_int_eq(ct.kind, CHAT_CHATML);
     ck_assert_str_eq(ct.default_system, SMOL_SYS);
-    struct tokenizer *tok;
-    ck_assert_msg(tokenizer_load(f, &tok, &err) == 0, "%s", err.msg);
 
     const char *gp = tu_golden_path();
     int checked = 0;
@@ -299,20 +308,11 @@ static size_t count_id(const int32_t *ids, size_t n, int32_t id)
  * parse_special. */
 START_TEST(model_content_is_text)
 {
-    const char *mp = getenv("QUERN_MODEL");
-    if (!mp || access(mp, R_OK) != 0) {
-        printf("chat: model missing, content check skipped\n");
-        return;
-    }
     struct qerr err = {0};
     struct gguf_file *f;
-    ck_assert_msg(gguf_open(mp, &f, &err) == 0, "%s", err.msg);
-    struct gguf_str tmpl;
-    ck_assert_int_eq(gguf_get_str(f, "tokenizer.chat_template", &tmpl, &err), 0);
     struct chat_template ct;
-    ck_assert_msg(chat_template_parse(tmpl.ptr, tmpl.len, &ct, &err) == 0, "%s", err.msg);
     struct tokenizer *tok;
-    ck_assert_msg(tokenizer_load(f, &tok, &err) == 0, "%s", err.msg);
+    if (!open_model_chat("content", &f, &ct, &tok)) return;
     int32_t im_start = tokenizer_find(tok, "<|im_start|>"),
             im_end = tokenizer_find(tok, "<|im_end|>");
     ck_assert_int_ge(im_start, 0);
