@@ -56,6 +56,10 @@ enum matmul_precision {
     /* Activations are quantized per 32-element block to int8 (as llama.cpp does) so dot products
      * run on integer units; faster, within a small KL divergence of MATMUL_F32. */
     MATMUL_Q8 = 1,
+    /* Only in a backend_request (backend_select.h): the CPU takes MATMUL_Q8, whose cost (mean KL
+     * 0.003 on the default model) is a twentieth of what 4-bit weights already cost
+     * (docs/quant.md), CUDA MATMUL_F32. Backends themselves never see it. */
+    MATMUL_AUTO = 2,
 };
 
 struct backend_ops {

@@ -121,9 +121,20 @@ static int read_knobs(const struct backend_request *r, struct knobs *k, struct q
     return 0;
 }
 
+static enum matmul_precision cpu_precision(enum matmul_precision p)
+{
+    return p == MATMUL_AUTO ? MATMUL_Q8 : p;
+}
+
+static const char *precision_name(enum matmul_precision p)
+{
+    return p == MATMUL_Q8 ? "q8" : "f32";
+}
+
 static int create_cpu(int threads, enum matmul_precision precision, const struct knobs *k,
                       const char *why, struct backend **out, struct qerr *err)
 {
+    precision = cpu_precision(precision);
     if (k->kv_bits == 16)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "--kv-type f16: the CPU backend keeps its KV cache in f32");
@@ -131,8 +142,8 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
-    snprintf(err->msg, sizeof err->msg, "cpu%s%.480s%s", why ? " (" : "", why ? why : "",
-             why ? ")" : "");
+    snprintf(err->msg, sizeof err->msg, "cpu%s%.470s%s, %s activations", why ? " (" : "",
+             why ? why : "", why ? ")" : "", precision_name(precision));
     return 0;
 }
 
@@ -141,7 +152,8 @@ static struct backend_cuda_opts cuda_opts(const struct knobs *k, int device,
                                           enum matmul_precision precision)
 {
     return (struct backend_cuda_opts){.device = device,
-                                      .precision = precision,
+                                      .precision =
+                                          precision == MATMUL_AUTO ? MATMUL_F32 : precision,
                                       .gemm_min_tokens = k->gemm_min,
                                       .gemm = k->gemm ? CUDA_GEMM_CUBLAS : CUDA_GEMM_MMA,
                                       .batch_invariant = k->invariant,
@@ -272,7 +284,8 @@ int backend_group_create(const struct backend_request *r, int n, struct backend_
     if (kn.kv_bits == 16)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "--kv-type f16: the CPU backend keeps its KV cache in f32");
-    struct backend_cpu_opts o = {.n_threads = each, .precision = r->precision, .isa = kn.isa};
+    struct backend_cpu_opts o = {
+        .n_threads = each, .precision = cpu_precision(r->precision), .isa = kn.isa};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
             g->n = k;
@@ -289,7 +302,8 @@ int backend_group_create(const struct backend_request *r, int n, struct backend_
     memcpy(g->comm, c, (size_t)n * sizeof *c);
     err->code = 0;
     snprintf(err->msg, sizeof err->msg,
-             "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator", why, n, n, each,
-             each > 1 ? "s" : "", g->comm[0]->ops->name);
+             "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator, %s activations",
+             why, n, n, each, each > 1 ? "s" : "", g->comm[0]->ops->name,
+             precision_name(o.precision));
     return 0;
 }

@@ -18,7 +18,7 @@
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
  * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 128 tokens", or
  * "cpu (auto: cuda: no usable device: CUDA driver version is insufficient for CUDA runtime
- * version ...)". */
+ * version ...), q8 activations". */
 #ifndef QUERN_BACKEND_SELECT_H
 #define QUERN_BACKEND_SELECT_H
 
@@ -37,9 +37,9 @@ int backend_device_parse(const char *device, enum backend_kind *kind, int *index
 bool backend_have_cuda(void);
 
 struct backend_request {
-    const char *device; /* as backend_device_parse reads it */
-    int threads;        /* CPU workers, 0: all online CPUs */
-    enum matmul_precision precision;
+    const char *device;              /* as backend_device_parse reads it */
+    int threads;                     /* CPU workers, 0: all online CPUs */
+    enum matmul_precision precision; /* MATMUL_AUTO: q8 on the CPU, f32 on CUDA */
     /* Keep every batch size on batch-invariant kernels (kernels/backend.h), where a backend
      * would otherwise switch to faster ones for large batches (CUDA: the GEMM path). The CPU
      * backend always is. */

@@ -38,6 +38,12 @@ bool cli_tp_arg(const char *prog, const char *text, int *out);
 bool cli_device_arg(const char *prog, const char *text, const char **out);
 #define CLI_DEVICE_HELP                                                                            \
     "  --device D        auto (default: a usable GPU, else the CPU), cpu, cuda or cuda:N\n"
+/* --precision auto|f32|q8: true and *out set, or false after a one-line error. */
+bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision *out);
+#define CLI_PRECISION_HELP                                                                         \
+    "  --precision P     matmul activations: auto (default: q8 on the CPU, f32 on CUDA), q8\n"     \
+    "                    (int8 per 32-block, as llama.cpp; mean KL 0.003 on the default model)\n"  \
+    "                    or f32 (exact: matches transformers' fp32 logits)\n"
 /* --batch-invariant: the same text for every subcommand (the CPU always is). */
 #define CLI_BATCH_INVARIANT_HELP                                                                   \
     "  --batch-invariant   GPU: batch-invariant kernels for every batch size (a token's\n"         \

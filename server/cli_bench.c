@@ -39,7 +39,8 @@ static void bench_usage(FILE *out)
             "                   [--batches 1,8,64,512] [--model M [--pp P] [--tg T]]\n"
             "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak)\n"
             "  --threads N           CPU threads (default: all)\n"
-            "  --precision f32|q8    matmul activations (default f32, as serve and generate)\n"
+            "  --precision P         auto (default: q8 on the CPU, f32 on CUDA, as serve), f32\n"
+            "                        or q8; --kernels: f32, q8 or both (default f32)\n"
             "  --device D            auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
             "                        cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --synthetic NAME      instead of --model: random weights of a real shape, made\n"
@@ -448,7 +449,7 @@ int cli_bench(int argc, char **argv)
                            .seqs = 64,
                            .kv_mib = 1024,
                            .seed = 1,
-                           .precision = MATMUL_F32,
+                           .precision = MATMUL_AUTO,
                            .synth_type = QTYPE_Q4_0,
                            .requests = -1,
                            .input_len = -1,
@@ -473,14 +474,7 @@ int cli_bench(int argc, char **argv)
             a.trace_path = optarg;
             continue;
         case O_PREC:
-            if (!strcmp(optarg, "f32"))
-                a.precision = MATMUL_F32;
-            else if (!strcmp(optarg, "q8"))
-                a.precision = MATMUL_Q8;
-            else {
-                fprintf(stderr, "quern bench: --precision '%s' is not f32 or q8\n", optarg);
-                return EXIT_USAGE;
-            }
+            if (!cli_precision_arg("bench", optarg, &a.precision)) return EXIT_USAGE;
             continue;
         case O_DEVICE:
             if (!cli_device_arg("bench", optarg, &a.device)) return EXIT_USAGE;

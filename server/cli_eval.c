@@ -33,7 +33,8 @@ static void eval_usage(FILE *out)
         "  --ctx N          tokens per window (default 512); the second half of each window\n"
         "                   is scored, as llama.cpp's perplexity does\n"
         "  --chunks K       score at most K windows (default: all the text fills)\n"
-        "  --precision P    f32 (default) or q8: activations quantized to int8 in matmuls\n"
+        "  --precision P    auto (default: q8 on the CPU, f32 on CUDA, as serve), f32 or q8\n"
+        "                   (activations quantized to int8 per 32-block in matmuls)\n"
         "  --threads N      CPU threads (default: all)\n"
         "  --device D       auto (default: a usable GPU, else the CPU), cpu, cuda, "
         "cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP);
@@ -64,7 +65,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
                                          CLI_KNOB_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    *a = (struct eval_args){.ctx = 512, .precision = MATMUL_F32};
+    *a = (struct eval_args){.ctx = 512, .precision = MATMUL_AUTO};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
@@ -98,14 +99,7 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
             break;
         }
         case O_PREC:
-            if (!strcmp(optarg, "f32")) {
-                a->precision = MATMUL_F32;
-            } else if (!strcmp(optarg, "q8")) {
-                a->precision = MATMUL_Q8;
-            } else {
-                fprintf(stderr, "quern eval: --precision '%s' is not f32 or q8\n", optarg);
-                return EXIT_USAGE;
-            }
+            if (!cli_precision_arg("eval", optarg, &a->precision)) return EXIT_USAGE;
             break;
         case O_DEVICE:
             if (!cli_device_arg("eval", optarg, &a->device)) return EXIT_USAGE;
@@ -301,7 +295,10 @@ int cli_eval(int argc, char **argv)
     printf("text              %s: %zu tokens, %zu windows of %ld, %llu tokens scored (the "
            "second half of each window)\n",
            a.text, n_ids, windows, a.ctx, (unsigned long long)s.n);
-    printf("precision         %s\n", a.precision == MATMUL_F32 ? "f32" : "q8");
+    printf("precision         %s\n", a.precision == MATMUL_F32 ? "f32"
+                                     : a.precision == MATMUL_Q8
+                                         ? "q8"
+                                         : "auto (q8 on the CPU, f32 on CUDA)");
     print_summary(&a, model_path, &s);
     fprintf(stderr, "quern eval: %.1f s\n",
             (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);

@@ -25,9 +25,8 @@ static void generate_usage(FILE *out)
             "  --min-p P         drop tokens below P x the top probability (default 0.05)\n"
             "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
             "  --seed S          RNG seed (default 0)\n"
-            "  --threads N       CPU threads (default: all)\n"
-            "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
-            "faster)\n" CLI_DEVICE_HELP CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
+            "  --threads N       CPU threads (default: all)\n" CLI_PRECISION_HELP CLI_DEVICE_HELP
+                CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
             "  --no-stats        do not print timings to stderr\n");
 }
@@ -112,7 +111,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"tp", required_argument, 0, O_TP},
                                          {0, 0, 0, 0}};
-    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_F32};
+    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_AUTO};
     sample_params_cli_default(&a->sp); /* the defaults --help states */
     optind = 1;
     int c;
@@ -160,14 +159,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             if (!cli_knob_arg("generate", c, optarg, &a->knobs)) return EXIT_USAGE;
             break;
         case O_PREC:
-            if (!strcmp(optarg, "q8"))
-                a->precision = MATMUL_Q8;
-            else if (!strcmp(optarg, "f32"))
-                a->precision = MATMUL_F32;
-            else {
-                fprintf(stderr, "quern generate: --precision '%s' is not q8 or f32\n", optarg);
-                return EXIT_USAGE;
-            }
+            if (!cli_precision_arg("generate", optarg, &a->precision)) return EXIT_USAGE;
             break;
         case O_TEMP:
         case O_TOPP:

@@ -33,8 +33,7 @@ static void serve_usage(FILE *out)
         "  --model PATH             GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
         "  --host ADDR              numeric address to listen on (default 127.0.0.1)\n"
         "  --port N                 port (default 8080; 0: any free port)\n"
-        "  --threads N              CPU threads for the model (default: all)\n"
-        "  --precision f32|q8       matmul activations: f32 (default) or int8 (faster)\n"
+        "  --threads N              CPU threads for the model (default: all)\n" CLI_PRECISION_HELP
         "  --device D               auto (default: a usable GPU, else the CPU), cpu, cuda,\n"
         "                           cuda:N\n" CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
         "  --kv-mem SIZE            KV cache memory, e.g. 512M, 2G (default 256M)\n"
@@ -171,6 +170,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
+                             .precision = MATMUL_AUTO,
                              .port = 8080,
                              .drain_timeout_s = 30,
                              .watchdog_s = 60,
@@ -253,10 +253,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                 bad = "--log-format wants text or json";
             break;
         case O_PREC:
-            if (!strcmp(optarg, "q8"))
-                o->q8 = true;
-            else if (strcmp(optarg, "f32"))
-                bad = "--precision wants f32 or q8";
+            if (!cli_precision_arg("serve", optarg, &o->precision)) return EXIT_USAGE;
             break;
         case O_DEVICE:
             if (!cli_device_arg("serve", optarg, &o->device)) return EXIT_USAGE;
@@ -330,7 +327,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     }
     struct backend_request req = {.device = o->device,
                                   .threads = o->threads,
-                                  .precision = o->q8 ? MATMUL_Q8 : MATMUL_F32,
+                                  .precision = o->precision,
                                   .batch_invariant = o->batch_invariant};
     cli_knobs_apply(&o->knobs, &req);
     if ((rc = cli_backend_group_create("serve", &req, o->tp, &L->grp, err))) return rc;

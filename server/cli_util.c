@@ -56,6 +56,21 @@ bool cli_device_arg(const char *prog, const char *text, const char **out)
     return true;
 }
 
+bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision *out)
+{
+    static const struct {
+        const char *name;
+        enum matmul_precision p;
+    } names[] = {{"auto", MATMUL_AUTO}, {"f32", MATMUL_F32}, {"q8", MATMUL_Q8}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(text, names[i].name)) {
+            *out = names[i].p;
+            return true;
+        }
+    fprintf(stderr, "quern %s: --precision '%s' is not auto, f32 or q8\n", prog, text);
+    return false;
+}
+
 int cli_backend_group_create(const char *prog, const struct backend_request *r, int tp,
                              struct backend_group *g, struct qerr *err)
 {

@@ -38,10 +38,10 @@ struct serve_opts {
     double stall_timeout_s;   /* a stream whose client reads nothing that long is aborted */
     const char *trace_path;   /* --trace: engine/trace.h's file; NULL: no trace */
     bool log_json;
-    bool q8;                 /* MATMUL_Q8 instead of MATMUL_F32 */
-    const char *device;      /* --device: auto (NULL), cpu, cuda, cuda:N */
-    int tp;                  /* --tp: tensor-parallel ranks (0: one) */
-    bool batch_invariant;    /* --batch-invariant (backend_request) */
+    enum matmul_precision precision; /* --precision (default MATMUL_AUTO) */
+    const char *device;              /* --device: auto (NULL), cpu, cuda, cuda:N */
+    int tp;                          /* --tp: tensor-parallel ranks (0: one) */
+    bool batch_invariant;            /* --batch-invariant (backend_request) */
     bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
     struct cli_knobs knobs;  /* --kv-type, --gemm, --gemm-min-tokens */
 };

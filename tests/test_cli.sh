@@ -55,20 +55,24 @@ expect 1 'UTF-8' -- generate --model "$model" --prompt $'abc\xff\xfedef' -n 1
 long=$(printf 'word %.0s' $(seq 1 9000))
 expect 1 'exceeds the context length' -- generate --model "$model" --prompt "$long" -n 1
 
-expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --prompt "What is the capital of France?"
+# --precision f32 is the reference path (transformers' greedy answer); the CPU's default, q8, picks
+# another first token at this prompt's near-tie (logprob -1.97 vs -2.04), as llama.cpp does
+expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --precision f32 \
+  --prompt "What is the capital of France?"
+expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16 or f32" -- generate --model "$model" --prompt hi --kv-type f8
 expect 1 'keeps its KV cache in f32' -- generate --model "$model" --device cpu --prompt hi --kv-type f16
 expect 2 "--gemm wants mma or cublas" -- serve --model "$model" --gemm fast
 expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --kv-type f32 \
-  --prompt "What is the capital of France?"
+  --precision f32 --prompt "What is the capital of France?"
 QUERN_CPU_ISA=bogus expect 1 'QUERN_CPU_ISA=bogus' -- generate --model "$model" --device cpu --prompt hi
 # --tp: the per-rank split, impossible splits refused, and the same greedy text as one rank
 expect 0 'rank 1 +q heads 6-8, kv heads 2-2' -- info --model "$model" --tp 2
 expect 2 "--tp '0'" -- generate --model "$model" --prompt hi --tp 0
 expect 1 'at most 9 ranks' -- generate --model "$model" --device cpu --prompt hi -n 1 --tp 10
 expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --tp 2 \
-  --prompt "What is the capital of France?"
+  --precision f32 --prompt "What is the capital of France?"
 expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n 8 --prompt "Once upon a time"
 # the same seed gives the same text
 "$bin" generate --model "$model" --temp 0.9 --seed 11 -n 12 --prompt "Hello" >"$tmp/a" 2>/dev/null
@@ -82,18 +86,22 @@ expect 2 "--device 'tpu': want auto, cpu, cuda or cuda:N" -- generate --model "$
 expect 2 "want auto, cpu, cuda or cuda:N" -- generate --model "$model" --device cuda:x -n 1 --prompt hi
 # backend_line DEVICE PATTERN: the one log line naming the backend
 backend_line() {
-  if "$bin" generate --model "$model" --device "$1" -n 1 --prompt hi 2>&1 >/dev/null |
-      grep -qE "^quern generate: backend: $2"; then
-    echo "ok: --device $1 logs 'backend: $2'"
+  local dev=$1 want=$2; shift 2
+  if "$bin" generate --model "$model" --device "$dev" -n 1 --prompt hi "$@" 2>&1 >/dev/null |
+      grep -qE "^quern generate: backend: $want"; then
+    echo "ok: --device $dev $* logs 'backend: $want'"
   else
-    echo "FAIL: --device $1 does not log /backend: $2/"; fails=$((fails + 1))
+    echo "FAIL: --device $dev $* does not log /backend: $want/"; fails=$((fails + 1))
   fi
 }
 if ! nvidia-smi >/dev/null 2>&1; then
   expect 1 'cuda' -- generate --model "$model" --device cuda -n 1 --prompt hi
-  backend_line auto 'cpu \(auto: .+\)$'
+  backend_line auto 'cpu \(auto: .+\), q8 activations$'
 fi
-backend_line cpu 'cpu$'
+# the CPU's default precision is q8 (--precision auto); f32 when asked
+backend_line cpu 'cpu, q8 activations$'
+backend_line cpu 'cpu, f32 activations$' --precision f32
+backend_line cpu 'cpu, q8 activations$' --precision auto
 
 # quern bench --synthetic: random weights of a named shape, made here (engine/synth.h)
 expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2

@@ -673,7 +673,9 @@ def main():
     if SERVE_ARGS and os.environ.get("QUERN_SANITIZED"):
         print("skip: the sanitized run covers the daemon once, without extra flags")
         return 77
-    d = Daemon("--api-key", KEY, "--served-model-name", "smol")
+    # f32: the reference path, whose greedy answers the checks quote ("Paris", EOS); the CPU's
+    # default q8 is served by test_structured and test_hostile's daemons
+    d = Daemon("--api-key", KEY, "--served-model-name", "smol", "--precision", "f32")
     only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
     try:
         for t in (test_basics, test_completion, test_streaming, test_n_and_stop, test_errors,

@@ -12,7 +12,7 @@
 # (--idle-wait S); prints one markdown table: batch, quern tok/s, llama.cpp tok/s, ratio.
 #
 #   tools/bench-decode-vs-llamacpp.sh [-m MODEL.gguf] [-b 1,8,64] [--ctx 128] [--steps 16]
-#                                     [-t 2] [--rounds 2] [--quern-args "--precision q8"]
+#                                     [-t 2] [--rounds 2] [--quern-args "--precision f32"]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-batched-bench; tools/build-llamacpp.sh).
 set -euo pipefail
 

@@ -21,7 +21,7 @@
 # all cores); with --rounds N it runs everything N times and keeps each cell's best round.
 #
 # The quern binary is copied at the start, so a rebuild of build/ during the run does not mix
-# two builds into one table. --quern-args adds flags to quern bench (e.g. "--precision q8").
+# two builds into one table. --quern-args adds flags to quern bench (e.g. "--precision f32"; the default is q8 on the CPU).
 #
 #   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--rounds N]
 #                              [--idle-wait S] [--quern-args "ARGS"] [--raw DIR] [--no-bw]

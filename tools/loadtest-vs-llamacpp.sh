@@ -15,7 +15,7 @@
 #                                 [--chat] [--logs DIR] [MODEL.gguf]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-server; tools/build-llamacpp.sh),
 #      QUERN_SERVE_ARGS / LLAMA_SERVER_ARGS (extra flags, word-split; e.g. QUERN_SERVE_ARGS=
-#      "--precision q8"), THREADS (default 2),
+#      "--precision f32"; the CPU default is q8), THREADS (default 2),
 #      IDLE_WAIT (default 60).
 set -euo pipefail
 
