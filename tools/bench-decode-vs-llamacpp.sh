@@ -79,7 +79,8 @@ for d in json.load(open(sys.argv[1]))["decode"]: print(d["batch"], d["tokens_per
 done
 
 echo "model $(basename "$model"), context $ctx, $steps decode steps, $threads threads," \
-  "best of $rounds round(s), quern args: ${quern_args:-none}"
+  "best of $rounds round(s), quern args: ${quern_args:-none}, QUERN_CPU_ISA ${QUERN_CPU_ISA:-native}"
+echo "$("$ROOT/tools/cpu-info.sh")"
 echo
 echo "| batch | quern tok/s | llama.cpp tok/s | ratio |"
 echo "|---|---|---|---|"

@@ -21,11 +21,14 @@
 # all cores); with --rounds N it runs everything N times and keeps each cell's best round.
 #
 # The quern binary is copied at the start, so a rebuild of build/ during the run does not mix
-# two builds into one table. --quern-args adds flags to quern bench (e.g. "--precision f32"; the default is q8 on the CPU).
+# two builds into one table. --quern-args adds flags to quern bench (e.g. "--precision f32";
+# the CPU's default is q8). --isa "native avx2" runs quern once per kernel ISA (QUERN_CPU_ISA;
+# default: native, plus avx2 when the CPU has AVX-512, so every table shows the AVX2 path too).
+# The CPU's model and its SIMD flags head the report.
 #
 #   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--rounds N]
-#                              [--idle-wait S] [--quern-args "ARGS"] [--raw DIR] [--no-bw]
-#                              [MODEL.gguf ...]
+#                              [--idle-wait S] [--quern-args "ARGS"] [--isa "LIST"] [--raw DIR]
+#                              [--no-bw] [MODEL.gguf ...]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it).
 # Make the Q8_0/Q4_0 files first with tools/make-bench-models.sh.
 set -euo pipefail
@@ -36,7 +39,7 @@ main() {
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUERN=${QUERN:-$ROOT/build/server/quern}
 LLAMA_BIN=${LLAMA_BIN:-$ROOT/third_party/llama.cpp/build/bin}
-reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1 rounds=1 idle_wait=60 quern_args=""
+reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1 rounds=1 idle_wait=60 quern_args="" isas=""
 models=()
 usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
@@ -49,12 +52,18 @@ while [[ $# -gt 0 ]]; do
         --rounds) rounds=$2; shift 2 ;;
         --idle-wait) idle_wait=$2; shift 2 ;;
         --quern-args) quern_args=$2; shift 2 ;;
+        --isa) isas=$2; shift 2 ;;
         --no-bw) do_bw=0; shift ;;
         -h|--help) usage 0 ;;
         -*) echo "bench-vs-llamacpp: unknown option '$1'" >&2; usage ;;
         *) models+=("$1"); shift ;;
     esac
 done
+cpu_flags=$("$ROOT/tools/cpu-info.sh" --flags)
+if [[ -z $isas ]]; then
+    isas=native
+    [[ " $cpu_flags " == *" avx512f "* ]] && isas="native avx2"
+fi
 if [[ ${#models[@]} -eq 0 ]]; then
     for q in Q8_0 Q4_0 Q4_1; do models+=("$ROOT/models/SmolLM2-135M-Instruct.$q.gguf"); done
 fi
@@ -292,16 +301,18 @@ for ((round = 1; round <= rounds; round++)); do
         for t in $threads; do
             n=$((n + 1))
             tag=$(basename "$f" .gguf).t$t.r$round
-            for prog in quern llama; do
+            for prog in $(for i in $isas; do echo "quern-$i"; done) llama; do
                 log "[$n] round $round: $prog $(basename "$f") threads=$t"
-                if [[ $prog == quern ]]; then
-                    measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
+                if [[ $prog == quern-* ]]; then
+                    isa_env=()
+                    [[ $prog == quern-native ]] || isa_env=(env "QUERN_CPU_ISA=${prog#quern-}")
+                    measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" "${isa_env[@]}" \
                         "$QUERN" bench --model "$f" --pp "$pp" --tg "$tg" --threads "$t" --reps "$reps" --json "${qargs[@]}"
                 else
                     measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
                         "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json
                 fi
-                r=$(cell "$work/$tag.$prog.json" "$work/$tag.$prog.err" "$prog")
+                r=$(cell "$work/$tag.$prog.json" "$work/$tag.$prog.err" "${prog%%-*}")
                 log "    -> $r  (others used ${others}% of the CPUs)"
                 echo "$others" >"$work/$tag.$prog.others"
                 # pp and tg of one program come from the same round: the one with the best sum
@@ -342,16 +353,28 @@ echo "## quern vs llama.cpp â€” single stream, pp$pp / tg$tg, $reps reps (mean Â
 echo
 echo "quern: git $quern_rev, binary built $quern_built, bench args '${quern_args:-(defaults)}';" \
      "llama.cpp: build_commit ${llama_commit:-?} (third_party/llama.cpp/.llama-cpp-commit: $(cat "$ROOT/third_party/llama.cpp/.llama-cpp-commit" 2>/dev/null || echo '?'));" \
-     "CPU: ${llama_cpu:-?}, $(nproc) cores"
+     "$("$ROOT/tools/cpu-info.sh"); quern kernels: $isas" \
+     "(QUERN_CPU_ISA; native = the best this CPU has)"
 echo
-echo "| type | threads | test | quern t/s | llama.cpp t/s | quern/llama.cpp | others % (quern / llama.cpp run) |"
-echo "|---|---|---|---|---|---|---|"
+hdr="| type | threads | test |" sep="|---|---|---|"
+for i in $isas; do hdr+=" quern $i t/s |"; sep+="---|"; done
+hdr+=" llama.cpp t/s |"; sep+="---|"
+for i in $isas; do hdr+=" quern $i / llama.cpp |"; sep+="---|"; done
+echo "$hdr others % (quern $(echo "$isas" | sed 's/ / \/ /g') / llama.cpp run) |"
+echo "$sep---|"
 for f in "${models[@]}"; do
     for t in $threads; do
         for w in pp tg; do
-            q=${res[$f,$t,quern]} l=${res[$f,$t,llama]}
+            l=${res[$f,$t,llama]}
             [[ $w == pp ]] && test=pp$pp || test=tg$tg
-            echo "| ${label[$f]} | $t | $test | $(fmt "$q" $w) | $(fmt "$l" $w) | $(ratio "$(val "$q" $w)" "$(val "$l" $w)") | ${oth[$f,$t,quern]} / ${oth[$f,$t,llama]} |"
+            row="| ${label[$f]} | $t | $test |" ratios="" others=""
+            for i in $isas; do
+                q=${res[$f,$t,quern-$i]}
+                row+=" $(fmt "$q" $w) |"
+                ratios+=" $(ratio "$(val "$q" $w)" "$(val "$l" $w)") |"
+                others+="${oth[$f,$t,quern-$i]} / "
+            done
+            echo "$row $(fmt "$l" $w) |$ratios ${others}${oth[$f,$t,llama]} |"
         done
     done
 done
@@ -362,20 +385,22 @@ if [[ $do_bw -eq 1 ]]; then
     echo
     echo "read bandwidth, 1 GiB buffer:$(for t in $threads; do printf " %s thread(s) %s GB/s;" "$t" "${bw_dram[$t]}"; done)"
     echo
-    echo "| type | threads | MB read / token | DRAM roofline t/s | quern tg t/s | % | llama.cpp tg t/s | % | BW at that size GB/s | cache-aware roofline t/s | quern % | llama.cpp % |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| type | threads | quern kernels | MB read / token | DRAM roofline t/s | quern tg t/s | % | llama.cpp tg t/s | % | BW at that size GB/s | cache-aware roofline t/s | quern % | llama.cpp % |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for f in "${models[@]}"; do
         for t in $threads; do
-            qv=$(val "${res[$f,$t,quern]}" tg) lv=$(val "${res[$f,$t,llama]}" tg)
-            awk -v b="${bpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" -v q="$qv" -v l="$lv" \
-                -v lab="${label[$f]}" -v t="$t" 'BEGIN {
+            for i in $isas; do
+                qv=$(val "${res[$f,$t,quern-$i]}" tg) lv=$(val "${res[$f,$t,llama]}" tg)
+                awk -v b="${bpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" -v q="$qv" -v l="$lv" \
+                    -v lab="${label[$f]}" -v t="$t" -v isa="$i" 'BEGIN {
                     m = bw * 1e9 / b; mf = bf * 1e9 / b
-                    printf "| %s | %s | %.2f | %.1f | %s | %s | %s | %s | %.2f | %.1f | %s | %s |\n",
-                        lab, t, b / 1e6, m,
+                    printf "| %s | %s | %s | %.2f | %.1f | %s | %s | %s | %s | %.2f | %.1f | %s | %s |\n",
+                        lab, t, isa, b / 1e6, m,
                         q == "" ? "-" : sprintf("%.2f", q), q == "" ? "-" : sprintf("%.0f%%", 100 * q / m),
                         l == "" ? "-" : sprintf("%.2f", l), l == "" ? "-" : sprintf("%.0f%%", 100 * l / m),
                         bf, mf,
                         q == "" ? "-" : sprintf("%.0f%%", 100 * q / mf), l == "" ? "-" : sprintf("%.0f%%", 100 * l / mf) }'
+            done
         done
     done
 fi

@@ -154,6 +154,8 @@ done
 
 echo "## serving: quern vs llama.cpp — $(basename "$model"), $n requests, concurrency $c, max_tokens $t, $THREADS threads, $rounds round(s)"
 echo
+echo "$("$ROOT/tools/cpu-info.sh")"
+echo
 echo "| server | requests/s | output tok/s | TTFT p50 s | latency p50 s | others % | non-200 |"
 echo "|---|---|---|---|---|---|---|"
 awk '
