@@ -27,145 +27,10 @@
 #include "generate.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "bench_kernels.h"
+#include "../kernels/backend_profile.h"
+#include "bench_ceiling.h"
+#include "bench_profile.h"
 #include "bench_util.h"
-
-/* ---- memory bandwidth ---- */
-
-struct read_arg {
-    const uint64_t *p;
-    size_t n;
-    uint64_t sum;
-};
-
-__attribute__((target("avx512f"))) static uint64_t read512(const uint64_t *p, size_t n)
-{
-    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 32 <= n; i += 32) {
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 8));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 16));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512(p + i + 24));
-    }
-    /* summed as unsigned: the intrinsic reduction adds signed 64-bit values, which overflow */
-    uint64_t lanes[8], sum = 0;
-    _mm512_storeu_si512(lanes,
-                        _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-    for (int i = 0; i < 8; i++) sum += lanes[i];
-    return sum;
-}
-
-static void *read_loop(void *arg)
-{
-    struct read_arg *a = arg;
-    if (__builtin_cpu_supports("avx512f")) {
-        a->sum = read512(a->p, a->n);
-        return NULL;
-    }
-    /* 8 independent sums: the compiler vectorizes it, and it reads every cache line */
-    uint64_t s[8] = {0};
-    for (size_t i = 0; i + 8 <= a->n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a->p[i + (size_t)k];
-    a->sum = s[0] ^ s[1] ^ s[2] ^ s[3] ^ s[4] ^ s[5] ^ s[6] ^ s[7];
-    return NULL;
-}
-
-/* Best GB/s over 3 passes reading bytes with `threads` threads. */
-static double read_bandwidth(const uint64_t *buf, size_t bytes, int threads)
-{
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        pthread_t th[64];
-        struct read_arg a[64];
-        size_t per = bytes / 8 / (size_t)threads;
-        double t0 = bench_now_s();
-        for (int i = 0; i < threads; i++) {
-            a[i] = (struct read_arg){buf + (size_t)i * per, per, 0};
-            if (i) pthread_create(&th[i], NULL, read_loop, &a[i]);
-        }
-        read_loop(&a[0]);
-        for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
-        double dt = bench_now_s() - t0;
-        uint64_t x = 0;
-        for (int i = 0; i < threads; i++) x ^= a[i].sum;
-        if (x == 42) printf(" "); /* keeps the sums alive */
-        best = fmax(best, (double)(per * 8 * (size_t)threads) / dt / 1e9);
-    }
-    return best;
-}
-
-static double memcpy_bandwidth(uint8_t *buf, size_t bytes)
-{
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = bench_now_s();
-        memcpy(buf + bytes / 2, buf, bytes / 2);
-        double dt = bench_now_s() - t0;
-        best = fmax(best, (double)(bytes / 2) / dt / 1e9); /* bytes read (as many written) */
-    }
-    return best;
-}
-
-/* ---- compute peak: independent chains of one instruction, no memory ---- */
-
-#define TGT512      __attribute__((target("avx512f,avx512bw,avx512vnni")))
-#define PEAK_CHAINS 12 /* more than latency x throughput, so the chains never wait */
-
-struct peak_arg {
-    long iters;
-    bool fma;
-    float sink;
-};
-
-TGT512 static void *peak_loop(void *arg)
-{
-    struct peak_arg *a = arg;
-    if (a->fma) {
-        __m512 acc[PEAK_CHAINS], m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
-        for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_set1_ps((float)k);
-        for (long i = 0; i < a->iters; i++)
-            for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_fmadd_ps(acc[k], m, c);
-        __m512 t = acc[0];
-        for (int k = 1; k < PEAK_CHAINS; k++) t = _mm512_add_ps(t, acc[k]);
-        a->sink = _mm512_reduce_add_ps(t);
-    } else {
-        __m512i acc[PEAK_CHAINS], u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
-        for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_set1_epi32(k);
-        for (long i = 0; i < a->iters; i++)
-            for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], u, v);
-        __m512i t = acc[0];
-        for (int k = 1; k < PEAK_CHAINS; k++) t = _mm512_add_epi32(t, acc[k]);
-        uint32_t lanes[16], sum = 0; /* unsigned: the chains wrap, as the hardware does */
-        _mm512_storeu_si512(lanes, t);
-        for (int i = 0; i < 16; i++) sum += lanes[i];
-        a->sink = (float)sum;
-    }
-    return NULL;
-}
-
-/* Best G(FL)OP/s over 3 runs on `threads` threads: fp32 FMA (32 flops per instruction) or int8
- * vpdpbusd (64 multiply-adds = 128 ops per instruction, the unit the Q8 matmul's GFLOP/s counts).
- * 0 when the CPU lacks AVX-512 VNNI. */
-static double compute_peak(bool fma, int threads)
-{
-    if (!__builtin_cpu_supports("avx512vnni") || threads > 64) return 0;
-    const long iters = 4000000;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        pthread_t th[64];
-        struct peak_arg a[64];
-        double t0 = bench_now_s();
-        for (int i = 0; i < threads; i++) {
-            a[i] = (struct peak_arg){.iters = iters, .fma = fma};
-            if (i) pthread_create(&th[i], NULL, peak_loop, &a[i]);
-        }
-        peak_loop(&a[0]);
-        for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
-        double dt = bench_now_s() - t0;
-        double ops = (double)iters * PEAK_CHAINS * (fma ? 32.0 : 128.0) * threads;
-        best = fmax(best, ops / dt / 1e9);
-    }
-    return best;
-}
 
 /* ---- matmul ---- */
 
@@ -354,152 +219,12 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     return 0;
 }
 
-/* ---- per-op profile: a backend that times the real one's ops ---- */
-
-enum { P_MATMUL, P_ATTN, P_NORM, P_ROPE, P_SILU, P_ADD, P_OTHER, P_N };
-static const char *const prof_names[P_N] = {"matmul",   "attention", "rmsnorm", "rope",
-                                            "silu_mul", "add",       "other"};
-
-struct prof {
-    struct backend self;  /* what the model calls */
-    struct backend *real; /* what does the work */
-    struct backend_ops ops;
-    double sec[P_N];
-    long calls[P_N];
-};
-
-static struct prof *prof_of(struct backend *be)
-{
-    return be->ctx;
-}
-
-#define TIMED(k, call)                                                                             \
-    do {                                                                                           \
-        struct prof *p_ = prof_of(be);                                                             \
-        struct backend *r = p_->real;                                                              \
-        double t0_ = bench_now_s();                                                                \
-        call;                                                                                      \
-        p_->sec[k] += bench_now_s() - t0_;                                                         \
-        p_->calls[k]++;                                                                            \
-    } while (0)
-
-static void *pf_alloc(struct backend *be, size_t n)
-{
-    struct backend *r = prof_of(be)->real;
-    return r->ops->buf_alloc(r, n);
-}
-static void pf_free(struct backend *be, void *b)
-{
-    struct backend *r = prof_of(be)->real;
-    r->ops->buf_free(r, b);
-}
-static void pf_write(struct backend *be, void *d, const void *s, size_t n)
-{
-    TIMED(P_OTHER, r->ops->buf_write(r, d, s, n));
-}
-static void pf_read(struct backend *be, void *d, const void *s, size_t n)
-{
-    TIMED(P_OTHER, r->ops->buf_read(r, d, s, n));
-}
-static int pf_prepare(struct backend *be, struct bweight *w, struct qerr *err)
-{
-    struct backend *r = prof_of(be)->real;
-    return r->ops->weight_prepare(r, w, err);
-}
-static void pf_release(struct backend *be, struct bweight *w)
-{
-    struct backend *r = prof_of(be)->real;
-    r->ops->weight_release(r, w);
-}
-static void pf_embed(struct backend *be, const struct bweight *t, const int32_t *tok, int n,
-                     float *out)
-{
-    TIMED(P_OTHER, r->ops->embed(r, t, tok, n, out));
-}
-static void pf_rmsnorm(struct backend *be, float *o, const float *x, const float *w, int n, int dim,
-                       float eps)
-{
-    TIMED(P_NORM, r->ops->rmsnorm(r, o, x, w, n, dim, eps));
-}
-static void pf_add(struct backend *be, float *x, const float *y, size_t n)
-{
-    TIMED(P_ADD, r->ops->add(r, x, y, n));
-}
-static void pf_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
-{
-    TIMED(P_MATMUL, r->ops->matmul(r, w, x, n, y));
-}
-static void pf_rope(struct backend *be, float *x, const int32_t *pos, int n, int nh, int hd, int rd,
-                    float base)
-{
-    TIMED(P_ROPE, r->ops->rope(r, x, pos, n, nh, hd, rd, base));
-}
-static void pf_kv_write(struct backend *be, void *kc, void *vc, const float *k, const float *v,
-                        const struct attn_batch *b, int kv_dim)
-{
-    TIMED(P_OTHER, r->ops->kv_write(r, kc, vc, k, v, b, kv_dim));
-}
-static void pf_attention(struct backend *be, float *out, const float *q, const void *kc,
-                         const void *vc, const struct attn_batch *b, const struct attn_shape *s)
-{
-    TIMED(P_ATTN, r->ops->attention(r, out, q, kc, vc, b, s));
-}
-static void pf_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
-                        int dim)
-{
-    TIMED(P_OTHER, r->ops->get_rows(r, out, x, idx, n, dim));
-}
-static void pf_silu(struct backend *be, float *g, const float *u, size_t n)
-{
-    TIMED(P_SILU, r->ops->silu_mul(r, g, u, n));
-}
-static void pf_sync(struct backend *be)
-{
-    struct backend *r = prof_of(be)->real;
-    r->ops->sync(r);
-}
-
-static void prof_wrap(struct prof *p, struct backend *real)
-{
-    *p = (struct prof){.real = real};
-    p->ops = (struct backend_ops){.name = "profile",
-                                  .destroy = NULL,
-                                  .buf_alloc = pf_alloc,
-                                  .buf_free = pf_free,
-                                  .buf_write = pf_write,
-                                  .buf_read = pf_read,
-                                  .weight_prepare = pf_prepare,
-                                  .weight_release = pf_release,
-                                  .embed = pf_embed,
-                                  .rmsnorm = pf_rmsnorm,
-                                  .add = pf_add,
-                                  .matmul = pf_matmul,
-                                  .rope = pf_rope,
-                                  .kv_write = pf_kv_write,
-                                  .attention = pf_attention,
-                                  .get_rows = pf_get_rows,
-                                  .silu_mul = pf_silu,
-                                  .sync = pf_sync};
-    p->self = (struct backend){.ops = &p->ops, .ctx = p};
-}
-
-static void prof_print(const struct prof *p, double total, int tokens)
-{
-    (void)0;
-    double covered = 0;
-    for (int k = 0; k < P_N; k++) {
-        printf(" %s %.0f us (%ld calls)", prof_names[k], p->sec[k] / tokens * 1e6,
-               p->calls[k] / tokens);
-        covered += p->sec[k];
-    }
-    printf(", outside the backend %.0f us\n", (total - covered) / tokens * 1e6);
-}
-
 /* ---- the model ---- */
 
 struct timing {
     double first;
     int tokens;
+    struct backend *prof; /* reset at the first token, when set */
 };
 
 static bool on_token(void *ctx, int32_t token, const float *logits)
@@ -507,26 +232,25 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
     (void)token;
     (void)logits;
     struct timing *t = ctx;
-    if (t->tokens++ == 0) t->first = bench_now_s();
+    if (t->tokens++ == 0) {
+        t->first = bench_now_s();
+        if (t->prof) backend_profile_reset(t->prof); /* decode's profile starts here */
+    }
     return false;
 }
 
 static int bench_model(const char *path, const struct backend_cpu_opts *bo, int pp, int tg,
-                       double bw, bool profile)
+                       double bw, double peak, bool profile)
 {
     struct bench_rng rng = BENCH_RNG_INIT;
     struct qerr err = {0};
     struct gguf_file *f = NULL;
-    struct backend *be = NULL, *run;
+    struct backend *be = NULL, *run, *prof = NULL;
     struct model *m = NULL;
-    static struct prof prof;
     int rc = gguf_open(path, &f, &err);
     if (!rc) rc = backend_cpu_create(bo, &be, &err);
     run = be;
-    if (!rc && profile) {
-        prof_wrap(&prof, be);
-        run = &prof.self;
-    }
+    if (!rc && profile && !(rc = backend_profile_create(be, &prof, &err))) run = prof;
     int total = pp + tg + 16;
     struct model_opts mo = {.max_batch_tokens = pp > 64 ? pp : 64,
                             .max_logits = 1,
@@ -565,22 +289,23 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
     }
     if (profile && !rc) {
         /* one more prefill and one more decode run, each profiled */
+        struct bench_ceilings c = {.read_gbs = bw,
+                                   .peak_gops = peak,
+                                   .peak_what = bo->precision == MATMUL_Q8 ? bench_int8_peak_insn()
+                                                                           : "fp32 FMA"};
         struct gen_opts o1 = o;
         o1.n_predict = 1;
         struct timing t = {0};
-        memset(prof.sec, 0, sizeof prof.sec);
-        memset(prof.calls, 0, sizeof prof.calls);
+        backend_profile_reset(prof);
         double t0 = bench_now_s();
         rc = generate_run(m, prompt, (size_t)pp, &o1, on_token, &t, &err);
-        printf("  prefill of %d tokens:", pp);
-        prof_print(&prof, bench_now_s() - t0, 1);
-        memset(prof.sec, 0, sizeof prof.sec);
-        memset(prof.calls, 0, sizeof prof.calls);
-        t = (struct timing){0};
-        t0 = bench_now_s();
+        char title[64];
+        snprintf(title, sizeof title, "prefill of %d tokens", pp);
+        if (!rc) bench_profile_print(stdout, title, prof, t.first - t0, 1, &c);
+        t = (struct timing){.prof = prof};
         if (!rc) rc = generate_run(m, prompt, 16, &o, on_token, &t, &err);
-        printf("  decode, per step of %d:", tg + 1);
-        prof_print(&prof, bench_now_s() - t0, tg + 1);
+        snprintf(title, sizeof title, "decode, %d steps", tg);
+        if (!rc) bench_profile_print(stdout, title, prof, (bench_now_s() - t.first) / tg, tg, &c);
     }
     free(prompt);
     if (rc) {
@@ -596,6 +321,7 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
            tg, best_tg, best_tg * wbytes / 1e9, wbytes / 1e6, roof, bw, 100.0 * best_tg / roof);
 out:
     model_free(m);
+    backend_destroy(prof);
     backend_destroy(be);
     gguf_close(f);
     return rc ? 1 : 0;
@@ -659,21 +385,16 @@ int bench_kernels_main(int argc, char **argv)
     if (bo.n_threads <= 0) bo.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (pp < 16 || tg < 2 || n_batches < 1) return usage(), 2;
 
-    size_t bytes = 512u << 20;
-    uint64_t *buf = aligned_alloc(64, bytes);
-    if (!buf) return 1;
-    memset(buf, 1, bytes);
-    double bw1 = read_bandwidth(buf, bytes, 1), bwn = read_bandwidth(buf, bytes, bo.n_threads);
-    double cp = memcpy_bandwidth((uint8_t *)buf, bytes);
-    free(buf);
+    double bw1 = bench_read_bandwidth(1), bwn = bench_read_bandwidth(bo.n_threads);
+    double cp = bench_memcpy_bandwidth();
+    if (bw1 <= 0 || bwn <= 0 || cp <= 0) return 1;
     printf("memory: read %.1f GB/s (1 thread), %.1f GB/s (%d threads); memcpy %.1f GB/s "
            "(1 thread)\n",
            bw1, bwn, bo.n_threads, cp);
-    double peak_fp32 = compute_peak(true, bo.n_threads),
-           peak_int8 = compute_peak(false, bo.n_threads);
-    printf("compute peak (%d threads): fp32 FMA %.0f GFLOP/s, int8 vpdpbusd %.0f GOP/s%s\n",
-           bo.n_threads, peak_fp32, peak_int8,
-           peak_int8 > 0 ? "" : " (no AVX-512 VNNI: not measured)");
+    double peak_fp32 = bench_compute_peak(true, bo.n_threads),
+           peak_int8 = bench_compute_peak(false, bo.n_threads);
+    printf("compute peak (%d threads): fp32 FMA %.0f GFLOP/s, int8 %s %.0f GOP/s\n", bo.n_threads,
+           peak_fp32, bench_int8_peak_insn(), peak_int8);
 
     int rc = 0;
     enum matmul_precision precs[2] = {bo.precision, MATMUL_Q8};
@@ -689,7 +410,8 @@ int bench_kernels_main(int argc, char **argv)
     for (int p = 0; p < n_prec && !rc && model; p++) {
         struct backend_cpu_opts o = bo;
         o.precision = precs[p];
-        rc = bench_model(model, &o, pp, tg, bwn, profile);
+        rc = bench_model(model, &o, pp, tg, bwn, o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32,
+                         profile);
     }
     return rc;
 }

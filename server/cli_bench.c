@@ -18,13 +18,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "../engine/bench_ceiling.h"
 #include "../engine/bench_decode.h"
 #include "../engine/bench_kernels.h"
+#include "../engine/bench_profile.h"
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/synth.h"
 #include "../engine/trace.h"
+#include "../kernels/backend_profile.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
@@ -52,6 +56,8 @@ static void bench_usage(FILE *out)
             "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
             "  --seed S              prompt generator seed (default 1)\n"
             "  --json                print one JSON object instead of a table\n"
+            "  --profile             with --pp/--tg: then one prefill and T decode steps with\n"
+            "                        every op timed: a per-op table of each (docs/profiling.md)\n"
             "  --trace FILE          with --requests: write the engine's steps and requests as a\n"
             "                        Chrome trace (Perfetto, chrome://tracing)\n");
 }
@@ -63,7 +69,7 @@ struct bench_args {
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
     enum matmul_precision precision;
-    bool json, batch_invariant;
+    bool json, batch_invariant, profile;
     struct cli_knobs knobs;
     int decode_batches[16], n_decode; /* --decode-batches */
     int tp;                           /* --tp ranks, 0: one */
@@ -319,9 +325,74 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
     return rc;
 }
 
+struct first_token_reset {
+    struct backend *prof;
+    double t0;
+};
+
+/* Decode's profile starts at the first generated token: the prompt's prefill is not counted. */
+static bool reset_at_first(void *ctx, int32_t t, const float *l)
+{
+    (void)t;
+    (void)l;
+    struct first_token_reset *r = ctx;
+    if (r->t0 == 0) {
+        backend_profile_reset(r->prof);
+        r->t0 = now_s();
+    }
+    return false;
+}
+
+/* --profile: one prefill of a->pp tokens and a->tg decode steps, every op timed (prof wraps be),
+ * each printed as a per-op table against this machine's ceilings (the CPU's, measured now). */
+static int profile_pp_tg(struct model *m, struct backend *prof, struct backend *be,
+                         const struct bench_args *a, const int32_t *prompt, struct gen_opts go,
+                         struct qerr *err)
+{
+    struct bench_ceilings c = {0};
+    if (!strcmp(be->ops->name, "cpu")) {
+        int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        bool fp32 = a->precision == MATMUL_F32;
+        c.read_gbs = bench_read_bandwidth(threads);
+        c.peak_gops = bench_compute_peak(fp32, threads);
+        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn();
+    }
+    int rc = 0;
+    if (a->pp > 0) {
+        go.n_predict = 1;
+        backend_profile_reset(prof);
+        double t0 = now_s();
+        rc = generate_run(m, prompt, (size_t)a->pp, &go, stop_after_first, NULL, err);
+        int steps = (int)((a->pp + go.prefill_chunk - 1) / go.prefill_chunk);
+        char title[96];
+        snprintf(title, sizeof title, "prefill of %ld tokens, %d step(s) of up to %d", a->pp, steps,
+                 go.prefill_chunk);
+        if (!rc) bench_profile_print(stdout, title, prof, (now_s() - t0) / steps, steps, &c);
+    }
+    if (a->tg > 1 && !rc) {
+        struct first_token_reset r = {.prof = prof};
+        go.n_predict = (int)a->tg + 1;
+        rc = generate_run(m, prompt, 1, &go, reset_at_first, &r, err);
+        char title[96];
+        snprintf(title, sizeof title, "decode, batch 1, %ld steps", a->tg);
+        if (!rc)
+            bench_profile_print(stdout, title, prof, (now_s() - r.t0) / (double)a->tg, (int)a->tg,
+                                &c);
+    }
+    return rc;
+}
+
 static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct bench_args *a,
                      struct qerr *err)
 {
+    struct backend *prof = NULL, *inner = be;
+    if (a->profile) {
+        if (a->grp->n > 1)
+            return qerr_set(err, QERR_UNSUPPORTED, "--profile times one rank's ops: not with --tp");
+        int prc = backend_profile_create(be, &prof, err);
+        if (prc) return prc;
+        be = prof;
+    }
     int bs = 16;
     long total = (a->pp > a->tg ? a->pp : a->tg) + 2;
     struct model_opts mo = {.max_batch_tokens = (int)(a->batch < a->pp ? a->batch : a->pp),
@@ -334,7 +405,10 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
     if (mo.max_batch_tokens < 1) mo.max_batch_tokens = 1;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
-    if (rc) return rc;
+    if (rc) {
+        backend_destroy(prof);
+        return rc;
+    }
     int vocab = model_get_config(m)->vocab;
     int32_t *prompt = malloc((size_t)(a->pp > 0 ? a->pp : 1) * sizeof *prompt);
     double *pp = calloc((size_t)a->reps, sizeof *pp), *tg = calloc((size_t)a->reps, sizeof *tg);
@@ -379,11 +453,13 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
             if (a->tg > 0) printf("| tg%ld | %.2f ± %.2f |\n", a->tg, tgm, tgs);
         }
     }
+    if (!rc && prof) rc = profile_pp_tg(m, prof, inner, a, prompt, go, err);
 out:
     free(prompt);
     free(pp);
     free(tg);
     model_free(m);
+    backend_destroy(prof);
     return rc;
 }
 
@@ -416,7 +492,8 @@ int cli_bench(int argc, char **argv)
         O_TYPE,
         O_BATCHINV,
         O_DECODE,
-        O_TP
+        O_TP,
+        O_PROFILE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -432,6 +509,7 @@ int cli_bench(int argc, char **argv)
                                          {"kv-mem", required_argument, 0, O_KV},
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
+                                         {"profile", no_argument, 0, O_PROFILE},
                                          {"trace", required_argument, 0, O_TRACE},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -469,6 +547,9 @@ int cli_bench(int argc, char **argv)
             return EXIT_OK;
         case O_JSON:
             a.json = true;
+            continue;
+        case O_PROFILE:
+            a.profile = true;
             continue;
         case O_TRACE:
             a.trace_path = optarg;

@@ -123,6 +123,10 @@ else
   fails=$((fails + 1))
 fi
 expect 0 'prefill 16 tokens: .* tokens/s' -- bench --kernels --no-kernels --threads 1 --model "$model" --pp 16 --tg 2
+# --profile: every op timed, one row per matmul shape (wq and wo are the 576x576 ones: 2 a layer)
+expect 0 '^\| matmul \| 576x576 Q4_1 \| 60\.0 \|' -- bench --model "$model" --device cpu --threads 2 \
+  --pp 32 --tg 4 --reps 1 --profile
+expect 1 'not with --tp' -- bench --model "$model" --device cpu --pp 8 --tg 2 --tp 2 --profile
 
 # valgrind on the CPU path (--device cpu; the CUDA device probe is test_cuda_select's), with no
 # suppressions: quern links only the CUDA runtime (cuBLAS is opened only for its GEMM path)

@@ -1,0 +1,22 @@
+/* bench_ceiling: this machine's ceilings, measured, for the benchmarks to compare against
+ * (engine/bench_kernels.c, engine/bench_profile.c): memory read bandwidth and the CPU's compute
+ * peak. */
+#ifndef QUERN_BENCH_CEILING_H
+#define QUERN_BENCH_CEILING_H
+
+#include <stdbool.h>
+
+/* Best GB/s (1e9 B/s) of 3 streaming reads of a 512 MiB buffer split over `threads` threads;
+ * 0 when the buffer cannot be allocated. */
+double bench_read_bandwidth(int threads);
+/* Best GB/s of 3 single-thread memcpys of 256 MiB (bytes read; as many are written). */
+double bench_memcpy_bandwidth(void);
+/* Best G(FL)OP/s of 3 runs on `threads` threads of independent chains of one instruction:
+ * fp32 FMA (AVX-512: 32 flops per instruction; AVX2: 16), or the int8 multiply-add the Q8
+ * kernels use (AVX-512 VNNI vpdpbusd: 128 ops; AVX2 vpmaddubsw: 64 ops, counted as the Q8
+ * matmul's GOP/s count them, 2 per multiply-add). 0 on a CPU with neither ISA. */
+double bench_compute_peak(bool fp32_fma, int threads);
+/* The instruction bench_compute_peak(false, ...) times here: "vpdpbusd", "vpmaddubsw" or "-". */
+const char *bench_int8_peak_insn(void);
+
+#endif
