@@ -1,12 +1,14 @@
 /* The engine thread: takes submitted requests, runs one scheduled step at a time, samples, turns
  * tokens into text (holding back what may begin a stop string), and feeds each request's
  * channel. Only this thread touches the model, the KV pool and the sequences. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/nvtx.h"
 #include "engine_impl.h"
 #include "trace.h"
 #include "model_shard.h"
@@ -548,7 +550,10 @@ static void *engine_main(void *arg)
         e->n_waiting_pub = e->n_waiting;
         unsigned seen = e->wakes;
         pthread_mutex_unlock(&e->mu);
+        nvtx_pushf("engine step %" PRIu64 ": %d running, %d waiting", e->local.steps,
+                   e->n_running, e->n_waiting);
         int ran = run_step(e);
+        nvtx_pop();
         publish_stats(e);
         if (ran > 0) continue;
         /* nothing could run (every sequence waits on its reader, or on blocks held by those):

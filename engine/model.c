@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../kernels/comm.h"
+#include "../kernels/nvtx.h"
 #include "model_shard.h"
 #include "model_tp.h"
 
@@ -616,6 +617,7 @@ static int forward_ops(struct model *m, int n, int n_logits, const struct attn_b
     ops->rmsnorm(be, a->xn, a->x, m->layers[0].attn_norm, n, dim, c->eps);
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
+        nvtx_pushf("layer %d", l);
         ops->matmul(be, &ly->wq, a->xn, n, a->q);
         ops->matmul(be, &ly->wk, a->xn, n, a->k);
         ops->matmul(be, &ly->wv, a->xn, n, a->v);
@@ -624,18 +626,23 @@ static int forward_ops(struct model *m, int n, int n_logits, const struct attn_b
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
-        if ((rc = reduce_partial(m, a->xn, n, err))) return rc;
+        if ((rc = reduce_partial(m, a->xn, n, err))) {
+            nvtx_pop();
+            return rc;
+        }
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
         ops->matmul(be, &ly->w_gate, a->xn, n, a->gate);
         ops->matmul(be, &ly->w_up, a->xn, n, a->up);
         ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
-        if ((rc = reduce_partial(m, a->xn, n, err))) return rc;
-        if (l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
+        rc = reduce_partial(m, a->xn, n, err);
+        if (!rc && l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
             add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
-        else
+        else if (!rc)
             ops->add(be, a->x, a->xn, (size_t)n * (size_t)dim);
+        nvtx_pop();
+        if (rc) return rc;
     }
     if (n_logits == 0 || m->sh.rank != 0) return 0;
     /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */
@@ -740,7 +747,7 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
 int model_forward_rank(struct model *m, const struct model_batch *b, float *logits,
                        struct qerr *err)
 {
-    int rc;
+    int rc = 0;
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     struct acts *a = &m->a;
@@ -780,10 +787,14 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
                             .block_size = m->opts.kv_block_size};
     /* what shapes the launches: the counts and the table width (buffers stay put) */
     uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
+    nvtx_pushf("forward: %d tokens, %d sequences, %d logits", b->n_tokens, b->n_seqs,
+               b->n_logits);
     if (!replay || !ops->step_begin(be, key)) {
-        if ((rc = forward_ops(m, n, n_logits, &ab, err))) return rc;
-        if (replay && !ops->step_end(be) && (rc = forward_ops(m, n, n_logits, &ab, err))) return rc;
+        rc = forward_ops(m, n, n_logits, &ab, err);
+        if (!rc && replay && !ops->step_end(be)) rc = forward_ops(m, n, n_logits, &ab, err);
     }
+    nvtx_pop();
+    if (rc) return rc;
     if (b->n_logits == 0 || m->sh.rank != 0) return 0;
     ops->buf_read(be, logits, a->logits,
                   (size_t)b->n_logits * (size_t)m->cfg.vocab * sizeof(float));

@@ -1,15 +1,15 @@
-/* backend_profile: a backend that runs another backend's ops and times each one, for
- * `quern bench --profile` and `quern bench --kernels --model M --profile`.
+/* backend_profile: a backend that runs another backend's ops and times each one
+ * (kernels/backend_wrap.h), for `quern bench --profile` and `quern bench --kernels --model M
+ * --profile`.
  *
  * Every op is followed by the inner backend's sync, so an op's time is its own on an
  * asynchronous device too (on CUDA that also removes launch overlap: the profile's step is
- * slower than a real one, and the table says so with its "outside the ops" line). The wrapper
- * has no step replay (CUDA graphs): a profiled step issues every op.
+ * slower than a real one). The wrapper has no step replay (CUDA graphs): a profiled step issues
+ * every op.
  *
  * Ops are grouped into rows by op and shape: each matmul by its weight (rows x cols, type), the
  * others by op name. A row counts calls, seconds, and the bytes and flops the op must move and
- * do at minimum (weights read once, activations read and written once; attention's KV reads are
- * not counted because its positions live in device buffers), so callers can print GB/s and
+ * do at minimum (backend_wrap.h says how they are counted), so callers can print GB/s and
  * GFLOP/s against a measured ceiling. */
 #ifndef QUERN_BACKEND_PROFILE_H
 #define QUERN_BACKEND_PROFILE_H

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_nvtx.h"
 #include "cpu/backend_cpu.h"
 
 #ifdef QUERN_HAVE_CUDA
@@ -59,6 +60,7 @@ struct knobs {
     int gemm_min;     /* 0: the backend's default */
     bool invariant;   /* every batch on the batch-invariant kernels */
     bool act_f16, no_graphs, sync_launch;
+    bool nvtx; /* an NVTX tool is attached ($NVTX_INJECTION64_PATH) or $QUERN_NVTX=1 */
 };
 
 static bool env_on(const char *name)
@@ -80,7 +82,8 @@ static int read_knobs(const struct backend_request *r, struct knobs *k, struct q
                         .gemm_min = r->gemm_min_tokens,
                         .invariant = r->batch_invariant,
                         .no_graphs = getenv("QUERN_CUDA_GRAPHS") && !env_on("QUERN_CUDA_GRAPHS"),
-                        .sync_launch = env_on("QUERN_SYNC_LAUNCH")};
+                        .sync_launch = env_on("QUERN_SYNC_LAUNCH"),
+                        .nvtx = env_str("NVTX_INJECTION64_PATH") || env_on("QUERN_NVTX")};
     const char *isa = env_str("QUERN_CPU_ISA");
     if (isa) {
         int p = cpu_isa_parse(isa);
@@ -164,17 +167,52 @@ static struct backend_cuda_opts cuda_opts(const struct knobs *k, int device,
 }
 #endif
 
+/* With an NVTX tool attached, every op of *be runs in a range named after it
+ * (kernels/backend_nvtx.h); err->msg, the line saying which backend runs, says so too. */
+static int add_nvtx(const struct knobs *k, struct backend **be, struct qerr *err)
+{
+#ifdef QUERN_HAVE_NVTX
+    if (!k->nvtx) return 0;
+    char line[sizeof err->msg];
+    snprintf(line, sizeof line, "%s", err->msg);
+    struct backend *w;
+    int rc = backend_nvtx_wrap(*be, &w, err);
+    if (rc) return rc;
+    *be = w;
+    err->code = 0;
+    snprintf(err->msg, sizeof err->msg, "%.480s; NVTX ranges per op", line);
+#else
+    (void)k, (void)be, (void)err;
+#endif
+    return 0;
+}
+
+static int create_one(const struct backend_request *r, const struct knobs *kn, struct backend **out,
+                      struct qerr *err);
+
 int backend_create_auto(const struct backend_request *r, struct backend **out, struct qerr *err)
 {
     struct qerr local = {0};
     if (!err) err = &local;
     *out = NULL;
+    struct knobs k;
+    int rc = read_knobs(r, &k, err);
+    if (!rc) rc = create_one(r, &k, out, err);
+    if (!rc && (rc = add_nvtx(&k, out, err))) {
+        backend_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static int create_one(const struct backend_request *r, const struct knobs *kn, struct backend **out,
+                      struct qerr *err)
+{
     enum backend_kind kind;
     int index;
     int rc = backend_device_parse(r->device, &kind, &index, err);
     if (rc) return rc;
-    struct knobs k;
-    if ((rc = read_knobs(r, &k, err))) return rc;
+    struct knobs k = *kn;
     if (k.force_cpu)
         return create_cpu(r->threads, r->precision, &k, "QUERN_FORCE_CPU is set", out, err);
     if (kind == BACKEND_KIND_CPU) return create_cpu(r->threads, r->precision, &k, NULL, out, err);
@@ -248,8 +286,8 @@ static int backend_group_create_cuda(const struct backend_request *r, const stru
 }
 #endif
 
-int backend_group_create(const struct backend_request *r, int n, struct backend_group *g,
-                         struct qerr *err)
+static int group_create(const struct backend_request *r, int n, struct backend_group *g,
+                        struct qerr *err)
 {
     memset(g, 0, sizeof *g);
     if (n < 1 || n > COMM_MAX_RANKS)
@@ -306,4 +344,26 @@ int backend_group_create(const struct backend_request *r, int n, struct backend_
              why, n, n, each, each > 1 ? "s" : "", g->comm[0]->ops->name,
              precision_name(o.precision));
     return 0;
+}
+
+int backend_group_create(const struct backend_request *r, int n, struct backend_group *g,
+                         struct qerr *err)
+{
+    int rc = group_create(r, n, g, err);
+    if (rc || n == 1) return rc; /* one rank: backend_create_auto added the ranges */
+#ifdef QUERN_HAVE_NVTX
+    struct knobs k;
+    if ((rc = read_knobs(r, &k, err)) == 0 && k.nvtx) {
+        char line[sizeof err->msg];
+        snprintf(line, sizeof line, "%s", err->msg);
+        /* the communicators keep the ranks' own backends: the wrappers own them */
+        for (int i = 0; i < g->n && !rc; i++) {
+            struct backend *w;
+            if ((rc = backend_nvtx_wrap(g->be[i], &w, err)) == 0) g->be[i] = w;
+        }
+        if (!rc) snprintf(err->msg, sizeof err->msg, "%.480s; NVTX ranges per op", line);
+    }
+    if (rc) backend_group_free(g);
+#endif
+    return rc;
 }

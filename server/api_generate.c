@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "../kernels/nvtx.h"
 #include "api.h"
 #include "api_structured.h"
 
@@ -463,12 +464,18 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
     if (!api_ready(s, rq->log, out)) return;
     struct oai_request r;
     struct oai_error e = {0};
-    if (oai_parse(kind, rq->body, rq->body_len, &r, &e)) {
+    nvtx_push("http: parse");
+    int parsed = oai_parse(kind, rq->body, rq->body_len, &r, &e);
+    nvtx_pop();
+    if (parsed) {
         api_error(&e, rq->log, out);
         return;
     }
     struct gen *g = NULL;
-    if (api_tools_prompt(s, &r, &e) || gen_start(s, rq, &r, &g, &e)) {
+    nvtx_push("http: tokenize and submit");
+    int start_failed = api_tools_prompt(s, &r, &e) || gen_start(s, rq, &r, &g, &e);
+    nvtx_pop();
+    if (start_failed) {
         oai_request_free(&r);
         api_error(&e, rq->log, out);
         return;
@@ -487,7 +494,9 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
         out->stream_ctx = g;
         return;
     }
+    nvtx_push("http: wait for the engine");
     int rc = wait_all(g);
+    nvtx_pop();
     if (rc == QERR_IO) {
         rq->log->disconnected = true;
         out->status = 0;

@@ -123,6 +123,21 @@ else
   fails=$((fails + 1))
 fi
 expect 0 'prefill 16 tokens: .* tokens/s' -- bench --kernels --no-kernels --threads 1 --model "$model" --pp 16 --tg 2
+# NVTX (a build with the CUDA toolkit's header): with a tool attached, engine steps hold forward
+# ranges, forwards one range per layer, layers their ops; ranges nest on every thread
+if [ -n "${QUERN_NVTX_INJECT:-}" ]; then
+  if NVTX_INJECTION64_PATH=$QUERN_NVTX_INJECT QUERN_NVTX_LOG=$tmp/nvtx.log "$bin" bench \
+      --model "$model" --device cpu --threads 2 --requests 3 --input-len 24 --output-len 6 \
+      --concurrency 2 >"$tmp/nvtx.out" 2>&1 &&
+      grep -q 'NVTX ranges per op' "$tmp/nvtx.out" &&
+      python3 "$(dirname "$0")/check_nvtx.py" "$tmp/nvtx.log" 30; then
+    echo "ok: NVTX ranges seen by an injected tool"
+  else
+    echo "FAIL: NVTX ranges"; tail -5 "$tmp/nvtx.out"; fails=$((fails + 1))
+  fi
+else
+  echo "skip: NVTX (this build has no NVTX header)"
+fi
 # --profile: every op timed, one row per matmul shape (wq and wo are the 576x576 ones: 2 a layer)
 expect 0 '^\| matmul \| 576x576 Q4_1 \| 60\.0 \|' -- bench --model "$model" --device cpu --threads 2 \
   --pp 32 --tg 4 --reps 1 --profile
