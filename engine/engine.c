@@ -550,8 +550,8 @@ static void *engine_main(void *arg)
         e->n_waiting_pub = e->n_waiting;
         unsigned seen = e->wakes;
         pthread_mutex_unlock(&e->mu);
-        nvtx_pushf("engine step %" PRIu64 ": %d running, %d waiting", e->local.steps,
-                   e->n_running, e->n_waiting);
+        nvtx_pushf("engine step %" PRIu64 ": %d running, %d waiting", e->local.steps, e->n_running,
+                   e->n_waiting);
         int ran = run_step(e);
         nvtx_pop();
         publish_stats(e);

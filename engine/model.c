@@ -787,8 +787,7 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
                             .block_size = m->opts.kv_block_size};
     /* what shapes the launches: the counts and the table width (buffers stay put) */
     uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
-    nvtx_pushf("forward: %d tokens, %d sequences, %d logits", b->n_tokens, b->n_seqs,
-               b->n_logits);
+    nvtx_pushf("forward: %d tokens, %d sequences, %d logits", b->n_tokens, b->n_seqs, b->n_logits);
     if (!replay || !ops->step_begin(be, key)) {
         rc = forward_ops(m, n, n_logits, &ab, err);
         if (!rc && replay && !ops->step_end(be)) rc = forward_ops(m, n, n_logits, &ab, err);
