@@ -337,11 +337,13 @@ static void top_logprobs(const float *logits, int vocab, int n, struct req_event
  * reason, or FINISH_NONE while it goes on. */
 static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row)
 {
+    double t0 = e->o.trace ? engine_now() : 0;
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
     if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
     if (s->grammar && seq_constrain_accept(e, s, t)) return FINISH_ERROR;
     sampler_accept(&s->sampler, t);
+    if (e->o.trace) e->step_sampler_s += engine_now() - t0;
     if (s->t_first == 0) s->t_first = engine_now();
     s->n_generated++;
     e->local.generation_tokens++;
@@ -493,6 +495,7 @@ static int run_step(struct engine *e)
         if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens++;
     }
     ts.prefill_tokens = p->n_tokens - ts.decode_tokens;
+    e->step_sampler_s = 0;
     e->local.prompt_tokens += (uint64_t)ts.prompt_tokens;
     sched_commit(e);
     int li = 0;
@@ -510,6 +513,7 @@ static int run_step(struct engine *e)
     }
     if (e->o.trace) {
         ts.t_end = engine_now();
+        ts.sampler_s = e->step_sampler_s;
         ts.kv_blocks_used = kv_pool_used(e->pool);
         ts.preemptions = (int)(e->local.preemptions - preempted_before);
         ts.paused = e->local.paused;
@@ -552,6 +556,7 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
         nvtx_pushf("engine step %" PRIu64 ": %d running, %d waiting", e->local.steps, e->n_running,
                    e->n_waiting);
+        if (e->o.trace) trace_step_begin(e->o.trace);
         int ran = run_step(e);
         nvtx_pop();
         publish_stats(e);
@@ -583,6 +588,7 @@ static void *engine_main(void *arg)
 static void engine_release(struct engine *e)
 {
     model_free(e->model);
+    backend_destroy(e->traced);
     kv_pool_free(e->pool);
     sched_plan_free(&e->plan);
     free(e->incoming);
@@ -659,7 +665,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if ((rc = sched_plan_init(&e->plan, o, err))) goto fail;
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
-    if ((rc = model_load(f, be, &mo, &e->model, err))) goto fail;
+    /* one rank: its ops run on this thread, where trace_step_begin samples the steps */
+    if (o->trace && o->tp <= 1 && (rc = trace_wrap_backend(o->trace, be, &e->traced, err)))
+        goto fail;
+    if ((rc = model_load(f, e->traced ? e->traced : be, &mo, &e->model, err))) goto fail;
     e->local.kv_blocks_total = blocks;
     e->stats = e->local;
     e->last_progress = engine_now();

@@ -73,6 +73,8 @@ struct engine {
     struct engine_opts o;
     const struct tokenizer *tok;
     struct backend *be;
+    struct backend *traced; /* --trace: be wrapped so sampled steps record their ops; or NULL */
+    double step_sampler_s;  /* --trace: this step's time in the sampler (grammar masks included) */
     struct model *model;
     struct kv_pool *pool;
     int vocab, ctx_len;

@@ -2,6 +2,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "trace.h"
 
 struct one_seq {
     int32_t *table;
@@ -57,9 +61,42 @@ static int run_chunk(struct model *m, const struct one_seq *s, const int32_t *to
     return rc;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --trace: a forward that began at t0 has run; trace_step_end records it once its logits are
+ * sampled (or at once, when they are not). */
+static void trace_forward(struct trace_step *ts, double t0, int n_tokens, int n_prompt_tokens,
+                          bool decode)
+{
+    *ts = (struct trace_step){.t_begin = t0,
+                              .t_forward = t0,
+                              .t_sample = now_s(),
+                              .n_seqs = 1,
+                              .prefill_tokens = decode ? 0 : n_tokens,
+                              .decode_tokens = decode ? n_tokens : 0,
+                              .prompt_tokens = n_prompt_tokens};
+}
+
+static void trace_step_end(struct trace *t, struct trace_step *ts, bool sampled)
+{
+    ts->t_end = sampled ? now_s() : ts->t_sample;
+    ts->sampler_s = ts->t_end - ts->t_sample; /* generate_run's step ends at the sample */
+    ts->sampled = sampled;
+    trace_add_step(t, ts);
+}
+
 int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const struct gen_opts *o,
                  gen_token_fn on_token, void *ctx, struct qerr *err)
 {
+    struct trace *tr = o->trace;
+    struct trace_step ts;
+    struct trace_request treq = {.id = 1, .t_submit = now_s(), .prompt_tokens = (int)n_prompt};
+    treq.t_admit = treq.t_submit;
     if (n_prompt == 0) return qerr_set(err, QERR_INVALID, "generate: the prompt is empty");
     if (o->n_predict < 0) return qerr_set(err, QERR_INVALID, "n_predict %d", o->n_predict);
     const struct model_config *c = model_get_config(m);
@@ -78,17 +115,41 @@ int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const 
     }
     if ((rc = sampler_init(&sm, &o->sample, c->vocab, err))) goto out_nosampler;
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(&sm, prompt[i]);
+    bool stopped = false;
     for (size_t at = 0; at < n_prompt && !rc; at += (size_t)chunk) {
         int n = (int)(n_prompt - at < (size_t)chunk ? n_prompt - at : (size_t)chunk);
+        if (tr) trace_step_begin(tr);
+        double t0 = now_s();
         rc = run_chunk(m, &s, prompt + at, (int)at, n, false, logits, err);
+        if (tr) trace_forward(&ts, t0, n, n, false);
+        /* the last chunk's step ends with the first token's sampling, below */
+        if (tr && !rc && (at + (size_t)n < n_prompt || o->n_predict == 0))
+            trace_step_end(tr, &ts, false);
     }
     for (int k = 0; k < o->n_predict && !rc; k++) {
         memcpy(work, logits, (size_t)c->vocab * sizeof *work);
         int32_t tok = sampler_sample(&sm, work);
         sampler_accept(&sm, tok);
-        if (on_token && on_token(ctx, tok, logits)) break;
-        if (k + 1 < o->n_predict)
+        treq.completion_tokens++;
+        if (tr) {
+            if (k == 0) treq.t_first = now_s();
+            trace_step_end(tr, &ts, true);
+        }
+        if (on_token && on_token(ctx, tok, logits)) {
+            stopped = true;
+            break;
+        }
+        if (k + 1 < o->n_predict) {
+            if (tr) trace_step_begin(tr);
+            double t0 = now_s();
             rc = run_chunk(m, &s, &tok, (int)n_prompt + k, 1, false, logits, err);
+            if (tr) trace_forward(&ts, t0, 1, 0, true);
+        }
+    }
+    if (tr) {
+        treq.t_end = now_s();
+        treq.finish = rc ? FINISH_ERROR : stopped ? FINISH_STOP : FINISH_LENGTH;
+        trace_add_request(tr, &treq);
     }
     sampler_free(&sm);
 out_nosampler:

@@ -11,10 +11,15 @@
 #include "model.h"
 #include "sample.h"
 
+struct trace;
+
 struct gen_opts {
     int n_predict;     /* tokens to generate */
     int prefill_chunk; /* prompt tokens per forward; <= the model's max_batch_tokens */
     struct sample_params sample;
+    /* engine/trace.h: each forward as a step (its sampling inside it) and the run as one
+     * request; NULL: none */
+    struct trace *trace;
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling

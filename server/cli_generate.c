@@ -6,8 +6,10 @@
 #include <time.h>
 
 #include "../engine/chat.h"
+#include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/tokenizer.h"
+#include "../engine/trace.h"
 #include "cli.h"
 
 static void generate_usage(FILE *out)
@@ -28,7 +30,9 @@ static void generate_usage(FILE *out)
             "  --threads N       CPU threads (default: all)\n" CLI_PRECISION_HELP CLI_DEVICE_HELP
                 CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
-            "  --no-stats        do not print timings to stderr\n");
+            "  --no-stats        do not print timings to stderr\n"
+            "  --trace FILE      write each forward as a step, and the run, as a Chrome trace\n"
+            "                    (docs/profiling.md)\n");
 }
 
 struct gen_state {
@@ -64,6 +68,7 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 
 struct gen_args {
     const char *model, *prompt, *system, *device;
+    const char *trace_path; /* --trace */
     long n_predict, threads;
     int tp; /* --tp ranks, 0: one */
     bool chat, ignore_eos, stats, batch_invariant;
@@ -89,7 +94,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_PREC,
         O_DEVICE,
         O_BATCHINV,
-        O_TP
+        O_TP,
+        O_TRACE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -110,6 +116,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"tp", required_argument, 0, O_TP},
+                                         {"trace", required_argument, 0, O_TRACE},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_AUTO};
     sample_params_cli_default(&a->sp); /* the defaults --help states */
@@ -140,6 +147,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_NOSTATS:
             a->stats = false;
+            break;
+        case O_TRACE:
+            a->trace_path = optarg;
             break;
         case O_SYSTEM:
             a->system = optarg;
@@ -249,6 +259,8 @@ int cli_generate(int argc, char **argv)
     struct tokenizer *tok = NULL;
     struct backend_group grp = {0};
     struct model *m = NULL;
+    struct trace *tr = NULL;
+    struct backend *traced = NULL; /* --trace: grp.be[0], its sampled steps' ops recorded */
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int exit_code = EXIT_RUNTIME;
@@ -283,12 +295,17 @@ int cli_generate(int argc, char **argv)
                             .tp = grp.n,
                             .tp_backends = grp.be,
                             .tp_comms = grp.comm};
-    if ((rc = model_load(f, grp.be[0], &mo, &m, &err))) goto out;
+    if (a.trace_path &&
+        ((rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, &err)) ||
+         (grp.n == 1 && (rc = trace_wrap_backend(tr, grp.be[0], &traced, &err)))))
+        goto out;
+    if ((rc = model_load(f, traced ? traced : grp.be[0], &mo, &m, &err))) goto out;
 
     struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
     detok_init(&g.dt);
     clock_gettime(CLOCK_MONOTONIC, &g.t0);
-    struct gen_opts go = {.n_predict = (int)a.n_predict, .prefill_chunk = 256, .sample = a.sp};
+    struct gen_opts go = {
+        .n_predict = (int)a.n_predict, .prefill_chunk = 256, .sample = a.sp, .trace = tr};
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
@@ -298,6 +315,15 @@ int cli_generate(int argc, char **argv)
     fflush(stdout);
     if (rc) goto out;
     double total_s = seconds_since(&g.t0);
+    if (tr) {
+        /* what the trace's steps must add up to: a forward per prefill chunk, then one per
+         * token sampled except the last */
+        struct engine_stats st = {.prompt_tokens = n_ids,
+                                  .generation_tokens = (uint64_t)g.produced};
+        st.steps = (n_ids + 255) / 256 + (uint64_t)(g.produced > 0 ? g.produced - 1 : 0);
+        if ((rc = trace_write(tr, a.trace_path, &st, &err))) goto out;
+        fprintf(stderr, "quern generate: trace written to %s\n", a.trace_path);
+    }
     if (a.stats && g.produced > 0) {
         double decode_s = total_s - g.t_first;
         fprintf(stderr,
@@ -311,6 +337,8 @@ out:
     if (exit_code != EXIT_OK) fprintf(stderr, "quern generate: %s\n", err.msg);
     free(ids);
     model_free(m);
+    backend_destroy(traced);
+    trace_free(tr);
     backend_group_free(&grp);
     tokenizer_free(tok);
     gguf_close(f);

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """check_trace.py TRACE.json N_REQUESTS: checks a trace that `quern bench --trace` wrote
 (engine/trace.h): valid Chrome trace JSON; engine steps in order, never overlapping, each with
-its forward and sample slices inside it; one async request slice per request, begun and ended
+its forward and sample slices inside it; every sampled step's op slices inside its forward (7
+matmuls a layer, plus the logits'); one async request slice per request, begun and ended
 once, its queued/prefill/decode phases inside it and in that order; and the steps' and requests'
 token counts equal to the engine's own counters in the file's metadata. Exit 0 when it holds,
 1 (with the reasons) when not."""
+import bisect
 import json
 import sys
 from collections import defaultdict
@@ -25,6 +27,13 @@ def main():
 
     steps = [e for e in events if e.get("ph") == "X" and e["name"] == "step"]
     inner = [e for e in events if e.get("ph") == "X" and e["name"] in ("forward", "sample")]
+    ops = [e for e in events if e.get("cat") == "op"]
+    for e in inner:
+        if e["name"] == "sample":
+            a = e["args"]
+            check(-EPS <= a["sampler_us"] <= e["dur"] + EPS and
+                  abs(a["sampler_us"] + a["detokenize_and_events_us"] - e["dur"]) < 1,
+                  f"sample slice at {e['ts']}: {a} against {e['dur']} us")
     check(len(steps) == other["steps"], f"{len(steps)} step slices, metadata says {other['steps']}")
     check(other["steps_dropped"] == 0 and other["requests_dropped"] == 0, "nothing dropped")
     check(len(steps) == other["engine_steps"],
@@ -35,6 +44,22 @@ def main():
     for e in inner:
         check(any(s["ts"] - EPS <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + EPS
                   for s in steps), f"{e['name']} at {e['ts']} lies inside a step")
+    check(len(ops) == other["ops"] and other["ops_dropped"] == 0,
+          f"{len(ops)} op slices, metadata says {other['ops']} ({other['ops_dropped']} dropped)")
+    forwards = sorted((e for e in inner if e["name"] == "forward"), key=lambda e: e["ts"])
+    starts = [f["ts"] for f in forwards]
+    matmuls = defaultdict(int)  # forward index -> matmul ops inside it
+    for o in ops:
+        i = bisect.bisect_right(starts, o["ts"] + EPS) - 1
+        inside = i >= 0 and o["ts"] + o["dur"] <= forwards[i]["ts"] + forwards[i]["dur"] + EPS
+        check(inside, f"op {o['name']} at {o['ts']} lies inside a forward")
+        if inside and o["name"].startswith("matmul "):
+            matmuls[i] += 1
+    layers = {n // 7 for n in matmuls.values()}
+    check(len(layers) <= 1 and all(n % 7 in (0, 1) and n >= 7 for n in matmuls.values()),
+          f"matmul slices per sampled forward: {sorted(set(matmuls.values()))}")
+    check(len(steps) < 2 * other["ops_every"] or matmuls,
+          f"{len(steps)} steps and no sampled step's ops (1 in {other['ops_every']})")
     for key, meta in (("prompt_tokens", "engine_prompt_tokens"),
                       ("sampled", "engine_generation_tokens"),
                       ("preemptions", "engine_preemptions")):
@@ -82,7 +107,8 @@ def main():
         print("check_trace: " + "\n  ".join(["FAIL"] + fails[:20]))
         return 1
     print(f"check_trace: ok ({len(steps)} steps, {len(spans)} requests, "
-          f"{other['engine_preemptions']} preemptions)")
+          f"{other['engine_preemptions']} preemptions, {len(ops)} op slices in "
+          f"{len(matmuls)} sampled forwards)")
     return 0
 
 

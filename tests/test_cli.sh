@@ -123,6 +123,14 @@ else
   fails=$((fails + 1))
 fi
 expect 0 'prefill 16 tokens: .* tokens/s' -- bench --kernels --no-kernels --threads 1 --model "$model" --pp 16 --tg 2
+# generate --trace: each forward a step (its sampling inside), the run one request
+expect 0 '^Once upon a time' -- generate --model "$model" --prompt "Once upon a time" -n 20 --temp 0 \
+  --device cpu --threads 2 --trace "$tmp/gtrace.json"
+if python3 "$(dirname "$0")/check_trace.py" "$tmp/gtrace.json" 1; then
+  echo "ok: the generate trace holds together"
+else
+  echo "FAIL: the generate trace"; fails=$((fails + 1))
+fi
 # NVTX (a build with the CUDA toolkit's header): with a tool attached, engine steps hold forward
 # ranges, forwards one range per layer, layers their ops; ranges nest on every thread
 if [ -n "${QUERN_NVTX_INJECT:-}" ]; then
