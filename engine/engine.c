@@ -670,6 +670,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         goto fail;
     if ((rc = model_load(f, e->traced ? e->traced : be, &mo, &e->model, err))) goto fail;
     e->local.kv_blocks_total = blocks;
+    e->local.kv_block_size = o->kv_block_size;
     e->stats = e->local;
     e->last_progress = engine_now();
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {

@@ -104,6 +104,7 @@ struct req_event {
 struct engine_stats {
     int running, waiting;
     int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
+    int kv_block_size; /* tokens per KV block */
     uint64_t prefix_lookups, prefix_hit_tokens;
     uint64_t preemptions;
     int paused;       /* sequences waiting for their reader (max_unread events unread) */

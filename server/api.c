@@ -85,6 +85,31 @@ void api_health(struct serve *s, const struct http_req *rq, struct http_resp *ou
     if (out->status == 503) out->retry_after = 5;
 }
 
+/* Liveness: the process and its engine work. Loading and draining are alive (an orchestrator
+ * must not restart a replica for either); an engine that has work and has not finished a step
+ * for --watchdog seconds, or has stopped, is not. */
+void api_liveness(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    (void)rq;
+    int state = atomic_load(&s->state);
+    struct engine_stats st;
+    const char *status = "ok";
+    if (state == SERVE_READY && !serve_stats(s, &st))
+        status = "stopped";
+    else if (state == SERVE_READY && st.last_step_age_s > s->o->watchdog_s)
+        status = "stalled";
+    char *body = malloc(64);
+    if (body) snprintf(body, 64, "{\"status\":\"%s\"}", status);
+    json_reply(out, strcmp(status, "ok") ? 503 : 200, body);
+}
+
+/* Readiness: send it requests. The model is loaded, the server is not draining, and the
+ * engine is live; /health is the same answer. */
+void api_readiness(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    api_health(s, rq, out);
+}
+
 void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     (void)rq;

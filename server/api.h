@@ -13,6 +13,10 @@ void api_completions(struct serve *s, const struct http_req *rq, struct http_res
 void api_chat(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_health(struct serve *s, const struct http_req *rq, struct http_resp *out);
+/* /health/live: 503 only when the engine has stopped or stalled (not while loading or
+ * draining); /health/ready: /health's answer (loaded, not draining, not stalled). */
+void api_liveness(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_readiness(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);

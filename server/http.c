@@ -79,6 +79,8 @@ static const struct route routes[] = {
     {"/tokenize", "POST", true, api_tokenize},
     {"/detokenize", "POST", true, api_detokenize},
     {"/health", "GET", false, api_health},
+    {"/health/live", "GET", false, api_liveness},
+    {"/health/ready", "GET", false, api_readiness},
     {"/metrics", "GET", false, api_metrics},
 };
 
@@ -692,8 +694,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     metrics_count_status(&s->metrics, status);
     if (c->log.has_error) metrics_count_error(&s->metrics, c->log.error);
     /* the probes and scrapes would drown the log: only their failures are logged */
-    bool quiet =
-        c->route && (c->route->fn == api_health || c->route->fn == api_metrics) && status == 200;
+    bool quiet = c->route &&
+                 (c->route->fn == api_health || c->route->fn == api_liveness ||
+                  c->route->fn == api_readiness || c->route->fn == api_metrics) &&
+                 status == 200;
     if (!quiet) log_line(s, c, status, ms_since(&c->t0));
     sbuf_free(&c->body);
     free(c);

@@ -172,6 +172,14 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
     rc = rc ? rc
             : gauge(o, "quern_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.",
                     s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0);
+    /* the KV cache's shape, as labels: what vLLM's cache_config_info carries and the Gateway API
+     * Inference Extension's endpoint picker reads (--cache-info-metric) */
+    rc = rc ? rc
+            : sbuf_printf(o,
+                          "# HELP quern_cache_config_info The KV cache: tokens per block and "
+                          "blocks in the pool.\n# TYPE quern_cache_config_info gauge\n"
+                          "quern_cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n",
+                          s->kv_block_size, s->kv_blocks_total);
     rc = rc ? rc
             : counter(o, "quern_prefix_cache_queries_total", "Prefix cache lookups.",
                       s->prefix_lookups);

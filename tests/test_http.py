@@ -175,6 +175,17 @@ def test_basics(d):
     check(st == 401, "a wrong API key (the right one plus a byte): 401")
     st, _, body = d.request("GET", "/metrics", key=None)
     check(st == 200 and b"quern_kv_blocks_total" in body, "/metrics needs no key")
+    # what an inference gateway's endpoint picker scrapes (docs/scaling.md)
+    text = body.decode()
+    total = re.search(r"^quern_kv_blocks_total (\d+)", text, re.M)
+    info = re.search(r'^quern_cache_config_info\{block_size="(\d+)",num_gpu_blocks="(\d+)"\} 1$',
+                     text, re.M)
+    check(total and info and info.group(1) == "16" and info.group(2) == total.group(1),
+          "/metrics: quern_cache_config_info has the block size and the pool's blocks",
+          info.group(0) if info else text[:300])
+    for path in ("/health/live", "/health/ready"):
+        st, _, body = d.request("GET", path, key=None)
+        check(st == 200 and json.loads(body)["status"] == "ok", f"{path} is 200 ok", body)
 
     st, _, tok = d.post("/tokenize", {"prompt": "Hello world"})
     check(st == 200 and tok["count"] == len(tok["tokens"]) > 0, "/tokenize", tok)
@@ -639,6 +650,10 @@ def test_limits_and_sigterm():
         check(st == 503, "while draining, new work gets 503", f"{st} {body[:200]!r}")
         st, _, body = d.request("GET", "/health", key=None)
         check(st == 503 and b"draining" in body, "while draining, /health is 503")
+        st, _, _ = d.request("GET", "/health/ready", key=None)
+        st2, _, _ = d.request("GET", "/health/live", key=None)
+        check(st == 503 and st2 == 200, "while draining: not ready (503) but live (200)",
+              f"ready {st}, live {st2}")
         finish, done = None, False
         while True:
             line = r.readline()
