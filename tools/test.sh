@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Sets up (tools/setup.sh), runs every test in build/, then the unit tests again in a second
-# build with AddressSanitizer and UndefinedBehaviorSanitizer, and a 2-minute soak of the sanitized
-# daemon (tools/soak.sh). What CI runs (.ci/run).
+# Sets up (tools/setup.sh), runs every test in build/, validates deploy/, then the unit tests
+# again in a second build with AddressSanitizer and UndefinedBehaviorSanitizer, and a 2-minute
+# soak of the sanitized daemon (tools/soak.sh). What CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 meson test -C build --print-errorlogs --num-processes 2
+# deploy/ against Kubernetes' schemas and the code (tools/validate-deploy.sh)
+tools/validate-deploy.sh
 if [ ! -f build-asan/build.ninja ]; then
   meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
     -Db_lundef=false >/dev/null
