@@ -8,6 +8,8 @@ tools/setup.sh
 meson test -C build --print-errorlogs --num-processes 2
 # deploy/ against Kubernetes' schemas and the code (tools/validate-deploy.sh)
 tools/validate-deploy.sh
+# three replicas behind HAProxy on loopback: affinity, and a replica killed mid-run
+tools/cluster-test.sh --short --no-setup
 if [ ! -f build-asan/build.ninja ]; then
   meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
     -Db_lundef=false >/dev/null
