@@ -37,7 +37,7 @@ router=$base
 pids=()
 cleanup() {
   for f in "$work"/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done
-  rm -rf "$work"
+  [ -z "${KEEP_LOGS:-}" ] && rm -rf "$work" || echo "cluster-test: logs kept in $work" >&2
 }
 trap cleanup EXIT
 
@@ -57,6 +57,8 @@ for k in 1 2 3; do sh -c "$(start_cmd $k)"; done
 for k in 1 2 3; do wait_ready $((base + k)); done
 sed -e "s/127.0.0.1:8000/127.0.0.1:$router/" -e "s/127.0.0.1:8081/127.0.0.1:$((base + 1))/" \
   -e "s/127.0.0.1:8082/127.0.0.1:$((base + 2))/" -e "s/127.0.0.1:8083/127.0.0.1:$((base + 3))/" \
+  -e 's/^global$/global\n    log stdout format raw local0/' \
+  -e 's/^defaults$/defaults\n    log global\n    option httplog/' \
   deploy/haproxy.cfg >"$work/haproxy.cfg"
 # started from a subshell, so this shell never reports its death at cleanup
 (haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! >"$work/haproxy.pid")
@@ -71,13 +73,19 @@ load --mode none --first 0 >"$work/rr.json"
 load --mode session --first 100 >"$work/sess.json"
 load --mode session --first 200 --kill-pid-file "$work/q2.pid" --restart-cmd "$(start_cmd 2)" \
   >"$work/kill.json"
-python3 - "$work/rr.json" "$work/sess.json" "$work/kill.json" <<'PY'
-import json, sys
-rr, se, kl = (json.load(open(p)) for p in sys.argv[1:])
+python3 - "$work/rr.json" "$work/sess.json" "$work/kill.json" "$work/haproxy.log" <<'PY'
+import json, re, sys
+rr, se, kl = (json.load(open(p)) for p in sys.argv[1:4])
+# HAProxy's httplog: after the 4-letter termination state, "%ac/%fc/%bc/%sc/%rc", the last the
+# request's retries ("+N" when it was redispatched to another server)
+retried = sum(1 for line in open(sys.argv[4], errors="replace")
+              if (m := re.search(r" [-A-Za-z]{4} \d+/\d+/\d+/\d+/\+?(\d+) ", line))
+              and int(m.group(1)) > 0)
 print("| phase | requests | answered | cut mid-stream | unanswered | hung | output tok/s | prefix-cache hit rate |")
 print("|---|---|---|---|---|---|---|---|")
 for name, d in (("round robin", rr), ("X-Session-Id, consistent hash", se),
-                (f"same, replica 2 SIGKILLed at {kl['killed_at_s']} s and restarted", kl)):
+                (f"same, replica 2 SIGKILLed at {kl['killed_at_s']} s and restarted "
+                 f"({retried} requests retried elsewhere by HAProxy)", kl)):
     f = d["failed"]
     print(f"| {name} | {d['requests']} | {d['answered']} | {f['streamed']} | {f['unanswered']} | "
           f"{f['hung']} | {d['output_tok_s']} | {d['prefix_hit_rate']:.1%} |")
