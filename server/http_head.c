@@ -55,11 +55,10 @@ static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const cha
  * there and drops the rest of that line unseen (a proxy that passed the NUL would see a header
  * quern never does). The head MHD took runs header_size bytes from the method, which starts the
  * request line in its buffer: after the last header only the NULs MHD wrote over two line ends
- * may remain. False when that layout cannot be confirmed (then nothing is refused for it). */
+ * may remain. */
 static bool head_swallowed_a_line(struct MHD_Connection *mc, const char *method,
-                                  const char *raw_url, const char *last_end)
+                                  const char *last_end)
 {
-    if (!method || !raw_url || method + strlen(method) + 1 != raw_url) return false;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     if (!ci || method + ci->header_size < last_end) return false;
@@ -77,8 +76,12 @@ int http_head_check(struct MHD_Connection *mc, const char *method, const char *r
         snprintf(msg, cap, "the request line has no HTTP/1.0 or HTTP/1.1 version");
         return 400;
     }
-    /* MHD put a NUL where the space before the version was: the URL must reach it */
-    if (raw_url && raw_url + raw_url_len != version - 1) {
+    /* MHD put a NUL where each space of the request line was: the method must reach the URL
+     * and the URL the version. MHD 0.9.75 hands over the method in its buffer, where the request
+     * line starts; should a version not, the method's checks are skipped, not failed. */
+    bool method_in_line = method && raw_url && method < raw_url && raw_url - method <= HTTP_URL_MAX;
+    if ((raw_url && raw_url + raw_url_len != version - 1) ||
+        (method_in_line && method + strlen(method) + 1 != raw_url)) {
         snprintf(msg, cap, "the request line holds a NUL byte");
         return 400;
     }
@@ -90,7 +93,7 @@ int http_head_check(struct MHD_Connection *mc, const char *method, const char *r
     struct head_walk w = {.end = version + strlen(version)};
     MHD_get_connection_values_n(mc, MHD_HEADER_KIND, walk_header, &w);
     if (!w.nul && !(w.end[0] == '\0' && w.end[1] == '\0')) w.nul = true; /* the last line */
-    if (!w.nul && head_swallowed_a_line(mc, method, raw_url, w.end)) w.nul = true;
+    if (!w.nul && method_in_line && head_swallowed_a_line(mc, method, w.end)) w.nul = true;
     if (w.nul) {
         snprintf(msg, cap, "a header line holds a NUL byte (or is folded)");
         return 400;
