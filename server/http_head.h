@@ -23,7 +23,9 @@
  * when MHD skipped that callback). Returns 0, or the status to refuse it with (400, 414, 431),
  * with a one-line reason in msg. A NUL byte in the request line or in a header line is a 400,
  * except a line of one NUL byte alone that MHD took for the empty line ending the head where
- * its bytes cannot be told from a line end's (it hides nothing). */
+ * its bytes cannot be told from a line end's (it hides nothing). Lines before the request line
+ * that start with NUL are skipped by MHD as the empty lines a client may send first; they reach
+ * no check and no handler, and nothing in MHD's API shows them. */
 int http_head_check(struct MHD_Connection *mc, const char *method, const char *raw_url,
                     size_t raw_url_len, const char *version, char *msg, size_t cap);
 
