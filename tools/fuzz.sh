@@ -52,5 +52,5 @@ for t in "${list[@]}"; do
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
   echo "fuzz: $t: ${runs:-?} executions in ${seconds} s (${rate:-?}/s), no crash"
-  [ $mode = check ] && rm -rf "$work"
+  if [ $mode = check ]; then rm -rf "$work"; fi
 done
