@@ -42,7 +42,8 @@ for t in "${list[@]}"; do
   fi
   log=build-fuzz/fuzz-artifacts/$t.log
   # new inputs go to the first directory; the committed seeds are only read
-  if ! build-fuzz/tests/fuzz/fuzz_$t -max_total_time="$seconds" -print_final_stats=1 \
+  # -timeout: an input that takes over 60 s (a hang, or work out of all proportion) fails too
+  if ! build-fuzz/tests/fuzz/fuzz_$t -max_total_time="$seconds" -timeout=60 -print_final_stats=1 \
       -artifact_prefix="build-fuzz/fuzz-artifacts/$t-" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1
   then
     tail -n 40 "$log" >&2
