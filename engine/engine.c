@@ -12,6 +12,7 @@
 #include "engine_impl.h"
 #include "trace.h"
 #include "model_shard.h"
+#include "stop_match.h"
 
 double engine_now(void)
 {
@@ -218,28 +219,13 @@ static int take_text(struct seq *s, struct req_event *ev, int n)
 /* Length of the longest suffix of hold that is a proper prefix of some stop string. */
 static int stop_prefix_suffix(const struct seq *s)
 {
-    int best = 0;
-    for (int k = 0; k < s->n_stop_strings; k++) {
-        int len = (int)strlen(s->stop_strings[k]);
-        for (int l = len - 1 > s->n_hold ? s->n_hold : len - 1; l > best; l--)
-            if (memcmp(s->hold + s->n_hold - l, s->stop_strings[k], (size_t)l) == 0) {
-                best = l;
-                break;
-            }
-    }
-    return best;
+    return stop_partial_suffix(s->hold, s->n_hold, s->stop_strings, s->n_stop_strings);
 }
 
 /* Earliest offset in hold where a stop string starts, or -1. */
 static int find_stop(const struct seq *s)
 {
-    int best = -1;
-    for (int k = 0; k < s->n_stop_strings; k++) {
-        const char *hit =
-            memmem(s->hold, (size_t)s->n_hold, s->stop_strings[k], strlen(s->stop_strings[k]));
-        if (hit && (best < 0 || hit - s->hold < best)) best = (int)(hit - s->hold);
-    }
-    return best;
+    return stop_find(s->hold, s->n_hold, s->stop_strings, s->n_stop_strings);
 }
 
 static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,

@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "api.h"
+#include "http_head.h"
 
 enum conn_phase { PHASE_READING, PHASE_HANDLING };
 
@@ -59,9 +60,6 @@ struct http_server {
     pthread_t reaper;
 };
 
-#define URL_MAX           8192        /* longer: 414 */
-#define HEAD_MAX          (64 * 1024) /* request line and headers; more: 431 */
-#define CONN_POOL_KB      160 /* MHD's per-connection buffer: room for HEAD_MAX and a reply */
 #define SEND_BUFFER_BYTES (128 * 1024)
 #define EVICT_AFTER_S     1.0
 
@@ -113,24 +111,6 @@ static double mono_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* 'Bearer KEY', the scheme in any case (RFC 7235), constant-time in the key's content: every
- * byte of the expected key is compared. */
-static bool key_ok(const char *key, const char *header)
-{
-    static const char bearer[] = "bearer";
-    if (!header || strncasecmp(header, bearer, sizeof bearer - 1) != 0) return false;
-    const char *given = header + sizeof bearer - 1;
-    if (*given != ' ' && *given != '\t') return false;
-    while (*given == ' ' || *given == '\t') given++;
-    size_t glen = strlen(given), klen = strlen(key);
-    volatile unsigned char diff = glen != klen;
-    for (size_t i = 0; i < klen; i++) {
-        size_t j = i < glen ? i : 0;
-        diff |= (unsigned char)(key[i] ^ (glen ? given[j] : 0));
-    }
-    return diff == 0;
 }
 
 /* ---- the connection table ---- */
@@ -456,8 +436,8 @@ static bool early_answer(struct serve *s, struct MHD_Connection *mc, struct conn
         fill_error(&r, &c->log, 405, "invalid_request_error", "method_not_allowed", msg);
         r.allow = path_match->method;
     } else if (c->route->auth && s->o->api_key &&
-               !key_ok(s->o->api_key,
-                       MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization"))) {
+               !http_key_ok(s->o->api_key,
+                            MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization"))) {
         fill_error(&r, &c->log, 401, "authentication_error", "invalid_api_key",
                    "missing or incorrect API key (send 'Authorization: Bearer KEY')");
     } else {
@@ -491,69 +471,6 @@ static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *
     return c;
 }
 
-struct head_walk {
-    const char *end; /* of the previous item of the head, as MHD left it in its buffer */
-    size_t bytes;
-    bool nul;
-};
-
-/* Each header line's CR LF (or bare LF) became NULs: anything else between one header's value
- * and the next name means a NUL byte inside the line, which MHD's C strings cut off. */
-static bool only_line_end(const char *from, const char *to)
-{
-    if (to < from + 1 || to > from + 2) return false;
-    for (const char *p = from; p < to; p++)
-        if (*p) return false;
-    return true;
-}
-
-static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                   size_t key_size, const char *value, size_t value_size)
-{
-    (void)kind;
-    struct head_walk *w = cls;
-    w->bytes += key_size + value_size + 4;
-    if (w->end && !only_line_end(w->end, key)) {
-        w->nul = true;
-        return MHD_NO;
-    }
-    w->end = value ? value + value_size : key + key_size;
-    return MHD_YES;
-}
-
-/* Checks the request head as it arrived; 0, or the status to refuse it with (message in msg). */
-static int check_head(struct MHD_Connection *mc, const struct conn *c, const char *version,
-                      char *msg, size_t cap)
-{
-    if (strcmp(version, MHD_HTTP_VERSION_1_1) != 0 && strcmp(version, MHD_HTTP_VERSION_1_0) != 0) {
-        snprintf(msg, cap, "the request line has no HTTP/1.0 or HTTP/1.1 version");
-        return 400;
-    }
-    /* MHD put a NUL where the space before the version was: the URL must reach it */
-    if (c->raw_url && c->raw_url + c->raw_url_len != version - 1) {
-        snprintf(msg, cap, "the request line holds a NUL byte");
-        return 400;
-    }
-    if (c->raw_url_len > URL_MAX) {
-        snprintf(msg, cap, "the URL (%zu bytes) is over the limit of %d bytes", c->raw_url_len,
-                 URL_MAX);
-        return 414;
-    }
-    struct head_walk w = {.end = version + strlen(version)};
-    MHD_get_connection_values_n(mc, MHD_HEADER_KIND, walk_header, &w);
-    if (!w.nul && !(w.end[0] == '\0' && w.end[1] == '\0')) w.nul = true; /* the last line */
-    if (w.nul) {
-        snprintf(msg, cap, "a header line holds a NUL byte (or is folded)");
-        return 400;
-    }
-    if (w.bytes + c->raw_url_len > HEAD_MAX) {
-        snprintf(msg, cap, "the request headers (%zu bytes) are over the limit of %d bytes",
-                 w.bytes + c->raw_url_len, HEAD_MAX);
-        return 431;
-    }
-    return 0;
-}
-
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -581,7 +498,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         copy_printable(c->method, sizeof c->method, method);
         copy_printable(c->path, sizeof c->path, url);
         char msg[160];
-        int bad = check_head(mc, c, version, msg, sizeof msg);
+        int bad = http_head_check(mc, method, c->raw_url, c->raw_url_len, version, msg, sizeof msg);
         if (bad) {
             struct http_resp r = {0};
             fill_error(&r, &c->log, bad, "invalid_request_error",
@@ -774,7 +691,7 @@ int http_start(struct serve *s, struct http_server **out, struct qerr *err)
         h, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h, MHD_OPTION_URI_LOG_CALLBACK,
         on_request_line, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)n_slots,
         MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)CONN_POOL_KB * 1024, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+        (size_t)HTTP_CONN_POOL_KB * 1024, MHD_OPTION_STRICT_FOR_CLIENT, 1,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {

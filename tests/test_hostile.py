@@ -349,6 +349,12 @@ def test_malformed_heads(d):
          b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
          b"Authorization: Bearer k1\0junk\r\n\r\n"),
         ("a NUL in a header name", b"GET /health HTTP/1.1\r\nHo\0st: x\r\n\r\n"),
+        # found by tests/fuzz/fuzz_http_head: MHD took the line for the empty one that ends the
+        # head and dropped it unseen
+        ("a header line that starts with NULs",
+         b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\0\0Authorization: Bearer k1\0junk\r\n\r\n"),
+        ("a header line of NULs", b"GET /health HTTP/1.1\r\nHost: x\r\n\0\0\0\r\n\r\n"),
+        ("a NUL in the method", b"GE\0T /health HTTP/1.1\r\nHost: x\r\n\r\n"),
     ]
     for what, data in cases:
         out, took, closed = raw(d, data)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up (tools/setup.sh), runs every test in build/, validates deploy/, then the unit tests
-# again in a second build with AddressSanitizer and UndefinedBehaviorSanitizer, and a 2-minute
-# soak of the sanitized daemon (tools/soak.sh). What CI runs (.ci/run).
+# Sets up (tools/setup.sh), runs every test in build/, validates deploy/, runs three replicas
+# behind HAProxy (tools/cluster-test.sh --short), then the unit tests again in a second build
+# with AddressSanitizer and UndefinedBehaviorSanitizer, a short run of the fuzzers
+# (tools/fuzz.sh), and a 2-minute soak of the sanitized daemon (tools/soak.sh). What CI runs
+# (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -17,6 +19,9 @@ fi
 ninja -C build-asan >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   QUERN_SANITIZED=1 meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
+# every libFuzzer target (tests/fuzz) over its committed corpus, crash regressions included, then
+# 6 s of new inputs each (clang build in build-fuzz/; tools/fuzz.sh TARGET SECONDS for long runs)
+tools/fuzz.sh --check 6
 # two minutes of hundreds of hostile, slow and well-behaved clients against the sanitized daemon
 tools/soak.sh --no-setup --bin build-asan/server/quern --duration 120 --clients 100
 echo "test: all tests passed"

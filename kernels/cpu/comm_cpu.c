@@ -90,7 +90,12 @@ static int barrier(struct comm *c, struct qerr *err)
     pthread_mutex_unlock(&g->mu);
     for (int i = 0; i < BARRIER_SPINS; i++) {
         if (__atomic_load_n(&g->gen, __ATOMIC_ACQUIRE) != my) return 0;
-        if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE)) return failed_err(g, c->rank, err);
+        /* A rank that left this barrier may fail the group between the two loads: its abort
+         * comes after the generation moved, so look again before reporting a failure (seen
+         * under ThreadSanitizer's scheduling: a rank failed the step before the abort). */
+        if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE))
+            return __atomic_load_n(&g->gen, __ATOMIC_ACQUIRE) != my ? 0
+                                                                    : failed_err(g, c->rank, err);
         CPU_RELAX();
     }
     struct timespec dl;

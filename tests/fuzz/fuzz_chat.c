@@ -1,0 +1,93 @@
+/* fuzz_chat: chat templates and conversations through the renderer: chat_template_parse on the
+ * template text, chat_format / chat_format_spans on the messages, and chat_encode with a real
+ * tokenizer, as a chat request runs them.
+ *
+ * Input: byte 0: bit 0 add_generation_prompt, bit 1 the tokenizer (the real model's BPE or the
+ * SentencePiece one), bit 2 content_special, bit 3 add_bos; then the template text up to a NUL;
+ * then messages separated by NULs, each a role byte (system, user, assistant, tool, or an
+ * unknown role) and its content. Checked: both formatters give the same text; the content
+ * ranges are sorted, disjoint, inside the text, and hold only message text; with valid UTF-8
+ * content a formatted conversation always encodes, to ids in the vocabulary. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../engine/chat.h"
+#include "fuzz_util.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+enum { MAX_MSGS = 16 };
+
+static bool inside_some_message(const char *s, size_t n, const struct chat_msg *m, size_t n_msgs)
+{
+    for (size_t i = 0; i < n_msgs; i++)
+        if (memmem(m[i].content, strlen(m[i].content), s, n)) return true;
+    return false;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    bool gen = data[0] & 1, content_special = data[0] & 4, add_bos = data[0] & 8;
+    const struct tokenizer *tok = data[0] & 2 ? fuzz_spm() : fuzz_bpe();
+    /* a NUL-terminated copy to cut into fields */
+    char *buf = malloc(size);
+    if (!buf) abort();
+    memcpy(buf, data + 1, size - 1);
+    buf[size - 1] = 0;
+    char *end = buf + size - 1;
+    const char *tmpl = buf;
+    size_t tmpl_len = strlen(buf);
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
+    struct chat_msg msgs[MAX_MSGS];
+    size_t n_msgs = 0;
+    bool valid = true;
+    for (char *p = buf + tmpl_len + 1; p < end && n_msgs < MAX_MSGS; p += strlen(p) + 1) {
+        msgs[n_msgs].role = roles[(unsigned char)*p % 5];
+        msgs[n_msgs].content = *p ? p + 1 : p;
+        valid &= fuzz_utf8_valid(msgs[n_msgs].content, strlen(msgs[n_msgs].content)) &&
+                 (unsigned char)*p % 5 != 4;
+        n_msgs++;
+    }
+
+    struct chat_template ct;
+    struct qerr err = {0};
+    if (chat_template_parse(tmpl, tmpl_len, &ct, &err)) {
+        if (!err.msg[0]) __builtin_trap();
+        free(buf);
+        return 0;
+    }
+    char *text = NULL, *text2 = NULL;
+    struct tokenizer_span *spans = NULL;
+    size_t n_spans = 0;
+    int rc = chat_format(&ct, msgs, n_msgs, gen, &text, &err);
+    int rc2 = chat_format_spans(&ct, msgs, n_msgs, gen, &text2, &spans, &n_spans, &err);
+    if (rc != rc2) __builtin_trap();
+    if (rc == 0) {
+        size_t len = strlen(text);
+        if (strcmp(text, text2) != 0) __builtin_trap();
+        for (size_t i = 0; i < n_spans; i++) {
+            if (spans[i].off + spans[i].len > len) __builtin_trap();
+            if (i && spans[i].off < spans[i - 1].off + spans[i - 1].len) __builtin_trap();
+            if (!inside_some_message(text + spans[i].off, spans[i].len, msgs, n_msgs))
+                __builtin_trap();
+        }
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        rc = chat_encode(&ct, tok, msgs, n_msgs, gen, add_bos, content_special, &ids, &n_ids, &err);
+        /* the template's default system prompt is text from the file, checked here too */
+        valid &= fuzz_utf8_valid(text, len);
+        if (rc && valid && rc != QERR_NOMEM) __builtin_trap();
+        for (size_t i = 0; rc == 0 && i < n_ids; i++)
+            if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(tok)) __builtin_trap();
+        free(ids);
+    } else if (!err.msg[0]) {
+        __builtin_trap();
+    }
+    free(text);
+    free(text2);
+    free(spans);
+    chat_template_free(&ct);
+    free(buf);
+    return 0;
+}
