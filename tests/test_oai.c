@@ -754,13 +754,26 @@ START_TEST(write_errors_and_misc)
     cJSON_Delete(j);
     free(s);
 
-    s = oai_write_models("smol", 5, 8192);
+    const char *names[] = {"smol", "alias"};
+    s = oai_write_models(names, 2, 5, 8192);
     j = cJSON_Parse(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
     cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
     ck_assert_str_eq(cJSON_GetObjectItem(m0, "id")->valuestring, "smol");
     ck_assert_str_eq(cJSON_GetObjectItem(m0, "object")->valuestring, "model");
     ck_assert_int_eq(cJSON_GetObjectItem(m0, "max_model_len")->valueint, 8192);
+    ck_assert_int_eq(cJSON_GetObjectItem(m0, "created")->valueint, 5);
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "owned_by")->valuestring, "quern");
+    cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(m1, "id")->valuestring, "alias");
+    ck_assert_str_eq(cJSON_GetObjectItem(m1, "root")->valuestring, "smol");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 2);
+    cJSON_Delete(j);
+    free(s);
+    s = oai_write_model("alias", "smol", 5, 100);
+    j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "id")->valuestring, "alias");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "context_length")->valueint, 100);
     cJSON_Delete(j);
     free(s);
 
