@@ -118,7 +118,7 @@ static int on_prompt_event(struct gen *g, struct choice *c, const struct req_eve
     one.n_top = ev->n_top < 0 ? 0 : ev->n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : ev->n_top;
     memcpy(one.top, ev->top, (size_t)one.n_top * sizeof one.top[0]);
     int rc = 0;
-    if (g->meta.prompt_logprobs >= 0)
+    if (g->meta.prompt_logprobs)
         rc = oai_lp_push(&c->out.plp, &c->out.n_plp, &c->out.cap_plp, &one);
     if (!rc && g->echo_lp) {
         one.text_offset = c->prompt_off;
@@ -450,7 +450,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .model = model,
                                 .created = (long long)time(NULL),
                                 .logprobs = r->logprobs,
-                                .prompt_logprobs = r->prompt_logprobs,
+                                .prompt_logprobs = r->prompt_logprobs >= 0,
+                                .prompt_top = r->prompt_logprobs,
                                 .vocab = api_vocab(s)};
     g->echo_lp = r->kind == OAI_COMPLETION && r->echo && r->logprobs >= 0;
     int prompt_top = g->echo_lp ? r->logprobs : -1;

@@ -181,9 +181,10 @@ struct oai_meta {
     enum oai_kind kind; /* OAI_COMPLETION or OAI_CHAT */
     const char *id;     /* "cmpl-..." / "chatcmpl-..." */
     const char *model;
-    long long created;   /* unix seconds */
-    int logprobs;        /* -1: none; else top-N */
-    int prompt_logprobs; /* -1: none; else each choice has "prompt_logprobs" with top-N */
+    long long created;    /* unix seconds */
+    int logprobs;         /* -1: none; else top-N */
+    bool prompt_logprobs; /* each choice has "prompt_logprobs" (vLLM's), with prompt_top */
+    int prompt_top;       /* alternatives per prompt token (0..20) */
     struct oai_vocab vocab;
 };
 

@@ -200,7 +200,7 @@ static cJSON *prompt_lp(const struct oai_meta *m, const struct oai_lp *lp, size_
             continue;
         }
         cJSON *o = cJSON_CreateObject();
-        for (int k = -1; k < lp[i].n_top && k < m->prompt_logprobs; k++) {
+        for (int k = -1; k < lp[i].n_top && k < m->prompt_top; k++) {
             int32_t id = k < 0 ? lp[i].token : lp[i].top[k].token;
             snprintf(key, sizeof key, "%d", (int)id);
             if (cJSON_GetObjectItemCaseSensitive(o, key)) continue;
@@ -273,7 +273,7 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
         }
         cJSON_AddItemToObject(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
         cJSON_AddItemToObject(ch, "finish_reason", finish_obj(c[i].finish));
-        if (m->prompt_logprobs >= 0)
+        if (m->prompt_logprobs)
             cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_lp(m, c[i].plp, c[i].n_plp));
     }
     cJSON_AddItemToObject(o, "usage", usage_obj(u));
