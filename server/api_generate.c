@@ -88,6 +88,7 @@ static void gen_free(struct gen *g)
     }
     free(g->ch);
     free(g->instructions);
+    oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
     free(g->n_ids);
     free(g->echo);
@@ -157,7 +158,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     if (g->stream && g->meta.kind == OAI_RESPONSES) {
         /* the text is kept for the closing events (stream_read) */
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
-        if (!rc && len)
+        if (!rc && len && !g->tools) /* with tools the text may become calls: held */
             rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, ev->text, len,
                                                 FINISH_NONE, NULL));
     } else if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
@@ -273,6 +274,49 @@ static int wait_more(struct gen *g)
     return 0;
 }
 
+/* With tools, what the chat's one choice wrote as <tool_call> blocks become the response's
+ * function calls (g->resp.calls); returns the length of the message text before them. */
+static size_t resp_take_calls(struct gen *g)
+{
+    const struct choice *c = &g->ch[0];
+    size_t keep = c->out.text.len;
+    /* cut by max_output_tokens too: the whole blocks before the cut are calls */
+    if (!g->tools || c->out.finish == FINISH_ERROR || !c->out.text.p) return keep;
+    struct oai_tool_call *calls = NULL;
+    oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
+    int n = oai_parse_tool_calls(c->out.text.p, c->out.text.len, &calls, &keep);
+    g->resp.calls = calls;
+    g->resp.n_calls = n > 0 ? (size_t)n : 0;
+    return n > 0 ? keep : c->out.text.len;
+}
+
+/* The closing events of a streamed response. Without tools the message's item and part were
+ * announced at the start and its text streamed; with tools the text was held (it may hold
+ * <tool_call> blocks), so the message comes whole here, then each call. */
+static int resp_stream_end(struct gen *g)
+{
+    const struct choice *c = &g->ch[0];
+    const char *text = c->out.text.p ? c->out.text.p : "";
+    size_t len = resp_take_calls(g);
+    enum finish_reason fin = c->out.finish;
+    int rc = 0;
+    bool msg = oai_resp_has_message(&g->resp, len);
+    for (int ev = OAI_RESP_ITEM_ADDED; g->tools && msg && ev <= OAI_RESP_PART_ADDED && !rc; ev++)
+        rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
+    if (!rc && g->tools && msg && len)
+        rc = append_chunk(
+            g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, text, len, FINISH_NONE, NULL));
+    for (int ev = OAI_RESP_TEXT_DONE; msg && ev <= OAI_RESP_ITEM_DONE && !rc; ev++)
+        rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, text, len, fin, &g->usage));
+    for (size_t k = 0; k < g->resp.n_calls && !rc; k++)
+        for (int ev = OAI_RESP_CALL_ADDED; ev <= OAI_RESP_CALL_DONE && !rc; ev++)
+            rc = append_chunk(g, oai_resp_call_event(&g->resp, ev, g->seq++, k, len));
+    if (!rc)
+        rc = append_chunk(
+            g, oai_resp_event(&g->resp, OAI_RESP_DONE, g->seq++, text, len, fin, &g->usage));
+    return rc;
+}
+
 static long stream_read(void *ctx, char *buf, size_t max)
 {
     struct gen *g = ctx;
@@ -282,10 +326,7 @@ static long stream_read(void *ctx, char *buf, size_t max)
         if (g->eof) return 0;
         int rc = 0;
         if (all_done(g) && g->meta.kind == OAI_RESPONSES) {
-            const struct choice *c = &g->ch[0];
-            for (int ev = OAI_RESP_TEXT_DONE; ev <= OAI_RESP_DONE && !rc; ev++)
-                rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, c->out.text.p,
-                                                    c->out.text.len, c->out.finish, &g->usage));
+            rc = resp_stream_end(g);
             g->eof = true;
         } else if (all_done(g)) {
             if (g->include_usage) rc = append_chunk(g, oai_write_usage_chunk(&g->meta, &g->usage));
@@ -521,7 +562,8 @@ static int stream_begin(struct gen *g)
 {
     int rc = 0;
     if (g->meta.kind == OAI_RESPONSES) {
-        for (int ev = OAI_RESP_CREATED; ev <= OAI_RESP_PART_ADDED && !rc; ev++)
+        int last = g->tools ? OAI_RESP_IN_PROGRESS : OAI_RESP_PART_ADDED;
+        for (int ev = OAI_RESP_CREATED; ev <= last && !rc; ev++)
             rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
         return rc;
     }
@@ -599,12 +641,12 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
                 for (int i = 0; i < g->n_choices; i++) cs[i] = g->ch[i].out;
             char *body = NULL;
             if (g->meta.kind == OAI_RESPONSES)
-                body = oai_resp_write(&g->resp, g->ch[0].out.text.p, g->ch[0].out.text.len,
+                body = oai_resp_write(&g->resp, g->ch[0].out.text.p, resp_take_calls(g),
                                       g->ch[0].out.finish, &g->usage);
             else if (cs)
                 body = oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage);
             free(cs);
-            if (body && g->tools) body = api_tools_rewrite(body, g->id);
+            if (body && g->tools && g->meta.kind == OAI_CHAT) body = api_tools_rewrite(body, g->id);
             if (!body) {
                 oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
                 api_error(&e, rq->log, out);

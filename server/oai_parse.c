@@ -488,6 +488,100 @@ static cJSON *resp_content(const cJSON *c, const char *param, struct oai_error *
     return parts;
 }
 
+/* A function_call input item as the chat form of an assistant's tool call; consecutive calls
+ * join one assistant message (parallel calls). */
+static int resp_function_call(const cJSON *x, cJSON *msgs, const char *param, struct oai_error *e)
+{
+    const char *name = NULL, *args = NULL, *call_id = NULL;
+    if (get_str(x, "name", &name, e) < 0 || get_str(x, "arguments", &args, e) < 0 ||
+        get_str(x, "call_id", &call_id, e) < 0 || !name)
+        return bad(e, param, "'%s' (a function_call) needs a string 'name' and 'arguments'", param);
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    cJSON *calls = last ? cJSON_GetObjectItemCaseSensitive(last, "tool_calls") : NULL;
+    if (!calls) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, m);
+        if (!cJSON_AddStringToObject(m, "role", "assistant") ||
+            !(calls = cJSON_AddArrayToObject(m, "tool_calls")))
+            return oom(e);
+    }
+    cJSON *c = cJSON_CreateObject(), *fn;
+    cJSON_AddItemToArray(calls, c);
+    if (!cJSON_AddStringToObject(c, "id", call_id ? call_id : "") ||
+        !cJSON_AddStringToObject(c, "type", "function") ||
+        !(fn = cJSON_AddObjectToObject(c, "function")) ||
+        !cJSON_AddStringToObject(fn, "name", name) ||
+        !cJSON_AddStringToObject(fn, "arguments", args ? args : "{}"))
+        return oom(e);
+    return 0;
+}
+
+/* A function_call_output input item as a chat tool message. */
+static int resp_function_output(const cJSON *x, cJSON *msgs, const char *param, struct oai_error *e)
+{
+    const char *out = NULL, *call_id = NULL;
+    if (get_str(x, "output", &out, e) < 0 || get_str(x, "call_id", &call_id, e) < 0 || !out)
+        return bad(e, param, "'%s' (a function_call_output) needs a string 'output'", param);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(msgs, m);
+    if (!cJSON_AddStringToObject(m, "role", "tool") ||
+        !cJSON_AddStringToObject(m, "tool_call_id", call_id ? call_id : "") ||
+        !cJSON_AddStringToObject(m, "content", out))
+        return oom(e);
+    return 0;
+}
+
+/* The Responses API's flat function tools ({"type":"function","name",...}) and tool_choice
+ * ({"type":"function","name"}) rewritten in the tree in the chat form oai_parse_tools reads. */
+static int resp_tools(cJSON *root, struct oai_error *e)
+{
+    const cJSON *tools = field(root, "tools");
+    if (tools && cJSON_IsArray(tools)) {
+        cJSON *chat = cJSON_CreateArray();
+        const cJSON *t;
+        int i = 0;
+        cJSON_ArrayForEach(t, tools)
+        {
+            char param[48];
+            snprintf(param, sizeof param, "tools[%d]", i++);
+            const char *type = NULL;
+            if (!cJSON_IsObject(t) || get_str(t, "type", &type, e) < 0 || !type ||
+                strcmp(type, "function")) {
+                cJSON_Delete(chat);
+                return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
+                                     param, "'%s' must be a function tool (type 'function')",
+                                     param);
+            }
+            cJSON *fn = cJSON_Duplicate(t, true), *c = cJSON_CreateObject();
+            cJSON_AddItemToArray(chat, c);
+            cJSON_DeleteItemFromObjectCaseSensitive(fn, "type");
+            cJSON_DeleteItemFromObjectCaseSensitive(fn, "strict");
+            if (!fn || !cJSON_AddStringToObject(c, "type", "function")) {
+                cJSON_Delete(fn);
+                cJSON_Delete(chat);
+                return oom(e);
+            }
+            cJSON_AddItemToObject(c, "function", fn);
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "tools", chat);
+    }
+    const cJSON *choice = field(root, "tool_choice");
+    const char *name = NULL;
+    if (choice && cJSON_IsObject(choice) && !field(choice, "function")) {
+        if (get_str(choice, "name", &name, e) < 0 || !name)
+            return bad(e, "tool_choice", "'tool_choice' must be a string or name a function");
+        cJSON *c = cJSON_CreateObject(), *fn;
+        if (!c || !cJSON_AddStringToObject(c, "type", "function") ||
+            !(fn = cJSON_AddObjectToObject(c, "function")) ||
+            !cJSON_AddStringToObject(fn, "name", name)) {
+            cJSON_Delete(c);
+            return oom(e);
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "tool_choice", c);
+    }
+    return 0;
+}
+
 /* POST /v1/responses: instructions and input become a chat conversation ("messages", added to
  * the tree), then the chat fields are parsed as for /v1/chat/completions. */
 static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error *e)
@@ -535,9 +629,21 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
             if (!cJSON_IsObject(x) || get_str(x, "type", &type, e) < 0 ||
                 get_str(x, "role", &role, e) < 0)
                 return bad(e, param, "'%s' must be a message object", param);
+            if (type && !strcmp(type, "function_call")) {
+                if ((rc = resp_function_call(x, msgs, param, e))) return rc;
+                i++;
+                continue;
+            }
+            if (type && !strcmp(type, "function_call_output")) {
+                if ((rc = resp_function_output(x, msgs, param, e))) return rc;
+                i++;
+                continue;
+            }
             if (type && strcmp(type, "message"))
                 return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
-                                     param, "'%s' has type '%.40s'; only messages are supported",
+                                     param,
+                                     "'%s' has type '%.40s'; only message, function_call and "
+                                     "function_call_output items are supported",
                                      param, type);
             if (!role) return bad(e, param, "'%s' has no string 'role'", param);
             snprintf(param, sizeof param, "input[%d].content", i);
@@ -555,11 +661,7 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
     long long l;
     if ((rc = get_int(root, "max_output_tokens", 1, 1 << 30, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
-    const cJSON *tools = field(root, "tools");
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "tools",
-                             "'tools' is not supported on /v1/responses yet; use "
-                             "/v1/chat/completions for tool calls");
+    if ((rc = resp_tools(root, e)) || (rc = oai_parse_tools(root, r, e))) return rc;
     const cJSON *text = field(root, "text");
     const cJSON *fmt = text && cJSON_IsObject(text) ? field(text, "format") : NULL;
     const char *ftype = NULL;

@@ -56,6 +56,33 @@ static cJSON *message_item(const struct oai_resp *r, bool done, const char *text
     return m;
 }
 
+/* The response's own part of the message id, which call ids share. */
+static const char *id_tail(const struct oai_resp *r)
+{
+    return strncmp(r->msg_id, "msg_", 4) ? r->msg_id : r->msg_id + 4;
+}
+
+bool oai_resp_has_message(const struct oai_resp *r, size_t len)
+{
+    return r->n_calls == 0 || len > 0;
+}
+
+/* Call k's function_call item; done: with its arguments and completed. */
+static cJSON *call_item(const struct oai_resp *r, size_t k, bool done)
+{
+    char id[80];
+    cJSON *c = cJSON_CreateObject();
+    snprintf(id, sizeof id, "fc_%s_%zu", id_tail(r), k);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function_call");
+    cJSON_AddStringToObject(c, "status", done ? "completed" : "in_progress");
+    snprintf(id, sizeof id, "call_%s_%zu", id_tail(r), k);
+    cJSON_AddStringToObject(c, "call_id", id);
+    cJSON_AddStringToObject(c, "name", r->calls[k].name);
+    cJSON_AddStringToObject(c, "arguments", done ? r->calls[k].arguments : "");
+    return c;
+}
+
 /* finish FINISH_NONE: in progress, no output. */
 static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t len,
                            enum finish_reason finish, const struct oai_usage *u)
@@ -86,9 +113,12 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
         cJSON_AddNullToObject(o, "max_output_tokens");
     cJSON_AddStringToObject(o, "model", r->model);
     cJSON *out = cJSON_AddArrayToObject(o, "output");
-    if (out && finish != FINISH_NONE)
-        cJSON_AddItemToArray(out, message_item(r, true, text, len, finish));
-    cJSON_AddBoolToObject(o, "parallel_tool_calls", true);
+    if (out && finish != FINISH_NONE) {
+        if (oai_resp_has_message(r, len))
+            cJSON_AddItemToArray(out, message_item(r, true, text, len, finish));
+        for (size_t k = 0; k < r->n_calls; k++) cJSON_AddItemToArray(out, call_item(r, k, true));
+    }
+    cJSON_AddBoolToObject(o, "parallel_tool_calls", true); /* as sent is not kept: the default */
     cJSON_AddNullToObject(o, "previous_response_id");
     cJSON *re = cJSON_AddObjectToObject(o, "reasoning");
     if (re) {
@@ -128,6 +158,8 @@ char *oai_resp_write(const struct oai_resp *r, const char *text, size_t len,
 {
     return print_free(response_obj(r, text, len, finish, u));
 }
+
+static char *sse_event(const char *type, cJSON *o);
 
 static const char *const event_names[] = {
     [OAI_RESP_CREATED] = "response.created",
@@ -179,6 +211,12 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
         if (ev == OAI_RESP_DELTA || ev == OAI_RESP_TEXT_DONE) cJSON_AddArrayToObject(o, "logprobs");
         break;
     }
+    return sse_event(type, o);
+}
+
+/* "event: TYPE\ndata: JSON\n\n" (o is freed). */
+static char *sse_event(const char *type, cJSON *o)
+{
     char *json = print_free(o);
     if (!json) return NULL;
     size_t n = strlen(type) + strlen(json) + 20;
@@ -186,4 +224,31 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
     if (sse) snprintf(sse, n, "event: %s\ndata: %s\n\n", type, json);
     free(json);
     return sse;
+}
+
+char *oai_resp_call_event(const struct oai_resp *r, enum oai_resp_call_event ev, int seq, size_t k,
+                          size_t len)
+{
+    static const char *const names[] = {
+        [OAI_RESP_CALL_ADDED] = "response.output_item.added",
+        [OAI_RESP_CALL_ARGS_DELTA] = "response.function_call_arguments.delta",
+        [OAI_RESP_CALL_ARGS_DONE] = "response.function_call_arguments.done",
+        [OAI_RESP_CALL_DONE] = "response.output_item.done",
+    };
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", names[ev]);
+    cJSON_AddNumberToObject(o, "sequence_number", seq);
+    cJSON_AddNumberToObject(o, "output_index",
+                            (double)(k + (oai_resp_has_message(r, len) ? 1 : 0)));
+    if (ev == OAI_RESP_CALL_ADDED || ev == OAI_RESP_CALL_DONE) {
+        cJSON_AddItemToObject(o, "item", call_item(r, k, ev == OAI_RESP_CALL_DONE));
+    } else {
+        char id[80];
+        snprintf(id, sizeof id, "fc_%s_%zu", id_tail(r), k);
+        cJSON_AddStringToObject(o, "item_id", id);
+        cJSON_AddStringToObject(o, ev == OAI_RESP_CALL_ARGS_DELTA ? "delta" : "arguments",
+                                r->calls[k].arguments);
+        if (ev == OAI_RESP_CALL_ARGS_DONE) cJSON_AddStringToObject(o, "name", r->calls[k].name);
+    }
+    return sse_event(names[ev], o);
 }

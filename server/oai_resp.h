@@ -6,8 +6,11 @@
  * response.output_item.added, response.content_part.added, response.output_text.delta per piece
  * of text, response.output_text.done, response.content_part.done, response.output_item.done and
  * response.completed (response.incomplete when max_output_tokens cut it), each with its
- * sequence_number; the stream then ends (no [DONE]). Every writer returns a malloc'd string,
- * NULL on OOM. */
+ * sequence_number; the stream then ends (no [DONE]). With tool calls (the chat's <tool_call>
+ * blocks, parsed by the caller into calls), the output is the message (only when it has text, or
+ * there are no calls) followed by one function_call item per call, each streamed as
+ * output_item.added, function_call_arguments.delta and .done, output_item.done. Every writer
+ * returns a malloc'd string, NULL on OOM. */
 #ifndef QUERN_OAI_RESP_H
 #define QUERN_OAI_RESP_H
 
@@ -21,6 +24,8 @@ struct oai_resp {
     const char *instructions; /* NULL: null */
     int max_output_tokens;    /* -1: null */
     double temperature, top_p;
+    const struct oai_tool_call *calls; /* the function calls after the message's text */
+    size_t n_calls;
 };
 
 /* The response object: status "in_progress" (no output yet), or finished with text[0..len) and
@@ -42,5 +47,19 @@ enum oai_resp_event {
 
 char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, const char *text,
                      size_t len, enum finish_reason finish, const struct oai_usage *u);
+
+/* True when the output has a message item (index 0): text, or no calls. */
+bool oai_resp_has_message(const struct oai_resp *r, size_t len);
+
+enum oai_resp_call_event {
+    OAI_RESP_CALL_ADDED,      /* output_item.added: the call, arguments "" */
+    OAI_RESP_CALL_ARGS_DELTA, /* function_call_arguments.delta: all of them */
+    OAI_RESP_CALL_ARGS_DONE,  /* function_call_arguments.done */
+    OAI_RESP_CALL_DONE,       /* output_item.done: the whole call */
+};
+
+/* An event of call k, whose output index follows the message's (len: the message's text). */
+char *oai_resp_call_event(const struct oai_resp *r, enum oai_resp_call_event ev, int seq, size_t k,
+                          size_t len);
 
 #endif

@@ -303,15 +303,58 @@ def test_responses(d):
     expect(400, "previous_response_id", {"input": "x", "previous_response_id": "resp_1"},
            "previous_response_id")
     expect(400, "no input", {"instructions": "x"}, "input")
-    expect(400, "a function_call item",
-           {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0]")
+    expect(400, "a function_call item without a name",
+           {"input": [{"type": "function_call", "arguments": "{}"}]}, "input[0]")
+    expect(400, "a reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0]")
     expect(400, "an image part", {"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x"}]}]}, "input[0].content")
     expect(400, "a bad role", {"input": [{"role": "robot", "content": "x"}]}, "messages[0].role")
-    expect(400, "tools", {"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools")
+    expect(400, "a web_search tool", {"input": "x", "tools": [{"type": "web_search"}]},
+           "tools[0]")
     expect(400, "max_output_tokens 0", {"input": "x", "max_output_tokens": 0},
            "max_output_tokens")
     expect(404, "another model", {"input": "x", "model": "gpt-4.1"}, "model")
+
+
+WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}]
+
+
+def test_responses_tools(d):
+    body = {"input": "What is the weather in Paris?", "tools": WEATHER, "temperature": 0,
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "parallel_tool_calls": False, "max_output_tokens": 60}
+    st, _, r = d.post("/v1/responses", body)
+    calls = [o for o in r.get("output", []) if o["type"] == "function_call"]
+    check(st == 200 and r["status"] == "completed" and len(calls) == 1 and
+          calls[0]["name"] == "get_weather" and "city" in json.loads(calls[0]["arguments"]) and
+          calls[0]["call_id"], "responses tools: a named function's call as a function_call item",
+          r)
+    events = []
+    conn = d.conn()
+    conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    for line in conn.getresponse().read().decode().splitlines():
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+    conn.close()
+    types = [e["type"] for e in events]
+    args = [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"]
+    final = events[-1].get("response", {}) if events else {}
+    check("response.output_text.delta" not in types and
+          types.count("response.output_item.added") == 1 and calls and
+          args == [calls[0]["arguments"]] and
+          [o["arguments"] for o in final.get("output", [])] == args,
+          "responses tools stream: the call's item and argument events", types)
+    st, _, r = d.post("/v1/responses", {
+        "input": [{"role": "user", "content": "What is the weather in Paris?"},
+                  {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                   "arguments": "{\"city\": \"Paris\"}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "22 C, sunny"}],
+        "tools": WEATHER, "tool_choice": "none", "temperature": 0, "max_output_tokens": 20})
+    check(st == 200 and r["output"][0]["type"] == "message" and resp_text(r),
+          "responses tools: a call and its output in input, answered as text", r)
 
 
 SDK_SCRIPT = r"""
@@ -345,6 +388,10 @@ out["stream_types"] = types
 r = c.completions.create(model="smol", prompt="Once upon a time", max_tokens=2, echo=True,
                          logprobs=1, temperature=0)
 out["echo_lp"] = r.choices[0].logprobs.token_logprobs
+r = c.responses.create(model="smol", input="What is the weather in Paris?", temperature=0,
+                       tools=json.loads(sys.argv[3]), tool_choice="required",
+                       parallel_tool_calls=False, max_output_tokens=60)
+out["call"] = [(o.type, o.name, json.loads(o.arguments)) for o in r.output]
 print(json.dumps(out))
 """
 
@@ -354,7 +401,8 @@ def test_sdk(d):
     if not py:
         return
     texts = [f"Sentence number {i}: " + SENTENCES[i % len(SENTENCES)] for i in range(32)]
-    r = subprocess.run([py, "-c", SDK_SCRIPT, f"http://127.0.0.1:{d.port}/v1", json.dumps(texts)],
+    r = subprocess.run([py, "-c", SDK_SCRIPT, f"http://127.0.0.1:{d.port}/v1", json.dumps(texts),
+                        json.dumps(WEATHER)],
                        capture_output=True, text=True, timeout=240)
     if not check(r.returncode == 0, "openai SDK script runs", r.stderr[-1500:]):
         return
@@ -379,6 +427,8 @@ def test_sdk(d):
           "SDK: responses.stream assembles the same response", json.dumps(o["stream_types"]))
     check(o["echo_lp"][0] is None and len(o["echo_lp"]) > 2, "SDK: echo with logprobs",
           o["echo_lp"])
+    check(len(o["call"]) == 1 and o["call"][0][:2] == ["function_call", "get_weather"] and
+          "city" in o["call"][0][2], "SDK: responses with a tool: a function_call", o["call"])
 
 
 def main():
@@ -392,7 +442,7 @@ def main():
     only = os.environ.get("QUERN_TEST_ONLY", "")
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
-                  test_responses, test_sdk):
+                  test_responses, test_responses_tools, test_sdk):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()

@@ -580,7 +580,37 @@ START_TEST(responses_bodies)
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"max_output_tokens\":0}", 400,
                "max_output_tokens");
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", 400,
-               "tools");
+               "tools[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", 400,
+               "tools[0]");
+    expect_bad(OAI_RESPONSES,
+               "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+               "\"tool_choice\":{\"type\":\"function\",\"name\":\"g\"}}",
+               400, "tool_choice");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"type\":\"function_call\",\"arguments\":\"{}\"}]}",
+               400, "input[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}",
+               400, "input[0]");
+    /* tools and calls in the chat form the tool path reads */
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"input\":[{\"role\":\"user\",\"content\":\"w?\"},{\"type\":"
+                           "\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":"
+                           "\"{}\"},{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"f\","
+                           "\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":"
+                           "\"c1\",\"output\":\"sunny\"}],\"tools\":[{\"type\":\"function\","
+                           "\"name\":\"f\",\"parameters\":{\"type\":\"object\"},\"strict\":true}],"
+                           "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_tools, 1);
+    ck_assert_str_eq(r.tools[0].name, "f");
+    ck_assert_int_eq(r.tool_choice, OAI_TOOLS_NAMED);
+    ck_assert_int_eq(r.n_msgs, 3); /* user, one assistant turn with both calls, the result */
+    ck_assert_str_eq(r.msgs[1].role, "assistant");
+    ck_assert_ptr_nonnull(strstr(r.msgs[1].content, "<tool_call>"));
+    ck_assert_ptr_nonnull(strstr(strstr(r.msgs[1].content, "</tool_call>"), "<tool_call>"));
+    ck_assert_ptr_nonnull(strstr(r.msgs[2].content, "sunny"));
+    oai_request_free(&r);
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
                400, "text.format");
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"messages\":[]}", 400, "messages");
@@ -892,6 +922,34 @@ START_TEST(write_responses)
     cJSON_Delete(j);
     j = resp_event(oai_resp_event(&r, OAI_RESP_DONE, 8, "", 0, FINISH_LENGTH, &u),
                    "response.incomplete");
+    cJSON_Delete(j);
+    /* a function call after no text: the call alone, at output index 0 */
+    char name[] = "get_weather", args[] = "{\"city\":\"Paris\"}";
+    struct oai_tool_call call = {name, args};
+    r.calls = &call;
+    r.n_calls = 1;
+    s = oai_resp_write(&r, "", 0, FINISH_STOP, &u);
+    j = cJSON_Parse(s);
+    cJSON *out = cJSON_GetObjectItem(j, "output");
+    ck_assert_int_eq(cJSON_GetArraySize(out), 1);
+    cJSON *fc = cJSON_GetArrayItem(out, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "type")->valuestring, "function_call");
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "name")->valuestring, "get_weather");
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "arguments")->valuestring, args);
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "call_id")->valuestring, "call_1_0");
+    cJSON_Delete(j);
+    free(s);
+    j = resp_event(oai_resp_call_event(&r, OAI_RESP_CALL_ARGS_DONE, 3, 0, 0),
+                   "response.function_call_arguments.done");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "output_index")->valueint, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "arguments")->valuestring, args);
+    cJSON_Delete(j);
+    /* after text, the call is item 1 */
+    j = resp_event(oai_resp_call_event(&r, OAI_RESP_CALL_ADDED, 3, 0, 4),
+                   "response.output_item.added");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "output_index")->valueint, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "item"), "arguments")->valuestring,
+                     "");
     cJSON_Delete(j);
 }
 END_TEST
