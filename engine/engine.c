@@ -889,6 +889,12 @@ int engine_ctx_len(const struct engine *e)
     return e->ctx_len;
 }
 
+int engine_pool_tokens(const struct engine *e)
+{
+    long long t = (long long)e->o.kv_blocks * e->o.kv_block_size;
+    return t > 0x7fffffff ? 0x7fffffff : (int)t;
+}
+
 void engine_drain(struct engine *e)
 {
     pthread_mutex_lock(&e->mu);

@@ -173,6 +173,9 @@ void request_release(struct request *r);
 void engine_get_stats(struct engine *e, struct engine_stats *s);
 const struct model_config *engine_model_config(const struct engine *e);
 int engine_ctx_len(const struct engine *e);
+/* Tokens the KV pool holds: engine_submit refuses a request whose prompt + max_tokens need more
+ * (so a default max_tokens should not ask for more than this). */
+int engine_pool_tokens(const struct engine *e);
 
 /* A reference (grammar_unref it) to the compiled grammar of (kind, text), from the engine's
  * cache of recent compilations (any thread). Errors are grammar_compile's. */

@@ -431,13 +431,16 @@ static int context_error(struct serve *s, const struct oai_request *r, size_t n_
                          s->ctx_len, n_prompt + (size_t)mt, n_prompt, what, mt, what);
 }
 
-/* max_tokens when the request gives none: what the context leaves for chat (as OpenAI's chat
- * API does), 16 for completions (OpenAI's completions default). The one place it is decided. */
+/* max_tokens when the request gives none: what the context leaves for chat and responses (as
+ * OpenAI's chat API does), but no more than the KV pool can hold beside the prompt (the engine
+ * refuses a request that could never fit), 16 for completions (OpenAI's completions default).
+ * The one place it is decided. */
 static int max_tokens_for(const struct serve *s, const struct oai_request *r, size_t n_prompt)
 {
     if (r->max_tokens >= 0) return r->max_tokens;
     if (r->kind == OAI_COMPLETION) return 16;
-    return n_prompt < (size_t)s->ctx_len ? s->ctx_len - (int)n_prompt : 0;
+    int room = s->pool_tokens > 0 && s->pool_tokens < s->ctx_len ? s->pool_tokens : s->ctx_len;
+    return n_prompt < (size_t)room ? room - (int)n_prompt : 0;
 }
 
 /* Builds g from the parsed request and submits every choice. */

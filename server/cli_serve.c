@@ -378,6 +378,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     s->chat = L->has_chat ? &L->chat : NULL;
     s->vocab = tokenizer_vocab_size(L->tok);
     s->ctx_len = engine_ctx_len(L->e);
+    s->pool_tokens = engine_pool_tokens(L->e);
     return 0;
 }
 

@@ -63,6 +63,7 @@ struct serve {
     const struct chat_template *chat; /* NULL when the model has no usable template */
     char chat_error[512];             /* why not */
     int ctx_len, vocab;
+    int pool_tokens; /* what the KV pool holds (engine_pool_tokens) */
     struct metrics metrics;
     atomic_long inflight; /* engine requests submitted and not yet released */
     long long started;    /* unix seconds, the models' "created" */

@@ -299,6 +299,11 @@ def test_responses(d):
           r["usage"]["output_tokens"] == 3 and r["store"] is False,
           "responses: input as messages; max_output_tokens ends it incomplete", r)
 
+    # no max_output_tokens (the SDK's default): what the context and the KV pool leave
+    st, _, r = d.post("/v1/responses", {"input": "Say hi.", "temperature": 0})
+    check(st == 200 and r["status"] == "completed" and r["max_output_tokens"] is None,
+          "responses: no max_output_tokens", r)
+
     def expect(status, what, body, param):
         st, _, r = d.post("/v1/responses", body)
         err = r.get("error", {}) if isinstance(r, dict) else {}
