@@ -32,7 +32,8 @@ void engine_opts_default(struct engine_opts *o)
                               .ctx_len = 0,
                               .prefix_cache = true,
                               .max_unread = 64,
-                              .stall_timeout_s = 30};
+                              .stall_timeout_s = 30,
+                              .prompt_logprob_rows = 128};
 }
 
 const char *finish_reason_name(enum finish_reason r)
@@ -86,6 +87,11 @@ static void request_push(struct request *r, const struct req_event *ev)
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+void engine_request_push(struct request *r, const struct req_event *ev)
+{
+    request_push(r, ev);
 }
 
 /* Wakes the engine thread; the caller holds r->mu (see struct request). */
@@ -158,7 +164,17 @@ static void request_unref(struct request *r)
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r->events);
+    free(r->embedding);
     free(r);
+}
+
+const float *request_embedding(struct request *r, int *dim)
+{
+    pthread_mutex_lock(&r->mu);
+    const float *v = r->finished ? r->embedding : NULL;
+    *dim = v ? r->n_embedding : 0;
+    pthread_mutex_unlock(&r->mu);
+    return v;
 }
 
 void request_release(struct request *r)
@@ -182,6 +198,7 @@ static void seq_free(struct seq *s)
     for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
     sampler_free(&s->sampler);
     free(s->hold);
+    free(s->pool_sum);
     grammar_matcher_free(s->gm);
     grammar_unref(s->grammar);
     free(s);
@@ -296,7 +313,7 @@ static bool is_stop_token(const struct engine *e, const struct seq *s, int32_t t
 }
 
 /* The n most likely tokens of a logits row with their log-probabilities, most likely first. */
-static void top_logprobs(const float *logits, int vocab, int n, struct req_event *ev)
+void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev)
 {
     float maxl = logits[0];
     for (int i = 1; i < vocab; i++)
@@ -340,7 +357,7 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     ev.completion_tokens = s->n_generated;
     if (s->top_logprobs >= 0) {
         ev.logprob = sample_logprob(row, e->vocab, t);
-        if (s->top_logprobs > 0) top_logprobs(row, e->vocab, s->top_logprobs, &ev);
+        if (s->top_logprobs > 0) engine_top_logprobs(row, e->vocab, s->top_logprobs, &ev);
     }
     char piece[2048]; /* > 3 * the longest token of any vocabulary we load, plus slack */
     int n = detok_push(&s->detok, e->tok, t, piece, sizeof piece);
@@ -370,6 +387,18 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     s->tokens[s->n_tokens++] = t;
     if (s->n_generated >= s->max_tokens || s->n_tokens >= e->ctx_len) return FINISH_LENGTH;
     return FINISH_NONE;
+}
+
+/* Ends s, which is running (it leaves the running list). */
+static void finish_running(struct engine *e, struct seq *s, enum finish_reason why, bool flush,
+                           const char *error)
+{
+    for (int j = 0; j < e->n_running; j++)
+        if (e->running[j] == s) {
+            remove_running(e, j);
+            break;
+        }
+    seq_finish(e, s, why, flush, error);
 }
 
 static void abort_flagged(struct engine *e)
@@ -430,7 +459,7 @@ static int run_step(struct engine *e)
     /* requests that ask for nothing finish at admission without touching the model */
     for (int i = 0; i < e->n_waiting; i++) {
         struct seq *s = e->waiting[i];
-        if (s->max_tokens > 0) continue;
+        if (s->max_tokens > 0 || seq_needs_prompt(s)) continue;
         memmove(e->waiting + i, e->waiting + i + 1,
                 (size_t)(e->n_waiting - i - 1) * sizeof *e->waiting);
         e->n_waiting--;
@@ -450,7 +479,10 @@ static int run_step(struct engine *e)
                             .max_blocks = p->max_blocks,
                             .block_table = p->table,
                             .n_logits = p->n_logits,
-                            .logit_idx = p->logit_idx};
+                            .logit_idx = p->logit_idx,
+                            .n_hidden = p->n_hidden,
+                            .hidden_idx = p->hidden_idx,
+                            .hidden = e->hidden};
     struct qerr err = {0};
     double t_forward = engine_now();
     int rc = model_forward(e->model, &b, e->logits, &err);
@@ -484,18 +516,28 @@ static int run_step(struct engine *e)
     e->step_sampler_s = 0;
     e->local.prompt_tokens += (uint64_t)ts.prompt_tokens;
     sched_commit(e);
-    int li = 0;
     for (int i = 0; i < p->n_seqs; i++) {
-        if (!p->wants_logits[i]) continue;
         struct seq *s = p->seqs[i];
-        enum finish_reason why = seq_advance(e, s, e->logits + (size_t)li++ * (size_t)e->vocab);
+        if (seq_prefill_outputs(e, i)) {
+            finish_running(e, s, FINISH_ERROR, false, s->error);
+            continue;
+        }
+        if (s->pooling != ENGINE_POOL_NONE) {
+            if (s->n_computed < s->n_prompt) continue;
+            bool ok = !seq_pool_finish(e, s);
+            finish_running(e, s, ok ? FINISH_STOP : FINISH_ERROR, false, ok ? NULL : s->error);
+            continue;
+        }
+        if (!p->wants_logits[i]) continue;
+        if (s->max_tokens == 0) { /* prompt logprobs only */
+            finish_running(e, s, FINISH_LENGTH, false, NULL);
+            continue;
+        }
+        const float *row = e->logits + (size_t)(p->logit_row[i] + p->n_plp[i]) * (size_t)e->vocab;
+        enum finish_reason why = seq_advance(e, s, row);
         if (why == FINISH_NONE) continue;
-        for (int j = 0; j < e->n_running; j++)
-            if (e->running[j] == s) {
-                remove_running(e, j);
-                break;
-            }
-        seq_finish(e, s, why, why != FINISH_STOP || s->n_hold > 0, s->error[0] ? s->error : NULL);
+        finish_running(e, s, why, why != FINISH_STOP || s->n_hold > 0,
+                       s->error[0] ? s->error : NULL);
     }
     if (e->o.trace) {
         ts.t_end = engine_now();
@@ -581,6 +623,7 @@ static void engine_release(struct engine *e)
     free(e->waiting);
     free(e->running);
     backend_host_free(e->be, e->logits);
+    backend_host_free(e->be, e->hidden);
     free(e->work);
     grammar_cache_free(e->grammars);
     grammar_vocab_free(e->gvocab);
@@ -627,8 +670,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         blocks = nb > (1 << 24) ? 1 << 24 : (int)nb;
     }
     e->o.kv_blocks = blocks;
+    if (e->o.prompt_logprob_rows <= 0) e->o.prompt_logprob_rows = 128;
+    e->max_logits = o->max_seqs + e->o.prompt_logprob_rows;
     struct model_opts mo = {.max_batch_tokens = o->max_batch_tokens,
-                            .max_logits = o->max_seqs,
+                            .max_logits = e->max_logits,
                             .kv_blocks = blocks,
                             .kv_block_size = o->kv_block_size,
                             .tp = o->tp,
@@ -642,13 +687,16 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->waiting = calloc(slots, sizeof *e->waiting);
     e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
     /* read every step: the backend's fastest host memory (pinned on CUDA) */
-    e->logits = backend_host_alloc(be, (size_t)o->max_seqs * (size_t)cfg.vocab * sizeof *e->logits);
+    e->logits =
+        backend_host_alloc(be, (size_t)e->max_logits * (size_t)cfg.vocab * sizeof *e->logits);
+    e->hidden =
+        backend_host_alloc(be, (size_t)o->max_batch_tokens * (size_t)cfg.dim * sizeof *e->hidden);
     e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
-    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->work) {
+    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->hidden || !e->work) {
         rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");
         goto fail;
     }
-    if ((rc = sched_plan_init(&e->plan, o, err))) goto fail;
+    if ((rc = sched_plan_init(&e->plan, &e->o, err))) goto fail;
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
     /* one rank: its ops run on this thread, where trace_step_begin samples the steps */
@@ -712,6 +760,10 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
     s->top_logprobs = r->top_logprobs;
+    s->prompt_logprobs = r->prompt_logprobs;
+    s->prompt_top = r->prompt_top_logprobs;
+    s->plp_next = 1;
+    s->pooling = r->pooling;
     if (r->grammar) {
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
@@ -763,6 +815,16 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
     if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
         return qerr_set(err, QERR_INVALID, "top_logprobs: %d not in 0..%d", r->top_logprobs,
                         ENGINE_MAX_TOP_LOGPROBS);
+    if (r->prompt_logprobs &&
+        (r->prompt_top_logprobs < 0 || r->prompt_top_logprobs > ENGINE_MAX_TOP_LOGPROBS))
+        return qerr_set(err, QERR_INVALID, "prompt_logprobs: %d not in 0..%d",
+                        r->prompt_top_logprobs, ENGINE_MAX_TOP_LOGPROBS);
+    if (r->pooling < ENGINE_POOL_NONE || r->pooling > ENGINE_POOL_CLS)
+        return qerr_set(err, QERR_INVALID, "pooling: %d is not a pooling mode", (int)r->pooling);
+    if (r->pooling != ENGINE_POOL_NONE && (r->max_tokens != 0 || r->prompt_logprobs))
+        return qerr_set(err, QERR_INVALID,
+                        "pooling: an embedding request generates nothing (max_tokens %d)",
+                        r->max_tokens);
     return sample_params_check(&r->sample, err);
 }
 
@@ -826,6 +888,12 @@ const struct model_config *engine_model_config(const struct engine *e)
 int engine_ctx_len(const struct engine *e)
 {
     return e->ctx_len;
+}
+
+int engine_pool_tokens(const struct engine *e)
+{
+    long long t = (long long)e->o.kv_blocks * e->o.kv_block_size;
+    return t > 0x7fffffff ? 0x7fffffff : (int)t;
 }
 
 void engine_drain(struct engine *e)

@@ -44,6 +44,9 @@ struct engine_opts {
     int tp;
     struct backend *const *tp_backends;
     struct comm *const *tp_comms;
+    /* Logits rows a step may spend on prompt logprobs, beyond one per sequence (default 128):
+     * a prompt that asks for them is prefilled in chunks of at most this many tokens. >= 1. */
+    int prompt_logprob_rows;
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -57,6 +60,15 @@ enum finish_reason {
 };
 
 const char *finish_reason_name(enum finish_reason r); /* "stop", "length", "abort", "error" */
+
+/* How a pooled (embedding) request turns its prompt's final hidden states (after the final
+ * norm) into one vector, which is then L2-normalized. */
+enum engine_pooling {
+    ENGINE_POOL_NONE = 0, /* a generation request */
+    ENGINE_POOL_MEAN,     /* the mean over every prompt token */
+    ENGINE_POOL_LAST,     /* the last prompt token's (decoder embedding models) */
+    ENGINE_POOL_CLS,      /* the first token's (BERT-style [CLS]) */
+};
 
 #define ENGINE_MAX_STOPS        8
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -76,6 +88,16 @@ struct gen_request {
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */
     struct grammar *grammar;
+    /* Prompt logprobs: each prompt token from the second on gets one event (req_event.prompt)
+     * with its log-probability given the tokens before it, its rank, and the top
+     * prompt_top_logprobs (0..20) alternatives, all before the first generated token. The
+     * prompt is then computed in full (no prefix-cache reuse). */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;
+    /* Not NONE: an embedding request (max_tokens must be 0). The prompt is prefilled, its
+     * hidden states pooled into one L2-normalized vector that request_embedding returns after
+     * the final event (finish reason stop), and its KV blocks freed. */
+    enum engine_pooling pooling;
 };
 
 struct token_logprob {
@@ -85,7 +107,9 @@ struct token_logprob {
 
 struct req_event {
     bool done;     /* false: a token event; true: the final event */
+    bool prompt;   /* a prompt-logprob event: token is a prompt token, no text */
     int32_t token; /* token events: the sampled token */
+    int rank;      /* prompt events: 1 + the tokens more likely than token */
     /* Text this event completes: the token's piece, less any bytes held back because they
      * may begin a stop string or an incomplete UTF-8 sequence. May be empty. NUL-terminated. */
     char text[256];
@@ -142,11 +166,17 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
  * timeout. After the final event, further calls return the final event again. */
 int request_next(struct request *r, struct req_event *ev, int timeout_ms);
 void request_abort(struct request *r);
+/* A pooled request's embedding after its final event (finish stop): *dim floats, valid until
+ * request_release; NULL before then, for other requests, and for a failed or aborted one. */
+const float *request_embedding(struct request *r, int *dim);
 void request_release(struct request *r);
 
 void engine_get_stats(struct engine *e, struct engine_stats *s);
 const struct model_config *engine_model_config(const struct engine *e);
 int engine_ctx_len(const struct engine *e);
+/* Tokens the KV pool holds: engine_submit refuses a request whose prompt + max_tokens need more
+ * (so a default max_tokens should not ask for more than this). */
+int engine_pool_tokens(const struct engine *e);
 
 /* A reference (grammar_unref it) to the compiled grammar of (kind, text), from the engine's
  * cache of recent compilations (any thread). Errors are grammar_compile's. */

@@ -24,6 +24,9 @@ struct request {
      * whoever holds mu with e set may lock e->mu (never the other way round), because the
      * engine cannot finish this request, and so cannot be freed, until mu is released. */
     struct engine *e;
+    /* a pooled request's vector, set by the engine before its final event (then immutable) */
+    float *embedding;
+    int n_embedding;
 };
 
 struct seq {
@@ -53,6 +56,14 @@ struct seq {
     struct grammar *grammar;    /* NULL: unconstrained */
     struct grammar_matcher *gm; /* made at its first sampling step (engine thread) */
     char error[200];            /* why it failed, for FINISH_ERROR */
+    /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose
+     * logprob is still to be sent (from 1; n_prompt when all are) */
+    bool prompt_logprobs;
+    int prompt_top, plp_next;
+    /* pooling (engine_prefill.c): the running sum of hidden states, in position order */
+    enum engine_pooling pooling;
+    double *pool_sum; /* [dim] */
+    int pool_n;
 };
 
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
@@ -63,8 +74,15 @@ struct step_plan {
     struct seq **seqs;  /* [max_seqs] sequences in this step */
     int *chunk;         /* [max_seqs] tokens each runs */
     bool *wants_logits; /* [max_seqs] chunk ends at the sequence's last token */
-    int32_t *logit_idx; /* [max_seqs] */
+    int32_t *logit_idx; /* [max_logits] */
     int n_logits;
+    int *logit_row;      /* [max_seqs] the seq's first logits row: its prompt rows, then its own */
+    int *n_plp;          /* [max_seqs] logits rows for prompt logprobs (positions start[i]..) */
+    int *start;          /* [max_seqs] the position its chunk starts at */
+    int32_t *hidden_idx; /* [max_batch_tokens] tokens whose final hidden states are read */
+    int n_hidden;
+    int *hidden_row; /* [max_seqs] the seq's first row of those, n_hid of them */
+    int *n_hid;
     int32_t *table; /* [max_seqs][max_blocks] */
     int table_cap, max_blocks;
 };
@@ -100,8 +118,10 @@ struct engine {
     uint64_t next_order;
     struct engine_stats local; /* counters, published into stats under mu after each step */
     struct step_plan plan;
-    float *logits; /* [max_seqs][vocab] */
-    float *work;   /* [vocab] */
+    int max_logits; /* rows per step: max_seqs + prompt_logprob_rows */
+    float *logits;  /* [max_logits][vocab] */
+    float *hidden;  /* [max_batch_tokens][dim] final-normed hidden states for pooling */
+    float *work;    /* [vocab] */
     /* structured outputs: the cache any thread compiles through; the vocabulary trie, made by
      * the first thread that needs it; the mask buffer (engine thread) */
     struct grammar_cache *grammars;
@@ -120,6 +140,25 @@ bool seq_backlogged(const struct seq *s);
 int seq_constrain(struct engine *e, struct seq *s, float *row);
 /* Moves s's grammar past its sampled token t; non-zero (s->error set) when it cannot. */
 int seq_constrain_accept(struct engine *e, struct seq *s, int32_t t);
+
+/* engine_prefill.c: the outputs of prompt positions, for the sequences that ask. */
+/* True while s still needs every prompt position computed (prompt logprobs not all sent, or
+ * pooling): it must not take cached prefix blocks. */
+bool seq_needs_prompt(const struct seq *s);
+/* Logits rows a chunk of s (n tokens from position start) needs for prompt logprobs: the
+ * positions from *lo on whose next token's logprob is still to be sent. */
+int seq_plp_rows(const struct seq *s, int start, int n, int *lo);
+/* Hidden-state rows (positions from start, n tokens) s's pooling needs; with rows non-NULL,
+ * also writes the token indices (first: the chunk's first token in the step). */
+int seq_hidden_rows(const struct seq *s, int start, int n, int first, int32_t *rows);
+/* After the forward: sends plan entry i's prompt logprobs from its rows and adds its hidden
+ * rows into its pool. Non-zero: out of memory (s->error set). */
+int seq_prefill_outputs(struct engine *e, int i);
+/* A pooled sequence whose prompt is all computed: normalizes its vector into its request. */
+int seq_pool_finish(struct engine *e, struct seq *s);
+/* The top n alternatives of a logits row into ev (engine.c). */
+void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev);
+void engine_request_push(struct request *r, const struct req_event *ev);
 
 /* sched.c */
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);

@@ -24,6 +24,7 @@ struct layer {
 struct acts {
     float *x, *xn, *q, *k, *v, *att, *gate, *up, *sel, *logits; /* device */
     int32_t *tokens, *pos, *seq, *slot, *table, *logit_idx;     /* device */
+    int32_t *hidden_idx;                                        /* device [T] */
     int table_cap;
     int32_t *wide_table; /* host: a batch's block table widened for replay */
     size_t wide_cap;
@@ -381,6 +382,7 @@ static int alloc_acts(struct model *m, struct qerr *err)
         {(void **)&a->seq, T * 4},
         {(void **)&a->slot, T * 4},
         {(void **)&a->logit_idx, L * 4},
+        {(void **)&a->hidden_idx, T * 4},
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = be->ops->buf_alloc(be, plan[i].bytes);
@@ -393,8 +395,9 @@ static void free_acts(struct model *m)
 {
     struct backend *be = m->be;
     struct acts *a = &m->a;
-    void *all[] = {a->x,   a->xn,     a->q,      a->k,   a->v,   a->att,  a->gate,  a->up,
-                   a->sel, a->logits, a->tokens, a->pos, a->seq, a->slot, a->table, a->logit_idx};
+    void *all[] = {a->x,    a->xn,   a->q,     a->k,         a->v,         a->att,
+                   a->gate, a->up,   a->sel,   a->logits,    a->tokens,    a->pos,
+                   a->seq,  a->slot, a->table, a->logit_idx, a->hidden_idx};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->ops->buf_free(be, all[i]);
     free(a->wide_table);
@@ -571,6 +574,12 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
     for (int i = 0; i < b->n_logits; i++)
         if (b->logit_idx[i] < 0 || b->logit_idx[i] >= b->n_tokens)
             return qerr_set(err, QERR_INVALID, "forward: logit index %d", b->logit_idx[i]);
+    if (b->n_hidden < 0 || b->n_hidden > b->n_tokens || (b->n_hidden && !b->hidden))
+        return qerr_set(err, QERR_INVALID, "forward: %d hidden rows of %d tokens", b->n_hidden,
+                        b->n_tokens);
+    for (int i = 0; i < b->n_hidden; i++)
+        if (b->hidden_idx[i] < 0 || b->hidden_idx[i] >= b->n_tokens)
+            return qerr_set(err, QERR_INVALID, "forward: hidden index %d", b->hidden_idx[i]);
     for (int64_t i = 0; i < (int64_t)b->n_seqs * b->max_blocks; i++)
         if (b->block_table[i] < -1 || b->block_table[i] >= o->kv_blocks)
             return qerr_set(err, QERR_INVALID, "forward: block id %d", b->block_table[i]);
@@ -600,8 +609,8 @@ static int reduce_partial(struct model *m, float *x, int n, struct qerr *err)
 /* The ops of one step, from the embedding to the logits, on the inputs already on the device.
  * Under tensor parallelism each rank runs them on its heads and FFN channels (m->sh), with an
  * all-reduce after attention's output matmul and after down; only rank 0 computes logits. */
-static int forward_ops(struct model *m, int n, int n_logits, const struct attn_batch *ab,
-                       struct qerr *err)
+static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
+                       const struct attn_batch *ab, struct qerr *err)
 {
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
@@ -644,7 +653,12 @@ static int forward_ops(struct model *m, int n, int n_logits, const struct attn_b
         nvtx_pop();
         if (rc) return rc;
     }
-    if (n_logits == 0 || m->sh.rank != 0) return 0;
+    if (m->sh.rank != 0) return 0;
+    if (n_hidden > 0) { /* xn is free after the last layer */
+        ops->get_rows(be, a->xn, a->x, a->hidden_idx, n_hidden, dim);
+        ops->rmsnorm(be, a->xn, a->xn, m->output_norm, n_hidden, dim, c->eps);
+    }
+    if (n_logits == 0) return 0;
     /* only the rows whose logits are wanted pay for the final norm and the vocab matmul */
     ops->get_rows(be, a->sel, a->x, a->logit_idx, n_logits, dim);
     ops->rmsnorm(be, a->sel, a->sel, m->output_norm, n_logits, dim, c->eps);
@@ -753,7 +767,7 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     struct acts *a = &m->a;
     /* no replay across ranks yet: a captured step would have to hold the collectives too */
     bool replay = ops->step_begin && !m->comm && b->n_tokens <= STEP_REPLAY_MAX_TOKENS &&
-                  b->max_blocks <= 0x8000;
+                  b->max_blocks <= 0x8000 && b->n_hidden == 0;
     struct padded_batch pb;
     replay = replay && pad_batch(m, b, &pb);
     int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;
@@ -777,6 +791,8 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     if (n_logits > 0 && m->sh.rank == 0)
         ops->buf_write(be, a->logit_idx, replay ? pb.logit_idx : b->logit_idx,
                        (size_t)n_logits * 4);
+    if (b->n_hidden > 0 && m->sh.rank == 0)
+        ops->buf_write(be, a->hidden_idx, b->hidden_idx, (size_t)b->n_hidden * 4);
     struct attn_batch ab = {.n_tokens = n,
                             .pos = a->pos,
                             .seq = a->seq,
@@ -789,12 +805,15 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     uint64_t key = (uint64_t)n | (uint64_t)n_logits << 16 | (uint64_t)(uint32_t)width << 48;
     nvtx_pushf("forward: %d tokens, %d sequences, %d logits", b->n_tokens, b->n_seqs, b->n_logits);
     if (!replay || !ops->step_begin(be, key)) {
-        rc = forward_ops(m, n, n_logits, &ab, err);
-        if (!rc && replay && !ops->step_end(be)) rc = forward_ops(m, n, n_logits, &ab, err);
+        rc = forward_ops(m, n, n_logits, b->n_hidden, &ab, err);
+        if (!rc && replay && !ops->step_end(be)) rc = forward_ops(m, n, n_logits, 0, &ab, err);
     }
     nvtx_pop();
     if (rc) return rc;
-    if (b->n_logits == 0 || m->sh.rank != 0) return 0;
+    if (m->sh.rank != 0) return 0;
+    if (b->n_hidden > 0)
+        ops->buf_read(be, b->hidden, a->xn, (size_t)b->n_hidden * (size_t)m->cfg.dim * 4);
+    if (b->n_logits == 0) return 0;
     ops->buf_read(be, logits, a->logits,
                   (size_t)b->n_logits * (size_t)m->cfg.vocab * sizeof(float));
     return 0;

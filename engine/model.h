@@ -51,6 +51,11 @@ struct model_batch {
     const int32_t *block_table;
     int n_logits;
     const int32_t *logit_idx;
+    /* Final hidden states (after the final norm) of the tokens listed in hidden_idx are written
+     * to hidden, host [n_hidden][dim] (pooled embeddings). n_hidden 0: none. */
+    int n_hidden;
+    const int32_t *hidden_idx;
+    float *hidden;
 };
 
 struct model;

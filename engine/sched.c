@@ -21,6 +21,7 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
 {
     memset(p, 0, sizeof *p);
     size_t T = (size_t)o->max_batch_tokens, S = (size_t)o->max_seqs;
+    size_t L = S + (size_t)o->prompt_logprob_rows;
     p->tokens = malloc(T * sizeof *p->tokens);
     p->pos = malloc(T * sizeof *p->pos);
     p->seq_idx = malloc(T * sizeof *p->seq_idx);
@@ -28,9 +29,16 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
     p->seqs = malloc(S * sizeof *p->seqs);
     p->chunk = malloc(S * sizeof *p->chunk);
     p->wants_logits = malloc(S * sizeof *p->wants_logits);
-    p->logit_idx = malloc(S * sizeof *p->logit_idx);
+    p->logit_idx = malloc(L * sizeof *p->logit_idx);
+    p->logit_row = malloc(S * sizeof *p->logit_row);
+    p->n_plp = malloc(S * sizeof *p->n_plp);
+    p->start = malloc(S * sizeof *p->start);
+    p->hidden_idx = malloc(T * sizeof *p->hidden_idx);
+    p->hidden_row = malloc(S * sizeof *p->hidden_row);
+    p->n_hid = malloc(S * sizeof *p->n_hid);
     if (!p->tokens || !p->pos || !p->seq_idx || !p->slot || !p->seqs || !p->chunk ||
-        !p->wants_logits || !p->logit_idx) {
+        !p->wants_logits || !p->logit_idx || !p->logit_row || !p->n_plp || !p->start ||
+        !p->hidden_idx || !p->hidden_row || !p->n_hid) {
         sched_plan_free(p);
         return qerr_set(err, QERR_NOMEM, "scheduler: out of memory");
     }
@@ -47,6 +55,12 @@ void sched_plan_free(struct step_plan *p)
     free(p->chunk);
     free(p->wants_logits);
     free(p->logit_idx);
+    free(p->logit_row);
+    free(p->n_plp);
+    free(p->start);
+    free(p->hidden_idx);
+    free(p->hidden_row);
+    free(p->n_hid);
     free(p->table);
     memset(p, 0, sizeof *p);
 }
@@ -136,9 +150,10 @@ static bool ensure_table(struct step_plan *p, int n_seqs, int max_blocks)
 static void add_chunk(struct engine *e, struct seq *s, int n)
 {
     struct step_plan *p = &e->plan;
-    int bs = e->o.kv_block_size, idx = p->n_seqs++;
+    int bs = e->o.kv_block_size, idx = p->n_seqs++, first = p->n_tokens;
     p->seqs[idx] = s;
     p->chunk[idx] = n;
+    p->start[idx] = s->n_computed;
     for (int i = 0; i < n; i++) {
         int pos = s->n_computed + i, t = p->n_tokens++;
         p->tokens[t] = s->tokens[pos];
@@ -146,15 +161,36 @@ static void add_chunk(struct engine *e, struct seq *s, int n)
         p->seq_idx[t] = idx;
         p->slot[t] = s->blocks[pos / bs] * bs + pos % bs;
     }
-    p->wants_logits[idx] = s->n_computed + n == s->n_tokens;
+    /* prompt-logprob rows: consecutive positions from lo (see seq_plp_rows) */
+    int lo = 0;
+    p->logit_row[idx] = p->n_logits;
+    p->n_plp[idx] = seq_plp_rows(s, s->n_computed, n, &lo);
+    for (int i = 0; i < p->n_plp[idx]; i++)
+        p->logit_idx[p->n_logits++] = first + lo - s->n_computed + i;
+    p->hidden_row[idx] = p->n_hidden;
+    p->n_hid[idx] = seq_hidden_rows(s, s->n_computed, n, first, p->hidden_idx + p->n_hidden);
+    p->n_hidden += p->n_hid[idx];
+    /* a pooled sequence samples nothing */
+    p->wants_logits[idx] = s->n_computed + n == s->n_tokens && s->pooling == ENGINE_POOL_NONE;
     if (p->wants_logits[idx]) p->logit_idx[p->n_logits++] = p->n_tokens - 1;
+}
+
+/* n cut so that s's prompt-logprob rows fit the step's logits rows, keeping one row for every
+ * sequence that may still join the step; 0: none fit now. */
+static int chunk_fit_logits(const struct engine *e, const struct seq *s, int n)
+{
+    if (!s->prompt_logprobs || s->plp_next >= s->n_prompt) return n;
+    const struct step_plan *p = &e->plan;
+    int room = e->max_logits - p->n_logits - (e->o.max_seqs - p->n_seqs - 1) - 1, lo;
+    if (seq_plp_rows(s, s->n_computed, n, &lo) > room) n = room > 0 ? room : 0;
+    return n;
 }
 
 /* Reuses cached blocks for the longest cached prefix of s, leaving at least one token to compute
  * (its logits are needed). */
 static void take_cached_prefix(struct engine *e, struct seq *s)
 {
-    if (!e->o.prefix_cache) return;
+    if (!e->o.prefix_cache || seq_needs_prompt(s)) return;
     int bs = e->o.kv_block_size;
     int full = (s->n_tokens - 1) / bs;
     for (int i = 0; i < full; i++) {
@@ -174,7 +210,7 @@ static void take_cached_prefix(struct engine *e, struct seq *s)
 int sched_step_plan(struct engine *e)
 {
     struct step_plan *p = &e->plan;
-    p->n_tokens = p->n_seqs = p->n_logits = 0;
+    p->n_tokens = p->n_seqs = p->n_logits = p->n_hidden = 0;
     int budget = e->o.max_batch_tokens;
 
     /* A then B: running sequences, decodes before prefill chunks */
@@ -184,7 +220,8 @@ int sched_step_plan(struct engine *e)
             int todo = s->n_tokens - s->n_computed;
             if ((pass == 0) != (todo == 1) || in_plan(p, s)) continue;
             if (todo == 1 && s->paused_since > 0) continue; /* its reader is behind */
-            int n = todo < budget ? todo : budget;
+            int n = chunk_fit_logits(e, s, todo < budget ? todo : budget);
+            if (n == 0) continue;
             while (!grow_blocks(e, s, s->n_computed + n)) {
                 struct seq *v = preempt_newest(e);
                 if (!v || v == s) {
@@ -207,7 +244,8 @@ int sched_step_plan(struct engine *e)
         struct seq *s = e->waiting[0];
         if (s->n_blocks == 0) take_cached_prefix(e, s);
         int todo = s->n_tokens - s->n_computed;
-        int n = todo < budget ? todo : budget;
+        int n = chunk_fit_logits(e, s, todo < budget ? todo : budget);
+        if (n == 0) break;
         int bs = e->o.kv_block_size;
         int need = (s->n_computed + n + bs - 1) / bs - s->n_blocks;
         if (need > kv_pool_free_count(e->pool) - e->n_running ||

@@ -1,5 +1,6 @@
 /* api: the small endpoints (models, health, metrics, tokenize, detokenize) and the error answer
  * every handler shares. Generation lives in api_generate.c. */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,46 @@ static void json_reply(struct http_resp *out, int status, char *body)
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     (void)rq;
-    json_reply(out, 200, oai_write_models(s->o->served_name, s->started, s->ctx_len));
+    json_reply(out, 200,
+               oai_write_models(s->o->served_names, s->o->n_served_names, s->started, s->ctx_len));
+}
+
+/* The served name equal to model, or NULL. */
+static const char *served_name_of(const struct serve *s, const char *model)
+{
+    for (int i = 0; i < s->o->n_served_names; i++)
+        if (!strcmp(s->o->served_names[i], model)) return s->o->served_names[i];
+    return NULL;
+}
+
+static int model_not_found(const char *model, struct oai_error *e)
+{
+    return oai_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                         "The model `%.200s` does not exist (see GET /v1/models)", model);
+}
+
+void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    const char *id = rq->path + strlen(API_MODELS_PREFIX);
+    const char *name = served_name_of(s, id);
+    if (!name) {
+        struct oai_error e = {0};
+        model_not_found(id, &e);
+        api_error(&e, rq->log, out);
+        return;
+    }
+    json_reply(out, 200, oai_write_model(name, s->o->served_name, s->started, s->ctx_len));
+}
+
+int api_model_check(const struct serve *s, const char *model, const char **name,
+                    struct oai_error *e)
+{
+    *name = s->o->served_name;
+    if (!model) return 0;
+    const char *found = served_name_of(s, model);
+    if (!found) return model_not_found(model, e);
+    *name = found;
+    return 0;
 }
 
 void api_health(struct serve *s, const struct http_req *rq, struct http_resp *out)
@@ -225,4 +265,11 @@ void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp
 bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out)
 {
     return ready(s, log, out);
+}
+
+bool api_client_gone(int fd)
+{
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }

@@ -12,6 +12,9 @@ typedef void (*api_handler)(struct serve *s, const struct http_req *rq, struct h
 void api_completions(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_chat(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out);
+/* GET /v1/models/{id}: the path after API_MODELS_PREFIX is the id (it may hold '/'). */
+#define API_MODELS_PREFIX "/v1/models/"
+void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_health(struct serve *s, const struct http_req *rq, struct http_resp *out);
 /* /health/live: 503 only when the engine has stopped or stalled (not while loading or
  * draining); /health/ready: /health's answer (loaded, not draining, not stalled). */
@@ -21,12 +24,26 @@ void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *o
 void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);
 void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp *out);
 
+void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp *out);
+/* POST /v1/responses: a chat request (api_generate.c) answered in the Responses API's shape. */
+void api_responses(struct serve *s, const struct http_req *rq, struct http_resp *out);
+
 /* Fills out with the error's JSON body and status, and the log's error reason. */
 void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out);
 
 /* Shared by api.c and api_generate.c. */
+/* A request's "model" (NULL: not given) against the served names: *name is the served name it
+ * matched (server-owned, for the response), or the first one when none was given; another name
+ * is a 404 model_not_found, as OpenAI and vLLM answer. */
+int api_model_check(const struct serve *s, const char *model, const char **name,
+                    struct oai_error *e);
 /* False (with a 503 in out) unless the model is loaded and the server is not draining. */
 bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);
+/* True when the client has hung up (or its socket failed): a handler waiting on the engine
+ * polls it to abort work nobody will read. */
+bool api_client_gone(int fd);
+/* serve_submit's refusal as an answer: 503 draining, 429 queue full, 400, or 500. */
+int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e);
 /* The model's token texts for the response writers. */
 struct oai_vocab api_vocab(const struct serve *s);
 /* The conversation in r formatted by the model's chat template and tokenized (*ids malloc'd):

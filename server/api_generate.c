@@ -14,7 +14,6 @@
  *     write or as a hang-up seen while waiting; either way MHD frees the stream, which aborts
  *     whatever is still running, so its KV blocks are free by the engine's next step.
  * A struct gen is owned by the handler until it is handed to the HTTP layer as a stream. */
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +23,7 @@
 #include "../kernels/nvtx.h"
 #include "api.h"
 #include "api_structured.h"
+#include "oai_resp.h"
 
 struct choice {
     struct request *req; /* NULL once released */
@@ -32,6 +32,8 @@ struct choice {
     size_t text_len;       /* bytes of text so far (echo included): logprobs text_offset */
     int logged_tokens;     /* of its tokens, those already counted in the request's log */
     size_t streamed;       /* streamed with tools: bytes of its text already sent as content */
+    size_t prompt_off;     /* echo with logprobs: where the next prompt token's text begins */
+    size_t lp_sent;        /* streamed: echoed prompt logprobs already sent */
     struct oai_choice out; /* non-streamed: the collected text and logprobs */
     char error[256];       /* FINISH_ERROR: the engine's message */
 };
@@ -49,7 +51,13 @@ struct gen {
     int32_t **ids;                   /* [n_prompts] token ids (owned) */
     size_t *n_ids;                   /* [n_prompts] */
     char **echo;                     /* [n_prompts] echoed text (owned) or NULL */
+    bool echo_lp;                    /* echo with logprobs: the prompt's tokens lead logprobs */
     struct oai_usage usage;
+    /* /v1/responses: the chat's one choice written as a response; events numbered by seq */
+    struct oai_resp resp;
+    char msg_id[48];
+    char *instructions;
+    int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
     struct sbuf pending; /* streamed bytes not yet handed to MHD */
     size_t off;
@@ -80,19 +88,13 @@ static void gen_free(struct gen *g)
         free(g->echo[i]);
     }
     free(g->ch);
+    free(g->instructions);
+    oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
     free(g->n_ids);
     free(g->echo);
     sbuf_free(&g->pending);
     free(g);
-}
-
-/* True when the client has hung up (or its socket failed). */
-static bool client_gone(int fd)
-{
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 static int append_chunk(struct gen *g, char *chunk)
@@ -103,10 +105,44 @@ static int append_chunk(struct gen *g, char *chunk)
     return rc;
 }
 
+/* The text length of a token as the prompt's echo holds it. */
+static size_t token_len(const struct gen *g, int32_t id)
+{
+    char raw[8];
+    int n = g->meta.vocab.token_bytes(g->meta.vocab.ctx, id, raw, sizeof raw);
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* A prompt token's logprob event: into the echo's logprobs and/or prompt_logprobs. */
+static int on_prompt_event(struct gen *g, struct choice *c, const struct req_event *ev)
+{
+    struct oai_lp one = {.token = ev->token, .logprob = ev->logprob, .rank = ev->rank};
+    one.n_top = ev->n_top < 0 ? 0 : ev->n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : ev->n_top;
+    memcpy(one.top, ev->top, (size_t)one.n_top * sizeof one.top[0]);
+    int rc = 0;
+    if (g->meta.prompt_logprobs)
+        rc = oai_lp_push(&c->out.plp, &c->out.n_plp, &c->out.cap_plp, &one);
+    if (!rc && g->echo_lp) {
+        one.text_offset = c->prompt_off;
+        c->prompt_off += token_len(g, ev->token);
+        rc = oai_lp_push(&c->out.lp, &c->out.n_lp, &c->out.cap_lp, &one);
+    }
+    return rc;
+}
+
 /* Takes in one event of choice i. */
 static int on_event(struct gen *g, int i, const struct req_event *ev)
 {
     struct choice *c = &g->ch[i];
+    if (ev->prompt) return on_prompt_event(g, c, ev);
+    if (g->stream && g->echo_lp && c->lp_sent < c->out.n_lp) {
+        /* the echoed prompt's logprobs, in one chunk before the first generated text */
+        int rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE,
+                                                 c->out.lp + c->lp_sent, c->out.n_lp - c->lp_sent,
+                                                 g->include_usage));
+        if (rc) return rc;
+        c->lp_sent = c->out.n_lp;
+    }
     bool lp = g->meta.logprobs >= 0 && !ev->done;
     struct oai_lp one;
     if (lp) {
@@ -120,7 +156,13 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     enum finish_reason fin = ev->done ? ev->finish : FINISH_NONE;
     if (ev->done && fin == FINISH_NONE) fin = FINISH_ERROR;
     int rc = 0;
-    if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
+    if (g->stream && g->meta.kind == OAI_RESPONSES) {
+        /* the text is kept for the closing events (stream_read) */
+        if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        if (!rc && len && !g->tools) /* with tools the text may become calls: held */
+            rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, ev->text, len,
+                                                FINISH_NONE, NULL));
+    } else if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
         /* content is sent as it comes, up to where a <tool_call> may begin; the calls when
          * the choice ends */
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
@@ -228,9 +270,52 @@ static int wait_more(struct gen *g)
     double now = now_ms();
     if (now - g->checked_ms >= 200) {
         g->checked_ms = now;
-        if (client_gone(g->fd)) return QERR_IO;
+        if (api_client_gone(g->fd)) return QERR_IO;
     }
     return 0;
+}
+
+/* With tools, what the chat's one choice wrote as <tool_call> blocks become the response's
+ * function calls (g->resp.calls); returns the length of the message text before them. */
+static size_t resp_take_calls(struct gen *g)
+{
+    const struct choice *c = &g->ch[0];
+    size_t keep = c->out.text.len;
+    /* cut by max_output_tokens too: the whole blocks before the cut are calls */
+    if (!g->tools || c->out.finish == FINISH_ERROR || !c->out.text.p) return keep;
+    struct oai_tool_call *calls = NULL;
+    oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
+    int n = oai_parse_tool_calls(c->out.text.p, c->out.text.len, &calls, &keep);
+    g->resp.calls = calls;
+    g->resp.n_calls = n > 0 ? (size_t)n : 0;
+    return n > 0 ? keep : c->out.text.len;
+}
+
+/* The closing events of a streamed response. Without tools the message's item and part were
+ * announced at the start and its text streamed; with tools the text was held (it may hold
+ * <tool_call> blocks), so the message comes whole here, then each call. */
+static int resp_stream_end(struct gen *g)
+{
+    const struct choice *c = &g->ch[0];
+    const char *text = c->out.text.p ? c->out.text.p : "";
+    size_t len = resp_take_calls(g);
+    enum finish_reason fin = c->out.finish;
+    int rc = 0;
+    bool msg = oai_resp_has_message(&g->resp, len);
+    for (int ev = OAI_RESP_ITEM_ADDED; g->tools && msg && ev <= OAI_RESP_PART_ADDED && !rc; ev++)
+        rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
+    if (!rc && g->tools && msg && len)
+        rc = append_chunk(
+            g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, text, len, FINISH_NONE, NULL));
+    for (int ev = OAI_RESP_TEXT_DONE; msg && ev <= OAI_RESP_ITEM_DONE && !rc; ev++)
+        rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, text, len, fin, &g->usage));
+    for (size_t k = 0; k < g->resp.n_calls && !rc; k++)
+        for (int ev = OAI_RESP_CALL_ADDED; ev <= OAI_RESP_CALL_DONE && !rc; ev++)
+            rc = append_chunk(g, oai_resp_call_event(&g->resp, ev, g->seq++, k, len));
+    if (!rc)
+        rc = append_chunk(
+            g, oai_resp_event(&g->resp, OAI_RESP_DONE, g->seq++, text, len, fin, &g->usage));
+    return rc;
 }
 
 static long stream_read(void *ctx, char *buf, size_t max)
@@ -241,7 +326,10 @@ static long stream_read(void *ctx, char *buf, size_t max)
         g->off = 0;
         if (g->eof) return 0;
         int rc = 0;
-        if (all_done(g)) {
+        if (all_done(g) && g->meta.kind == OAI_RESPONSES) {
+            rc = resp_stream_end(g);
+            g->eof = true;
+        } else if (all_done(g)) {
             if (g->include_usage) rc = append_chunk(g, oai_write_usage_chunk(&g->meta, &g->usage));
             if (!rc) rc = sbuf_puts(&g->pending, OAI_SSE_DONE);
             g->eof = true;
@@ -283,8 +371,10 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
                            struct oai_error *e)
 {
     struct qerr q = {0};
-    const char *param = r->kind == OAI_CHAT ? "messages" : "prompt";
-    if (r->kind == OAI_CHAT) {
+    const char *param = r->kind == OAI_RESPONSES ? "input"
+                        : r->kind == OAI_CHAT    ? "messages"
+                                                 : "prompt";
+    if (r->kind != OAI_COMPLETION) {
         int rc =
             api_chat_tokens(s, r, true, tokenizer_adds_bos(s->tok), &g->ids[p], &g->n_ids[p], e);
         if (rc) return rc;
@@ -315,7 +405,7 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
     return 0;
 }
 
-static int submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
+int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
 {
     if (q->code == QERR_FULL && (atomic_load(&s->state) != SERVE_READY || strstr(q->msg, "drain")))
         return oai_error_set(e, 503, "server_error", "draining", NULL, "the server is draining");
@@ -332,7 +422,9 @@ static int submit_error(struct serve *s, const struct qerr *q, struct oai_error 
 static int context_error(struct serve *s, const struct oai_request *r, size_t n_prompt, int mt,
                          struct oai_error *e)
 {
-    const char *what = r->kind == OAI_CHAT ? "messages" : "prompt";
+    const char *what = r->kind == OAI_RESPONSES ? "input"
+                       : r->kind == OAI_CHAT    ? "messages"
+                                                : "prompt";
     return oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded", what,
                          "This model's maximum context length is %d tokens. However, you "
                          "requested %zu tokens (%zu in the %s, %d for the completion). Please "
@@ -340,13 +432,16 @@ static int context_error(struct serve *s, const struct oai_request *r, size_t n_
                          s->ctx_len, n_prompt + (size_t)mt, n_prompt, what, mt, what);
 }
 
-/* max_tokens when the request gives none: what the context leaves for chat (as OpenAI's chat
- * API does), 16 for completions (OpenAI's completions default). The one place it is decided. */
+/* max_tokens when the request gives none: what the context leaves for chat and responses (as
+ * OpenAI's chat API does), but no more than the KV pool can hold beside the prompt (the engine
+ * refuses a request that could never fit), 16 for completions (OpenAI's completions default).
+ * The one place it is decided. */
 static int max_tokens_for(const struct serve *s, const struct oai_request *r, size_t n_prompt)
 {
     if (r->max_tokens >= 0) return r->max_tokens;
-    if (r->kind != OAI_CHAT) return 16;
-    return n_prompt < (size_t)s->ctx_len ? s->ctx_len - (int)n_prompt : 0;
+    if (r->kind == OAI_COMPLETION) return 16;
+    int room = s->pool_tokens > 0 && s->pool_tokens < s->ctx_len ? s->pool_tokens : s->ctx_len;
+    return n_prompt < (size_t)room ? room - (int)n_prompt : 0;
 }
 
 /* Builds g from the parsed request and submits every choice. */
@@ -354,7 +449,10 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                      struct gen **out, struct oai_error *e)
 {
     const char *nomem = "out of memory";
-    int n_prompts = r->kind == OAI_CHAT ? 1 : (int)r->n_prompts;
+    const char *model;
+    int rc = api_model_check(s, r->model, &model, e);
+    if (rc) return rc;
+    int n_prompts = r->kind == OAI_COMPLETION ? (int)r->n_prompts : 1;
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
     g->s = s;
@@ -369,20 +467,40 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     g->n_ids = calloc((size_t)n_prompts, sizeof *g->n_ids);
     g->echo = calloc((size_t)n_prompts, sizeof *g->echo);
     g->ch = calloc((size_t)n_prompts * (size_t)r->n, sizeof *g->ch);
-    int rc = 0;
     struct grammar *grammar = NULL;
     if (!g->ids || !g->n_ids || !g->echo || !g->ch) {
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
     if ((rc = api_grammar(s, r, &grammar, e))) goto fail;
-    snprintf(g->id, sizeof g->id, "%s-%s", r->kind == OAI_CHAT ? "chatcmpl" : "cmpl", rq->log->id);
+    const char *prefix = r->kind == OAI_RESPONSES ? "resp_"
+                         : r->kind == OAI_CHAT    ? "chatcmpl-"
+                                                  : "cmpl-";
+    snprintf(g->id, sizeof g->id, "%s%s", prefix, rq->log->id);
+    snprintf(g->msg_id, sizeof g->msg_id, "msg_%s", rq->log->id);
+    if (r->instructions && !(g->instructions = strdup(r->instructions))) {
+        rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
+        goto fail;
+    }
+    g->resp = (struct oai_resp){.id = g->id,
+                                .msg_id = g->msg_id,
+                                .model = model,
+                                .created = (long long)time(NULL),
+                                .instructions = g->instructions,
+                                .max_output_tokens = r->max_tokens,
+                                .temperature = r->sample.temperature,
+                                .top_p = r->sample.top_p};
     g->meta = (struct oai_meta){.kind = r->kind,
                                 .id = g->id,
-                                .model = s->o->served_name,
+                                .model = model,
                                 .created = (long long)time(NULL),
                                 .logprobs = r->logprobs,
+                                .prompt_logprobs = r->prompt_logprobs >= 0,
+                                .prompt_top = r->prompt_logprobs,
                                 .vocab = api_vocab(s)};
+    g->echo_lp = r->kind == OAI_COMPLETION && r->echo && r->logprobs >= 0;
+    int prompt_top = g->echo_lp ? r->logprobs : -1;
+    if (r->prompt_logprobs > prompt_top) prompt_top = r->prompt_logprobs;
     for (int p = 0; p < n_prompts; p++) {
         if ((rc = tokenize_prompt(s, r, g, p, e))) goto fail;
         g->usage.prompt_tokens += (int)g->n_ids[p];
@@ -401,17 +519,29 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .ignore_eos = r->ignore_eos,
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
-                                     .grammar = grammar};
+                                     .grammar = grammar,
+                                     .prompt_logprobs = prompt_top >= 0,
+                                     .prompt_top_logprobs = prompt_top > 0 ? prompt_top : 0};
             gr.sample.seed = seed + (uint64_t)j;
             for (int k = 0; k < r->n_stop; k++) gr.stop_strings[k] = r->stop[k];
             struct qerr q = {0};
             g->ch[i].prompt = p;
             if (serve_submit(s, &gr, &g->ch[i].req, &q)) {
                 rc = q.code == QERR_TOO_LONG ? context_error(s, r, g->n_ids[p], mt, e)
-                                             : submit_error(s, &q, e);
+                                             : api_submit_error(s, &q, e);
                 goto fail;
             }
             g->n_choices = i + 1;
+            /* nothing precedes the first prompt token: its entry is null */
+            struct oai_lp first = {.token = g->ids[p][0], .null_lp = true};
+            struct oai_choice *oc = &g->ch[i].out;
+            if ((r->prompt_logprobs >= 0 &&
+                 oai_lp_push(&oc->plp, &oc->n_plp, &oc->cap_plp, &first)) ||
+                (g->echo_lp && oai_lp_push(&oc->lp, &oc->n_lp, &oc->cap_lp, &first))) {
+                rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
+                goto fail;
+            }
+            g->ch[i].prompt_off = token_len(g, g->ids[p][0]);
             if (g->echo[p]) {
                 size_t el = strlen(g->echo[p]);
                 if (!g->stream && sbuf_append(&g->ch[i].out.text, g->echo[p], el)) {
@@ -435,6 +565,12 @@ fail:
 static int stream_begin(struct gen *g)
 {
     int rc = 0;
+    if (g->meta.kind == OAI_RESPONSES) {
+        int last = g->tools ? OAI_RESP_IN_PROGRESS : OAI_RESP_PART_ADDED;
+        for (int ev = OAI_RESP_CREATED; ev <= last && !rc; ev++)
+            rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
+        return rc;
+    }
     for (int i = 0; i < g->n_choices && !rc; i++) {
         if (g->meta.kind == OAI_CHAT) {
             rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, "assistant", FINISH_NONE, NULL,
@@ -515,10 +651,14 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
             struct oai_choice *cs = malloc((size_t)g->n_choices * sizeof *cs);
             if (cs)
                 for (int i = 0; i < g->n_choices; i++) cs[i] = g->ch[i].out;
-            char *body =
-                cs ? oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage) : NULL;
+            char *body = NULL;
+            if (g->meta.kind == OAI_RESPONSES)
+                body = oai_resp_write(&g->resp, g->ch[0].out.text.p, resp_take_calls(g),
+                                      g->ch[0].out.finish, &g->usage);
+            else if (cs)
+                body = oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage);
             free(cs);
-            if (body && g->tools) body = api_tools_rewrite(body, g->id);
+            if (body && g->tools && g->meta.kind == OAI_CHAT) body = api_tools_rewrite(body, g->id);
             if (!body) {
                 oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
                 api_error(&e, rq->log, out);
@@ -541,4 +681,9 @@ void api_completions(struct serve *s, const struct http_req *rq, struct http_res
 void api_chat(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     generate(s, rq, out, OAI_CHAT);
+}
+
+void api_responses(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    generate(s, rq, out, OAI_RESPONSES);
 }

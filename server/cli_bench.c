@@ -5,6 +5,9 @@
  *     keeping one request in flight, and reports requests/s, prompt and output tokens/s, TTFT and
  *     time-per-output-token percentiles, peak KV blocks, preemptions and the prefix-cache hit
  *     rate (the figures vLLM's benchmark_serving prints).
+ *   quern bench --model M --embeddings [--requests 64] [--input-len 128] [--concurrency C]
+ *     the same driver with pooled (embedding) requests, all in flight by default as one
+ *     /v1/embeddings request's inputs are: embeddings/s, prompt tokens/s, latency percentiles.
  *   quern bench --model M --pp 512 --tg 128 [--reps R]
  *     measures prompt processing and generation of one sequence the way llama-bench does:
  *     pp = a P-token prompt up to its first token, tg = T decode steps after a 1-token prompt.
@@ -36,6 +39,8 @@ static void bench_usage(FILE *out)
     fprintf(out,
             "usage: quern bench [--model PATH] --requests N --input-len L --output-len O\n"
             "                   [--concurrency C] [options]\n"
+            "       quern bench [--model PATH] --embeddings [--requests 64] [--input-len 128]\n"
+            "                   [--concurrency C] (embeddings/s; C default: all at once)\n"
             "       quern bench [--model PATH] --pp P --tg T [--reps R] [options]\n"
             "       quern bench [--model PATH] --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]\n"
             "                   (B sequences decoding together; context 128, 16 steps default)\n"
@@ -70,6 +75,8 @@ struct bench_args {
         seed;
     enum matmul_precision precision;
     bool json, batch_invariant, profile;
+    bool embeddings;      /* --embeddings: pooled requests (mean), no output */
+    bool concurrency_set; /* --concurrency given */
     struct cli_knobs knobs;
     int decode_batches[16], n_decode; /* --decode-batches */
     int tp;                           /* --tp ranks, 0: one */
@@ -120,7 +127,8 @@ static void *client_main(void *arg)
         r.n_prompt = (size_t)c->a->input_len;
         sample_params_default(&r.sample);
         r.sample.temperature = 0;
-        r.max_tokens = (int)c->a->output_len;
+        r.max_tokens = c->a->embeddings ? 0 : (int)c->a->output_len;
+        r.pooling = c->a->embeddings ? ENGINE_POOL_MEAN : ENGINE_POOL_NONE;
         r.ignore_eos = true;
         r.top_logprobs = -1;
         struct request *q;
@@ -132,9 +140,11 @@ static void *client_main(void *arg)
             rc = engine_submit(c->e, &r, &q, &err);
         }
         struct req_event ev = {0};
+        int dim = 0;
         if (!rc) {
             do request_next(q, &ev, -1);
             while (!ev.done);
+            if (c->a->embeddings && !request_embedding(q, &dim)) ev.finish = FINISH_ERROR;
             request_release(q);
         }
         pthread_mutex_lock(c->mu);
@@ -142,7 +152,8 @@ static void *client_main(void *arg)
             (*c->failed)++;
         } else {
             long k = (*c->done)++;
-            c->ttft[k] = ev.ttft_ms;
+            /* an embedding has no first token: its latency stands in */
+            c->ttft[k] = c->a->embeddings ? ev.total_ms : ev.ttft_ms;
             c->tpot[k] = ev.completion_tokens > 1
                              ? (ev.total_ms - ev.ttft_ms) / (ev.completion_tokens - 1)
                              : 0;
@@ -211,7 +222,26 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     double rps = (double)done / wall, in_tps = (double)done * (double)a->input_len / wall,
            out_tps = (double)out_tokens / wall;
     double hit = st.prefix_lookups ? (double)st.prefix_hit_tokens / (double)st.prefix_lookups : 0;
-    if (a->json) {
+    if (a->embeddings) {
+        if (a->json)
+            printf("{\"embeddings\": %ld, \"failed\": %ld, \"concurrency\": %ld, "
+                   "\"input_len\": %ld, \"duration_s\": %.3f, \"embeddings_per_s\": %.2f, "
+                   "\"prompt_tokens_per_s\": %.1f, \"latency_ms_p50\": %.1f, "
+                   "\"latency_ms_p99\": %.1f, \"steps\": %llu}\n",
+                   done, failed, a->concurrency, a->input_len, wall, rps, in_tps,
+                   pct(ttft, (int)done, 50), pct(ttft, (int)done, 99),
+                   (unsigned long long)st.steps);
+        else
+            printf("embeddings        %ld done, %ld failed, concurrency %ld (input %ld tokens)\n"
+                   "duration          %.2f s\n"
+                   "embeddings/s      %.2f\n"
+                   "prompt tokens/s   %.1f\n"
+                   "latency ms        p50 %.1f  p99 %.1f\n"
+                   "engine steps      %llu\n",
+                   done, failed, a->concurrency, a->input_len, wall, rps, in_tps,
+                   pct(ttft, (int)done, 50), pct(ttft, (int)done, 99),
+                   (unsigned long long)st.steps);
+    } else if (a->json) {
         printf("{\"requests\": %ld, \"failed\": %ld, \"concurrency\": %ld, \"input_len\": %ld, "
                "\"output_len\": %ld, \"duration_s\": %.3f, \"requests_per_s\": %.3f, "
                "\"prompt_tokens_per_s\": %.1f, \"output_tokens_per_s\": %.1f, "
@@ -493,7 +523,8 @@ int cli_bench(int argc, char **argv)
         O_BATCHINV,
         O_DECODE,
         O_TP,
-        O_PROFILE
+        O_PROFILE,
+        O_EMBED
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -510,6 +541,7 @@ int cli_bench(int argc, char **argv)
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
                                          {"profile", no_argument, 0, O_PROFILE},
+                                         {"embeddings", no_argument, 0, O_EMBED},
                                          {"trace", required_argument, 0, O_TRACE},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -550,6 +582,9 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_PROFILE:
             a.profile = true;
+            continue;
+        case O_EMBED:
+            a.embeddings = true;
             continue;
         case O_TRACE:
             a.trace_path = optarg;
@@ -611,6 +646,7 @@ int cli_bench(int argc, char **argv)
             break;
         case O_CONC:
             dst = &a.concurrency;
+            a.concurrency_set = true;
             hi = 4096;
             break;
         case O_THREADS:
@@ -655,10 +691,20 @@ int cli_bench(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
+    if (a.embeddings) { /* 64 inputs of 128 tokens, all in flight, unless told otherwise */
+        if (a.requests < 0) a.requests = 64;
+        if (a.input_len < 0) a.input_len = 128;
+        if (a.output_len < 0) a.output_len = 0;
+        if (!a.concurrency_set) a.concurrency = a.requests;
+        if (a.output_len != 0) {
+            fprintf(stderr, "quern bench: --embeddings generates nothing (no --output-len)\n");
+            return EXIT_USAGE;
+        }
+    }
     bool serving = a.requests > 0 || a.input_len > 0 || a.output_len > 0;
     bool single = a.pp >= 0 || a.tg >= 0 || a.n_decode > 0;
     if (optind < argc || serving == single ||
-        (serving && (a.requests < 1 || a.input_len < 1 || a.output_len < 1))) {
+        (serving && (a.requests < 1 || a.input_len < 1 || (a.output_len < 1 && !a.embeddings)))) {
         fprintf(stderr, "quern bench: give either --requests/--input-len/--output-len or "
                         "--pp/--tg (see quern bench --help)\n");
         return EXIT_USAGE;

@@ -43,7 +43,10 @@ static void serve_usage(FILE *out)
         "  --ctx N                  context length per request (default: the model's)\n"
         "  --api-key KEY            require 'Authorization: Bearer KEY' on /v1/* and\n"
         "                           /tokenize, /detokenize (default: $QUERN_API_KEY; none)\n"
-        "  --served-model-name NAME the model id clients see (default: the file name)\n"
+        "  --served-model-name NAME[,ALIAS...] the model id clients see (default: the file name);\n"
+        "                           a request naming another model gets 404 model_not_found\n"
+        "  --pooling mean|last|cls  how /v1/embeddings pools a text's final hidden states\n"
+        "                           (default mean; last for last-token embedding models)\n"
         "  --max-body SIZE          largest request body (default 2M; more: 413)\n"
         "  --max-connections N      open connections at once (default 512); when all are\n"
         "                           taken, the one idle the longest makes room\n"
@@ -138,6 +141,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_PERCLIENT,
         O_REQTIMEOUT,
         O_STALL,
+        O_POOLING,
         O_TP
     };
     static const struct option opts[] = {
@@ -166,6 +170,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
         {"request-timeout", required_argument, 0, O_REQTIMEOUT},
         {"stall-timeout", required_argument, 0, O_STALL},
+        {"pooling", required_argument, 0, O_POOLING},
         CLI_KNOB_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -178,7 +183,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
                              .max_connections = 512,
                              .max_conns_per_client = -1,
                              .request_timeout_s = 30,
-                             .stall_timeout_s = 30};
+                             .stall_timeout_s = 30,
+                             .pooling = ENGINE_POOL_MEAN};
     const char *env_key = getenv("QUERN_API_KEY");
     if (env_key && *env_key) o->api_key = env_key;
     optind = 1;
@@ -197,8 +203,26 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_KEY:
             o->api_key = *optarg ? optarg : NULL;
             break;
+        case O_POOLING:
+            if (!strcmp(optarg, "mean"))
+                o->pooling = ENGINE_POOL_MEAN;
+            else if (!strcmp(optarg, "last"))
+                o->pooling = ENGINE_POOL_LAST;
+            else if (!strcmp(optarg, "cls"))
+                o->pooling = ENGINE_POOL_CLS;
+            else
+                bad = "wants mean, last or cls";
+            break;
         case O_NAME:
-            o->served_name = optarg;
+            /* argv is ours to cut: each comma-separated name becomes its own string */
+            for (char *n, *rest = optarg; !bad && (n = strsep(&rest, ","));) {
+                if (!*n) continue;
+                if (o->n_served_names == SERVE_MAX_NAMES)
+                    bad = "takes at most 8 names";
+                else
+                    o->served_names[o->n_served_names++] = n;
+            }
+            if (!bad && o->n_served_names == 0) bad = "wants a name";
             break;
         case O_PORT:
             if (!cli_parse_int(optarg, 0, 65535, &l)) bad = "--port wants 0..65535";
@@ -351,6 +375,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     s->chat = L->has_chat ? &L->chat : NULL;
     s->vocab = tokenizer_vocab_size(L->tok);
     s->ctx_len = engine_ctx_len(L->e);
+    s->pool_tokens = engine_pool_tokens(L->e);
     return 0;
 }
 
@@ -525,7 +550,9 @@ int cli_serve(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? EXIT_OK : rc;
     char name[256];
-    if (!o.served_name) o.served_name = basename_of(o.model_path, name, sizeof name);
+    if (o.n_served_names == 0)
+        o.served_names[o.n_served_names++] = basename_of(o.model_path, name, sizeof name);
+    o.served_name = o.served_names[0];
 
     sigset_t set;
     sigemptyset(&set);

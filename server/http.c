@@ -68,18 +68,22 @@ struct route {
     const char *method; /* GET also answers HEAD */
     bool auth;          /* needs the API key when one is set */
     api_handler fn;
+    bool prefix; /* path is a prefix: the handler reads the rest of the URL */
 };
 
 static const struct route routes[] = {
-    {"/v1/completions", "POST", true, api_completions},
-    {"/v1/chat/completions", "POST", true, api_chat},
-    {"/v1/models", "GET", true, api_models},
-    {"/tokenize", "POST", true, api_tokenize},
-    {"/detokenize", "POST", true, api_detokenize},
-    {"/health", "GET", false, api_health},
-    {"/health/live", "GET", false, api_liveness},
-    {"/health/ready", "GET", false, api_readiness},
-    {"/metrics", "GET", false, api_metrics},
+    {"/v1/completions", "POST", true, api_completions, false},
+    {"/v1/chat/completions", "POST", true, api_chat, false},
+    {"/v1/models", "GET", true, api_models, false},
+    {API_MODELS_PREFIX, "GET", true, api_model, true},
+    {"/v1/embeddings", "POST", true, api_embeddings, false},
+    {"/v1/responses", "POST", true, api_responses, false},
+    {"/tokenize", "POST", true, api_tokenize, false},
+    {"/detokenize", "POST", true, api_detokenize, false},
+    {"/health", "GET", false, api_health, false},
+    {"/health/live", "GET", false, api_liveness, false},
+    {"/health/ready", "GET", false, api_readiness, false},
+    {"/metrics", "GET", false, api_metrics, false},
 };
 
 /* One HTTP request (MHD's con_cls). */
@@ -421,7 +425,10 @@ static bool early_answer(struct serve *s, struct MHD_Connection *mc, struct conn
     const struct route *path_match = NULL;
     bool head = !strcmp(method, "HEAD");
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(url, routes[i].path) != 0) continue;
+        size_t pl = strlen(routes[i].path);
+        if (routes[i].prefix ? strncmp(url, routes[i].path, pl) != 0 || !url[pl]
+                             : strcmp(url, routes[i].path) != 0)
+            continue;
         path_match = &routes[i];
         if (!strcmp(method, routes[i].method) || (head && !strcmp(routes[i].method, "GET")))
             c->route = &routes[i];

@@ -27,11 +27,14 @@ enum oai_kind {
     OAI_CHAT,       /* POST /v1/chat/completions */
     OAI_TOKENIZE,   /* POST /tokenize: prompt or messages */
     OAI_DETOKENIZE, /* POST /detokenize: tokens */
+    OAI_EMBEDDING,  /* POST /v1/embeddings: input, encoding_format */
+    OAI_RESPONSES,  /* POST /v1/responses: instructions + input as a chat (msgs) */
 };
 
 #define OAI_MAX_CHOICES  64 /* prompts x n in one request */
 #define OAI_MAX_PROMPTS  64
-#define OAI_MAX_LOGPROBS 20 /* completions logprobs and chat top_logprobs */
+#define OAI_MAX_INPUTS   2048 /* embeddings inputs in one request (OpenAI's limit) */
+#define OAI_MAX_LOGPROBS 20   /* completions logprobs and chat top_logprobs */
 
 struct oai_error {
     struct qerr q;    /* code and one-line message naming the field */
@@ -74,7 +77,7 @@ struct oai_request {
     struct cJSON *root; /* owned */
     const char *model;  /* NULL when not given */
 
-    /* completions, tokenize: one or more prompts */
+    /* completions, tokenize, embeddings ("input"): one or more prompts */
     struct oai_prompt *prompts; /* owned */
     size_t n_prompts;
     /* chat, tokenize: the conversation; content strings are in the tree or in owned[] */
@@ -85,16 +88,19 @@ struct oai_request {
     int32_t *tokens; /* owned */
     size_t n_tokens;
 
-    int n;          /* choices per prompt (1..) */
-    int max_tokens; /* -1: not given (completions default 16, chat: the rest of ctx) */
-    bool echo;      /* completions: prepend the prompt to the text */
-    int logprobs;   /* -1: none; else how many top alternatives per token (0..20) */
+    int n;               /* choices per prompt (1..) */
+    int max_tokens;      /* -1: not given (completions default 16, chat: the rest of ctx) */
+    bool echo;           /* completions: prepend the prompt to the text */
+    int logprobs;        /* -1: none; else how many top alternatives per token (0..20) */
+    int prompt_logprobs; /* vLLM's prompt_logprobs: -1 none; else top-N of each prompt token */
     bool stream, include_usage;
     struct sample_params sample;
     bool has_seed;
     bool ignore_eos;
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
+    bool base64;                /* embeddings: encoding_format "base64" */
+    const char *instructions;   /* responses: the system text (in the tree), or NULL */
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
     bool add_generation_prompt; /* tokenize with messages (default true) */
     struct oai_constraint constraint;
@@ -147,6 +153,8 @@ struct oai_vocab {
 struct oai_lp {
     int32_t token;
     float logprob;
+    bool null_lp;       /* the first prompt token: nothing precedes it, its logprob is null */
+    int rank;           /* prompt tokens: 1 + the tokens more likely (vLLM's prompt_logprobs) */
     size_t text_offset; /* where the token's text begins in its choice's text */
     int n_top;
     struct token_logprob top[OAI_MAX_LOGPROBS];
@@ -158,19 +166,25 @@ struct oai_choice {
     enum finish_reason finish;
     struct oai_lp *lp; /* owned */
     size_t n_lp, cap_lp;
+    struct oai_lp *plp; /* owned: prompt_logprobs entries, the first one null */
+    size_t n_plp, cap_plp;
 };
 
 /* Appends a token's logprobs (copying at most OAI_MAX_LOGPROBS alternatives). */
 int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t text_offset,
                       const struct token_logprob *top, int n_top);
+/* Appends a copy of one to the list (*lp, *n, *cap). */
+int oai_lp_push(struct oai_lp **lp, size_t *n, size_t *cap, const struct oai_lp *one);
 void oai_choice_free(struct oai_choice *c);
 
 struct oai_meta {
     enum oai_kind kind; /* OAI_COMPLETION or OAI_CHAT */
     const char *id;     /* "cmpl-..." / "chatcmpl-..." */
     const char *model;
-    long long created; /* unix seconds */
-    int logprobs;      /* -1: none; else top-N */
+    long long created;    /* unix seconds */
+    int logprobs;         /* -1: none; else top-N */
+    bool prompt_logprobs; /* each choice has "prompt_logprobs" (vLLM's), with prompt_top */
+    int prompt_top;       /* alternatives per prompt token (0..20) */
     struct oai_vocab vocab;
 };
 
@@ -197,7 +211,15 @@ char *oai_write_error(const struct oai_error *e);
 /* The same as an SSE event, for an error after the stream began. */
 char *oai_write_error_chunk(const struct oai_error *e);
 
-char *oai_write_models(const char *name, long long created, int ctx_len);
+/* GET /v1/models: one card per served name (names[0] is every card's "root"); GET
+ * /v1/models/{id}: the card of name. Cards carry created, owned_by and the context length (as
+ * vLLM's max_model_len and as context_length). */
+/* POST /v1/embeddings: vecs[n][dim] as float lists or base64 of little-endian float32. */
+char *oai_write_embeddings(const float *const *vecs, size_t n, int dim, bool base64,
+                           const char *model, int prompt_tokens);
+
+char *oai_write_models(const char *const *names, int n, long long created, int ctx_len);
+char *oai_write_model(const char *name, const char *root, long long created, int ctx_len);
 char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len);
 char *oai_write_detokenized(const char *text, size_t len);
 

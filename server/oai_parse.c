@@ -142,22 +142,24 @@ static bool is_id_list(const cJSON *arr)
 }
 
 /* prompt: a string, a list of strings, a list of token ids, or a list of such lists. */
-static int parse_prompt(const cJSON *root, struct oai_request *r, struct oai_error *e)
+/* The prompts (completions' "prompt", embeddings' "input": name): a string, a list of strings,
+ * a token-id list or a list of those, at most max. */
+static int parse_prompt(const cJSON *root, const char *name, size_t max, struct oai_request *r,
+                        struct oai_error *e)
 {
-    const cJSON *p = field(root, "prompt");
-    if (!p) return bad(e, "prompt", "'prompt' is required");
+    const cJSON *p = field(root, name);
+    if (!p) return bad(e, name, "'%s' is required", name);
     size_t cnt = 1;
     if (cJSON_IsArray(p) && !is_id_list(p)) {
         cnt = (size_t)cJSON_GetArraySize(p);
-        if (cnt == 0) return bad(e, "prompt", "'prompt' is an empty list");
-        if (cnt > OAI_MAX_PROMPTS)
-            return bad(e, "prompt", "'prompt' has %zu prompts; at most %d are allowed", cnt,
-                       OAI_MAX_PROMPTS);
+        if (cnt == 0) return bad(e, name, "'%s' is an empty list", name);
+        if (cnt > max)
+            return bad(e, name, "'%s' has %zu elements; at most %zu are allowed", name, cnt, max);
     } else if (!cJSON_IsString(p) && !cJSON_IsArray(p)) {
-        return bad(e, "prompt",
-                   "'prompt' must be a string, a list of strings, a list of token ids or a list "
+        return bad(e, name,
+                   "'%s' must be a string, a list of strings, a list of token ids or a list "
                    "of token-id lists, not %s",
-                   json_type(p));
+                   name, json_type(p));
     }
     r->prompts = calloc(cnt, sizeof *r->prompts);
     if (!r->prompts) return oom(e);
@@ -167,7 +169,7 @@ static int parse_prompt(const cJSON *root, struct oai_request *r, struct oai_err
         r->prompts[0].text_len = strlen(p->valuestring);
         return 0;
     }
-    if (is_id_list(p)) return parse_ids(p, "prompt", &r->prompts[0].ids, &r->prompts[0].n_ids, e);
+    if (is_id_list(p)) return parse_ids(p, name, &r->prompts[0].ids, &r->prompts[0].n_ids, e);
     size_t i = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, p)
@@ -177,11 +179,11 @@ static int parse_prompt(const cJSON *root, struct oai_request *r, struct oai_err
             o->text = x->valuestring;
             o->text_len = strlen(x->valuestring);
         } else if (cJSON_IsArray(x)) {
-            int rc = parse_ids(x, "prompt", &o->ids, &o->n_ids, e);
+            int rc = parse_ids(x, name, &o->ids, &o->n_ids, e);
             if (rc) return rc;
-            if (o->n_ids == 0) return bad(e, "prompt", "'prompt' element %zu is empty", i - 1);
+            if (o->n_ids == 0) return bad(e, name, "'%s' element %zu is empty", name, i - 1);
         } else {
-            return bad(e, "prompt", "'prompt' element %zu must be a string or a token-id list",
+            return bad(e, name, "'%s' element %zu must be a string or a token-id list", name,
                        i - 1);
         }
     }
@@ -351,6 +353,11 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     const char *user;
     if ((rc = get_str(root, "user", &user, e)) < 0) return rc;
     if ((rc = get_str(root, "model", &r->model, e)) < 0) return rc;
+    long long plp;
+    if ((rc = get_int(root, "prompt_logprobs", 0, OAI_MAX_LOGPROBS, &plp, e)) < 0) return rc;
+    if (rc) r->prompt_logprobs = (int)plp;
+    if (rc && r->stream)
+        return bad(e, "prompt_logprobs", "'prompt_logprobs' is not supported with 'stream'");
     if ((rc = parse_stop(root, r, e))) return rc;
     const cJSON *lb = field(root, "logit_bias");
     if (lb && !(cJSON_IsObject(lb) && !lb->child))
@@ -363,7 +370,7 @@ static int parse_completion(const cJSON *root, struct oai_request *r, struct oai
 {
     int rc;
     long long l;
-    if ((rc = parse_prompt(root, r, e))) return rc;
+    if ((rc = parse_prompt(root, "prompt", OAI_MAX_PROMPTS, r, e))) return rc;
     if ((rc = parse_generation(root, r, e))) return rc;
     if ((rc = get_bool(root, "echo", &r->echo, e)) < 0) return rc;
     if ((rc = get_int(root, "logprobs", 0, OAI_MAX_LOGPROBS, &l, e)) < 0) return rc;
@@ -412,6 +419,259 @@ static int parse_tokenize(const cJSON *root, struct oai_request *r, struct oai_e
     return 0;
 }
 
+static int parse_embedding(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    int rc;
+    if ((rc = parse_prompt(root, "input", OAI_MAX_INPUTS, r, e))) return rc;
+    if ((rc = get_str(root, "model", &r->model, e)) < 0) return rc;
+    const char *user, *fmt = NULL;
+    if ((rc = get_str(root, "user", &user, e)) < 0) return rc;
+    if ((rc = get_str(root, "encoding_format", &fmt, e)) < 0) return rc;
+    if (fmt && strcmp(fmt, "float") && strcmp(fmt, "base64"))
+        return bad(e, "encoding_format",
+                   "'encoding_format' must be \"float\" or \"base64\", not "
+                   "\"%.40s\"",
+                   fmt);
+    r->base64 = fmt && !strcmp(fmt, "base64");
+    if (field(root, "dimensions"))
+        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "dimensions",
+                             "'dimensions' is not supported: this model's embeddings have a fixed "
+                             "size (its hidden size); leave it out");
+    return 0;
+}
+
+/* One Responses input item's content as a chat message's: a string, or input_text/output_text
+ * parts (joined by parse_content). */
+static cJSON *resp_content(const cJSON *c, const char *param, struct oai_error *e)
+{
+    if (!c) return cJSON_CreateString("");
+    if (cJSON_IsString(c)) return cJSON_Duplicate(c, true);
+    if (!cJSON_IsArray(c)) {
+        bad(e, param, "'%s' must be a string or a list of parts, not %s", param, json_type(c));
+        return NULL;
+    }
+    cJSON *parts = cJSON_CreateArray();
+    const cJSON *x;
+    int k = 0;
+    cJSON_ArrayForEach(x, c)
+    {
+        const char *type = NULL, *text = NULL;
+        if (!cJSON_IsObject(x) || get_str(x, "type", &type, e) < 0 || !type ||
+            get_str(x, "text", &text, e) < 0) {
+            cJSON_Delete(parts);
+            bad(e, param, "'%s' part %d must be an object with a string 'type'", param, k);
+            return NULL;
+        }
+        if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text")) {
+            cJSON_Delete(parts);
+            oai_error_set(e, 400, "invalid_request_error", "unsupported_content", param,
+                          "'%s' part %d has type '%.40s'; only input_text and output_text are "
+                          "supported",
+                          param, k, type);
+            return NULL;
+        }
+        if (!text) {
+            cJSON_Delete(parts);
+            bad(e, param, "'%s' part %d has no string 'text'", param, k);
+            return NULL;
+        }
+        cJSON *part = cJSON_CreateObject();
+        cJSON_AddItemToArray(parts, part);
+        if (!cJSON_AddStringToObject(part, "type", "text") ||
+            !cJSON_AddStringToObject(part, "text", text)) {
+            cJSON_Delete(parts);
+            oom(e);
+            return NULL;
+        }
+        k++;
+    }
+    return parts;
+}
+
+/* A function_call input item as the chat form of an assistant's tool call; consecutive calls
+ * join one assistant message (parallel calls). */
+static int resp_function_call(const cJSON *x, cJSON *msgs, const char *param, struct oai_error *e)
+{
+    const char *name = NULL, *args = NULL, *call_id = NULL;
+    if (get_str(x, "name", &name, e) < 0 || get_str(x, "arguments", &args, e) < 0 ||
+        get_str(x, "call_id", &call_id, e) < 0 || !name)
+        return bad(e, param, "'%s' (a function_call) needs a string 'name' and 'arguments'", param);
+    cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    cJSON *calls = last ? cJSON_GetObjectItemCaseSensitive(last, "tool_calls") : NULL;
+    if (!calls) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, m);
+        if (!cJSON_AddStringToObject(m, "role", "assistant") ||
+            !(calls = cJSON_AddArrayToObject(m, "tool_calls")))
+            return oom(e);
+    }
+    cJSON *c = cJSON_CreateObject(), *fn;
+    cJSON_AddItemToArray(calls, c);
+    if (!cJSON_AddStringToObject(c, "id", call_id ? call_id : "") ||
+        !cJSON_AddStringToObject(c, "type", "function") ||
+        !(fn = cJSON_AddObjectToObject(c, "function")) ||
+        !cJSON_AddStringToObject(fn, "name", name) ||
+        !cJSON_AddStringToObject(fn, "arguments", args ? args : "{}"))
+        return oom(e);
+    return 0;
+}
+
+/* A function_call_output input item as a chat tool message. */
+static int resp_function_output(const cJSON *x, cJSON *msgs, const char *param, struct oai_error *e)
+{
+    const char *out = NULL, *call_id = NULL;
+    if (get_str(x, "output", &out, e) < 0 || get_str(x, "call_id", &call_id, e) < 0 || !out)
+        return bad(e, param, "'%s' (a function_call_output) needs a string 'output'", param);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(msgs, m);
+    if (!cJSON_AddStringToObject(m, "role", "tool") ||
+        !cJSON_AddStringToObject(m, "tool_call_id", call_id ? call_id : "") ||
+        !cJSON_AddStringToObject(m, "content", out))
+        return oom(e);
+    return 0;
+}
+
+/* The Responses API's flat function tools ({"type":"function","name",...}) and tool_choice
+ * ({"type":"function","name"}) rewritten in the tree in the chat form oai_parse_tools reads. */
+static int resp_tools(cJSON *root, struct oai_error *e)
+{
+    const cJSON *tools = field(root, "tools");
+    if (tools && cJSON_IsArray(tools)) {
+        cJSON *chat = cJSON_CreateArray();
+        const cJSON *t;
+        int i = 0;
+        cJSON_ArrayForEach(t, tools)
+        {
+            char param[48];
+            snprintf(param, sizeof param, "tools[%d]", i++);
+            const char *type = NULL;
+            if (!cJSON_IsObject(t) || get_str(t, "type", &type, e) < 0 || !type ||
+                strcmp(type, "function")) {
+                cJSON_Delete(chat);
+                return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
+                                     param, "'%s' must be a function tool (type 'function')",
+                                     param);
+            }
+            cJSON *fn = cJSON_Duplicate(t, true), *c = cJSON_CreateObject();
+            cJSON_AddItemToArray(chat, c);
+            cJSON_DeleteItemFromObjectCaseSensitive(fn, "type");
+            cJSON_DeleteItemFromObjectCaseSensitive(fn, "strict");
+            if (!fn || !cJSON_AddStringToObject(c, "type", "function")) {
+                cJSON_Delete(fn);
+                cJSON_Delete(chat);
+                return oom(e);
+            }
+            cJSON_AddItemToObject(c, "function", fn);
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "tools", chat);
+    }
+    const cJSON *choice = field(root, "tool_choice");
+    const char *name = NULL;
+    if (choice && cJSON_IsObject(choice) && !field(choice, "function")) {
+        if (get_str(choice, "name", &name, e) < 0 || !name)
+            return bad(e, "tool_choice", "'tool_choice' must be a string or name a function");
+        cJSON *c = cJSON_CreateObject(), *fn;
+        if (!c || !cJSON_AddStringToObject(c, "type", "function") ||
+            !(fn = cJSON_AddObjectToObject(c, "function")) ||
+            !cJSON_AddStringToObject(fn, "name", name)) {
+            cJSON_Delete(c);
+            return oom(e);
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(root, "tool_choice", c);
+    }
+    return 0;
+}
+
+/* POST /v1/responses: instructions and input become a chat conversation ("messages", added to
+ * the tree), then the chat fields are parsed as for /v1/chat/completions. */
+static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    int rc;
+    const char *prev = NULL, *instructions = NULL;
+    bool store = false;
+    if ((rc = get_str(root, "previous_response_id", &prev, e)) < 0) return rc;
+    if (prev)
+        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
+                             "previous_response_id",
+                             "'previous_response_id' is not supported: this server stores no "
+                             "responses; send the whole conversation in 'input'");
+    if ((rc = get_bool(root, "store", &store, e)) < 0) return rc;
+    if ((rc = get_str(root, "instructions", &instructions, e)) < 0) return rc;
+    r->instructions = instructions;
+    if (field(root, "messages"))
+        return bad(e, "messages", "'messages' is not a Responses field; use 'input'");
+    const cJSON *in = field(root, "input");
+    if (!in || !(cJSON_IsString(in) || cJSON_IsArray(in)))
+        return bad(e, "input", "'input' (a string or a list of messages) is required");
+    cJSON *msgs = cJSON_AddArrayToObject(root, "messages");
+    if (!msgs) return oom(e);
+    if (instructions) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, m);
+        if (!cJSON_AddStringToObject(m, "role", "system") ||
+            !cJSON_AddStringToObject(m, "content", instructions))
+            return oom(e);
+    }
+    if (cJSON_IsString(in)) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(msgs, m);
+        if (!cJSON_AddStringToObject(m, "role", "user") ||
+            !cJSON_AddStringToObject(m, "content", in->valuestring))
+            return oom(e);
+    } else {
+        const cJSON *x;
+        int i = 0;
+        cJSON_ArrayForEach(x, in)
+        {
+            char param[64];
+            snprintf(param, sizeof param, "input[%d]", i);
+            const char *type = NULL, *role = NULL;
+            if (!cJSON_IsObject(x) || get_str(x, "type", &type, e) < 0 ||
+                get_str(x, "role", &role, e) < 0)
+                return bad(e, param, "'%s' must be a message object", param);
+            if (type && !strcmp(type, "function_call")) {
+                if ((rc = resp_function_call(x, msgs, param, e))) return rc;
+                i++;
+                continue;
+            }
+            if (type && !strcmp(type, "function_call_output")) {
+                if ((rc = resp_function_output(x, msgs, param, e))) return rc;
+                i++;
+                continue;
+            }
+            if (type && strcmp(type, "message"))
+                return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
+                                     param,
+                                     "'%s' has type '%.40s'; only message, function_call and "
+                                     "function_call_output items are supported",
+                                     param, type);
+            if (!role) return bad(e, param, "'%s' has no string 'role'", param);
+            snprintf(param, sizeof param, "input[%d].content", i);
+            cJSON *content = resp_content(field(x, "content"), param, e);
+            if (!content) return e->q.code ? e->q.code : oom(e);
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddItemToArray(msgs, m);
+            cJSON_AddItemToObject(m, "content", content);
+            if (!cJSON_AddStringToObject(m, "role", role)) return oom(e);
+            i++;
+        }
+    }
+    if ((rc = parse_messages(root, r, e))) return rc;
+    if ((rc = parse_generation(root, r, e))) return rc;
+    long long l;
+    if ((rc = get_int(root, "max_output_tokens", 1, 1 << 30, &l, e)) < 0) return rc;
+    if (rc) r->max_tokens = (int)l;
+    if ((rc = resp_tools(root, e)) || (rc = oai_parse_tools(root, r, e))) return rc;
+    const cJSON *text = field(root, "text");
+    const cJSON *fmt = text && cJSON_IsObject(text) ? field(text, "format") : NULL;
+    const char *ftype = NULL;
+    if (fmt && (get_str(fmt, "type", &ftype, e) < 0 || (ftype && strcmp(ftype, "text"))))
+        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
+                             "text.format",
+                             "'text.format' must be {\"type\": \"text\"} on /v1/responses");
+    return 0;
+}
+
 static int parse_detokenize(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     const cJSON *t = field(root, "tokens");
@@ -427,6 +687,7 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
                                 .n = 1,
                                 .max_tokens = -1,
                                 .logprobs = -1,
+                                .prompt_logprobs = -1,
                                 .add_special = true,
                                 .add_generation_prompt = true,
                                 .constraint = {.kind = -1},
@@ -468,6 +729,12 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
             break;
         case OAI_DETOKENIZE:
             rc = parse_detokenize(root, out, e);
+            break;
+        case OAI_EMBEDDING:
+            rc = parse_embedding(root, out, e);
+            break;
+        case OAI_RESPONSES:
+            rc = parse_responses(root, out, e);
             break;
         default:
             rc = oai_error_set(e, 500, "server_error", NULL, NULL, "bad endpoint kind");

@@ -16,29 +16,35 @@ const char *oai_finish_name(enum finish_reason r)
     return r == FINISH_NONE ? NULL : finish_reason_name(r);
 }
 
+int oai_lp_push(struct oai_lp **lp, size_t *n, size_t *cap, const struct oai_lp *one)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 16;
+        struct oai_lp *p = realloc(*lp, c * sizeof *p);
+        if (!p) return QERR_NOMEM;
+        *lp = p;
+        *cap = c;
+    }
+    struct oai_lp *l = &(*lp)[(*n)++];
+    *l = *one;
+    l->n_top = one->n_top < 0 ? 0 : one->n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : one->n_top;
+    return 0;
+}
+
 int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t text_offset,
                       const struct token_logprob *top, int n_top)
 {
-    if (c->n_lp == c->cap_lp) {
-        size_t cap = c->cap_lp ? c->cap_lp * 2 : 16;
-        struct oai_lp *p = realloc(c->lp, cap * sizeof *p);
-        if (!p) return QERR_NOMEM;
-        c->lp = p;
-        c->cap_lp = cap;
-    }
-    struct oai_lp *l = &c->lp[c->n_lp++];
-    l->token = token;
-    l->logprob = logprob;
-    l->text_offset = text_offset;
-    l->n_top = n_top < 0 ? 0 : n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : n_top;
-    if (l->n_top) memcpy(l->top, top, (size_t)l->n_top * sizeof *top);
-    return 0;
+    struct oai_lp one = {.token = token, .logprob = logprob, .text_offset = text_offset};
+    one.n_top = n_top < 0 ? 0 : n_top > OAI_MAX_LOGPROBS ? OAI_MAX_LOGPROBS : n_top;
+    if (one.n_top) memcpy(one.top, top, (size_t)one.n_top * sizeof *top);
+    return oai_lp_push(&c->lp, &c->n_lp, &c->cap_lp, &one);
 }
 
 void oai_choice_free(struct oai_choice *c)
 {
     sbuf_free(&c->text);
     free(c->lp);
+    free(c->plp);
     *c = (struct oai_choice){0};
 }
 
@@ -115,8 +121,13 @@ static cJSON *completion_lp(const struct oai_meta *m, const struct oai_lp *lp, s
     for (size_t i = 0; i < n; i++) {
         oai_token_text(&m->vocab, lp[i].token, t, sizeof t);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(lp[i].logprob)));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)lp[i].text_offset));
+        if (lp[i].null_lp) { /* the echoed prompt's first token, as OpenAI writes it */
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(lp[i].logprob)));
         cJSON *top = cJSON_CreateObject();
         /* the top alternatives, most likely first (a text seen twice keeps the first) */
         int want = m->logprobs;
@@ -177,6 +188,35 @@ fail:
     return NULL;
 }
 
+/* vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...],
+ * each entry the prompt token then its top alternatives (ranked 1..N). */
+static cJSON *prompt_lp(const struct oai_meta *m, const struct oai_lp *lp, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    char t[1100], key[16];
+    for (size_t i = 0; i < n && a; i++) {
+        if (lp[i].null_lp) {
+            cJSON_AddItemToArray(a, cJSON_CreateNull());
+            continue;
+        }
+        cJSON *o = cJSON_CreateObject();
+        for (int k = -1; k < lp[i].n_top && k < m->prompt_top; k++) {
+            int32_t id = k < 0 ? lp[i].token : lp[i].top[k].token;
+            snprintf(key, sizeof key, "%d", (int)id);
+            if (cJSON_GetObjectItemCaseSensitive(o, key)) continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "logprob",
+                                    lp_value(k < 0 ? lp[i].logprob : lp[i].top[k].logprob));
+            cJSON_AddNumberToObject(e, "rank", k < 0 ? lp[i].rank : k + 1);
+            oai_token_text(&m->vocab, id, t, sizeof t);
+            cJSON_AddStringToObject(e, "decoded_token", t);
+            cJSON_AddItemToObject(o, key, e);
+        }
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
 static cJSON *logprobs_obj(const struct oai_meta *m, const struct oai_lp *lp, size_t n)
 {
     if (m->logprobs < 0) return cJSON_CreateNull();
@@ -233,6 +273,8 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
         }
         cJSON_AddItemToObject(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
         cJSON_AddItemToObject(ch, "finish_reason", finish_obj(c[i].finish));
+        if (m->prompt_logprobs)
+            cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_lp(m, c[i].plp, c[i].n_plp));
     }
     cJSON_AddItemToObject(o, "usage", usage_obj(u));
     return print_free(o);
@@ -311,24 +353,109 @@ char *oai_write_error_chunk(const struct oai_error *e)
     return sse(print_free(error_obj(e)));
 }
 
-char *oai_write_models(const char *name, long long created, int ctx_len)
+/* RFC 4648 base64 of n bytes, NUL-terminated; NULL on OOM. */
+static char *base64_of(const unsigned char *p, size_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    if (!out) return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        if (i + 1 < n) v |= (uint32_t)p[i + 1] << 8;
+        if (i + 2 < n) v |= p[i + 2];
+        *o++ = tab[v >> 18 & 63];
+        *o++ = tab[v >> 12 & 63];
+        *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? tab[v & 63] : '=';
+    }
+    *o = 0;
+    return out;
+}
+
+/* A vector as OpenAI's base64 encoding_format: the float32 array's little-endian bytes. */
+static cJSON *embedding_base64(const float *v, int dim)
+{
+    unsigned char *b = malloc((size_t)dim * 4);
+    if (!b) return NULL;
+    for (int i = 0; i < dim; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int k = 0; k < 4; k++) b[4 * i + k] = (unsigned char)(u >> (8 * k));
+    }
+    char *s = base64_of(b, (size_t)dim * 4);
+    free(b);
+    cJSON *o = s ? cJSON_CreateString(s) : NULL;
+    free(s);
+    return o;
+}
+
+char *oai_write_embeddings(const float *const *vecs, size_t n, int dim, bool base64,
+                           const char *model, int prompt_tokens)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(o, "data");
-    cJSON *mo = cJSON_CreateObject();
-    if (!data || !mo) {
-        cJSON_Delete(mo);
-        cJSON_Delete(o);
-        return NULL;
+    if (!data) goto fail;
+    for (size_t i = 0; i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        if (!e) goto fail;
+        cJSON_AddItemToArray(data, e);
+        cJSON_AddStringToObject(e, "object", "embedding");
+        cJSON_AddNumberToObject(e, "index", (double)i);
+        cJSON *v = base64 ? embedding_base64(vecs[i], dim) : cJSON_CreateFloatArray(vecs[i], dim);
+        if (!v) goto fail;
+        cJSON_AddItemToObject(e, "embedding", v);
     }
-    cJSON_AddItemToArray(data, mo);
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    if (!u) goto fail;
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt_tokens);
+    return print_free(o);
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* One model card; "id" first (tools/loadtest.sh reads it with a regex). */
+static cJSON *model_card(const char *name, const char *root, long long created, int ctx_len)
+{
+    cJSON *mo = cJSON_CreateObject();
+    if (!mo) return NULL;
     cJSON_AddStringToObject(mo, "id", name);
     cJSON_AddStringToObject(mo, "object", "model");
     cJSON_AddNumberToObject(mo, "created", (double)created);
     cJSON_AddStringToObject(mo, "owned_by", "quern");
+    cJSON_AddStringToObject(mo, "root", root);
     cJSON_AddNumberToObject(mo, "max_model_len", ctx_len);
+    /* the name llama.cpp and LM Studio clients read */
+    cJSON_AddNumberToObject(mo, "context_length", ctx_len);
+    return mo;
+}
+
+char *oai_write_models(const char *const *names, int n, long long created, int ctx_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    if (!data) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        cJSON *mo = model_card(names[i], names[0], created, ctx_len);
+        if (!mo) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+        cJSON_AddItemToArray(data, mo);
+    }
     return print_free(o);
+}
+
+char *oai_write_model(const char *name, const char *root, long long created, int ctx_len)
+{
+    return print_free(model_card(name, root, created, ctx_len));
 }
 
 char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len)

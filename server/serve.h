@@ -20,6 +20,8 @@
 #include "cli.h"
 #include "metrics.h"
 
+#define SERVE_MAX_NAMES 8
+
 struct serve_opts {
     const char *model_path;
     const char *host;
@@ -27,8 +29,11 @@ struct serve_opts {
     int threads;
     size_t kv_mem;
     int max_batch_tokens, max_seqs, max_queue, ctx;
-    const char *api_key; /* NULL: no authentication */
-    const char *served_name;
+    const char *api_key;     /* NULL: no authentication */
+    const char *served_name; /* the model id responses carry: served_names[0] */
+    /* --served-model-name NAME[,ALIAS...] (repeatable): the ids a request's "model" may name */
+    const char *served_names[SERVE_MAX_NAMES];
+    int n_served_names;
     double drain_timeout_s;
     double watchdog_s;
     size_t max_body;
@@ -42,8 +47,9 @@ struct serve_opts {
     const char *device;              /* --device: auto (NULL), cpu, cuda, cuda:N */
     int tp;                          /* --tp: tensor-parallel ranks (0: one) */
     bool batch_invariant;            /* --batch-invariant (backend_request) */
-    bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
-    struct cli_knobs knobs;  /* --kv-type, --gemm, --gemm-min-tokens */
+    bool chat_parse_special;     /* --chat-parse-special: control tokens in message content count */
+    enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
+    struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
@@ -57,6 +63,7 @@ struct serve {
     const struct chat_template *chat; /* NULL when the model has no usable template */
     char chat_error[512];             /* why not */
     int ctx_len, vocab;
+    int pool_tokens; /* what the KV pool holds (engine_pool_tokens) */
     struct metrics metrics;
     atomic_long inflight; /* engine requests submitted and not yet released */
     long long started;    /* unix seconds, the models' "created" */

@@ -129,6 +129,136 @@ static void batch_prompt(int i, int n_prompts, const int32_t **p, size_t *n)
     *n = len;
 }
 
+/* What a prompt-output request gave: its prompt events, generated tokens, or embedding. */
+struct prompt_result {
+    int n_plp, n_gen;
+    int32_t plp_token[256];
+    float plp_lp[256];
+    int plp_rank[256];
+    struct token_logprob plp_top[256][2];
+    int32_t gen[8];
+    float emb[1024];
+    int dim;
+    enum finish_reason finish;
+};
+
+static void collect_prompt(struct request *q, struct prompt_result *res)
+{
+    memset(res, 0, sizeof *res);
+    for (;;) {
+        struct req_event ev;
+        ck_assert_int_eq(request_next(q, &ev, 120000), 0);
+        if (ev.done) {
+            res->finish = ev.finish;
+            break;
+        }
+        if (ev.prompt) {
+            ck_assert_int_eq(res->n_gen, 0); /* every prompt event comes first */
+            ck_assert_int_lt(res->n_plp, 256);
+            res->plp_token[res->n_plp] = ev.token;
+            res->plp_lp[res->n_plp] = ev.logprob;
+            res->plp_rank[res->n_plp] = ev.rank;
+            ck_assert_int_eq(ev.n_top, 2);
+            memcpy(res->plp_top[res->n_plp], ev.top, sizeof res->plp_top[0]);
+            res->n_plp++;
+        } else if (res->n_gen < 8) {
+            res->gen[res->n_gen++] = ev.token;
+        }
+    }
+    const float *v = request_embedding(q, &res->dim);
+    if (v) {
+        ck_assert_int_le(res->dim, 1024);
+        memcpy(res->emb, v, (size_t)res->dim * sizeof *v);
+    }
+    request_release(q);
+}
+
+/* Request i of the prompt-output test: prompt logprobs with 3 generated tokens, or pooled
+ * (mean, last, cls in turn), over 30..250-token prompts. */
+static void prompt_request(int i, struct gen_request *r)
+{
+    size_t len = 30 + (size_t)(i * 37) % 220;
+    greedy_request(r, text_ids + (size_t)(i * 131) % (n_text - len), len, 3);
+    if (i % 2 == 0) {
+        r->prompt_logprobs = true;
+        r->prompt_top_logprobs = 2;
+    } else {
+        r->max_tokens = 0;
+        r->pooling = (enum engine_pooling)(ENGINE_POOL_MEAN + (i / 2) % 3);
+    }
+}
+
+/* Prompt logprobs and embeddings are bit-identical alone and in a busy engine whose small step
+ * budget, few logits rows and small pool chunk their prompts and preempt them; a prompt logprob
+ * is the logprob of the prompt's next token; pooled vectors are unit vectors. */
+START_TEST(prompt_outputs_batched_equal_alone)
+{
+    int n = tu_sanitized() ? 6 : 12;
+    static struct prompt_result alone[12], busy[12];
+    struct gen_request r;
+    struct engine *e = make_engine(512, 4, 64, false);
+    for (int i = 0; i < n; i++) {
+        prompt_request(i, &r);
+        collect_prompt(submit(e, &r), &alone[i]);
+        if (i % 2 == 0) {
+            ck_assert_int_eq(alone[i].n_plp, (int)r.n_prompt - 1);
+            ck_assert_int_eq(alone[i].n_gen, 3);
+            for (int k = 0; k < alone[i].n_plp; k++) {
+                ck_assert_int_eq(alone[i].plp_token[k], r.prompt[k + 1]);
+                ck_assert(alone[i].plp_lp[k] <= 0 && alone[i].plp_rank[k] >= 1);
+                ck_assert(alone[i].plp_rank[k] > 1 ||
+                          alone[i].plp_top[k][0].token == alone[i].plp_token[k]);
+            }
+        } else {
+            ck_assert_int_eq(alone[i].finish, FINISH_STOP);
+            ck_assert_int_eq(alone[i].dim, engine_model_config(e)->dim);
+            double norm = 0;
+            for (int d = 0; d < alone[i].dim; d++)
+                norm += (double)alone[i].emb[d] * alone[i].emb[d];
+            ck_assert_double_eq_tol(norm, 1.0, 1e-5);
+        }
+    }
+    engine_free(e);
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 128; /* several prompts admitted at once, each in chunks */
+    o.max_seqs = 8;
+    o.kv_blocks = 24; /* 384 tokens: too few for them all */
+    o.prompt_logprob_rows = 16;
+    o.max_unread = 0; /* the fillers are read last: they must not wait for their reader */
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    /* generations that grow while the others wait for blocks */
+    struct request *fill[3];
+    for (int i = 0; i < 3; i++) {
+        greedy_request(&r, text_ids + 500 + 300 * i, 90, 100);
+        fill[i] = submit(e, &r);
+    }
+    struct request *q[12];
+    for (int i = 0; i < n; i++) {
+        prompt_request(i, &r);
+        q[i] = submit(e, &r);
+    }
+    for (int i = 0; i < n; i++) collect_prompt(q[i], &busy[i]);
+    for (int i = 0; i < 3; i++) {
+        struct result filled;
+        collect(fill[i], &filled);
+        ck_assert_int_eq(filled.final.finish, FINISH_LENGTH);
+    }
+    struct engine_stats st;
+    wait_idle(e, &st);
+    printf("prompt outputs: %llu steps, %llu preemptions\n", (unsigned long long)st.steps,
+           (unsigned long long)st.preemptions);
+    ck_assert_msg(st.preemptions > 0, "the pool was meant to force preemption");
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    engine_free(e);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(!memcmp(&busy[i], &alone[i], sizeof busy[i]),
+                      "request %d: busy and alone differ (%d/%d prompt events, dim %d/%d)", i,
+                      busy[i].n_plp, alone[i].n_plp, busy[i].dim, alone[i].dim);
+}
+END_TEST
+
 START_TEST(batched_equals_sequential)
 {
     int n_prompts = tu_sanitized() ? 8 : 24, n_out = tu_sanitized() ? 6 : 12;
@@ -508,6 +638,7 @@ int main(void)
     tcase_add_test(tc, seeded_sampling_same_in_busy_batch);
     tcase_add_test(tc, engine_random_workload);
     tcase_add_test(tc, batched_equals_sequential);
+    tcase_add_test(tc, prompt_outputs_batched_equal_alone);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -526,23 +526,32 @@ def test_curl(d):
           "curl -N: an event stream ending in data: [DONE]", out[-500:] + r.stderr.decode())
 
 
-def test_sdk(d):
+def sdk_python():
+    """The venv-openai python with the openai SDK (made and installed on first use), or None
+    (the reason printed) when the SDK part is skipped. Shared with test_api.py."""
     if os.environ.get("QUERN_TEST_NO_SDK") or os.environ.get("QUERN_SANITIZED"):
         print("skip: openai SDK (QUERN_TEST_NO_SDK or a sanitizer build)")
-        return
+        return None
     venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(BIN))), "venv-openai")
     py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py):
         if subprocess.run([sys.executable, "-m", "venv", venv],
                           capture_output=True).returncode != 0:
             print("skip: openai SDK (cannot create a venv)")
-            return
+            return None
     if subprocess.run([py, "-c", "import openai"], capture_output=True).returncode != 0:
         r = subprocess.run([py, "-m", "pip", "install", "-q", "--retries", "0", "--timeout", "15",
                             "openai"], capture_output=True, text=True)
         if r.returncode != 0:
             print("skip: openai SDK (pip cannot reach PyPI): " + r.stderr.strip()[-200:])
-            return
+            return None
+    return py
+
+
+def test_sdk(d):
+    py = sdk_python()
+    if not py:
+        return
     script = r"""
 import json, sys, openai
 c = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2])

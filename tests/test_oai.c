@@ -11,6 +11,7 @@
 
 #include "../server/metrics.h"
 #include "../server/oai.h"
+#include "../server/oai_resp.h"
 #include "../server/sbuf.h"
 
 static int parse(enum oai_kind k, const char *body, struct oai_request *r, struct oai_error *e)
@@ -485,6 +486,138 @@ START_TEST(tokenize_bodies)
 }
 END_TEST
 
+START_TEST(embedding_bodies)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_EMBEDDING, "{\"input\":\"hi\",\"model\":\"m\"}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 1);
+    ck_assert_str_eq(r.prompts[0].text, "hi");
+    ck_assert_str_eq(r.model, "m");
+    ck_assert(!r.base64);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_EMBEDDING,
+                           "{\"input\":[[1,2],[3]],\"encoding_format\":\"base64\",\"user\":\"u\"}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_prompts, 2);
+    ck_assert_int_eq(r.prompts[1].ids[0], 3);
+    ck_assert(r.base64);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_EMBEDDING, "{\"input\":[5,6,7]}", &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 1);
+    ck_assert_int_eq(r.prompts[0].n_ids, 3);
+    oai_request_free(&r);
+    /* 2048 inputs are allowed (OpenAI's limit), 2049 are not */
+    struct sbuf b = {0};
+    sbuf_puts(&b, "{\"input\":[");
+    for (int i = 0; i < 2049; i++) sbuf_puts(&b, i ? ",\"x\"" : "\"x\"");
+    sbuf_puts(&b, "]}");
+    expect_bad(OAI_EMBEDDING, b.p, 400, "input");
+    b.len -= 6; /* drop one ,"x" */
+    sbuf_puts(&b, "]}");
+    ck_assert_int_eq(parse(OAI_EMBEDDING, b.p, &r, &e), 0);
+    ck_assert_int_eq(r.n_prompts, 2048);
+    oai_request_free(&r);
+    sbuf_free(&b);
+    expect_bad(OAI_EMBEDDING, "{}", 400, "input");
+    expect_bad(OAI_EMBEDDING, "{\"input\":[]}", 400, "input");
+    expect_bad(OAI_EMBEDDING, "{\"input\":[[]]}", 400, "input");
+    expect_bad(OAI_EMBEDDING, "{\"input\":{\"a\":1}}", 400, "input");
+    expect_bad(OAI_EMBEDDING, "{\"input\":[\"a\",1]}", 400, "input");
+    expect_bad(OAI_EMBEDDING, "{\"input\":\"a\",\"dimensions\":8}", 400, "dimensions");
+    expect_bad(OAI_EMBEDDING, "{\"input\":\"a\",\"encoding_format\":\"int8\"}", 400,
+               "encoding_format");
+    expect_bad(OAI_EMBEDDING, "{\"input\":\"a\",\"model\":3}", 400, "model");
+}
+END_TEST
+
+START_TEST(responses_bodies)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"instructions\":\"Be brief.\",\"input\":\"Hi\","
+                           "\"max_output_tokens\":7,\"temperature\":0.5,\"store\":true}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.kind, OAI_RESPONSES);
+    ck_assert_int_eq(r.n_msgs, 2);
+    ck_assert_str_eq(r.msgs[0].role, "system");
+    ck_assert_str_eq(r.msgs[0].content, "Be brief.");
+    ck_assert_str_eq(r.msgs[1].role, "user");
+    ck_assert_str_eq(r.msgs[1].content, "Hi");
+    ck_assert_str_eq(r.instructions, "Be brief.");
+    ck_assert_int_eq(r.max_tokens, 7);
+    ck_assert_float_eq_tol(r.sample.temperature, 0.5, 1e-6);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"input\":[{\"role\":\"developer\",\"content\":\"S\"},"
+                           "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":"
+                           "\"input_text\",\"text\":\"a\"},{\"type\":\"input_text\",\"text\":"
+                           "\"b\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":"
+                           "\"output_text\",\"text\":\"c\"}]}],\"stream\":true}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_msgs, 3);
+    ck_assert_str_eq(r.msgs[0].role, "system");
+    ck_assert_str_eq(r.msgs[1].content, "ab");
+    ck_assert_str_eq(r.msgs[2].role, "assistant");
+    ck_assert_str_eq(r.msgs[2].content, "c");
+    ck_assert(r.stream && r.max_tokens == -1 && !r.instructions);
+    oai_request_free(&r);
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", 400,
+               "previous_response_id");
+    expect_bad(OAI_RESPONSES, "{}", 400, "input");
+    expect_bad(OAI_RESPONSES, "{\"input\":5}", 400, "input");
+    expect_bad(OAI_RESPONSES, "{\"input\":[5]}", 400, "input[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"type\":\"function_call_output\"}]}", 400, "input[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"content\":\"x\"}]}", 400, "input[0]");
+    expect_bad(OAI_RESPONSES,
+               "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_file\"}]}]}", 400,
+               "input[0].content");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"instructions\":1}", 400, "instructions");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"max_output_tokens\":0}", 400,
+               "max_output_tokens");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", 400,
+               "tools[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", 400,
+               "tools[0]");
+    expect_bad(OAI_RESPONSES,
+               "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+               "\"tool_choice\":{\"type\":\"function\",\"name\":\"g\"}}",
+               400, "tool_choice");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"type\":\"function_call\",\"arguments\":\"{}\"}]}",
+               400, "input[0]");
+    expect_bad(OAI_RESPONSES, "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}",
+               400, "input[0]");
+    /* tools and calls in the chat form the tool path reads */
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"input\":[{\"role\":\"user\",\"content\":\"w?\"},{\"type\":"
+                           "\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":"
+                           "\"{}\"},{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"f\","
+                           "\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":"
+                           "\"c1\",\"output\":\"sunny\"}],\"tools\":[{\"type\":\"function\","
+                           "\"name\":\"f\",\"parameters\":{\"type\":\"object\"},\"strict\":true}],"
+                           "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_tools, 1);
+    ck_assert_str_eq(r.tools[0].name, "f");
+    ck_assert_int_eq(r.tool_choice, OAI_TOOLS_NAMED);
+    ck_assert_int_eq(r.n_msgs, 3); /* user, one assistant turn with both calls, the result */
+    ck_assert_str_eq(r.msgs[1].role, "assistant");
+    ck_assert_ptr_nonnull(strstr(r.msgs[1].content, "<tool_call>"));
+    ck_assert_ptr_nonnull(strstr(strstr(r.msgs[1].content, "</tool_call>"), "<tool_call>"));
+    ck_assert_ptr_nonnull(strstr(r.msgs[2].content, "sunny"));
+    oai_request_free(&r);
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
+               400, "text.format");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"messages\":[]}", 400, "messages");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"temperature\":9}", 400, "temperature");
+}
+END_TEST
+
 /* Malformed bodies: 400 with no param and a JSON-ish code, never a crash. */
 START_TEST(hostile_bodies)
 {
@@ -634,6 +767,193 @@ START_TEST(write_completion)
 }
 END_TEST
 
+START_TEST(write_prompt_logprobs)
+{
+    struct oai_choice c = {0};
+    sbuf_puts(&c.text, "ab");
+    c.finish = FINISH_LENGTH;
+    struct oai_lp first = {.token = 1, .null_lp = true};
+    struct oai_lp second = {.token = 2, .logprob = -1.5f, .rank = 3, .text_offset = 1, .n_top = 2};
+    second.top[0] = (struct token_logprob){8, -0.5f};
+    second.top[1] = (struct token_logprob){2, -1.5f};
+    ck_assert_int_eq(oai_lp_push(&c.lp, &c.n_lp, &c.cap_lp, &first), 0);
+    ck_assert_int_eq(oai_lp_push(&c.lp, &c.n_lp, &c.cap_lp, &second), 0);
+    ck_assert_int_eq(oai_lp_push(&c.plp, &c.n_plp, &c.cap_plp, &first), 0);
+    ck_assert_int_eq(oai_lp_push(&c.plp, &c.n_plp, &c.cap_plp, &second), 0);
+    struct oai_usage u = {.prompt_tokens = 2};
+    struct oai_meta m = *meta(OAI_COMPLETION, 1);
+    m.prompt_logprobs = true;
+    m.prompt_top = 2;
+    char *s = oai_write_response(&m, &c, 1, &u);
+    cJSON *j = cJSON_Parse(s);
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+    ck_assert(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 0)));
+    ck_assert(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0)));
+    ck_assert_float_eq_tol(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 1)->valuedouble, -1.5, 1e-6);
+    ck_assert_int_eq(
+        cJSON_GetArraySize(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 1)), 1);
+    cJSON *pl = cJSON_GetObjectItem(c0, "prompt_logprobs");
+    ck_assert_int_eq(cJSON_GetArraySize(pl), 2);
+    ck_assert(cJSON_IsNull(cJSON_GetArrayItem(pl, 0)));
+    cJSON *p1 = cJSON_GetArrayItem(pl, 1);
+    ck_assert_int_eq(cJSON_GetArraySize(p1), 2); /* the token (also the 2nd alternative) and 8 */
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(p1, "2"), "rank")->valueint, 3);
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(p1, "8"), "rank")->valueint, 1);
+    ck_assert_str_eq(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(p1, "8"), "decoded_token")->valuestring, "é");
+    cJSON_Delete(j);
+    free(s);
+    /* not asked: no prompt_logprobs field */
+    s = oai_write_response(meta(OAI_COMPLETION, 1), &c, 1, &u);
+    j = cJSON_Parse(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    ck_assert_ptr_null(cJSON_GetObjectItem(c0, "prompt_logprobs"));
+    cJSON_Delete(j);
+    free(s);
+    oai_choice_free(&c);
+}
+END_TEST
+
+START_TEST(write_embeddings)
+{
+    float a[2] = {1.0f, -2.0f}, b[2] = {0.5f, 0.25f};
+    const float *v[2] = {a, b};
+    char *s = oai_write_embeddings(v, 2, 2, false, "smol", 9);
+    cJSON *j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "model")->valuestring, "smol");
+    cJSON *d1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
+    ck_assert_int_eq(cJSON_GetObjectItem(d1, "index")->valueint, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(d1, "object")->valuestring, "embedding");
+    ck_assert_float_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(d1, "embedding"), 1)->valuedouble,
+                       0.25);
+    cJSON *us = cJSON_GetObjectItem(j, "usage");
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "prompt_tokens")->valueint, 9);
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "total_tokens")->valueint, 9);
+    cJSON_Delete(j);
+    free(s);
+    /* base64 of the little-endian float32 bytes 00 00 80 3f 00 00 00 c0 */
+    s = oai_write_embeddings(v, 1, 2, true, "smol", 9);
+    j = cJSON_Parse(s);
+    cJSON *d0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(d0, "embedding")->valuestring, "AACAPwAAAMA=");
+    cJSON_Delete(j);
+    free(s);
+    float c3[3] = {1.0f, 1.0f, 1.0f};
+    const float *v3[1] = {c3};
+    s = oai_write_embeddings(v3, 1, 3, true, "smol", 1); /* 12 bytes: no padding */
+    j = cJSON_Parse(s);
+    d0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(d0, "embedding")->valuestring, "AACAPwAAgD8AAIA/");
+    cJSON_Delete(j);
+    free(s);
+}
+END_TEST
+
+/* "event: T\ndata: {...}\n\n": T and the JSON, whose type must be T. */
+static cJSON *resp_event(char *s, const char *type)
+{
+    ck_assert_ptr_nonnull(s);
+    char want[96];
+    snprintf(want, sizeof want, "event: %s\ndata: ", type);
+    ck_assert_msg(!strncmp(s, want, strlen(want)), "event: %s", s);
+    cJSON *j = cJSON_Parse(s + strlen(want));
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "type")->valuestring, type);
+    free(s);
+    return j;
+}
+
+START_TEST(write_responses)
+{
+    struct oai_resp r = {.id = "resp_1",
+                         .msg_id = "msg_1",
+                         .model = "smol",
+                         .created = 5,
+                         .instructions = NULL,
+                         .max_output_tokens = 9,
+                         .temperature = 0.5,
+                         .top_p = 1};
+    struct oai_usage u = {.prompt_tokens = 4, .completion_tokens = 9, .cached_tokens = 1};
+    char *s = oai_resp_write(&r, "Paris.", 6, FINISH_LENGTH, &u);
+    cJSON *j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "response");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "status")->valuestring, "incomplete");
+    ck_assert_str_eq(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(j, "incomplete_details"), "reason")->valuestring,
+        "max_output_tokens");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "instructions")));
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(j, "store")));
+    cJSON *item = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "output"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(item, "role")->valuestring, "assistant");
+    cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(item, "content"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(part, "type")->valuestring, "output_text");
+    ck_assert_str_eq(cJSON_GetObjectItem(part, "text")->valuestring, "Paris.");
+    cJSON *us = cJSON_GetObjectItem(j, "usage");
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "input_tokens")->valueint, 4);
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "output_tokens")->valueint, 9);
+    ck_assert_int_eq(cJSON_GetObjectItem(us, "total_tokens")->valueint, 13);
+    cJSON_Delete(j);
+    free(s);
+    j = resp_event(oai_resp_event(&r, OAI_RESP_CREATED, 0, "", 0, FINISH_NONE, NULL),
+                   "response.created");
+    cJSON *resp = cJSON_GetObjectItem(j, "response");
+    ck_assert_str_eq(cJSON_GetObjectItem(resp, "status")->valuestring, "in_progress");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(resp, "output")), 0);
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "sequence_number")->valueint, 0);
+    cJSON_Delete(j);
+    j = resp_event(oai_resp_event(&r, OAI_RESP_DELTA, 4, "Par", 3, FINISH_NONE, NULL),
+                   "response.output_text.delta");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "delta")->valuestring, "Par");
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "item_id")->valuestring, "msg_1");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "sequence_number")->valueint, 4);
+    cJSON_Delete(j);
+    j = resp_event(oai_resp_event(&r, OAI_RESP_PART_DONE, 6, "Paris.", 6, FINISH_STOP, &u),
+                   "response.content_part.done");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "part"), "text")->valuestring,
+                     "Paris.");
+    cJSON_Delete(j);
+    j = resp_event(oai_resp_event(&r, OAI_RESP_DONE, 8, "Paris.", 6, FINISH_STOP, &u),
+                   "response.completed");
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "status")->valuestring,
+                     "completed");
+    cJSON_Delete(j);
+    j = resp_event(oai_resp_event(&r, OAI_RESP_DONE, 8, "", 0, FINISH_LENGTH, &u),
+                   "response.incomplete");
+    cJSON_Delete(j);
+    /* a function call after no text: the call alone, at output index 0 */
+    char name[] = "get_weather", args[] = "{\"city\":\"Paris\"}";
+    struct oai_tool_call call = {name, args};
+    r.calls = &call;
+    r.n_calls = 1;
+    s = oai_resp_write(&r, "", 0, FINISH_STOP, &u);
+    j = cJSON_Parse(s);
+    cJSON *out = cJSON_GetObjectItem(j, "output");
+    ck_assert_int_eq(cJSON_GetArraySize(out), 1);
+    cJSON *fc = cJSON_GetArrayItem(out, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "type")->valuestring, "function_call");
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "name")->valuestring, "get_weather");
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "arguments")->valuestring, args);
+    ck_assert_str_eq(cJSON_GetObjectItem(fc, "call_id")->valuestring, "call_1_0");
+    cJSON_Delete(j);
+    free(s);
+    j = resp_event(oai_resp_call_event(&r, OAI_RESP_CALL_ARGS_DONE, 3, 0, 0),
+                   "response.function_call_arguments.done");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "output_index")->valueint, 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "arguments")->valuestring, args);
+    cJSON_Delete(j);
+    /* after text, the call is item 1 */
+    j = resp_event(oai_resp_call_event(&r, OAI_RESP_CALL_ADDED, 3, 0, 4),
+                   "response.output_item.added");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "output_index")->valueint, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "item"), "arguments")->valuestring,
+                     "");
+    cJSON_Delete(j);
+}
+END_TEST
+
 START_TEST(write_chat)
 {
     struct oai_choice c = {0};
@@ -754,13 +1074,26 @@ START_TEST(write_errors_and_misc)
     cJSON_Delete(j);
     free(s);
 
-    s = oai_write_models("smol", 5, 8192);
+    const char *names[] = {"smol", "alias"};
+    s = oai_write_models(names, 2, 5, 8192);
     j = cJSON_Parse(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
     cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
     ck_assert_str_eq(cJSON_GetObjectItem(m0, "id")->valuestring, "smol");
     ck_assert_str_eq(cJSON_GetObjectItem(m0, "object")->valuestring, "model");
     ck_assert_int_eq(cJSON_GetObjectItem(m0, "max_model_len")->valueint, 8192);
+    ck_assert_int_eq(cJSON_GetObjectItem(m0, "created")->valueint, 5);
+    ck_assert_str_eq(cJSON_GetObjectItem(m0, "owned_by")->valuestring, "quern");
+    cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(m1, "id")->valuestring, "alias");
+    ck_assert_str_eq(cJSON_GetObjectItem(m1, "root")->valuestring, "smol");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 2);
+    cJSON_Delete(j);
+    free(s);
+    s = oai_write_model("alias", "smol", 5, 100);
+    j = cJSON_Parse(s);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "id")->valuestring, "alias");
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "context_length")->valueint, 100);
     cJSON_Delete(j);
     free(s);
 
@@ -801,6 +1134,7 @@ START_TEST(metrics_text)
     struct engine_stats st = {.running = 2,
                               .waiting = 1,
                               .kv_blocks_total = 100,
+                              .kv_block_size = 16,
                               .kv_blocks_used = 25,
                               .prefix_hit_tokens = 64,
                               .preemptions = 3,
@@ -817,6 +1151,7 @@ START_TEST(metrics_text)
         "quern_requests_waiting 1\n",
         "quern_kv_blocks_used 25\n",
         "quern_kv_blocks_total 100\n",
+        "quern_cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n",
         "quern_kv_cache_usage_ratio 0.25\n",
         "quern_prefix_cache_hit_tokens_total 64\n",
         "quern_preemptions_total 3\n",
@@ -843,7 +1178,8 @@ START_TEST(metrics_text)
     /* every line is a comment or `name{labels} value`, and every family has HELP and TYPE */
     regex_t re;
     ck_assert_int_eq(regcomp(&re,
-                             "^[a-zA-Z_:][a-zA-Z0-9_:]*(\\{[a-zA-Z_]+=\"[^\"]*\"\\})? "
+                             "^[a-zA-Z_:][a-zA-Z0-9_:]*"
+                             "(\\{[a-zA-Z_]+=\"[^\"]*\"(,[a-zA-Z_]+=\"[^\"]*\")*\\})? "
                              "(-?[0-9.]+(e[-+]?[0-9]+)?|\\+Inf|NaN)$",
                              REG_EXTENDED | REG_NOSUB),
                      0);
@@ -921,12 +1257,17 @@ int main(void)
     tcase_add_test(p, prompt_forms);
     tcase_add_test(p, messages);
     tcase_add_test(p, tokenize_bodies);
+    tcase_add_test(p, embedding_bodies);
+    tcase_add_test(p, responses_bodies);
     tcase_add_test(p, structured_bodies);
     tcase_add_test(p, hostile_bodies);
     suite_add_tcase(s, p);
     TCase *w = tcase_create("write");
     tcase_add_test(w, write_completion);
     tcase_add_test(w, write_chat);
+    tcase_add_test(w, write_prompt_logprobs);
+    tcase_add_test(w, write_embeddings);
+    tcase_add_test(w, write_responses);
     tcase_add_test(w, write_chunks);
     tcase_add_test(w, write_errors_and_misc);
     tcase_add_test(w, metrics_text);

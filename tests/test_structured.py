@@ -481,7 +481,8 @@ def main():
     if not test_http.MODEL or not os.path.exists(test_http.MODEL):
         print("skip: no model")
         return 77
-    d = Daemon("--max-seqs", "128", "--max-queue", "512")
+    # the SDK part names the model "smol": a request naming another model is a 404 (issue 15)
+    d = Daemon("--max-seqs", "128", "--max-queue", "512", "--served-model-name", "smol")
     try:
         only = os.environ.get("QUERN_TEST_ONLY")
         for name, fn in [("suite", test_schema_suite), ("sources", test_sources),

@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""The API beyond completions and chat (issue 15) on a real daemon with the real model: models and
+the model-name check, prompt logprobs, /v1/embeddings and /v1/responses, and the same through
+the official `openai` SDK (test_http's venv; skipped as test_http skips it).
+
+One daemon (test_http's Daemon, no API key) serves every part. Needs QUERN_BIN and QUERN_MODEL;
+exit 77 without a model. QUERN_TEST_ONLY=name,... runs only the parts whose names contain one."""
+import base64
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_http  # noqa: E402
+from test_http import Daemon, check, FAILS  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# a sanitizer build makes every token some 10x dearer: smaller prompts and generations there
+SANITIZED = bool(os.environ.get("QUERN_SANITIZED"))
+GOLDEN = os.path.join(HERE, "golden", "smollm2.json")
+
+
+def test_models(d):
+    st, _, body = d.request("GET", "/v1/models")
+    data = json.loads(body).get("data", [])
+    check(st == 200 and [m["id"] for m in data] == ["smol", "smol-alias"],
+          "/v1/models lists the name and its alias", body)
+    m = data[0] if data else {}
+    check(m.get("owned_by") == "quern" and isinstance(m.get("created"), int) and
+          m.get("created") > 1600000000 and m.get("max_model_len", 0) >= 2048 and
+          m.get("context_length") == m.get("max_model_len"),
+          "a model card has owned_by, created and the context length", m)
+    st, _, body = d.request("GET", "/v1/models/smol-alias")
+    one = json.loads(body)
+    check(st == 200 and one.get("id") == "smol-alias" and one.get("object") == "model" and
+          one.get("root") == "smol", "GET /v1/models/{alias}", body)
+    st, _, body = d.request("GET", "/v1/models/other")
+    err = json.loads(body).get("error", {})
+    check(st == 404 and err.get("code") == "model_not_found" and "other" in err.get("message"),
+          "GET /v1/models/{unknown}: 404 model_not_found", body)
+    for path, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+                       ("/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})):
+        st, _, r = d.post(path, dict(body, model="gpt-4o"))
+        check(st == 404 and r["error"]["code"] == "model_not_found" and
+              r["error"]["param"] == "model", f"{path}: another model's name is a 404", r)
+        st, _, r = d.post(path, dict(body, model="smol-alias"))
+        check(st == 200 and r.get("model") == "smol-alias",
+              f"{path}: an alias is served and named in the response", r)
+        st, _, r = d.post(path, body)
+        check(st == 200 and r.get("model") == "smol", f"{path}: no model: the served name", r)
+
+
+def completion(d, body):
+    st, _, r = d.post("/v1/completions", dict({"temperature": 0}, **body))
+    if st != 200:
+        raise RuntimeError(f"completion {st}: {r}")
+    return r
+
+
+def test_prompt_logprobs(d):
+    gold = next(g for g in json.load(open(GOLDEN))["generate"] if g["name"] == "once-upon")
+    ids = gold["prompt_ids"] + gold["greedy_ids"][:12]
+    r = completion(d, {"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 5,
+                       "prompt_logprobs": 5})
+    ch = r["choices"][0]
+    lp, plp = ch["logprobs"], ch["prompt_logprobs"]
+    check(len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None and
+          lp["top_logprobs"][0] is None and all(isinstance(v, float)
+                                                 for v in lp["token_logprobs"][1:]),
+          "echo + logprobs: every prompt token, the first one null", lp["token_logprobs"][:3])
+    check(ch["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 0 and
+          ch["text"] == "".join(lp["tokens"]), "max_tokens 0: the prompt echoed, nothing generated",
+          ch["text"])
+    offs = lp["text_offset"]
+    check(offs[0] == 0 and all(offs[i] + len(lp["tokens"][i].encode()) == offs[i + 1]
+                               for i in range(len(offs) - 1)), "echo text_offset", offs)
+    check(len(plp) == len(ids) and plp[0] is None and
+          all(str(ids[i]) in plp[i] for i in range(1, len(ids))),
+          "prompt_logprobs: one entry per prompt token, keyed by id, the first null")
+    # against transformers (fp32 on the dequantized weights): top-5 ids and logit gaps at the
+    # recorded positions inside the prompt (logits at pos score token pos + 1)
+    for g in gold["logits"]:
+        pos = g["pos"]
+        if pos + 1 >= len(ids):
+            continue
+        e = plp[pos + 1]
+        ranked = sorted(((v["rank"], int(k), v["logprob"]) for k, v in e.items()
+                         if v["rank"] <= 5))
+        got_ids = [t for _, t, _ in ranked]
+        gaps = [lp_ - ranked[0][2] for _, _, lp_ in ranked]
+        want = [x - g["top_logits"][0] for x in g["top_logits"]]
+        check(got_ids == g["top_ids"] and max(abs(a - b) for a, b in zip(gaps, want)) < 2e-2,
+              f"prompt logprobs at pos {pos} match transformers' top-5 logits",
+              f"{ranked} vs {g['top_ids']} {g['top_logits']}")
+        mine = e[str(ids[pos + 1])]
+        check(mine["rank"] == 1 + sum(1 for v in e.values() if v["logprob"] > mine["logprob"])
+              or mine["rank"] > 5, f"the prompt token's rank at pos {pos}", e)
+    # a one-token-at-a-time forward: the decode's logprob of each generated token equals the
+    # prompt logprob of the same token when the whole text is one prefill
+    g = completion(d, {"prompt": gold["prompt_ids"], "max_tokens": 10, "logprobs": 0,
+                       "ignore_eos": True})
+    dec = g["choices"][0]["logprobs"]["token_logprobs"]
+    st, _, tk = d.post("/tokenize", {"prompt": g["choices"][0]["text"],
+                                     "add_special_tokens": False})
+    gen_ids = tk["tokens"]
+    full = gold["prompt_ids"] + gen_ids
+    e = completion(d, {"prompt": full, "max_tokens": 0, "prompt_logprobs": 0})
+    pl = e["choices"][0]["prompt_logprobs"]
+    pre = [pl[i][str(full[i])]["logprob"] for i in range(len(gold["prompt_ids"]), len(full))]
+    check(len(gen_ids) == len(dec) and pre == dec,
+          "prompt logprobs equal the decode's logprobs bit for bit", f"{pre}\n    {dec}")
+    # a prompt longer than a step's prompt-logprob rows (128) is scored over several chunks:
+    # its first tokens' logprobs are those of the short prompt alone
+    text = " ".join(f"item {i} is {i * 7 % 13}." for i in range(60))
+    st, _, tk = d.post("/tokenize", {"prompt": text})
+    long_ids = tk["tokens"][:300 if SANITIZED else 400]
+    a = completion(d, {"prompt": long_ids, "max_tokens": 1, "prompt_logprobs": 2})
+    b = completion(d, {"prompt": long_ids[:150], "max_tokens": 0, "prompt_logprobs": 2})
+    pa, pb = a["choices"][0]["prompt_logprobs"], b["choices"][0]["prompt_logprobs"]
+    check(len(long_ids) > 256 and len(pa) == len(long_ids) and pa[:150] == pb,
+          "a long prompt's logprobs, over several chunks, agree with a short prefix's", len(pa))
+    # streamed: the echo, then the prompt's logprobs, then the generated tokens
+    chunks = list(d.stream("/v1/completions", {"prompt": ids[:5], "max_tokens": 3, "echo": True,
+                                               "logprobs": 1, "temperature": 0,
+                                               "stream": True}))
+    toks = [t for c in chunks if c != "[DONE]" and c["choices"][0]["logprobs"]
+            for t in c["choices"][0]["logprobs"]["tokens"]]
+    ns = completion(d, {"prompt": ids[:5], "max_tokens": 3, "echo": True, "logprobs": 1})
+    check(toks == ns["choices"][0]["logprobs"]["tokens"],
+          "streamed echo + logprobs: the same tokens as not streamed", str(toks))
+    st, _, r = d.post("/v1/completions", {"prompt": "Hi", "prompt_logprobs": 1, "stream": True})
+    check(st == 400 and r["error"]["param"] == "prompt_logprobs",
+          "prompt_logprobs with stream: 400", r)
+    st, _, r = d.post("/v1/completions", {"prompt": "Hi", "prompt_logprobs": 21})
+    check(st == 400 and r["error"]["param"] == "prompt_logprobs", "prompt_logprobs 21: 400", r)
+    st, _, r = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                               "max_tokens": 2, "prompt_logprobs": 0})
+    pl = r["choices"][0]["prompt_logprobs"] if st == 200 else []
+    check(st == 200 and pl[0] is None and len(pl) == r["usage"]["prompt_tokens"],
+          "chat: prompt_logprobs over the templated prompt", r)
+
+
+def cos(a, b):
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def embed(d, inp, **kw):
+    st, _, r = d.post("/v1/embeddings", dict({"input": inp, "model": "smol"}, **kw))
+    if st != 200:
+        raise RuntimeError(f"embeddings {st}: {r}")
+    return r
+
+
+SENTENCES = ["The cat sat on the warm mat.", "A kitten was sleeping on the rug.",
+             "The stock market fell sharply today.", "Investors sold shares as prices dropped.",
+             "How do I bake bread at home?", "A simple recipe for homemade bread."]
+
+
+def test_embeddings(d):
+    r = embed(d, "The cat sat on the warm mat.")
+    v = r["data"][0]["embedding"]
+    st, _, tk = d.post("/tokenize", {"prompt": "The cat sat on the warm mat."})
+    check(r["object"] == "list" and r["data"][0]["object"] == "embedding" and
+          r["data"][0]["index"] == 0 and len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-5 and
+          r["usage"]["prompt_tokens"] == tk["count"] == r["usage"]["total_tokens"] and
+          r["model"] == "smol", "one input: a unit vector of the hidden size, usage counted",
+          {k: r[k] for k in ("model", "usage")})
+    e = [x["embedding"] for x in embed(d, SENTENCES)["data"]]
+    ok = all(cos(e[i], e[i + 1]) > max(cos(e[i], e[j]) for j in range(len(e)) if j // 2 != i // 2)
+             for i in range(0, len(e), 2))
+    check(ok, "related sentences are closer than unrelated ones (cosine)",
+          [[round(cos(a, b), 3) for b in e] for a in e])
+    # bit for bit: alone, in a batch of 32, and while a generation shares the steps
+    texts = [f"Sentence number {i}: " + SENTENCES[i % len(SENTENCES)] * (1 + i % 3)
+             for i in range(32)]
+    alone = [embed(d, t)["data"][0]["embedding"] for t in texts[:4]]
+    gen = threading.Thread(target=lambda: d.post("/v1/completions", {
+        "prompt": "Once upon a time", "max_tokens": 40 if SANITIZED else 200, "temperature": 0,
+        "ignore_eos": True}))
+    gen.start()
+    batch = embed(d, texts)["data"]
+    gen.join()
+    check([x["index"] for x in batch] == list(range(32)) and
+          [x["embedding"] for x in batch[:4]] == alone,
+          "embeddings are bit-identical alone and in a batch of 32 beside a generation")
+    b64 = embed(d, texts[:2], encoding_format="base64")["data"]
+    dec = [list(struct.unpack(f"<{len(v)}f", base64.b64decode(x["embedding"]))) for x in b64]
+    # JSON numbers carry 15 significant digits: enough to name a float32 exactly
+    f32 = [list(struct.unpack(f"<{len(v)}f", struct.pack(f"<{len(v)}f", *x["embedding"])))
+           for x in batch[:2]]
+    check(dec == f32, "encoding_format base64: the same float32 values")
+    ids = [d.post("/tokenize", {"prompt": t})[2]["tokens"] for t in texts[:2]]
+    check([x["embedding"] for x in embed(d, ids)["data"]] == [x["embedding"] for x in batch[:2]]
+          and embed(d, ids[0])["data"][0]["embedding"] == batch[0]["embedding"],
+          "token-id inputs embed as their text does")
+    check(test_http.wait_until(lambda: test_http.kv_idle(d) and
+                               d.metrics().get("quern_kv_blocks_used") == 0),
+          "no KV blocks are kept after embedding", d.metrics().get("quern_kv_blocks_used"))
+
+    def expect(status, what, body, param):
+        st, _, r = d.post("/v1/embeddings", body)
+        err = r.get("error", {}) if isinstance(r, dict) else {}
+        check(st == status and err.get("param") == param, f"embeddings: {what}: {status}", r)
+    expect(400, "dimensions", {"input": "x", "dimensions": 64}, "dimensions")
+    expect(400, "encoding_format int8", {"input": "x", "encoding_format": "int8"},
+           "encoding_format")
+    expect(400, "no input", {"model": "smol"}, "input")
+    expect(400, "an empty list", {"input": []}, "input")
+    expect(400, "a number", {"input": 5}, "input")
+    expect(400, "a token out of the vocabulary", {"input": [[1, 10**7]]}, "input")
+    expect(400, "an input longer than the context", {"input": [[1] * 9000]}, "input")
+    expect(404, "another model", {"input": "x", "model": "text-embedding-3-small"}, "model")
+
+
+def test_pooling(d):
+    """--pooling last and cls on their own daemons: position 0's state depends on token 0 alone,
+    so cls of a text equals every mode's vector of its first token alone."""
+    ids = d.post("/tokenize", {"prompt": "Paris is the capital of France"})[2]["tokens"]
+    mean1 = embed(d, [ids[:1]])["data"][0]["embedding"]
+    mean = embed(d, [ids])["data"][0]["embedding"]
+    got = {}
+    for mode in ("last", "cls"):
+        p = Daemon("--pooling", mode, "--max-seqs", "4", "--precision", "f32")  # as d
+        try:
+            got[mode] = [x["embedding"] for x in embed(p, [ids, ids[:1]], model=None)["data"]]
+        finally:
+            p.stop()
+            test_http.check_sanitizers(p)
+    check(got["cls"][0] == got["cls"][1] == got["last"][1] == mean1,
+          "--pooling cls: the first token's state, as a one-token input gives in every mode")
+    check(got["last"][0] not in (mean, got["cls"][0]) and cos(got["last"][0], mean) > 0.2,
+          "--pooling last: another vector than mean or cls", cos(got["last"][0], mean))
+
+
+def resp_text(r):
+    return "".join(c["text"] for o in r["output"] for c in o["content"])
+
+
+def test_responses(d):
+    body = {"model": "smol", "instructions": "Answer in one short sentence.",
+            "input": "What is the capital of France?", "max_output_tokens": 24, "temperature": 0}
+    st, _, r = d.post("/v1/responses", body)
+    check(st == 200 and r["object"] == "response" and r["id"].startswith("resp_") and
+          r["status"] in ("completed", "incomplete") and r["store"] is False and
+          r["instructions"] == body["instructions"] and r["usage"]["input_tokens"] > 0 and
+          r["usage"]["total_tokens"] == r["usage"]["input_tokens"] + r["usage"]["output_tokens"],
+          "responses: a response object", r)
+    st, _, c = d.post("/v1/chat/completions", {
+        "messages": [{"role": "system", "content": body["instructions"]},
+                     {"role": "user", "content": body["input"]}],
+        "max_tokens": 24, "temperature": 0})
+    text = resp_text(r)
+    check(text and text == c["choices"][0]["message"]["content"] and
+          r["usage"]["input_tokens"] == c["usage"]["prompt_tokens"],
+          "responses: the chat path's answer to instructions + input", f"{text!r} {c}")
+    events = []
+    conn = d.conn()
+    conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    kind = None
+    for line in resp.read().decode().splitlines():
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            events.append((kind, json.loads(line[6:])))
+    conn.close()
+    names = [k for k, _ in events]
+    deltas = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
+    final = events[-1][1]["response"] if events else {}
+    want = ["response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added"]
+    last = "response.completed" if r["status"] == "completed" else "response.incomplete"
+    check(resp.status == 200 and names[:4] == want and
+          names[-4:] == ["response.output_text.done", "response.content_part.done",
+                         "response.output_item.done", last] and
+          all(k == e["type"] for k, e in events) and
+          [e["sequence_number"] for _, e in events] == list(range(len(events))),
+          "responses stream: the events in order, numbered", names)
+    counts = ("input_tokens", "output_tokens")  # cached_tokens depends on the prefix cache
+    check(deltas == text and resp_text(final) == text and
+          all(final["usage"][k] == r["usage"][k] for k in counts),
+          "responses stream: the deltas and the final response equal the non-streamed text",
+          f"{deltas!r} {final}")
+    st, _, r = d.post("/v1/responses", {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Say hi."}]},
+                  {"type": "message", "role": "assistant",
+                   "content": [{"type": "output_text", "text": "Hi!"}]},
+                  {"role": "user", "content": "Again."}],
+        "max_output_tokens": 3, "temperature": 0, "store": True})
+    check(st == 200 and r["status"] == "incomplete" and
+          r["incomplete_details"] == {"reason": "max_output_tokens"} and
+          r["usage"]["output_tokens"] == 3 and r["store"] is False,
+          "responses: input as messages; max_output_tokens ends it incomplete", r)
+
+    # no max_output_tokens (the SDK's default): what the context and the KV pool leave
+    st, _, r = d.post("/v1/responses", {"input": "Say hi.", "temperature": 0})
+    check(st == 200 and r["status"] == "completed" and r["max_output_tokens"] is None,
+          "responses: no max_output_tokens", r)
+
+    def expect(status, what, body, param):
+        st, _, r = d.post("/v1/responses", body)
+        err = r.get("error", {}) if isinstance(r, dict) else {}
+        check(st == status and err.get("param") == param, f"responses: {what}: {status}", r)
+    expect(400, "previous_response_id", {"input": "x", "previous_response_id": "resp_1"},
+           "previous_response_id")
+    expect(400, "no input", {"instructions": "x"}, "input")
+    expect(400, "a function_call item without a name",
+           {"input": [{"type": "function_call", "arguments": "{}"}]}, "input[0]")
+    expect(400, "a reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0]")
+    expect(400, "an image part", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "http://x"}]}]}, "input[0].content")
+    expect(400, "a bad role", {"input": [{"role": "robot", "content": "x"}]}, "messages[0].role")
+    expect(400, "a web_search tool", {"input": "x", "tools": [{"type": "web_search"}]},
+           "tools[0]")
+    expect(400, "max_output_tokens 0", {"input": "x", "max_output_tokens": 0},
+           "max_output_tokens")
+    expect(404, "another model", {"input": "x", "model": "gpt-4.1"}, "model")
+
+
+WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}]
+
+
+def test_responses_tools(d):
+    body = {"input": "What is the weather in Paris?", "tools": WEATHER, "temperature": 0,
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "parallel_tool_calls": False, "max_output_tokens": 60}
+    st, _, r = d.post("/v1/responses", body)
+    calls = [o for o in r.get("output", []) if o["type"] == "function_call"]
+    check(st == 200 and r["status"] == "completed" and len(calls) == 1 and
+          calls[0]["name"] == "get_weather" and "city" in json.loads(calls[0]["arguments"]) and
+          calls[0]["call_id"], "responses tools: a named function's call as a function_call item",
+          r)
+    events = []
+    conn = d.conn()
+    conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    for line in conn.getresponse().read().decode().splitlines():
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+    conn.close()
+    types = [e["type"] for e in events]
+    args = [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"]
+    final = events[-1].get("response", {}) if events else {}
+    check("response.output_text.delta" not in types and
+          types.count("response.output_item.added") == 1 and calls and
+          args == [calls[0]["arguments"]] and
+          [o["arguments"] for o in final.get("output", [])] == args,
+          "responses tools stream: the call's item and argument events", types)
+    st, _, r = d.post("/v1/responses", {
+        "input": [{"role": "user", "content": "What is the weather in Paris?"},
+                  {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                   "arguments": "{\"city\": \"Paris\"}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "22 C, sunny"}],
+        "tools": WEATHER, "tool_choice": "none", "temperature": 0, "max_output_tokens": 20})
+    check(st == 200 and r["output"][0]["type"] == "message" and resp_text(r),
+          "responses tools: a call and its output in input, answered as text", r)
+
+
+SDK_SCRIPT = r"""
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="unused")
+out = {"models": [m.id for m in c.models.list()], "model": c.models.retrieve("smol-alias").id}
+try:
+    c.models.retrieve("gpt-4o")
+except openai.NotFoundError as e:
+    out["missing"] = e.status_code
+texts = json.loads(sys.argv[2])
+e = c.embeddings.create(model="smol", input=texts)  # the SDK asks for base64 and decodes it
+out["emb"] = [x.embedding for x in e.data]
+out["emb_tokens"] = e.usage.prompt_tokens
+r = c.responses.create(model="smol", instructions="Answer in one short sentence.",
+                       input="What is the capital of France?", max_output_tokens=24, temperature=0)
+out["resp"] = r.output_text
+out["resp_status"] = r.status
+parts, types = [], []
+with c.responses.stream(model="smol", instructions="Answer in one short sentence.",
+                        input="What is the capital of France?", max_output_tokens=24,
+                        temperature=0) as s:
+    for ev in s:
+        types.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            parts.append(ev.delta)
+    final = s.get_final_response()
+out["stream"] = "".join(parts)
+out["stream_final"] = final.output_text
+out["stream_types"] = types
+r = c.completions.create(model="smol", prompt="Once upon a time", max_tokens=2, echo=True,
+                         logprobs=1, temperature=0)
+out["echo_lp"] = r.choices[0].logprobs.token_logprobs
+r = c.responses.create(model="smol", input="What is the weather in Paris?", temperature=0,
+                       tools=json.loads(sys.argv[3]), tool_choice="required",
+                       parallel_tool_calls=False, max_output_tokens=60)
+out["call"] = [(o.type, o.name, json.loads(o.arguments)) for o in r.output]
+print(json.dumps(out))
+"""
+
+
+def test_sdk(d):
+    py = test_http.sdk_python()
+    if not py:
+        return
+    texts = [f"Sentence number {i}: " + SENTENCES[i % len(SENTENCES)] for i in range(32)]
+    r = subprocess.run([py, "-c", SDK_SCRIPT, f"http://127.0.0.1:{d.port}/v1", json.dumps(texts),
+                        json.dumps(WEATHER)],
+                       capture_output=True, text=True, timeout=240)
+    if not check(r.returncode == 0, "openai SDK script runs", r.stderr[-1500:]):
+        return
+    o = json.loads(r.stdout)
+    check(o["models"] == ["smol", "smol-alias"] and o["model"] == "smol-alias" and
+          o["missing"] == 404, "SDK: models.list, models.retrieve, NotFoundError")
+    raw = embed(d, texts)
+    f32 = [list(struct.unpack(f"<{len(x['embedding'])}f",
+                              struct.pack(f"<{len(x['embedding'])}f", *x["embedding"])))
+           for x in raw["data"]]
+    check(len(o["emb"]) == 32 and o["emb"] == f32 and
+          o["emb_tokens"] == raw["usage"]["prompt_tokens"],
+          "SDK: a batch of 32 embeddings (base64) equals the float answer")
+    st, _, ref = d.post("/v1/responses", {"instructions": "Answer in one short sentence.",
+                                          "input": "What is the capital of France?",
+                                          "max_output_tokens": 24, "temperature": 0})
+    check(o["resp"] and o["resp"] == resp_text(ref) and o["resp_status"] == ref["status"],
+          "SDK: responses.create", o["resp"])
+    check(o["stream"] == o["stream_final"] == o["resp"] and
+          o["stream_types"][0] == "response.created" and
+          o["stream_types"][-1] in ("response.completed", "response.incomplete"),
+          "SDK: responses.stream assembles the same response", json.dumps(o["stream_types"]))
+    check(o["echo_lp"][0] is None and len(o["echo_lp"]) > 2, "SDK: echo with logprobs",
+          o["echo_lp"])
+    check(len(o["call"]) == 1 and o["call"][0][:2] == ["function_call", "get_weather"] and
+          "city" in o["call"][0][2], "SDK: responses with a tool: a function_call", o["call"])
+
+
+def main():
+    if not test_http.BIN or not os.path.exists(test_http.BIN):
+        print("skip: QUERN_BIN not set or missing")
+        return 77
+    if not test_http.MODEL or not os.path.exists(test_http.MODEL):
+        print(f"skip: no model at {test_http.MODEL!r}")
+        return 77
+    # f32: the exact path, whose prompt logprobs are held to transformers' (the CPU's default
+    # q8 moves logits by quantization noise, docs/quant.md)
+    d = Daemon("--served-model-name", "smol,smol-alias", "--precision", "f32")
+    only = os.environ.get("QUERN_TEST_ONLY", "")
+    try:
+        for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
+                  test_responses, test_responses_tools, test_sdk):
+            if only and not any(o in t.__name__ for o in only.split(",")):
+                continue
+            t0 = time.time()
+            try:
+                t(d)
+            except Exception as e:  # noqa: BLE001 - one broken part must not hide the rest
+                check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
+            print(f"-- {t.__name__}: {time.time() - t0:.1f} s")
+    finally:
+        rc = d.stop()
+        d.reader.join(10)
+        check(rc == 0, "the daemon exits 0 on SIGTERM", str(rc))
+        test_http.check_sanitizers(d)
+    if FAILS:
+        print(f"\n{len(FAILS)} check(s) failed; daemon log tail:")
+        for line in d.lines[-30:]:
+            print("    " + line)
+        return 1
+    print("test_api: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
