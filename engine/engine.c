@@ -29,7 +29,9 @@ void engine_opts_default(struct engine_opts *o)
                               .ctx_len = 0,
                               .prefix_cache = true,
                               .max_unread = 64,
-                              .stall_timeout_s = 30};
+                              .stall_timeout_s = 30,
+                              .spec = SPEC_OFF,
+                              .spec_k = 8};
 }
 
 const char *finish_reason_name(enum finish_reason r)
@@ -250,6 +252,7 @@ static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
     ev->prompt_tokens = s->n_prompt;
     ev->completion_tokens = s->n_generated;
     ev->cached_tokens = s->cached_tokens;
+    ev->accepted_tokens = s->spec_accepted;
     ev->total_ms = (now - s->t_submit) * 1e3;
     ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
     ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
@@ -331,13 +334,16 @@ static void top_logprobs(const float *logits, int vocab, int n, struct req_event
     for (int k = 0; k < ev->n_top; k++) ev->top[k].logprob -= lse;
 }
 
-/* Samples the next token of s from its logits row and advances the request. Returns the finish
- * reason, or FINISH_NONE while it goes on. */
-static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row)
+/* Samples the next token of s from its logits row (into *sampled) and advances the request.
+ * Returns the finish reason, or FINISH_NONE while it goes on. */
+static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row,
+                                      int32_t *sampled)
 {
+    *sampled = -1;
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
     if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
+    *sampled = t;
     if (s->grammar && seq_constrain_accept(e, s, t)) return FINISH_ERROR;
     sampler_accept(&s->sampler, t);
     if (s->t_first == 0) s->t_first = engine_now();
@@ -428,6 +434,37 @@ static int check_stalls(struct engine *e, struct seq **list, int *n, double now)
     return paused;
 }
 
+/* Sequence i of the step had a draft and has sampled its first token t (with result why) from
+ * the row of its last real token. Each further row is the logits after one more draft token, so
+ * it is the row plain decoding would sample from next only while every draft token so far was
+ * the token sampled: sampling goes on (the same sampler, the same RNG draws, in the same order)
+ * while that holds, and the first sampled token that differs from the draft is the one emitted.
+ * Returns the finish reason. */
+static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum finish_reason why)
+{
+    const struct step_plan *p = &e->plan;
+    struct seq *s = p->seqs[i];
+    int nd = p->n_draft[i], accepted = 0, kept = 0;
+    const int32_t *draft = p->tokens + p->draft_at[i];
+    while (accepted < nd && t == draft[accepted]) {
+        accepted++;
+        /* a token that ended the sequence is never computed by plain decoding: its K/V is not
+         * kept */
+        if (why != FINISH_NONE) break;
+        kept++;
+        const float *row = e->logits + (size_t)(p->draft_row[i] + accepted - 1) * (size_t)e->vocab;
+        why = seq_advance(e, s, row, &t);
+    }
+    sched_spec_settle(e, i, kept);
+    s->spec_accepted += accepted;
+    spec_state_update(&s->spec_st, nd, accepted, e->spec_k);
+    e->local.spec_drafts++;
+    e->local.spec_draft_tokens += (uint64_t)nd;
+    e->local.spec_accepted_tokens += (uint64_t)accepted;
+    e->local.spec_accepted_hist[accepted]++;
+    return why;
+}
+
 /* One step; returns the tokens it ran (0: nothing could run). */
 static int run_step(struct engine *e)
 {
@@ -468,6 +505,7 @@ static int run_step(struct engine *e)
     e->local.steps++;
     if (rc) {
         /* the step failed as a whole: fail its sequences, keep serving the others */
+        sched_spec_abandon(e);
         for (int i = 0; i < p->n_seqs; i++) {
             struct seq *s = p->seqs[i];
             for (int j = 0; j < e->n_running; j++)
@@ -487,8 +525,9 @@ static int run_step(struct engine *e)
     for (int i = 0; i < p->n_seqs; i++) {
         const struct seq *s = p->seqs[i];
         if (s->n_computed < s->n_prompt) ts.prompt_tokens += p->chunk[i];
-        /* a decode is one token after the prompt; any other chunk is prefill or recomputation */
-        if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens++;
+        /* a decode is one token after the prompt (and its draft); any other chunk is prefill
+         * or recomputation */
+        if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens += 1 + p->n_draft[i];
     }
     ts.prefill_tokens = p->n_tokens - ts.decode_tokens;
     e->local.prompt_tokens += (uint64_t)ts.prompt_tokens;
@@ -497,7 +536,9 @@ static int run_step(struct engine *e)
     for (int i = 0; i < p->n_seqs; i++) {
         if (!p->wants_logits[i]) continue;
         struct seq *s = p->seqs[i];
-        enum finish_reason why = seq_advance(e, s, e->logits + (size_t)li++ * (size_t)e->vocab);
+        int32_t t;
+        enum finish_reason why = seq_advance(e, s, e->logits + (size_t)li++ * (size_t)e->vocab, &t);
+        if (p->n_draft[i] > 0) why = spec_verify(e, i, t, why);
         if (why == FINISH_NONE) continue;
         for (int j = 0; j < e->n_running; j++)
             if (e->running[j] == s) {
@@ -521,7 +562,8 @@ static void publish_stats(struct engine *e)
     e->local.running = e->n_running;
     e->local.waiting = e->n_waiting;
     e->local.kv_blocks_total = kv_pool_blocks(e->pool);
-    e->local.kv_blocks_used = kv_pool_used(e->pool);
+    /* the spare blocks are the engine's, not any request's */
+    e->local.kv_blocks_used = kv_pool_used(e->pool) - e->n_spare;
     if (e->local.kv_blocks_used > e->local.kv_blocks_peak)
         e->local.kv_blocks_peak = e->local.kv_blocks_used;
     pthread_mutex_lock(&e->mu);
@@ -549,6 +591,12 @@ static void *engine_main(void *arg)
         unsigned seen = e->wakes;
         pthread_mutex_unlock(&e->mu);
         int ran = run_step(e);
+        if (e->o.check_invariants && !e->check_error[0]) {
+            struct qerr err = {0};
+            if (engine_check(e, &err))
+                snprintf(e->check_error, sizeof e->check_error, "step %llu: %s",
+                         (unsigned long long)e->local.steps, err.msg);
+        }
         publish_stats(e);
         if (ran > 0) continue;
         /* nothing could run (every sequence waits on its reader, or on blocks held by those):
@@ -588,6 +636,7 @@ static void engine_release(struct engine *e)
     grammar_cache_free(e->grammars);
     grammar_vocab_free(e->gvocab);
     free(e->gmask);
+    free(e->spare);
     pthread_mutex_destroy(&e->gvocab_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
@@ -603,6 +652,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                         "engine: max-batch-tokens %d, max-seqs %d, max-queue %d, kv-block %d "
                         "must be positive",
                         o->max_batch_tokens, o->max_seqs, o->max_queue, o->kv_block_size);
+    if (o->spec != SPEC_OFF && (o->spec_k < 1 || o->spec_k > SPEC_K_MAX))
+        return qerr_set(err, QERR_INVALID, "engine: spec-k %d not in 1..%d", o->spec_k, SPEC_K_MAX);
     if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
         return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
                         tokenizer_max_token_bytes(tok));
@@ -630,8 +681,18 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         blocks = nb > (1 << 24) ? 1 << 24 : (int)nb;
     }
     e->o.kv_blocks = blocks;
+    e->logit_rows = sched_logit_rows(o);
+    spec_drafter_init(&e->drafter, o->spec);
+    if (o->spec != SPEC_OFF) {
+        /* a draft reaches at most one block past its sequence's own (plan_drafts) */
+        e->spec_k = o->spec_k < o->kv_block_size ? o->spec_k : o->kv_block_size;
+        /* spares for up to 16 sequences crossing a block edge in one step, never more than a
+         * sixteenth of the pool */
+        int t = o->max_seqs < 16 ? o->max_seqs : 16;
+        e->spare_target = blocks / 16 < t ? blocks / 16 : t;
+    }
     struct model_opts mo = {.max_batch_tokens = o->max_batch_tokens,
-                            .max_logits = o->max_seqs,
+                            .max_logits = e->logit_rows,
                             .kv_blocks = blocks,
                             .kv_block_size = o->kv_block_size,
                             .tp = o->tp,
@@ -645,9 +706,11 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->waiting = calloc(slots, sizeof *e->waiting);
     e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
     /* read every step: the backend's fastest host memory (pinned on CUDA) */
-    e->logits = backend_host_alloc(be, (size_t)o->max_seqs * (size_t)cfg.vocab * sizeof *e->logits);
+    e->logits =
+        backend_host_alloc(be, (size_t)e->logit_rows * (size_t)cfg.vocab * sizeof *e->logits);
     e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
-    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->work) {
+    e->spare = malloc((size_t)(e->spare_target > 0 ? e->spare_target : 1) * sizeof *e->spare);
+    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->work || !e->spare) {
         rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -655,6 +718,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
     if ((rc = model_load(f, be, &mo, &e->model, err))) goto fail;
+    while (e->n_spare < e->spare_target) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
     e->local.kv_blocks_total = blocks;
     e->stats = e->local;
     e->last_progress = engine_now();
@@ -715,6 +779,10 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
     }
+    /* logprobs and grammars could be verified the same way, position by position; they are
+     * left to plain decoding, which keeps their per-token work out of the draft loop */
+    s->spec = e->o.spec != SPEC_OFF && !r->no_spec && !r->grammar && r->top_logprobs < 0;
+    spec_state_init(&s->spec_st, e->spec_k);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     for (int i = 0; i < r->n_stop_strings; i++) {
@@ -747,11 +815,12 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
                         e->ctx_len);
     size_t bs = (size_t)e->o.kv_block_size;
     size_t need = (r->n_prompt + (size_t)r->max_tokens + bs - 1) / bs;
-    if (need > (size_t)e->o.kv_blocks)
+    int avail = e->o.kv_blocks - e->spare_target; /* the spares are speculation's */
+    if (need > (size_t)avail)
         return qerr_set(err, QERR_INVALID,
                         "prompt (%zu tokens) + max_tokens (%d) needs %zu KV blocks; the pool has "
                         "%d",
-                        r->n_prompt, r->max_tokens, need, e->o.kv_blocks);
+                        r->n_prompt, r->max_tokens, need, avail);
     if (r->n_stop_ids < 0 || r->n_stop_ids > ENGINE_MAX_STOPS || r->n_stop_strings < 0 ||
         r->n_stop_strings > ENGINE_MAX_STOPS)
         return qerr_set(err, QERR_INVALID, "stop: at most %d stop strings and %d stop ids",

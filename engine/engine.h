@@ -21,6 +21,7 @@
 #include "grammar.h"
 #include "model.h"
 #include "sample.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 struct engine_opts {
@@ -44,6 +45,13 @@ struct engine_opts {
     int tp;
     struct backend *const *tp_backends;
     struct comm *const *tp_comms;
+    /* Speculative decoding (spec.h): SPEC_OFF (default) or a drafter whose guesses, up to
+     * spec_k (1..SPEC_K_MAX, at most kv_block_size; default 8) per sequence and step, are
+     * verified in the step's batch with the budget the other sequences leave; the output is
+     * byte-identical either way. Requests with logprobs or a grammar never speculate. */
+    enum spec_mode spec;
+    int spec_k;
+    bool check_invariants; /* tests: check the pool and sequences after every step */
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -76,6 +84,7 @@ struct gen_request {
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */
     struct grammar *grammar;
+    bool no_spec; /* never speculate for this request, whatever engine_opts.spec says */
 };
 
 struct token_logprob {
@@ -97,6 +106,7 @@ struct req_event {
     /* final event only */
     enum finish_reason finish;
     int prompt_tokens, cached_tokens;
+    int accepted_tokens; /* output tokens that a speculative draft had guessed */
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };
@@ -114,6 +124,10 @@ struct engine_stats {
     double last_step_age_s; /* seconds since the engine last finished a step while it had work */
     uint64_t grammar_masks; /* token masks computed for constrained sequences */
     double grammar_mask_s;  /* time spent computing and applying them */
+    /* speculation: drafts verified, tokens drafted, drafted tokens accepted, and how many
+     * drafts had 0, 1, .. SPEC_K_MAX tokens accepted */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_hist[SPEC_K_MAX + 1];
 };
 
 struct engine;
