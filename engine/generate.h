@@ -10,11 +10,21 @@
 
 #include "model.h"
 #include "sample.h"
+#include "spec.h"
+
+struct gen_spec_stats {
+    int drafts, drafted, accepted; /* drafts verified, tokens in them, tokens kept */
+};
 
 struct gen_opts {
     int n_predict;     /* tokens to generate */
     int prefill_chunk; /* prompt tokens per forward; <= the model's max_batch_tokens */
     struct sample_params sample;
+    /* speculative decoding (spec.h): drafts of up to spec_k tokens (also bounded by the
+     * model's max_logits - 1) verified in one forward each; the tokens are those of SPEC_OFF */
+    enum spec_mode spec;
+    int spec_k;
+    struct gen_spec_stats *spec_stats; /* filled when not NULL */
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling

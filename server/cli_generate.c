@@ -29,7 +29,7 @@ static void generate_usage(FILE *out)
             "  --precision P     matmul activations: f32 (exact; default) or q8 (int8, "
             "faster)\n" CLI_DEVICE_HELP CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
             "  --ignore-eos      keep generating past end-of-generation tokens\n"
-            "  --no-stats        do not print timings to stderr\n");
+            "  --no-stats        do not print timings to stderr\n" CLI_SPEC_HELP);
 }
 
 struct gen_state {
@@ -69,6 +69,7 @@ struct gen_args {
     int tp; /* --tp ranks, 0: one */
     bool chat, ignore_eos, stats, batch_invariant;
     struct cli_knobs knobs;
+    struct cli_spec spec;
     enum matmul_precision precision;
     struct sample_params sp;
 };
@@ -106,6 +107,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"repeat-penalty", required_argument, 0, O_REPEAT},
                                          {"no-stats", no_argument, 0, O_NOSTATS},
                                          CLI_KNOB_OPTIONS,
+                                         CLI_SPEC_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -150,6 +152,10 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_TP:
             if (!cli_tp_arg("generate", optarg, &a->tp)) return EXIT_USAGE;
+            break;
+        case CLI_O_SPEC:
+        case CLI_O_SPEC_K:
+            if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
             break;
         case O_BATCHINV:
             a->batch_invariant = true;
@@ -283,9 +289,9 @@ int cli_generate(int argc, char **argv)
                                   .batch_invariant = a.batch_invariant};
     cli_knobs_apply(&a.knobs, &req);
     if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
-    int bs = 16;
+    int bs = 16, spec_k = a.spec.k ? a.spec.k : 8;
     struct model_opts mo = {.max_batch_tokens = 256,
-                            .max_logits = 1,
+                            .max_logits = a.spec.mode != SPEC_OFF ? 1 + spec_k : 1,
                             .kv_blocks = (int)((total + (size_t)bs - 1) / (size_t)bs),
                             .kv_block_size = bs,
                             .tp = grp.n,
@@ -296,7 +302,13 @@ int cli_generate(int argc, char **argv)
     struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
     detok_init(&g.dt);
     clock_gettime(CLOCK_MONOTONIC, &g.t0);
-    struct gen_opts go = {.n_predict = (int)a.n_predict, .prefill_chunk = 256, .sample = a.sp};
+    struct gen_spec_stats ss = {0};
+    struct gen_opts go = {.n_predict = (int)a.n_predict,
+                          .prefill_chunk = 256,
+                          .sample = a.sp,
+                          .spec = a.spec.mode,
+                          .spec_k = spec_k,
+                          .spec_stats = &ss};
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
@@ -313,6 +325,12 @@ int cli_generate(int argc, char **argv)
                 "%.1f tok/s; %d threads\n",
                 n_ids, g.t_first, (double)n_ids / g.t_first, g.produced,
                 g.produced > 1 ? (g.produced - 1) / decode_s : 0.0, a.threads ? (int)a.threads : 0);
+        if (a.spec.mode != SPEC_OFF)
+            fprintf(stderr,
+                    "quern: spec %s: %d drafts, %d of %d drafted tokens accepted (mean accepted "
+                    "length %.2f)\n",
+                    spec_mode_name(a.spec.mode), ss.drafts, ss.accepted, ss.drafted,
+                    ss.drafts ? 1.0 + (double)ss.accepted / ss.drafts : 0.0);
     }
     exit_code = EXIT_OK;
 out:

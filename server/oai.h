@@ -93,6 +93,7 @@ struct oai_request {
     struct sample_params sample;
     bool has_seed;
     bool ignore_eos;
+    bool no_spec; /* "speculative": false: no speculative decoding for this request */
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
@@ -176,6 +177,7 @@ struct oai_meta {
 
 struct oai_usage {
     int prompt_tokens, completion_tokens, cached_tokens;
+    int accepted_tokens; /* completion tokens a speculative draft had guessed */
 };
 
 const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */

@@ -44,6 +44,7 @@ struct serve_opts {
     bool batch_invariant;    /* --batch-invariant (backend_request) */
     bool chat_parse_special; /* --chat-parse-special: control tokens in message content count */
     struct cli_knobs knobs;  /* --kv-type, --gemm, --gemm-min-tokens */
+    struct cli_spec spec;    /* --spec, --spec-k */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
