@@ -31,7 +31,8 @@ void engine_opts_default(struct engine_opts *o)
                               .max_unread = 64,
                               .stall_timeout_s = 30,
                               .spec = SPEC_OFF,
-                              .spec_k = 8};
+                              .spec_k = 8,
+                              .spec_step_tokens = 16};
 }
 
 const char *finish_reason_name(enum finish_reason r)

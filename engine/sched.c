@@ -14,11 +14,12 @@
  * the last bits, which changes no token already sent (they are replayed, not resampled).
  *
  * Speculation (engine_opts.spec) adds pass D: a sequence whose chunk ends at its last token may
- * append a draft of guessed tokens after it, with the budget A, B and C left (a full step
- * drafts nothing: the budget serves other sequences first). Draft tokens are not part of the
- * sequence until the engine has verified them (sched_spec_settle); positions past the
- * sequence's own blocks go to one of the engine's spare blocks, so a rejected draft never
- * takes a block from the pool, and never evicts or registers a cached prefix. */
+ * append a draft of guessed tokens after it, with the budget A, B and C left, and only while
+ * the step has fewer than spec_step_tokens tokens (a full step drafts nothing: the budget
+ * serves other sequences first, and past a few tokens a CPU step costs about its size). Draft
+ * tokens are not part of the sequence until the engine has verified them (sched_spec_settle);
+ * positions past the sequence's own blocks go to one of the engine's spare blocks, so a rejected
+ * draft never takes a block from the pool, and never evicts or registers a cached prefix. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -309,7 +310,10 @@ int sched_step_plan(struct engine *e)
         budget -= n;
     }
 
-    if (e->o.spec != SPEC_OFF && e->spec_k > 0) plan_drafts(e, budget);
+    if (e->o.spec != SPEC_OFF && e->spec_k > 0) {
+        int room = e->o.spec_step_tokens - p->n_tokens;
+        plan_drafts(e, room < budget ? room : budget);
+    }
 
     /* block table of the step's sequences (a draft's spare block after the sequence's own) */
     int maxb = 1;

@@ -57,6 +57,8 @@ static void bench_usage(FILE *out)
             "                        then its first 16 tokens again, so the output copies the\n"
             "                        input (what prompt lookup speculation is for); default:\n"
             "                        random tokens, which nothing matches\n"
+            "  --temp T              with --requests: sample at temperature T, request i with\n"
+            "                        seed i (default 0: greedy)\n"
             "  with --requests:\n" CLI_SPEC_HELP);
 }
 
@@ -71,6 +73,7 @@ struct bench_args {
     struct cli_knobs knobs;
     struct cli_spec spec;             /* --spec, --spec-k */
     const char *grounded;             /* --grounded FILE */
+    double temp;                      /* --temp: serving runs' temperature (0: greedy) */
     int decode_batches[16], n_decode; /* --decode-batches */
     int tp;                           /* --tp ranks, 0: one */
     const struct backend_group *grp;  /* the ranks' backends and communicators */
@@ -119,7 +122,8 @@ static void *client_main(void *arg)
         r.prompt = c->prompts + i * c->a->input_len;
         r.n_prompt = (size_t)c->a->input_len;
         sample_params_default(&r.sample);
-        r.sample.temperature = 0;
+        r.sample.temperature = (float)c->a->temp;
+        r.sample.seed = (uint64_t)i; /* request i samples the same text in every run */
         r.max_tokens = (int)c->a->output_len;
         r.ignore_eos = true;
         r.top_logprobs = -1;
@@ -198,6 +202,7 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.prefix_cache = true;
     o.spec = a->spec.mode;
     if (a->spec.k) o.spec_k = a->spec.k;
+    if (a->spec.step_tokens) o.spec_step_tokens = a->spec.step_tokens;
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
@@ -473,7 +478,8 @@ int cli_bench(int argc, char **argv)
         O_BATCHINV,
         O_DECODE,
         O_TP,
-        O_GROUNDED
+        O_GROUNDED,
+        O_TEMP
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -500,6 +506,7 @@ int cli_bench(int argc, char **argv)
                                          CLI_KNOB_OPTIONS,
                                          CLI_SPEC_OPTIONS,
                                          {"grounded", required_argument, 0, O_GROUNDED},
+                                         {"temp", required_argument, 0, O_TEMP},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -558,10 +565,17 @@ int cli_bench(int argc, char **argv)
             continue;
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
             if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
             continue;
         case O_GROUNDED:
             a.grounded = optarg;
+            continue;
+        case O_TEMP:
+            if (!cli_parse_float(optarg, 0, 100, &a.temp)) {
+                fprintf(stderr, "quern bench: --temp '%s' is not a number in 0..100\n", optarg);
+                return EXIT_USAGE;
+            }
             continue;
         case O_DECODE:
             if (!parse_batches(optarg, &a)) {

@@ -155,6 +155,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
             if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
             break;
         case O_BATCHINV:

@@ -275,6 +275,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
             if (!cli_spec_arg("serve", c, optarg, &o->spec)) return EXIT_USAGE;
             break;
         case O_CHATSPECIAL:
@@ -349,6 +350,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     eo.stall_timeout_s = o->stall_timeout_s;
     eo.spec = o->spec.mode;
     if (o->spec.k) eo.spec_k = o->spec.k;
+    if (o->spec.step_tokens) eo.spec_step_tokens = o->spec.step_tokens;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;

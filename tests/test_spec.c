@@ -246,6 +246,17 @@ START_TEST(drafts_take_the_budget_left_and_roll_back)
     rig_settle(g, 2);
     ck_assert_int_eq(g->s.n_computed, 12);
     rig_free(g);
+    /* nor past spec_step_tokens, whatever the budget */
+    g = rig_new(64);
+    g->e.o.spec_step_tokens = 4;
+    ck_assert_int_eq(sched_step_plan(&g->e), 4);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 3);
+    rig_settle(g, 0);
+    g->e.o.spec_step_tokens = 1;
+    ck_assert_int_eq(sched_step_plan(&g->e), 1);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 0);
+    rig_settle(g, 0);
+    rig_free(g);
 }
 END_TEST
 
@@ -350,6 +361,8 @@ static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int 
     o.kv_blocks = blocks;
     o.spec = spec;
     o.spec_k = 8;
+    /* drafts in every step, however many streams: this is about exactness, not policy */
+    o.spec_step_tokens = batch;
     o.check_invariants = true;
     struct engine *e;
     struct qerr err = {0};
