@@ -780,9 +780,9 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
     }
-    /* logprobs and grammars could be verified the same way, position by position; they are
-     * left to plain decoding, which keeps their per-token work out of the draft loop */
-    s->spec = e->o.spec != SPEC_OFF && !r->no_spec && !r->grammar && r->top_logprobs < 0;
+    /* grammars and logprobs need nothing of their own: each kept position runs seq_advance,
+     * which masks, samples and reports from that position's own row, in order */
+    s->spec = e->o.spec != SPEC_OFF && !r->no_spec;
     spec_state_init(&s->spec_st, e->spec_k);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */

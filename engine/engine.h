@@ -48,7 +48,7 @@ struct engine_opts {
     /* Speculative decoding (spec.h): SPEC_OFF (default) or a drafter whose guesses, up to
      * spec_k (1..SPEC_K_MAX, at most kv_block_size; default 8) per sequence and step, are
      * verified in the step's batch with the budget the other sequences leave; the output is
-     * byte-identical either way. Requests with logprobs or a grammar never speculate. */
+     * byte-identical either way (logprobs and grammar masks included). */
     enum spec_mode spec;
     int spec_k;
     /* Drafts only fill a step up to this many tokens in all (default 16): past it a CPU step

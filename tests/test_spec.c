@@ -303,6 +303,8 @@ struct req_case {
 
 struct result {
     int32_t tokens[MAXOUT];
+    float logprob[MAXOUT];
+    struct token_logprob top[MAXOUT][3];
     int n;
     char text[2048];
     size_t text_len;
@@ -384,6 +386,8 @@ static void collect(struct request *q, struct result *res)
             break;
         }
         ck_assert_int_lt(res->n, MAXOUT);
+        res->logprob[res->n] = ev.logprob;
+        memcpy(res->top[res->n], ev.top, sizeof res->top[0]);
         res->tokens[res->n++] = ev.token;
     }
     request_release(q);
@@ -412,10 +416,15 @@ static void check_same(const struct result *plain, const struct result *spec, in
     for (int i = 0; i < n; i++) {
         ck_assert_msg(spec[i].n == plain[i].n, "%s, case %d: %d tokens, plain decoding %d", what, i,
                       spec[i].n, plain[i].n);
-        for (int k = 0; k < plain[i].n; k++)
+        for (int k = 0; k < plain[i].n; k++) {
             ck_assert_msg(spec[i].tokens[k] == plain[i].tokens[k],
                           "%s, case %d, token %d: %d, plain decoding %d", what, i, k,
                           spec[i].tokens[k], plain[i].tokens[k]);
+            /* logprobs: the same row, so the same bits */
+            ck_assert_msg(memcmp(&spec[i].logprob[k], &plain[i].logprob[k], sizeof(float)) == 0 &&
+                              memcmp(spec[i].top[k], plain[i].top[k], sizeof spec[i].top[k]) == 0,
+                          "%s, case %d, token %d: logprobs differ", what, i, k);
+        }
         ck_assert_msg(spec[i].text_len == plain[i].text_len &&
                           memcmp(spec[i].text, plain[i].text, plain[i].text_len) == 0,
                       "%s, case %d: the text differs", what, i);
@@ -499,24 +508,46 @@ START_TEST(ngram_output_equals_plain_decoding)
 }
 END_TEST
 
-/* A request that opts out, or asks for logprobs, is never drafted for. */
-START_TEST(opt_out_and_logprobs_do_not_speculate)
+/* Logprobs and a grammar (a regex the copied text fits, so drafts are kept) come out of a
+ * speculating engine exactly as from plain decoding; a request that opts out gets no drafts. */
+START_TEST(logprobs_grammar_and_opt_out)
 {
-    static struct req_case c[2];
-    static struct result res[2];
-    make_case(2, 16, &c[0]);
-    make_case(2, 16, &c[1]);
-    c[0].r.no_spec = true;
-    c[1].r.top_logprobs = 2;
-    struct engine *e = make_engine(SPEC_NGRAM, 256, 4, 64);
-    run_all(e, c, 2, res);
+    enum { N = 4 };
+    static struct req_case c[N];
+    static struct result plain[N], spec[N];
+    int n_out = tu_sanitized() ? 16 : 32;
+    for (int i = 0; i < N; i++) make_case(2, n_out, &c[i]);
+    c[0].r.top_logprobs = 3;
+    c[1].r.top_logprobs = 0;
+    c[1].r.sample.temperature = 0.8f;
+    c[1].r.sample.seed = 9;
+    struct engine *e = make_engine(SPEC_OFF, 256, 4, 64);
+    struct grammar *g;
+    struct qerr err = {0};
+    const char *re = "[^<>{}]+";
+    ck_assert_msg(engine_grammar(e, GRAMMAR_REGEX, re, strlen(re), &g, &err) == 0, "%s", err.msg);
+    c[2].r.grammar = g;
+    run_all(e, c, N - 1, plain);
+    engine_free(e);
+    e = make_engine(SPEC_NGRAM, 256, 4, 64);
+    run_all(e, c, N - 1, spec);
     struct engine_stats st;
     engine_get_stats(e, &st);
     engine_free(e);
+    check_same(plain, spec, N - 1, "logprobs and grammar");
+    ck_assert_int_gt(spec[0].final.accepted_tokens, 0);
+    ck_assert_int_gt(spec[2].final.accepted_tokens, 0);
+
+    c[2].r.grammar = NULL;
+    c[3].r.no_spec = true;
+    e = make_engine(SPEC_NGRAM, 256, 4, 64);
+    run_all(e, c + 3, 1, spec);
+    engine_get_stats(e, &st);
+    engine_free(e);
+    grammar_unref(g);
     ck_assert_uint_eq(st.spec_drafts, 0);
-    ck_assert_int_eq(res[0].n, 16);
-    ck_assert_int_eq(res[1].n, 16);
-    ck_assert_int_eq(res[1].final.accepted_tokens, 0);
+    ck_assert_int_eq(spec[0].n, n_out);
+    ck_assert_int_eq(spec[0].final.accepted_tokens, 0);
 }
 END_TEST
 
@@ -533,7 +564,7 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     tcase_add_test(tc, ngram_output_equals_plain_decoding);
-    tcase_add_test(tc, opt_out_and_logprobs_do_not_speculate);
+    tcase_add_test(tc, logprobs_grammar_and_opt_out);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
