@@ -354,13 +354,14 @@ static void make_case(int i, int n_out, struct req_case *c)
     r->n_prompt = c->n_prompt;
 }
 
-static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks)
+static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
 {
     struct engine_opts o;
     engine_opts_default(&o);
     o.max_batch_tokens = batch;
     o.max_seqs = seqs;
     o.kv_blocks = blocks;
+    o.kv_block_size = bs;
     o.spec = spec;
     o.spec_k = 8;
     /* drafts in every step, however many streams: this is about exactness, not policy */
@@ -458,13 +459,13 @@ START_TEST(ngram_output_equals_plain_decoding)
     for (int i = 0; i < n; i++) make_case(i, n_out, &c[i]);
 
     /* a pool that never evicts: the cached prefixes at the end are every full computed block */
-    struct engine *e = make_engine(SPEC_OFF, 256, MAXR, 256);
+    struct engine *e = make_engine(SPEC_OFF, 256, MAXR, 256, 16);
     run_all(e, c, n, plain);
     int nk_plain = cached_keys(e, keys_plain, 1024);
     engine_free(e);
 
     double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
-    e = make_engine(SPEC_NGRAM, 256, MAXR, 256);
+    e = make_engine(SPEC_NGRAM, 256, MAXR, 256, 16);
     run_all(e, c, n, spec);
     struct engine_stats st;
     engine_get_stats(e, &st);
@@ -495,8 +496,9 @@ START_TEST(ngram_output_equals_plain_decoding)
     for (int i = 0; i < nk_plain; i++)
         ck_assert_msg(keys_spec[i] == keys_plain[i], "cached prefix %d differs", i);
 
-    /* a pool too small for all of them: preemption, recomputation, spare blocks running out */
-    e = make_engine(SPEC_NGRAM, 64, 8, tu_sanitized() ? 20 : 40);
+    /* a pool too small for all of them: preemption, recomputation, spare blocks running out;
+     * blocks of 4 tokens, so drafts (k <= 4) cross into spare blocks all the time */
+    e = make_engine(SPEC_NGRAM, 64, 8, tu_sanitized() ? 40 : 72, 4);
     run_all(e, c, n, tight);
     engine_get_stats(e, &st);
     engine_free(e);
@@ -522,7 +524,7 @@ START_TEST(logprobs_grammar_and_opt_out)
     c[1].r.sample.temperature = 0.8f;
     c[1].r.sample.seed = 9;
     c[3].r.no_spec = true; /* case 0 without logprobs: its drafts would be kept */
-    struct engine *e = make_engine(SPEC_OFF, 256, 4, 64);
+    struct engine *e = make_engine(SPEC_OFF, 256, 4, 64, 16);
     struct grammar *g;
     struct qerr err = {0};
     const char *re = "[^<>{}]+";
@@ -530,7 +532,7 @@ START_TEST(logprobs_grammar_and_opt_out)
     c[2].r.grammar = g;
     run_all(e, c, N, plain);
     engine_free(e);
-    e = make_engine(SPEC_NGRAM, 256, 4, 64);
+    e = make_engine(SPEC_NGRAM, 256, 4, 64, 16);
     run_all(e, c, N, spec);
     engine_free(e);
     grammar_unref(g);
