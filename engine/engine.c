@@ -32,7 +32,7 @@ void engine_opts_default(struct engine_opts *o)
                               .stall_timeout_s = 30,
                               .spec = SPEC_OFF,
                               .spec_k = 8,
-                              .spec_step_tokens = 16};
+                              .spec_step_tokens = 8};
 }
 
 const char *finish_reason_name(enum finish_reason r)

@@ -51,7 +51,7 @@ struct engine_opts {
      * byte-identical either way (logprobs and grammar masks included). */
     enum spec_mode spec;
     int spec_k;
-    /* Drafts only fill a step up to this many tokens in all (default 16): past it a CPU step
+    /* Drafts only fill a step up to this many tokens in all (default 8): past it a CPU step
      * costs about its token count, so a draft that may be rejected displaces nothing only in a
      * small step (docs/speculation.md); a GPU stays memory-bound much longer. */
     int spec_step_tokens;

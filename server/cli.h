@@ -85,8 +85,8 @@ enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP };
     "                    (prompt lookup), verified so the output stays byte-identical\n"           \
     "                    (default off)\n"                                                          \
     "  --spec-k N          the longest draft, 1..16 (default 8)\n"                                 \
-    "  --spec-step-tokens N  serve, bench: drafts fill a step up to N tokens in all\n"             \
-    "                    (default 16)\n"
+    "  --spec-step-tokens N  drafts fill a step up to N tokens in all\n"                           \
+    "                    (default 8)\n"
 /* Takes --spec, --spec-k or --spec-step-tokens (`code`) with its argument; false after a one-line
  * error. */
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);

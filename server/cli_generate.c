@@ -290,7 +290,10 @@ int cli_generate(int argc, char **argv)
                                   .batch_invariant = a.batch_invariant};
     cli_knobs_apply(&a.knobs, &req);
     if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
+    /* as the engine's defaults (engine_opts): drafts of up to 8 tokens, steps of up to 8 */
     int bs = 16, spec_k = a.spec.k ? a.spec.k : 8;
+    int step = a.spec.step_tokens ? a.spec.step_tokens : 8;
+    if (spec_k > step - 1) spec_k = step - 1;
     struct model_opts mo = {.max_batch_tokens = 256,
                             .max_logits = a.spec.mode != SPEC_OFF ? 1 + spec_k : 1,
                             .kv_blocks = (int)((total + (size_t)bs - 1) / (size_t)bs),
