@@ -33,7 +33,10 @@ void engine_opts_default(struct engine_opts *o)
                               .prefix_cache = true,
                               .max_unread = 64,
                               .stall_timeout_s = 30,
-                              .prompt_logprob_rows = 128};
+                              .prompt_logprob_rows = 128,
+                              .spec = SPEC_OFF,
+                              .spec_k = 8,
+                              .spec_step_tokens = 8};
 }
 
 const char *finish_reason_name(enum finish_reason r)
@@ -255,6 +258,7 @@ static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
     ev->prompt_tokens = s->n_prompt;
     ev->completion_tokens = s->n_generated;
     ev->cached_tokens = s->cached_tokens;
+    ev->accepted_tokens = s->spec_accepted;
     ev->total_ms = (now - s->t_submit) * 1e3;
     ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
     ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
@@ -336,14 +340,17 @@ void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event
     for (int k = 0; k < ev->n_top; k++) ev->top[k].logprob -= lse;
 }
 
-/* Samples the next token of s from its logits row and advances the request. Returns the finish
- * reason, or FINISH_NONE while it goes on. */
-static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row)
+/* Samples the next token of s from its logits row (into *sampled) and advances the request.
+ * Returns the finish reason, or FINISH_NONE while it goes on. */
+static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row,
+                                      int32_t *sampled)
 {
     double t0 = e->o.trace ? engine_now() : 0;
+    *sampled = -1;
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
     if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
+    *sampled = t;
     if (s->grammar && seq_constrain_accept(e, s, t)) return FINISH_ERROR;
     sampler_accept(&s->sampler, t);
     if (e->o.trace) e->step_sampler_s += engine_now() - t0;
@@ -447,6 +454,37 @@ static int check_stalls(struct engine *e, struct seq **list, int *n, double now)
     return paused;
 }
 
+/* Sequence i of the step had a draft and has sampled its first token t (with result why) from
+ * the row of its last real token. Each further row is the logits after one more draft token, so
+ * it is the row plain decoding would sample from next only while every draft token so far was
+ * the token sampled: sampling goes on (the same sampler, the same RNG draws, in the same order)
+ * while that holds, and the first sampled token that differs from the draft is the one emitted.
+ * Returns the finish reason. */
+static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum finish_reason why)
+{
+    const struct step_plan *p = &e->plan;
+    struct seq *s = p->seqs[i];
+    int nd = p->n_draft[i], accepted = 0, kept = 0;
+    const int32_t *draft = p->tokens + p->draft_at[i];
+    while (accepted < nd && t == draft[accepted]) {
+        accepted++;
+        /* a token that ended the sequence is never computed by plain decoding: its K/V is not
+         * kept */
+        if (why != FINISH_NONE) break;
+        kept++;
+        const float *row = e->logits + (size_t)(p->draft_row[i] + accepted - 1) * (size_t)e->vocab;
+        why = seq_advance(e, s, row, &t);
+    }
+    sched_spec_settle(e, i, kept);
+    s->spec_accepted += accepted;
+    spec_state_update(&s->spec_st, nd, accepted, e->spec_k);
+    e->local.spec_drafts++;
+    e->local.spec_draft_tokens += (uint64_t)nd;
+    e->local.spec_accepted_tokens += (uint64_t)accepted;
+    e->local.spec_accepted_hist[accepted]++;
+    return why;
+}
+
 /* One step; returns the tokens it ran (0: nothing could run). */
 static int run_step(struct engine *e)
 {
@@ -490,6 +528,7 @@ static int run_step(struct engine *e)
     e->local.steps++;
     if (rc) {
         /* the step failed as a whole: fail its sequences, keep serving the others */
+        sched_spec_abandon(e);
         for (int i = 0; i < p->n_seqs; i++) {
             struct seq *s = p->seqs[i];
             for (int j = 0; j < e->n_running; j++)
@@ -505,16 +544,18 @@ static int run_step(struct engine *e)
                             .t_forward = t_forward,
                             .t_sample = t_sample,
                             .n_seqs = p->n_seqs,
-                            .sampled = p->n_logits};
+                            .sampled = 0};
     for (int i = 0; i < p->n_seqs; i++) {
         const struct seq *s = p->seqs[i];
         if (s->n_computed < s->n_prompt) ts.prompt_tokens += p->chunk[i];
-        /* a decode is one token after the prompt; any other chunk is prefill or recomputation */
-        if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens++;
+        /* a decode is one token after the prompt (and its draft); any other chunk is prefill
+         * or recomputation */
+        if (p->chunk[i] == 1 && s->n_computed >= s->n_prompt) ts.decode_tokens += 1 + p->n_draft[i];
     }
     ts.prefill_tokens = p->n_tokens - ts.decode_tokens;
     e->step_sampler_s = 0;
     e->local.prompt_tokens += (uint64_t)ts.prompt_tokens;
+    uint64_t generated_before = e->local.generation_tokens;
     sched_commit(e);
     for (int i = 0; i < p->n_seqs; i++) {
         struct seq *s = p->seqs[i];
@@ -533,14 +574,19 @@ static int run_step(struct engine *e)
             finish_running(e, s, FINISH_LENGTH, false, NULL);
             continue;
         }
+        /* the sequence's rows: its prompt logprobs', then its own (drafts' rows are after all) */
         const float *row = e->logits + (size_t)(p->logit_row[i] + p->n_plp[i]) * (size_t)e->vocab;
-        enum finish_reason why = seq_advance(e, s, row);
+        int32_t t;
+        enum finish_reason why = seq_advance(e, s, row, &t);
+        if (p->n_draft[i] > 0) why = spec_verify(e, i, t, why);
         if (why == FINISH_NONE) continue;
         finish_running(e, s, why, why != FINISH_STOP || s->n_hold > 0,
                        s->error[0] ? s->error : NULL);
     }
     if (e->o.trace) {
         ts.t_end = engine_now();
+        /* tokens sampled: drafts may add several a sequence, prompt-logprob rows none */
+        ts.sampled = (int)(e->local.generation_tokens - generated_before);
         ts.sampler_s = e->step_sampler_s;
         ts.kv_blocks_used = kv_pool_used(e->pool);
         ts.preemptions = (int)(e->local.preemptions - preempted_before);
@@ -555,7 +601,8 @@ static void publish_stats(struct engine *e)
     e->local.running = e->n_running;
     e->local.waiting = e->n_waiting;
     e->local.kv_blocks_total = kv_pool_blocks(e->pool);
-    e->local.kv_blocks_used = kv_pool_used(e->pool);
+    /* the spare blocks are the engine's, not any request's */
+    e->local.kv_blocks_used = kv_pool_used(e->pool) - e->n_spare;
     if (e->local.kv_blocks_used > e->local.kv_blocks_peak)
         e->local.kv_blocks_peak = e->local.kv_blocks_used;
     pthread_mutex_lock(&e->mu);
@@ -587,6 +634,12 @@ static void *engine_main(void *arg)
         if (e->o.trace) trace_step_begin(e->o.trace);
         int ran = run_step(e);
         nvtx_pop();
+        if (e->o.check_invariants && !e->check_error[0]) {
+            struct qerr err = {0};
+            if (engine_check(e, &err))
+                snprintf(e->check_error, sizeof e->check_error, "step %llu: %s",
+                         (unsigned long long)e->local.steps, err.msg);
+        }
         publish_stats(e);
         if (ran > 0) continue;
         /* nothing could run (every sequence waits on its reader, or on blocks held by those):
@@ -628,6 +681,7 @@ static void engine_release(struct engine *e)
     grammar_cache_free(e->grammars);
     grammar_vocab_free(e->gvocab);
     free(e->gmask);
+    free(e->spare);
     pthread_mutex_destroy(&e->gvocab_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
@@ -643,6 +697,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                         "engine: max-batch-tokens %d, max-seqs %d, max-queue %d, kv-block %d "
                         "must be positive",
                         o->max_batch_tokens, o->max_seqs, o->max_queue, o->kv_block_size);
+    if (o->spec != SPEC_OFF && (o->spec_k < 1 || o->spec_k > SPEC_K_MAX))
+        return qerr_set(err, QERR_INVALID, "engine: spec-k %d not in 1..%d", o->spec_k, SPEC_K_MAX);
     if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
         return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
                         tokenizer_max_token_bytes(tok));
@@ -671,9 +727,18 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     }
     e->o.kv_blocks = blocks;
     if (e->o.prompt_logprob_rows <= 0) e->o.prompt_logprob_rows = 128;
-    e->max_logits = o->max_seqs + e->o.prompt_logprob_rows;
+    e->logit_rows = sched_logit_rows(&e->o);
+    spec_drafter_init(&e->drafter, o->spec);
+    if (o->spec != SPEC_OFF) {
+        /* a draft reaches at most one block past its sequence's own (plan_drafts) */
+        e->spec_k = o->spec_k < o->kv_block_size ? o->spec_k : o->kv_block_size;
+        /* spares for up to 16 sequences crossing a block edge in one step, never more than a
+         * sixteenth of the pool */
+        int t = o->max_seqs < 16 ? o->max_seqs : 16;
+        e->spare_target = blocks / 16 < t ? blocks / 16 : t;
+    }
     struct model_opts mo = {.max_batch_tokens = o->max_batch_tokens,
-                            .max_logits = e->max_logits,
+                            .max_logits = e->logit_rows,
                             .kv_blocks = blocks,
                             .kv_block_size = o->kv_block_size,
                             .tp = o->tp,
@@ -688,11 +753,13 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
     /* read every step: the backend's fastest host memory (pinned on CUDA) */
     e->logits =
-        backend_host_alloc(be, (size_t)e->max_logits * (size_t)cfg.vocab * sizeof *e->logits);
+        backend_host_alloc(be, (size_t)e->logit_rows * (size_t)cfg.vocab * sizeof *e->logits);
     e->hidden =
         backend_host_alloc(be, (size_t)o->max_batch_tokens * (size_t)cfg.dim * sizeof *e->hidden);
     e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
-    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->hidden || !e->work) {
+    e->spare = malloc((size_t)(e->spare_target > 0 ? e->spare_target : 1) * sizeof *e->spare);
+    if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->hidden || !e->work ||
+        !e->spare) {
         rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -703,6 +770,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->trace && o->tp <= 1 && (rc = trace_wrap_backend(o->trace, be, &e->traced, err)))
         goto fail;
     if ((rc = model_load(f, e->traced ? e->traced : be, &mo, &e->model, err))) goto fail;
+    while (e->n_spare < e->spare_target) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
     e->local.kv_blocks_total = blocks;
     e->local.kv_block_size = o->kv_block_size;
     e->stats = e->local;
@@ -768,6 +836,10 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
     }
+    /* grammars and logprobs need nothing of their own: each kept position runs seq_advance,
+     * which masks, samples and reports from that position's own row, in order */
+    s->spec = e->o.spec != SPEC_OFF && !r->no_spec;
+    spec_state_init(&s->spec_st, e->spec_k);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     for (int i = 0; i < r->n_stop_strings; i++) {
@@ -800,11 +872,12 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
                         e->ctx_len);
     size_t bs = (size_t)e->o.kv_block_size;
     size_t need = (r->n_prompt + (size_t)r->max_tokens + bs - 1) / bs;
-    if (need > (size_t)e->o.kv_blocks)
+    int avail = e->o.kv_blocks - e->spare_target; /* the spares are speculation's */
+    if (need > (size_t)avail)
         return qerr_set(err, QERR_INVALID,
                         "prompt (%zu tokens) + max_tokens (%d) needs %zu KV blocks; the pool has "
                         "%d",
-                        r->n_prompt, r->max_tokens, need, e->o.kv_blocks);
+                        r->n_prompt, r->max_tokens, need, avail);
     if (r->n_stop_ids < 0 || r->n_stop_ids > ENGINE_MAX_STOPS || r->n_stop_strings < 0 ||
         r->n_stop_strings > ENGINE_MAX_STOPS)
         return qerr_set(err, QERR_INVALID, "stop: at most %d stop strings and %d stop ids",

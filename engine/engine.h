@@ -21,6 +21,7 @@
 #include "grammar.h"
 #include "model.h"
 #include "sample.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 struct engine_opts {
@@ -47,6 +48,17 @@ struct engine_opts {
     /* Logits rows a step may spend on prompt logprobs, beyond one per sequence (default 128):
      * a prompt that asks for them is prefilled in chunks of at most this many tokens. >= 1. */
     int prompt_logprob_rows;
+    /* Speculative decoding (spec.h): SPEC_OFF (default) or a drafter whose guesses, up to
+     * spec_k (1..SPEC_K_MAX, at most kv_block_size; default 8) per sequence and step, are
+     * verified in the step's batch with the budget the other sequences leave; the output is
+     * byte-identical either way (logprobs and grammar masks included). */
+    enum spec_mode spec;
+    int spec_k;
+    /* Drafts only fill a step up to this many tokens in all (default 8): past it a CPU step
+     * costs about its token count, so a draft that may be rejected displaces nothing only in a
+     * small step (docs/speculation.md); a GPU stays memory-bound much longer. */
+    int spec_step_tokens;
+    bool check_invariants; /* tests: check the pool and sequences after every step */
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -98,6 +110,7 @@ struct gen_request {
      * hidden states pooled into one L2-normalized vector that request_embedding returns after
      * the final event (finish reason stop), and its KV blocks freed. */
     enum engine_pooling pooling;
+    bool no_spec; /* never speculate for this request, whatever engine_opts.spec says */
 };
 
 struct token_logprob {
@@ -121,6 +134,7 @@ struct req_event {
     /* final event only */
     enum finish_reason finish;
     int prompt_tokens, cached_tokens;
+    int accepted_tokens; /* output tokens that a speculative draft had guessed */
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };
@@ -139,6 +153,10 @@ struct engine_stats {
     double last_step_age_s; /* seconds since the engine last finished a step while it had work */
     uint64_t grammar_masks; /* token masks computed for constrained sequences */
     double grammar_mask_s;  /* time spent computing and applying them */
+    /* speculation: drafts verified, tokens drafted, drafted tokens accepted, and how many
+     * drafts had 0, 1, .. SPEC_K_MAX tokens accepted */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_hist[SPEC_K_MAX + 1];
 };
 
 struct engine;

@@ -55,7 +55,10 @@ struct seq {
     uint64_t id;                /* submission order, from 1 (the trace's request id) */
     struct grammar *grammar;    /* NULL: unconstrained */
     struct grammar_matcher *gm; /* made at its first sampling step (engine thread) */
-    char error[200];            /* why it failed, for FINISH_ERROR */
+    bool spec;                  /* drafts for this sequence are verified (engine_opts.spec) */
+    struct spec_state spec_st;
+    int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
+    char error[200];   /* why it failed, for FINISH_ERROR */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose
      * logprob is still to be sent (from 1; n_prompt when all are) */
     bool prompt_logprobs;
@@ -74,7 +77,7 @@ struct step_plan {
     struct seq **seqs;  /* [max_seqs] sequences in this step */
     int *chunk;         /* [max_seqs] tokens each runs */
     bool *wants_logits; /* [max_seqs] chunk ends at the sequence's last token */
-    int32_t *logit_idx; /* [max_logits] */
+    int32_t *logit_idx; /* [logit_rows] */
     int n_logits;
     int *logit_row;      /* [max_seqs] the seq's first logits row: its prompt rows, then its own */
     int *n_plp;          /* [max_seqs] logits rows for prompt logprobs (positions start[i]..) */
@@ -83,7 +86,12 @@ struct step_plan {
     int n_hidden;
     int *hidden_row; /* [max_seqs] the seq's first row of those, n_hid of them */
     int *n_hid;
-    int32_t *table; /* [max_seqs][max_blocks] */
+    /* Speculation, per sequence of the step: n_draft guessed tokens follow its chunk's last
+     * token at positions n_tokens.. (none are in s->tokens); they sit in the batch from token
+     * draft_at, their logits from row draft_row (after every chunk's rows); ext_block is a
+     * spare block holding the draft positions past the sequence's own blocks (-1: none). */
+    int *n_draft, *draft_at, *draft_row, *ext_block; /* [max_seqs] */
+    int32_t *table;                                  /* [max_seqs][max_blocks] */
     int table_cap, max_blocks;
 };
 
@@ -118,10 +126,19 @@ struct engine {
     uint64_t next_order;
     struct engine_stats local; /* counters, published into stats under mu after each step */
     struct step_plan plan;
-    int max_logits; /* rows per step: max_seqs + prompt_logprob_rows */
-    float *logits;  /* [max_logits][vocab] */
+    float *logits;  /* [logit_rows][vocab] */
+    int logit_rows; /* sched_logit_rows: a row per sequence, prompt logprobs', drafts' */
     float *hidden;  /* [max_batch_tokens][dim] final-normed hidden states for pooling */
-    float *work;    /* [vocab] */
+    /* speculation: the drafter; spare blocks (the engine's own, never keyed) that hold draft
+     * positions past a sequence's blocks, so a rejected draft takes no block from the pool and
+     * evicts no cached prefix; a spare whose draft is accepted becomes the sequence's block and
+     * the pool's next free block replaces it (the block plain decoding takes at that point) */
+    struct spec_drafter drafter;
+    int spec_k; /* the longest draft: engine_opts.spec_k within 1..min(SPEC_K_MAX, block) */
+    int *spare;
+    int n_spare, spare_target;
+    char check_error[600]; /* the first engine_check failure (check_invariants); "" if none */
+    float *work;           /* [vocab] */
     /* structured outputs: the cache any thread compiles through; the vocabulary trie, made by
      * the first thread that needs it; the mask buffer (engine thread) */
     struct grammar_cache *grammars;
@@ -159,6 +176,9 @@ int seq_pool_finish(struct engine *e, struct seq *s);
 /* The top n alternatives of a logits row into ev (engine.c). */
 void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev);
 void engine_request_push(struct request *r, const struct req_event *ev);
+/* engine_check.c: the invariants between steps (pool references, each sequence's blocks, cached
+ * keys); 0 or the first violation in err. Engine thread (or after engine_stop). */
+int engine_check(const struct engine *e, struct qerr *err);
 
 /* sched.c */
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);
@@ -170,7 +190,15 @@ int sched_step_plan(struct engine *e);
 /* Releases a sequence's blocks back to the pool (cached prefix blocks stay findable). */
 void sched_release_blocks(struct engine *e, struct seq *s);
 /* After the forward: marks the planned tokens computed and registers newly full blocks in the
- * prefix cache. */
+ * prefix cache. Draft tokens are not counted: sched_spec_settle does that once verified. */
 void sched_commit(struct engine *e);
+/* Rows of logits a step may need: one per sequence, plus the drafts'. */
+int sched_logit_rows(const struct engine_opts *o);
+/* After sequence i of the plan had its draft verified: the first `kept` draft tokens (those
+ * that became output and go on) count as computed, the spare block comes back or, holding kept
+ * tokens, becomes the sequence's (the pool replaces it), and newly full blocks are keyed. */
+void sched_spec_settle(struct engine *e, int i, int kept);
+/* A failed step: every spare block the plan took goes back. */
+void sched_spec_abandon(struct engine *e);
 
 #endif

@@ -90,6 +90,76 @@ static void trace_step_end(struct trace *t, struct trace_step *ts, bool sampled)
     trace_add_step(t, ts);
 }
 
+/* Decoding with drafts (spec.h), after the prefill left the next token's logits in row 0: each
+ * forward computes the last sampled token and a draft after it, with logits at every position;
+ * row r is then the distribution after the draft's first r tokens, which is the one plain
+ * decoding samples from as long as every token sampled so far equalled the draft. So tokens are
+ * sampled row by row with the one sampler (its RNG draws in plain decoding's order) until one
+ * differs from the draft; that one is kept and fed to the next forward. */
+static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *prompt,
+                       size_t n_prompt, const struct gen_opts *o, struct sampler *sm, float *logits,
+                       gen_token_fn on_token, void *ctx, struct qerr *err)
+{
+    const struct model_opts *mo = model_get_opts(m);
+    int vocab = model_get_config(m)->vocab;
+    int kmax = o->spec_k < SPEC_K_MAX ? o->spec_k : SPEC_K_MAX;
+    if (kmax > mo->max_logits - 1) kmax = mo->max_logits - 1;
+    if (kmax > mo->max_batch_tokens - 1) kmax = mo->max_batch_tokens - 1;
+    size_t cap = n_prompt + (size_t)o->n_predict;
+    int32_t *seq = malloc(cap * sizeof *seq);
+    float *row = malloc((size_t)vocab * sizeof *row);
+    if (!seq || !row) {
+        free(seq);
+        free(row);
+        return qerr_set(err, QERR_NOMEM, "generate: out of memory");
+    }
+    memcpy(seq, prompt, n_prompt * sizeof *seq);
+    int n = (int)n_prompt, produced = 0, r = 0, nd = 0, acc = 0, rc = 0;
+    int32_t chunk[1 + SPEC_K_MAX]; /* the last sampled token, then the draft */
+    const int32_t *draft = chunk + 1;
+    struct spec_drafter d;
+    spec_drafter_init(&d, o->spec);
+    struct spec_state st;
+    spec_state_init(&st, kmax > 0 ? kmax : 1);
+    while (produced < o->n_predict) {
+        const float *l = logits + (size_t)r * (size_t)vocab;
+        memcpy(row, l, (size_t)vocab * sizeof *row);
+        int32_t t = sampler_sample(sm, row);
+        sampler_accept(sm, t);
+        produced++;
+        seq[n++] = t;
+        bool kept = r < nd && t == draft[r];
+        acc += kept;
+        /* a miss, or the row after a wholly kept draft: the draft is settled */
+        bool settled = nd > 0 && !kept;
+        bool stop = (on_token && on_token(ctx, t, l)) || produced == o->n_predict;
+        if (settled || (stop && nd > 0)) {
+            spec_state_update(&st, nd, acc, kmax);
+            if (o->spec_stats) {
+                o->spec_stats->drafts++;
+                o->spec_stats->drafted += nd;
+                o->spec_stats->accepted += acc;
+            }
+        }
+        if (stop) break;
+        if (kept) {
+            r++;
+            continue;
+        }
+        /* t is new to the model: compute it, and a fresh draft after it */
+        int k = kmax > 0 ? spec_state_next_k(&st) : 0;
+        if (k > o->n_predict - produced - 1) k = o->n_predict - produced - 1;
+        if (k > kmax) k = kmax;
+        nd = k > 0 ? spec_draft(&d, seq, n, k, chunk + 1) : 0;
+        chunk[0] = t;
+        r = acc = 0;
+        if ((rc = run_chunk(m, s, chunk, n - 1, nd + 1, true, logits, err))) break;
+    }
+    free(seq);
+    free(row);
+    return rc;
+}
+
 int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const struct gen_opts *o,
                  gen_token_fn on_token, void *ctx, struct qerr *err)
 {
@@ -107,7 +177,8 @@ int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const 
     int rc = seq_setup(m, n_prompt + (size_t)o->n_predict, &s, err);
     if (rc) return rc;
     struct sampler sm;
-    float *logits = malloc((size_t)c->vocab * sizeof *logits);
+    int rows = o->spec != SPEC_OFF ? 1 + SPEC_K_MAX : 1;
+    float *logits = malloc((size_t)rows * (size_t)c->vocab * sizeof *logits);
     float *work = malloc((size_t)c->vocab * sizeof *work);
     if (!logits || !work) {
         rc = qerr_set(err, QERR_NOMEM, "generate: out of memory");
@@ -126,7 +197,9 @@ int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const 
         if (tr && !rc && (at + (size_t)n < n_prompt || o->n_predict == 0))
             trace_step_end(tr, &ts, false);
     }
-    for (int k = 0; k < o->n_predict && !rc; k++) {
+    if (o->spec != SPEC_OFF && !rc)
+        rc = decode_spec(m, &s, prompt, n_prompt, o, &sm, logits, on_token, ctx, err);
+    for (int k = 0; o->spec == SPEC_OFF && k < o->n_predict && !rc; k++) {
         memcpy(work, logits, (size_t)c->vocab * sizeof *work);
         int32_t tok = sampler_sample(&sm, work);
         sampler_accept(&sm, tok);

@@ -10,6 +10,11 @@
 
 #include "model.h"
 #include "sample.h"
+#include "spec.h"
+
+struct gen_spec_stats {
+    int drafts, drafted, accepted; /* drafts verified, tokens in them, tokens kept */
+};
 
 struct trace;
 
@@ -20,6 +25,11 @@ struct gen_opts {
     /* engine/trace.h: each forward as a step (its sampling inside it) and the run as one
      * request; NULL: none */
     struct trace *trace;
+    /* speculative decoding (spec.h): drafts of up to spec_k tokens (also bounded by the
+     * model's max_logits - 1) verified in one forward each; the tokens are those of SPEC_OFF */
+    enum spec_mode spec;
+    int spec_k;
+    struct gen_spec_stats *spec_stats; /* filled when not NULL */
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling

@@ -213,6 +213,23 @@ uint64_t kv_prefix_insert(struct kv_pool *p, int block, uint64_t parent, const i
     return key;
 }
 
+bool kv_block_cached(const struct kv_pool *p, int block, uint64_t *key)
+{
+    if (p->has_key[block]) *key = p->key[block];
+    return p->has_key[block];
+}
+
+int kv_pool_cached_keys(const struct kv_pool *p, uint64_t *out, int cap)
+{
+    int n = 0;
+    for (int b = 0; b < p->n_blocks; b++)
+        if (p->has_key[b]) {
+            if (n < cap) out[n] = p->key[b];
+            n++;
+        }
+    return n;
+}
+
 int kv_pool_check(const struct kv_pool *p, struct qerr *err)
 {
     int n = 0, last = -1;

@@ -43,6 +43,12 @@ int kv_prefix_lookup(struct kv_pool *p, uint64_t parent, const int32_t *tokens);
  * by another block is left alone. Returns the block's key. */
 uint64_t kv_prefix_insert(struct kv_pool *p, int block, uint64_t parent, const int32_t *tokens);
 
+/* Whether block holds a cached prefix, and its key (*key). */
+bool kv_block_cached(const struct kv_pool *p, int block, uint64_t *key);
+/* The keys of every cached prefix block (ref 0 or not), in block order, up to cap of them;
+ * returns how many there are. For tests comparing two pools. */
+int kv_pool_cached_keys(const struct kv_pool *p, uint64_t *out, int cap);
+
 /* Checks the pool's internal invariants (free-queue links, counts, hash index): 0 or a message
  * in err. For tests. */
 int kv_pool_check(const struct kv_pool *p, struct qerr *err);

@@ -11,7 +11,15 @@
  * the front of the waiting queue with its generated tokens, to be recomputed later. Where the
  * kernels are batch-invariant (the CPU; CUDA with --batch-invariant) the recomputed K/V and
  * logits are bit-identical to the first run; CUDA's GEMM for 128+ token batches may differ in
- * the last bits, which changes no token already sent (they are replayed, not resampled). */
+ * the last bits, which changes no token already sent (they are replayed, not resampled).
+ *
+ * Speculation (engine_opts.spec) adds pass D: a sequence whose chunk ends at its last token may
+ * append a draft of guessed tokens after it, with the budget A, B and C left, and only while
+ * the step has fewer than spec_step_tokens tokens (a full step drafts nothing: the budget
+ * serves other sequences first, and past a few tokens a CPU step costs about its size). Draft
+ * tokens are not part of the sequence until the engine has verified them (sched_spec_settle);
+ * positions past the sequence's own blocks go to one of the engine's spare blocks, so a rejected
+ * draft never takes a block from the pool, and never evicts or registers a cached prefix. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +29,7 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
 {
     memset(p, 0, sizeof *p);
     size_t T = (size_t)o->max_batch_tokens, S = (size_t)o->max_seqs;
-    size_t L = S + (size_t)o->prompt_logprob_rows;
+    size_t L = (size_t)sched_logit_rows(o);
     p->tokens = malloc(T * sizeof *p->tokens);
     p->pos = malloc(T * sizeof *p->pos);
     p->seq_idx = malloc(T * sizeof *p->seq_idx);
@@ -36,9 +44,14 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
     p->hidden_idx = malloc(T * sizeof *p->hidden_idx);
     p->hidden_row = malloc(S * sizeof *p->hidden_row);
     p->n_hid = malloc(S * sizeof *p->n_hid);
+    p->n_draft = calloc(S, sizeof *p->n_draft);
+    p->draft_at = malloc(S * sizeof *p->draft_at);
+    p->draft_row = malloc(S * sizeof *p->draft_row);
+    p->ext_block = malloc(S * sizeof *p->ext_block);
     if (!p->tokens || !p->pos || !p->seq_idx || !p->slot || !p->seqs || !p->chunk ||
         !p->wants_logits || !p->logit_idx || !p->logit_row || !p->n_plp || !p->start ||
-        !p->hidden_idx || !p->hidden_row || !p->n_hid) {
+        !p->hidden_idx || !p->hidden_row || !p->n_hid || !p->n_draft || !p->draft_at ||
+        !p->draft_row || !p->ext_block) {
         sched_plan_free(p);
         return qerr_set(err, QERR_NOMEM, "scheduler: out of memory");
     }
@@ -61,6 +74,10 @@ void sched_plan_free(struct step_plan *p)
     free(p->hidden_idx);
     free(p->hidden_row);
     free(p->n_hid);
+    free(p->n_draft);
+    free(p->draft_at);
+    free(p->draft_row);
+    free(p->ext_block);
     free(p->table);
     memset(p, 0, sizeof *p);
 }
@@ -170,6 +187,8 @@ static void add_chunk(struct engine *e, struct seq *s, int n)
     p->hidden_row[idx] = p->n_hidden;
     p->n_hid[idx] = seq_hidden_rows(s, s->n_computed, n, first, p->hidden_idx + p->n_hidden);
     p->n_hidden += p->n_hid[idx];
+    p->n_draft[idx] = 0;
+    p->ext_block[idx] = -1;
     /* a pooled sequence samples nothing */
     p->wants_logits[idx] = s->n_computed + n == s->n_tokens && s->pooling == ENGINE_POOL_NONE;
     if (p->wants_logits[idx]) p->logit_idx[p->n_logits++] = p->n_tokens - 1;
@@ -181,7 +200,7 @@ static int chunk_fit_logits(const struct engine *e, const struct seq *s, int n)
 {
     if (!s->prompt_logprobs || s->plp_next >= s->n_prompt) return n;
     const struct step_plan *p = &e->plan;
-    int room = e->max_logits - p->n_logits - (e->o.max_seqs - p->n_seqs - 1) - 1, lo;
+    int room = e->logit_rows - p->n_logits - (e->o.max_seqs - p->n_seqs - 1) - 1, lo;
     if (seq_plp_rows(s, s->n_computed, n, &lo) > room) n = room > 0 ? room : 0;
     return n;
 }
@@ -205,6 +224,69 @@ static void take_cached_prefix(struct engine *e, struct seq *s)
         s->n_computed += bs;
     }
     s->cached_tokens = s->n_computed;
+}
+
+int sched_logit_rows(const struct engine_opts *o)
+{
+    /* a row per sequence, the prompt logprobs' own (engine_prefill.c) */
+    int rows = o->max_seqs + (o->prompt_logprob_rows > 0 ? o->prompt_logprob_rows : 0);
+    if (o->spec == SPEC_OFF) return rows;
+    /* drafts for up to 16 sequences a step: past that the batch keeps the weights busy anyway */
+    int k = o->spec_k < SPEC_K_MAX ? o->spec_k : SPEC_K_MAX;
+    int drafting = o->max_seqs < 16 ? o->max_seqs : 16;
+    return rows + (k > 0 ? k * drafting : 0);
+}
+
+/* Pass D: drafts after the chunks that end at their sequence's last token, oldest first, in
+ * the budget left. */
+static void plan_drafts(struct engine *e, int budget)
+{
+    struct step_plan *p = &e->plan;
+    int bs = e->o.kv_block_size;
+    /* a spare lost to a sequence when the pool was empty is replaced once blocks are free again,
+     * keeping one per running sequence for their next decodes (as admission does) */
+    while (e->n_spare < e->spare_target && kv_pool_free_count(e->pool) > e->n_running) {
+        int b = kv_block_alloc(e->pool);
+        if (b < 0) break;
+        e->spare[e->n_spare++] = b;
+    }
+    for (int i = 0; i < p->n_seqs && budget > 0; i++) {
+        struct seq *s = p->seqs[i];
+        if (!s->spec || !p->wants_logits[i]) continue;
+        int k = spec_state_next_k(&s->spec_st);
+        if (k > e->spec_k) k = e->spec_k;
+        if (k > budget) k = budget;
+        if (k > e->logit_rows - p->n_logits) k = e->logit_rows - p->n_logits;
+        /* up to k + 1 tokens come out of the step: stay within max_tokens and the context */
+        if (k > s->max_tokens - s->n_generated - 1) k = s->max_tokens - s->n_generated - 1;
+        if (k > e->ctx_len - s->n_tokens) k = e->ctx_len - s->n_tokens;
+        if (k <= 0) continue;
+        int32_t draft[SPEC_K_MAX];
+        int nd = spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft);
+        int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;
+        /* k <= block size: a draft reaches at most one block past the sequence's own */
+        if (nd > 0 && first + nd > held) {
+            if (e->n_spare > 0)
+                ext = e->spare[--e->n_spare];
+            else
+                nd = held - first;
+        }
+        if (nd <= 0) continue;
+        p->n_draft[i] = nd;
+        p->ext_block[i] = ext;
+        p->draft_at[i] = p->n_tokens;
+        p->draft_row[i] = p->n_logits;
+        for (int j = 0; j < nd; j++) {
+            int pos = first + j, t = p->n_tokens++;
+            int blk = pos / bs < s->n_blocks ? s->blocks[pos / bs] : ext;
+            p->tokens[t] = draft[j];
+            p->pos[t] = pos;
+            p->seq_idx[t] = i;
+            p->slot[t] = blk * bs + pos % bs;
+            p->logit_idx[p->n_logits++] = t;
+        }
+        budget -= nd;
+    }
 }
 
 int sched_step_plan(struct engine *e)
@@ -268,32 +350,81 @@ int sched_step_plan(struct engine *e)
         budget -= n;
     }
 
-    /* block table of the step's sequences */
+    if (e->o.spec != SPEC_OFF && e->spec_k > 0) {
+        int room = e->o.spec_step_tokens - p->n_tokens;
+        plan_drafts(e, room < budget ? room : budget);
+    }
+
+    /* block table of the step's sequences (a draft's spare block after the sequence's own) */
     int maxb = 1;
-    for (int i = 0; i < p->n_seqs; i++)
-        if (p->seqs[i]->n_blocks > maxb) maxb = p->seqs[i]->n_blocks;
-    if (!ensure_table(p, p->n_seqs, maxb)) return -1;
+    for (int i = 0; i < p->n_seqs; i++) {
+        int nb = p->seqs[i]->n_blocks + (p->ext_block[i] >= 0);
+        if (nb > maxb) maxb = nb;
+    }
+    if (!ensure_table(p, p->n_seqs, maxb)) {
+        sched_spec_abandon(e);
+        return -1;
+    }
     p->max_blocks = maxb;
     for (int i = 0; i < p->n_seqs; i++) {
+        const struct seq *s = p->seqs[i];
         int32_t *row = p->table + (size_t)i * (size_t)maxb;
         for (int j = 0; j < maxb; j++)
-            row[j] = j < p->seqs[i]->n_blocks ? p->seqs[i]->blocks[j] : -1;
+            row[j] = j < s->n_blocks                            ? s->blocks[j]
+                     : j == s->n_blocks && p->ext_block[i] >= 0 ? p->ext_block[i]
+                                                                : -1;
     }
     return p->n_tokens;
+}
+
+/* Registers s's full, computed blocks in the prefix cache. */
+static void key_blocks(struct engine *e, struct seq *s)
+{
+    int bs = e->o.kv_block_size;
+    if (!e->o.prefix_cache) return;
+    while ((s->n_keyed + 1) * bs <= s->n_computed) {
+        s->last_key = kv_prefix_insert(e->pool, s->blocks[s->n_keyed], s->last_key,
+                                       s->tokens + (size_t)s->n_keyed * (size_t)bs);
+        s->n_keyed++;
+    }
 }
 
 void sched_commit(struct engine *e)
 {
     struct step_plan *p = &e->plan;
-    int bs = e->o.kv_block_size;
     for (int i = 0; i < p->n_seqs; i++) {
         struct seq *s = p->seqs[i];
         s->n_computed += p->chunk[i];
-        if (!e->o.prefix_cache) continue;
-        while ((s->n_keyed + 1) * bs <= s->n_computed) {
-            s->last_key = kv_prefix_insert(e->pool, s->blocks[s->n_keyed], s->last_key,
-                                           s->tokens + (size_t)s->n_keyed * (size_t)bs);
-            s->n_keyed++;
+        key_blocks(e, s);
+    }
+}
+
+void sched_spec_settle(struct engine *e, int i, int kept)
+{
+    struct step_plan *p = &e->plan;
+    struct seq *s = p->seqs[i];
+    int bs = e->o.kv_block_size, ext = p->ext_block[i];
+    p->ext_block[i] = -1;
+    s->n_computed += kept;
+    if (s->n_computed > s->n_blocks * bs) {
+        /* kept tokens sit in the spare block: it becomes the sequence's */
+        if (ext >= 0 && push_block(s, ext)) {
+            ext = kv_block_alloc(e->pool);
+        } else {
+            /* no room to record it: those tokens are computed again later */
+            s->n_computed = s->n_blocks * bs;
         }
     }
+    if (ext >= 0) e->spare[e->n_spare++] = ext;
+    key_blocks(e, s);
+}
+
+void sched_spec_abandon(struct engine *e)
+{
+    struct step_plan *p = &e->plan;
+    for (int i = 0; i < p->n_seqs; i++)
+        if (p->ext_block[i] >= 0) {
+            e->spare[e->n_spare++] = p->ext_block[i];
+            p->ext_block[i] = -1;
+        }
 }

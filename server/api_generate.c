@@ -196,6 +196,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         c->out.finish = fin;
         if (fin == FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error);
         g->usage.completion_tokens += ev->completion_tokens;
+        g->usage.accepted_tokens += ev->accepted_tokens;
         if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
         if (g->log) {
@@ -517,6 +518,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .sample = r->sample,
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
+                                     .no_spec = r->no_spec,
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
                                      .grammar = grammar,

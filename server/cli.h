@@ -72,6 +72,31 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
 /* Puts the knobs into a backend request. */
 void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
 
+/* --spec off|ngram and --spec-k N: speculative decoding (engine/spec.h), the same on serve,
+ * generate and bench. Off unless asked: docs/speculation.md has where it pays. */
+#include "../engine/spec.h"
+struct cli_spec {
+    enum spec_mode mode;
+    int k;           /* 0: the engine's default */
+    int step_tokens; /* 0: the engine's default */
+};
+enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP };
+#define CLI_SPEC_OPTIONS                                                                           \
+    {"spec", required_argument, 0, CLI_O_SPEC}, {"spec-k", required_argument, 0, CLI_O_SPEC_K},    \
+    {                                                                                              \
+        "spec-step-tokens", required_argument, 0, CLI_O_SPEC_STEP                                  \
+    }
+#define CLI_SPEC_HELP                                                                              \
+    "  --spec off|ngram    speculative decoding: ngram drafts from the prompt and output\n"        \
+    "                    (prompt lookup), verified so the output stays byte-identical\n"           \
+    "                    (default off)\n"                                                          \
+    "  --spec-k N          the longest draft, 1..16 (default 8)\n"                                 \
+    "  --spec-step-tokens N  drafts fill a step up to N tokens in all\n"                           \
+    "                    (default 8)\n"
+/* Takes --spec, --spec-k or --spec-step-tokens (`code`) with its argument; false after a one-line
+ * error. */
+bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
+
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);
 

@@ -64,7 +64,14 @@ static void bench_usage(FILE *out)
             "  --profile             with --pp/--tg: then one prefill and T decode steps with\n"
             "                        every op timed: a per-op table of each (docs/profiling.md)\n"
             "  --trace FILE          with --requests: write the engine's steps and requests as a\n"
-            "                        Chrome trace (Perfetto, chrome://tracing)\n");
+            "                        Chrome trace (Perfetto, chrome://tracing)\n"
+            "  --grounded FILE       with --requests: prompts from FILE's text, each a passage\n"
+            "                        then its first 16 tokens again, so the output copies the\n"
+            "                        input (what prompt lookup speculation is for); default:\n"
+            "                        random tokens, which nothing matches\n"
+            "  --temp T              with --requests: sample at temperature T, request i with\n"
+            "                        seed i (default 0: greedy)\n"
+            "  with --requests:\n" CLI_SPEC_HELP);
 }
 
 struct bench_args {
@@ -78,6 +85,9 @@ struct bench_args {
     bool embeddings;      /* --embeddings: pooled requests (mean), no output */
     bool concurrency_set; /* --concurrency given */
     struct cli_knobs knobs;
+    struct cli_spec spec;             /* --spec, --spec-k */
+    const char *grounded;             /* --grounded FILE */
+    double temp;                      /* --temp: serving runs' temperature (0: greedy) */
     int decode_batches[16], n_decode; /* --decode-batches */
     int tp;                           /* --tp ranks, 0: one */
     const struct backend_group *grp;  /* the ranks' backends and communicators */
@@ -126,7 +136,8 @@ static void *client_main(void *arg)
         r.prompt = c->prompts + i * c->a->input_len;
         r.n_prompt = (size_t)c->a->input_len;
         sample_params_default(&r.sample);
-        r.sample.temperature = 0;
+        r.sample.temperature = (float)c->a->temp;
+        r.sample.seed = (uint64_t)i; /* request i samples the same text in every run */
         r.max_tokens = c->a->embeddings ? 0 : (int)c->a->output_len;
         r.pooling = c->a->embeddings ? ENGINE_POOL_MEAN : ENGINE_POOL_NONE;
         r.ignore_eos = true;
@@ -163,6 +174,40 @@ static void *client_main(void *arg)
     }
 }
 
+/* --grounded: request i's prompt is a passage of the file's text (from a place of its own) and
+ * then the passage's first 16 tokens again, input_len tokens in all. */
+static int grounded_prompts(const struct tokenizer *tok, const struct bench_args *a,
+                            int32_t *prompts, struct qerr *err)
+{
+    FILE *fp = fopen(a->grounded, "rb");
+    if (!fp) return qerr_set(err, QERR_IO, "--grounded %s: cannot open it", a->grounded);
+    char *text = malloc(1 << 20);
+    size_t len = text ? fread(text, 1, 1 << 20, fp) : 0;
+    fclose(fp);
+    if (!text) return qerr_set(err, QERR_NOMEM, "bench: out of memory");
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = tokenizer_encode(tok, text, len, false, false, &ids, &n_ids, err);
+    free(text);
+    if (rc) return qerr_wrap(err, "--grounded %s", a->grounded);
+    size_t body = (size_t)a->input_len > 16 ? (size_t)a->input_len - 16 : 0;
+    if (body < 16 || n_ids < body + 1) {
+        free(ids);
+        return qerr_set(err, QERR_INVALID,
+                        "--grounded %s: %zu tokens; --input-len %ld needs more than %zu and "
+                        "at least 32",
+                        a->grounded, n_ids, a->input_len, body);
+    }
+    for (long i = 0; i < a->requests; i++) {
+        int32_t *p = prompts + (size_t)i * (size_t)a->input_len;
+        size_t off = (size_t)i * 997 % (n_ids - body);
+        memcpy(p, ids + off, body * sizeof *p);
+        memcpy(p + body, ids + off, 16 * sizeof *p);
+    }
+    free(ids);
+    return 0;
+}
+
 static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, struct backend *be,
                        const struct bench_args *a, struct qerr *err)
 {
@@ -173,6 +218,9 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.kv_mem = (size_t)a->kv_mib << 20;
     o.max_queue = (int)(a->requests + a->concurrency);
     o.prefix_cache = true;
+    o.spec = a->spec.mode;
+    if (a->spec.k) o.spec_k = a->spec.k;
+    if (a->spec.step_tokens) o.spec_step_tokens = a->spec.step_tokens;
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
@@ -202,6 +250,7 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
         /* ids above the special tokens, so prompts are ordinary text pieces */
         prompts[i] = 100 + (int32_t)(x % (uint64_t)(vocab - 100));
     }
+    if (a->grounded && (rc = grounded_prompts(tok, a, prompts, err))) goto out;
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     long next = 0, done = 0, failed = 0, out_tokens = 0;
     struct client_ctx c = {e, a, prompts, &mu, &next, ttft, tpot, &done, &failed, &out_tokens};
@@ -222,6 +271,8 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     double rps = (double)done / wall, in_tps = (double)done * (double)a->input_len / wall,
            out_tps = (double)out_tokens / wall;
     double hit = st.prefix_lookups ? (double)st.prefix_hit_tokens / (double)st.prefix_lookups : 0;
+    double accept_len =
+        st.spec_drafts ? 1.0 + (double)st.spec_accepted_tokens / (double)st.spec_drafts : 0;
     if (a->embeddings) {
         if (a->json)
             printf("{\"embeddings\": %ld, \"failed\": %ld, \"concurrency\": %ld, "
@@ -248,12 +299,17 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
                "\"ttft_ms_p50\": %.1f, \"ttft_ms_p90\": %.1f, \"ttft_ms_p99\": %.1f, "
                "\"tpot_ms_p50\": %.2f, \"tpot_ms_p90\": %.2f, \"tpot_ms_p99\": %.2f, "
                "\"kv_blocks_peak\": %d, \"kv_blocks_total\": %d, \"preemptions\": %llu, "
-               "\"prefix_cache_hit_rate\": %.4f, \"steps\": %llu}\n",
+               "\"prefix_cache_hit_rate\": %.4f, \"steps\": %llu, \"spec\": \"%s\", "
+               "\"spec_drafts\": %llu, \"spec_draft_tokens\": %llu, "
+               "\"spec_accepted_tokens\": %llu, \"mean_acceptance_length\": %.3f}\n",
                done, failed, a->concurrency, a->input_len, a->output_len, wall, rps, in_tps,
                out_tps, pct(ttft, (int)done, 50), pct(ttft, (int)done, 90),
                pct(ttft, (int)done, 99), pct(tpot, (int)done, 50), pct(tpot, (int)done, 90),
                pct(tpot, (int)done, 99), st.kv_blocks_peak, st.kv_blocks_total,
-               (unsigned long long)st.preemptions, hit, (unsigned long long)st.steps);
+               (unsigned long long)st.preemptions, hit, (unsigned long long)st.steps,
+               spec_mode_name(a->spec.mode), (unsigned long long)st.spec_drafts,
+               (unsigned long long)st.spec_draft_tokens,
+               (unsigned long long)st.spec_accepted_tokens, accept_len);
     } else {
         printf("requests          %ld done, %ld failed, concurrency %ld (input %ld, output %ld)\n",
                done, failed, a->concurrency, a->input_len, a->output_len);
@@ -269,6 +325,12 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
         printf("preemptions       %llu\n", (unsigned long long)st.preemptions);
         printf("prefix hit rate   %.1f%%\n", hit * 100);
         printf("engine steps      %llu\n", (unsigned long long)st.steps);
+        if (a->spec.mode != SPEC_OFF)
+            printf("spec %-12s %llu drafts, %llu of %llu tokens accepted, mean acceptance "
+                   "length %.2f\n",
+                   spec_mode_name(a->spec.mode), (unsigned long long)st.spec_drafts,
+                   (unsigned long long)st.spec_accepted_tokens,
+                   (unsigned long long)st.spec_draft_tokens, accept_len);
     }
     rc = failed ? qerr_set(err, QERR_INVALID, "bench: %ld requests failed", failed) : trace_rc;
 out:
@@ -524,7 +586,9 @@ int cli_bench(int argc, char **argv)
         O_DECODE,
         O_TP,
         O_PROFILE,
-        O_EMBED
+        O_EMBED,
+        O_GROUNDED,
+        O_TEMP
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"requests", required_argument, 0, O_REQ},
@@ -551,6 +615,9 @@ int cli_bench(int argc, char **argv)
                                          {"tp", required_argument, 0, O_TP},
                                          {"decode-batches", required_argument, 0, O_DECODE},
                                          CLI_KNOB_OPTIONS,
+                                         CLI_SPEC_OPTIONS,
+                                         {"grounded", required_argument, 0, O_GROUNDED},
+                                         {"temp", required_argument, 0, O_TEMP},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     struct bench_args a = {.concurrency = 1,
@@ -605,6 +672,20 @@ int cli_bench(int argc, char **argv)
         case CLI_O_GEMM:
         case CLI_O_GEMM_MIN:
             if (!cli_knob_arg("bench", c, optarg, &a.knobs)) return EXIT_USAGE;
+            continue;
+        case CLI_O_SPEC:
+        case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
+            if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
+            continue;
+        case O_GROUNDED:
+            a.grounded = optarg;
+            continue;
+        case O_TEMP:
+            if (!cli_parse_float(optarg, 0, 100, &a.temp)) {
+                fprintf(stderr, "quern bench: --temp '%s' is not a number in 0..100\n", optarg);
+                return EXIT_USAGE;
+            }
             continue;
         case O_DECODE:
             if (!parse_batches(optarg, &a)) {
@@ -707,6 +788,10 @@ int cli_bench(int argc, char **argv)
         (serving && (a.requests < 1 || a.input_len < 1 || (a.output_len < 1 && !a.embeddings)))) {
         fprintf(stderr, "quern bench: give either --requests/--input-len/--output-len or "
                         "--pp/--tg (see quern bench --help)\n");
+        return EXIT_USAGE;
+    }
+    if (!serving && (a.spec.mode != SPEC_OFF || a.grounded)) {
+        fprintf(stderr, "quern bench: --spec and --grounded apply to --requests runs\n");
         return EXIT_USAGE;
     }
     if (a.pp < 0) a.pp = 0;

@@ -14,25 +14,26 @@
 
 static void generate_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: quern generate [--model PATH] --prompt TEXT [options]\n"
-            "  --model PATH      GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
-            "  --prompt TEXT     the prompt (UTF-8)\n"
-            "  -n N              tokens to generate (default 64)\n"
-            "  --chat            wrap the prompt in the model's chat template as a user message\n"
-            "  --system TEXT     system message for --chat (default: the template's own)\n"
-            "  --temp T          temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k K         keep the K most likely tokens (default 40, 0 = off)\n"
-            "  --top-p P         nucleus sampling (default 0.95)\n"
-            "  --min-p P         drop tokens below P x the top probability (default 0.05)\n"
-            "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
-            "  --seed S          RNG seed (default 0)\n"
-            "  --threads N       CPU threads (default: all)\n" CLI_PRECISION_HELP CLI_DEVICE_HELP
-                CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
-            "  --ignore-eos      keep generating past end-of-generation tokens\n"
-            "  --no-stats        do not print timings to stderr\n"
-            "  --trace FILE      write each forward as a step, and the run, as a Chrome trace\n"
-            "                    (docs/profiling.md)\n");
+    fprintf(
+        out,
+        "usage: quern generate [--model PATH] --prompt TEXT [options]\n"
+        "  --model PATH      GGUF model (default: $QUERN_MODEL or " QUERN_DEFAULT_MODEL ")\n"
+        "  --prompt TEXT     the prompt (UTF-8)\n"
+        "  -n N              tokens to generate (default 64)\n"
+        "  --chat            wrap the prompt in the model's chat template as a user message\n"
+        "  --system TEXT     system message for --chat (default: the template's own)\n"
+        "  --temp T          temperature, 0 = greedy (default 0.8)\n"
+        "  --top-k K         keep the K most likely tokens (default 40, 0 = off)\n"
+        "  --top-p P         nucleus sampling (default 0.95)\n"
+        "  --min-p P         drop tokens below P x the top probability (default 0.05)\n"
+        "  --repeat-penalty R  repetition penalty (default 1.0 = off)\n"
+        "  --seed S          RNG seed (default 0)\n"
+        "  --threads N       CPU threads (default: all)\n" CLI_PRECISION_HELP CLI_DEVICE_HELP
+            CLI_TP_HELP CLI_BATCH_INVARIANT_HELP CLI_KNOBS_HELP
+        "  --ignore-eos      keep generating past end-of-generation tokens\n"
+        "  --no-stats        do not print timings to stderr\n"
+        "  --trace FILE      write each forward as a step, and the run, as a Chrome trace\n"
+        "                    (docs/profiling.md; plain decoding: not with --spec)\n" CLI_SPEC_HELP);
 }
 
 struct gen_state {
@@ -73,6 +74,7 @@ struct gen_args {
     int tp; /* --tp ranks, 0: one */
     bool chat, ignore_eos, stats, batch_invariant;
     struct cli_knobs knobs;
+    struct cli_spec spec;
     enum matmul_precision precision;
     struct sample_params sp;
 };
@@ -111,6 +113,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"repeat-penalty", required_argument, 0, O_REPEAT},
                                          {"no-stats", no_argument, 0, O_NOSTATS},
                                          CLI_KNOB_OPTIONS,
+                                         CLI_SPEC_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {"precision", required_argument, 0, O_PREC},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -159,6 +162,11 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_TP:
             if (!cli_tp_arg("generate", optarg, &a->tp)) return EXIT_USAGE;
+            break;
+        case CLI_O_SPEC:
+        case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
+            if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
             break;
         case O_BATCHINV:
             a->batch_invariant = true;
@@ -253,6 +261,11 @@ int cli_generate(int argc, char **argv)
     struct gen_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? EXIT_OK : rc;
+    if (a.trace_path && a.spec.mode != SPEC_OFF) {
+        fprintf(stderr, "quern generate: --trace records plain decoding: not with --spec %s\n",
+                spec_mode_name(a.spec.mode));
+        return EXIT_USAGE;
+    }
     const char *path = cli_model_path(a.model);
     struct qerr err = {0};
     struct gguf_file *f = NULL;
@@ -287,9 +300,12 @@ int cli_generate(int argc, char **argv)
                                   .batch_invariant = a.batch_invariant};
     cli_knobs_apply(&a.knobs, &req);
     if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
-    int bs = 16;
+    /* as the engine's defaults (engine_opts): drafts of up to 8 tokens, steps of up to 8 */
+    int bs = 16, spec_k = a.spec.k ? a.spec.k : 8;
+    int step = a.spec.step_tokens ? a.spec.step_tokens : 8;
+    if (spec_k > step - 1) spec_k = step - 1;
     struct model_opts mo = {.max_batch_tokens = 256,
-                            .max_logits = 1,
+                            .max_logits = a.spec.mode != SPEC_OFF ? 1 + spec_k : 1,
                             .kv_blocks = (int)((total + (size_t)bs - 1) / (size_t)bs),
                             .kv_block_size = bs,
                             .tp = grp.n,
@@ -304,8 +320,14 @@ int cli_generate(int argc, char **argv)
     struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
     detok_init(&g.dt);
     clock_gettime(CLOCK_MONOTONIC, &g.t0);
-    struct gen_opts go = {
-        .n_predict = (int)a.n_predict, .prefill_chunk = 256, .sample = a.sp, .trace = tr};
+    struct gen_spec_stats ss = {0};
+    struct gen_opts go = {.n_predict = (int)a.n_predict,
+                          .prefill_chunk = 256,
+                          .sample = a.sp,
+                          .trace = tr,
+                          .spec = a.spec.mode,
+                          .spec_k = spec_k,
+                          .spec_stats = &ss};
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
@@ -331,6 +353,12 @@ int cli_generate(int argc, char **argv)
                 "%.1f tok/s; %d threads\n",
                 n_ids, g.t_first, (double)n_ids / g.t_first, g.produced,
                 g.produced > 1 ? (g.produced - 1) / decode_s : 0.0, a.threads ? (int)a.threads : 0);
+        if (a.spec.mode != SPEC_OFF)
+            fprintf(stderr,
+                    "quern: spec %s: %d drafts, %d of %d drafted tokens accepted (mean accepted "
+                    "length %.2f)\n",
+                    spec_mode_name(a.spec.mode), ss.drafts, ss.accepted, ss.drafted,
+                    ss.drafts ? 1.0 + (double)ss.accepted / ss.drafts : 0.0);
     }
     exit_code = EXIT_OK;
 out:

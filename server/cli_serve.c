@@ -66,7 +66,7 @@ static void serve_usage(FILE *out)
         "                           Chrome trace at exit and on SIGUSR1\n"
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
-        "                           and vLLM parse them)\n");
+        "                           and vLLM parse them)\n" CLI_SPEC_HELP);
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -172,6 +172,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"stall-timeout", required_argument, 0, O_STALL},
         {"pooling", required_argument, 0, O_POOLING},
         CLI_KNOB_OPTIONS,
+        CLI_SPEC_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
@@ -293,6 +294,11 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case CLI_O_GEMM_MIN:
             if (!cli_knob_arg("serve", c, optarg, &o->knobs)) return EXIT_USAGE;
             break;
+        case CLI_O_SPEC:
+        case CLI_O_SPEC_K:
+        case CLI_O_SPEC_STEP:
+            if (!cli_spec_arg("serve", c, optarg, &o->spec)) return EXIT_USAGE;
+            break;
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
             break;
@@ -363,6 +369,9 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
     eo.stall_timeout_s = o->stall_timeout_s;
+    eo.spec = o->spec.mode;
+    if (o->spec.k) eo.spec_k = o->spec.k;
+    if (o->spec.step_tokens) eo.spec_step_tokens = o->spec.step_tokens;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;

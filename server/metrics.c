@@ -157,6 +157,38 @@ static int hist(struct sbuf *o, const char *name, const char *help, const struct
     return rc;
 }
 
+/* Speculative decoding, as vLLM counts it (drafts, draft tokens, accepted tokens), and how many
+ * tokens each draft had accepted as a histogram (mean acceptance length = 1 + sum / count). */
+static int render_spec(const struct engine_stats *s, struct sbuf *o)
+{
+    int rc = counter(o, "quern_spec_decode_num_drafts_total", "Speculative drafts verified.",
+                     s->spec_drafts);
+    rc = rc ? rc
+            : counter(o, "quern_spec_decode_num_draft_tokens_total", "Tokens drafted.",
+                      s->spec_draft_tokens);
+    rc = rc ? rc
+            : counter(o, "quern_spec_decode_num_accepted_tokens_total",
+                      "Drafted tokens accepted (output tokens the draft had right).",
+                      s->spec_accepted_tokens);
+    rc = rc ? rc
+            : head(o, "quern_spec_decode_accepted_tokens_per_draft", "histogram",
+                   "Drafted tokens accepted, per draft.");
+    uint64_t cum = 0;
+    for (int k = 0; k <= SPEC_K_MAX && !rc; k++) {
+        cum += s->spec_accepted_hist[k];
+        rc = sbuf_printf(o, "quern_spec_decode_accepted_tokens_per_draft_bucket{le=\"%d\"} %llu\n",
+                         k, (unsigned long long)cum);
+    }
+    rc = rc ? rc
+            : sbuf_printf(o,
+                          "quern_spec_decode_accepted_tokens_per_draft_bucket{le=\"+Inf\"} %llu\n"
+                          "quern_spec_decode_accepted_tokens_per_draft_sum %llu\n"
+                          "quern_spec_decode_accepted_tokens_per_draft_count %llu\n",
+                          (unsigned long long)cum, (unsigned long long)s->spec_accepted_tokens,
+                          (unsigned long long)s->spec_drafts);
+    return rc;
+}
+
 static int render_engine(const struct engine_stats *s, struct sbuf *o)
 {
     int rc = 0;
@@ -202,6 +234,7 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
             : head(o, "quern_grammar_mask_seconds_total", "counter",
                    "Engine time spent computing and applying them.");
     rc = rc ? rc : sbuf_printf(o, "quern_grammar_mask_seconds_total %.17g\n", s->grammar_mask_s);
+    rc = rc ? rc : render_spec(s, o);
     rc = rc ? rc
             : gauge(o, "quern_requests_paused",
                     "Requests waiting for their client to read (back-pressure).", s->paused);

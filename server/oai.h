@@ -97,6 +97,7 @@ struct oai_request {
     struct sample_params sample;
     bool has_seed;
     bool ignore_eos;
+    bool no_spec; /* "speculative": false: no speculative decoding for this request */
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
     bool base64;                /* embeddings: encoding_format "base64" */
@@ -190,6 +191,7 @@ struct oai_meta {
 
 struct oai_usage {
     int prompt_tokens, completion_tokens, cached_tokens;
+    int accepted_tokens; /* completion tokens a speculative draft had guessed */
 };
 
 const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */

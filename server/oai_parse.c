@@ -340,6 +340,9 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_int(root, mt, r->kind == OAI_CHAT ? 1 : 0, 1e9, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, e)) < 0) return rc;
+    bool spec = true;
+    if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;
+    r->no_spec = !spec;
     if ((rc = get_bool(root, "stream", &r->stream, e)) < 0) return rc;
     const cJSON *so = field(root, "stream_options");
     if (so) {

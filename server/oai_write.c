@@ -231,6 +231,9 @@ static cJSON *usage_obj(const struct oai_usage *u)
     cJSON_AddNumberToObject(o, "total_tokens", u->prompt_tokens + u->completion_tokens);
     cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
     if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
+    /* OpenAI's name for output tokens a prediction supplied: here, speculative drafts */
+    d = cJSON_AddObjectToObject(o, "completion_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "accepted_prediction_tokens", u->accepted_tokens);
     return o;
 }
 

@@ -50,6 +50,7 @@ struct serve_opts {
     bool chat_parse_special;     /* --chat-parse-special: control tokens in message content count */
     enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
     struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
+    struct cli_spec spec;        /* --spec, --spec-k */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

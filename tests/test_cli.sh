@@ -80,6 +80,24 @@ expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n
 if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
   echo "FAIL: seeded output differs"; fails=$((fails + 1)); fi
 
+# --spec ngram: byte-identical to --spec off, greedy and seeded, on a prompt the output copies
+expect 2 "--spec wants off or ngram" -- generate --model "$model" --prompt hi --spec eagle
+expect 2 "--spec-k wants 1..16" -- generate --model "$model" --prompt hi --spec-k 0
+expect 2 "--spec and --grounded apply to --requests runs" -- bench --model "$model" --pp 8 --tg 8 --spec ngram
+copy="Repeat this text exactly: The committee agreed that the annual budget would be reviewed every March, and that any member could propose changes in writing before the first of February."
+for s in "--temp 0" "--temp 0.8 --seed 4"; do
+  # shellcheck disable=SC2086
+  "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
+  # shellcheck disable=SC2086
+  "$bin" generate --model "$model" --chat $s -n 40 --spec ngram --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
+  if cmp -s "$tmp/a" "$tmp/b" && grep -qE "spec ngram: [0-9]+ drafts, [1-9][0-9]* of" "$tmp/err"; then
+    echo "ok: --spec ngram $s: the text of --spec off, drafts accepted"
+  else
+    echo "FAIL: --spec ngram $s differs from --spec off or accepted nothing"; fails=$((fails + 1))
+    sed 's/^/    /' "$tmp/a" "$tmp/b" "$tmp/err" | head -20
+  fi
+done
+
 # --device: a bad name is a usage error; cuda without a usable GPU (or without CUDA in the
 # build) is a runtime error naming why; auto falls back to the CPU and says so
 expect 2 "--device 'tpu': want auto, cpu, cuda or cuda:N" -- generate --model "$model" --device tpu -n 1 --prompt hi

@@ -687,6 +687,59 @@ def test_limits_and_sigterm():
         d.stop()
 
 
+GROUNDED = ("Minutes of each meeting shall be kept by the secretary and circulated within ten "
+            "days. The committee agreed that the annual budget would be reviewed every March, "
+            "and that any member could propose changes in writing before the first of "
+            "February.\n\nMinutes of each meeting")
+
+
+def test_speculation(plain):
+    """--spec ngram: the same text as plain decoding (the main daemon), with the accepted draft
+    tokens in usage, counters and the acceptance histogram in /metrics, and the per-request
+    opt-out."""
+    body = {"prompt": GROUNDED, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    st, _, ref = plain.post("/v1/completions", body)
+    check(st == 200 and
+          ref["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
+          "spec off: usage says no accepted prediction tokens", ref)
+    d = Daemon("--spec", "ngram", "--spec-k", "8")
+    try:
+        st, _, r = d.post("/v1/completions", body)
+        acc = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+        check(st == 200 and r["choices"][0]["text"] == ref["choices"][0]["text"] and acc > 0,
+              "spec ngram: the text of plain decoding, with accepted draft tokens",
+              f"{r} vs {ref}")
+        seeded = dict(body, temperature=0.8, seed=5)
+        _, _, a = plain.post("/v1/completions", seeded)
+        _, _, b = d.post("/v1/completions", seeded)
+        check(a["choices"][0]["text"] == b["choices"][0]["text"],
+              "spec ngram: seeded sampling gives plain decoding's text", f"{a} vs {b}")
+        st, _, o = d.post("/v1/completions", dict(body, speculative=False))
+        check(st == 200 and o["choices"][0]["text"] == ref["choices"][0]["text"] and
+              o["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
+              "\"speculative\": false opts a request out", o)
+        st, _, bad = d.post("/v1/completions", dict(body, speculative="no"))
+        check(st == 400 and "speculative" in json.dumps(bad), "speculative must be a boolean",
+              bad)
+        texts, _, usage, _, _ = collect(d, "/v1/completions", dict(
+            body, stream=True, stream_options={"include_usage": True}))
+        check(texts.get(0) == ref["choices"][0]["text"] and usage and
+              usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0,
+              "streamed: the same text, the usage chunk counts accepted tokens", usage)
+        m = d.metrics()
+        drafts = m.get("quern_spec_decode_num_drafts_total", 0)
+        check(drafts > 0 and m.get("quern_spec_decode_num_accepted_tokens_total", 0) > 0 and
+              m.get("quern_spec_decode_accepted_tokens_per_draft_count") == drafts and
+              m.get('quern_spec_decode_accepted_tokens_per_draft_bucket{le="+Inf"}') == drafts,
+              "/metrics: drafts, accepted tokens and the per-draft histogram",
+              {k: v for k, v in m.items() if "spec" in k})
+    finally:
+        rc = d.stop()
+        d.reader.join(10)
+        check(rc == 0, "the --spec daemon exits 0 on SIGTERM", str(rc))
+        check_sanitizers(d)
+
+
 def main():
     if not BIN or not os.path.exists(BIN):
         print("skip: QUERN_BIN not set or missing")
@@ -713,6 +766,13 @@ def main():
             except Exception as e:  # noqa: BLE001 - one broken part must not hide the rest
                 check(False, f"{t.__name__} raised {type(e).__name__}: {e}")
             print(f"-- {t.__name__}: {time.time() - t0:.1f} s")
+        if not only or "speculation" in only:
+            t0 = time.time()
+            try:
+                test_speculation(d)
+            except Exception as e:  # noqa: BLE001
+                check(False, f"test_speculation raised {type(e).__name__}: {e}")
+            print(f"-- test_speculation: {time.time() - t0:.1f} s")
         log_ok = any(re.search(r"quern: req [0-9a-f]{16} POST /v1/\S+ 200 prompt=\d+ "
                                r"output=\d+", l) for l in d.lines)
         check(log_ok, "one log line per request on stderr")

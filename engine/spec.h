@@ -1,0 +1,61 @@
+/* spec: speculative decoding's drafters and the per-sequence draft-length policy.
+ *
+ * A drafter guesses the next tokens of a sequence cheaply; the model then computes the last
+ * token and the guesses in one step and the sampler decides, position by position, exactly as
+ * plain decoding would (engine.c, generate.c): a guess is kept while the sampled token equals
+ * it, and the first sampled token that differs is emitted instead. Because the kernels are
+ * batch-invariant, the logits of a position verified inside a k+1-token step are the ones it
+ * would have had alone, so the output is byte-identical to decoding without speculation
+ * (docs/speculation.md has the argument).
+ *
+ * The n-gram (prompt lookup) drafter needs no model: it finds the most recent earlier place
+ * where the last n tokens (n from ngram_max down to ngram_min) occurred in the prompt or the
+ * output and proposes what followed there. It pays off where the output copies its input
+ * (edits, extraction, code, summaries quoting the text). */
+#ifndef QUERN_SPEC_H
+#define QUERN_SPEC_H
+
+#include <stdint.h>
+
+#include "../quant/qerr.h"
+
+enum spec_mode {
+    SPEC_OFF = 0,
+    SPEC_NGRAM,
+};
+
+/* The longest draft a step verifies; also what the drafted-length histogram spans. */
+#define SPEC_K_MAX 16
+
+/* "off" or "ngram" (as --spec spells them); QERR_INVALID naming the text otherwise. */
+int spec_mode_parse(const char *text, enum spec_mode *out, struct qerr *err);
+const char *spec_mode_name(enum spec_mode m);
+
+struct spec_drafter {
+    enum spec_mode mode;
+    int ngram_min, ngram_max; /* n-gram lengths tried, longest first */
+};
+
+/* A drafter for mode (SPEC_OFF: one that never proposes). */
+void spec_drafter_init(struct spec_drafter *d, enum spec_mode mode);
+/* Up to k (<= SPEC_K_MAX) tokens likely to follow ctx[0..n), written to out; returns how many
+ * (0: no guess). Reads only ctx: the same context always gives the same draft. */
+int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out);
+
+/* Draft length per sequence, from its recent acceptance: doubled after a fully accepted draft,
+ * cut to one more than what was accepted otherwise; after drafts that were wholly rejected the
+ * sequence drafts nothing for a few steps (1, 2, 4, .. 16 after consecutive misses), so text
+ * the drafter cannot guess costs little more than plain decoding. */
+struct spec_state {
+    int k;        /* next draft length, 1..k_max */
+    int misses;   /* drafts in a row with nothing accepted */
+    int cooldown; /* steps left without drafting */
+};
+
+void spec_state_init(struct spec_state *st, int k_max);
+/* The draft length for this step (0: do not draft now); counts down a cooldown. */
+int spec_state_next_k(struct spec_state *st);
+/* Records a verified draft of `drafted` tokens of which `accepted` were kept. */
+void spec_state_update(struct spec_state *st, int drafted, int accepted, int k_max);
+
+#endif

@@ -1,0 +1,89 @@
+/* The n-gram (prompt lookup) drafter and the adaptive draft length (spec.h). */
+#include "spec.h"
+
+#include <string.h>
+
+int spec_mode_parse(const char *text, enum spec_mode *out, struct qerr *err)
+{
+    if (strcmp(text, "off") == 0)
+        *out = SPEC_OFF;
+    else if (strcmp(text, "ngram") == 0)
+        *out = SPEC_NGRAM;
+    else
+        return qerr_set(err, QERR_INVALID, "spec: '%s' is not one of off, ngram", text);
+    return 0;
+}
+
+const char *spec_mode_name(enum spec_mode m)
+{
+    switch (m) {
+    case SPEC_OFF:
+        return "off";
+    case SPEC_NGRAM:
+        return "ngram";
+    }
+    return "unknown";
+}
+
+void spec_drafter_init(struct spec_drafter *d, enum spec_mode mode)
+{
+    /* 1-grams match nearly anywhere in real text and mostly guess wrong; past 4 tokens a
+     * longer match rarely changes the continuation found */
+    *d = (struct spec_drafter){.mode = mode, .ngram_min = 2, .ngram_max = 4};
+}
+
+/* The start of the most recent earlier occurrence of ctx's last n tokens that has at least one
+ * token after it, or -1. */
+static int find_ngram(const int32_t *ctx, int len, int n)
+{
+    const int32_t *tail = ctx + len - n;
+    for (int i = len - n - 1; i >= 0; i--)
+        if (ctx[i] == tail[0] && memcmp(ctx + i, tail, (size_t)n * sizeof *ctx) == 0) return i;
+    return -1;
+}
+
+int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out)
+{
+    if (d->mode != SPEC_NGRAM || k <= 0) return 0;
+    if (k > SPEC_K_MAX) k = SPEC_K_MAX;
+    for (int g = d->ngram_max; g >= d->ngram_min; g--) {
+        if (g >= n) continue;
+        int at = find_ngram(ctx, n, g);
+        if (at < 0) continue;
+        int from = at + g, m = n - from < k ? n - from : k;
+        memcpy(out, ctx + from, (size_t)m * sizeof *out);
+        return m;
+    }
+    return 0;
+}
+
+void spec_state_init(struct spec_state *st, int k_max)
+{
+    *st = (struct spec_state){.k = k_max > 0 ? k_max : 1};
+}
+
+int spec_state_next_k(struct spec_state *st)
+{
+    if (st->cooldown > 0) {
+        st->cooldown--;
+        return 0;
+    }
+    return st->k;
+}
+
+void spec_state_update(struct spec_state *st, int drafted, int accepted, int k_max)
+{
+    if (drafted <= 0) return;
+    if (accepted == drafted) {
+        st->k = st->k * 2 < k_max ? st->k * 2 : k_max;
+        st->misses = 0;
+        return;
+    }
+    st->k = accepted + 1 < k_max ? accepted + 1 : k_max;
+    if (accepted > 0) {
+        st->misses = 0;
+        return;
+    }
+    st->misses++;
+    st->cooldown = st->misses < 5 ? 1 << (st->misses - 1) : 16;
+}

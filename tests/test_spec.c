@@ -1,0 +1,567 @@
+/* Speculative decoding (engine/spec.h): the n-gram drafter and the adaptive draft length alone,
+ * then the engine on the real model with --spec ngram against --spec off: the same tokens, text
+ * and finish reasons for greedy and seeded sampling, golden and input-grounded prompts, 16
+ * streams at once and under preemption; the pool, the spare blocks and the prefix cache
+ * checked after every step (engine_check), and the cached prefixes at the end equal to plain
+ * decoding's. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/engine_impl.h"
+#include "testbackend.h"
+#include "testmodel.h"
+#include "testutil.h"
+
+/* ---- the drafter and the draft length, no model ---- */
+
+START_TEST(ngram_drafts_the_latest_longest_match)
+{
+    struct spec_drafter d;
+    spec_drafter_init(&d, SPEC_NGRAM);
+    int32_t out[SPEC_K_MAX];
+    /* the last 4 tokens (1 2 3 4) occurred at 0 and at 6: the later one's continuation */
+    int32_t a[] = {1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 6, 7, 8, 1, 2, 3, 4};
+    int n = (int)(sizeof a / sizeof *a);
+    ck_assert_int_eq(spec_draft(&d, a, n, 3, out), 3);
+    ck_assert_int_eq(out[0], 6);
+    ck_assert_int_eq(out[1], 7);
+    ck_assert_int_eq(out[2], 8);
+    /* the continuation may run into the current tail, and stops at the end */
+    ck_assert_int_eq(spec_draft(&d, a, n, 16, out), 7);
+    ck_assert_int_eq(out[6], 4);
+    /* longest first: "3 4" matches late (after 0 3 4), but "2 3 4" only early */
+    int32_t b[] = {2, 3, 4, 50, 51, 0, 3, 4, 60, 2, 3, 4};
+    ck_assert_int_eq(spec_draft(&d, b, 12, 2, out), 2);
+    ck_assert_int_eq(out[0], 50);
+    ck_assert_int_eq(out[1], 51);
+    /* a lone repeated token is not enough (n >= 2), nothing repeated: no draft */
+    int32_t c[] = {7, 1, 2, 7};
+    ck_assert_int_eq(spec_draft(&d, c, 4, 4, out), 0);
+    ck_assert_int_eq(spec_draft(&d, a, 1, 4, out), 0);
+    ck_assert_int_eq(spec_draft(&d, a, n, 0, out), 0);
+    spec_drafter_init(&d, SPEC_OFF);
+    ck_assert_int_eq(spec_draft(&d, a, n, 4, out), 0);
+
+    enum spec_mode m;
+    struct qerr err = {0};
+    ck_assert_int_eq(spec_mode_parse("ngram", &m, &err), 0);
+    ck_assert_int_eq(m, SPEC_NGRAM);
+    ck_assert_int_eq(spec_mode_parse("off", &m, &err), 0);
+    ck_assert_int_eq(m, SPEC_OFF);
+    ck_assert_int_eq(spec_mode_parse("eagle", &m, &err), QERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "eagle"));
+}
+END_TEST
+
+START_TEST(draft_length_follows_acceptance)
+{
+    struct spec_state st;
+    spec_state_init(&st, 8);
+    ck_assert_int_eq(spec_state_next_k(&st), 8);
+    spec_state_update(&st, 8, 2, 8); /* 2 of 8: try 3 next */
+    ck_assert_int_eq(spec_state_next_k(&st), 3);
+    spec_state_update(&st, 3, 3, 8); /* all kept: double */
+    ck_assert_int_eq(spec_state_next_k(&st), 6);
+    spec_state_update(&st, 6, 6, 8);
+    ck_assert_int_eq(spec_state_next_k(&st), 8);
+    /* misses in a row: 1, then no drafts for 1, 2, 4 steps */
+    spec_state_update(&st, 8, 0, 8);
+    ck_assert_int_eq(st.k, 1);
+    ck_assert_int_eq(spec_state_next_k(&st), 0);
+    ck_assert_int_eq(spec_state_next_k(&st), 1);
+    spec_state_update(&st, 1, 0, 8);
+    ck_assert_int_eq(spec_state_next_k(&st), 0);
+    ck_assert_int_eq(spec_state_next_k(&st), 0);
+    ck_assert_int_eq(spec_state_next_k(&st), 1);
+    spec_state_update(&st, 1, 0, 8);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(spec_state_next_k(&st), 0);
+    ck_assert_int_eq(spec_state_next_k(&st), 1);
+    for (int i = 0; i < 10; i++) spec_state_update(&st, 1, 0, 8);
+    ck_assert_int_eq(st.cooldown, 16);
+    /* one accepted token ends the streak */
+    st.cooldown = 0;
+    spec_state_update(&st, 1, 1, 8);
+    ck_assert_int_eq(st.misses, 0);
+    ck_assert_int_eq(spec_state_next_k(&st), 2);
+}
+END_TEST
+
+/* ---- the scheduler's pass D on a hand-built engine (no model, no thread) ---- */
+
+struct rig {
+    struct engine e;
+    struct seq s;
+    struct request req;
+};
+
+/* One running sequence decoding 1 2 3 4 5 6 7 1 2 3 (9 computed) in blocks of 4, spec_k 4. */
+static struct rig *rig_new(int budget)
+{
+    struct rig *g = calloc(1, sizeof *g);
+    ck_assert_ptr_nonnull(g);
+    struct engine *e = &g->e;
+    engine_opts_default(&e->o);
+    e->o.max_batch_tokens = budget;
+    e->o.max_seqs = 4;
+    e->o.max_queue = 4;
+    e->o.kv_block_size = 4;
+    e->o.kv_blocks = 32;
+    e->o.spec = SPEC_NGRAM;
+    e->o.spec_k = 4;
+    e->spec_k = 4;
+    e->ctx_len = 1000;
+    e->logit_rows = sched_logit_rows(&e->o);
+    spec_drafter_init(&e->drafter, SPEC_NGRAM);
+    e->waiting = calloc(8, sizeof *e->waiting);
+    e->running = calloc(4, sizeof *e->running);
+    e->spare = calloc(2, sizeof *e->spare);
+    ck_assert(e->waiting && e->running && e->spare);
+    struct qerr err = {0};
+    ck_assert_msg(sched_plan_init(&e->plan, &e->o, &err) == 0, "%s", err.msg);
+    ck_assert_msg(kv_pool_create(32, 4, &e->pool, &err) == 0, "%s", err.msg);
+    e->spare_target = 2;
+    while (e->n_spare < 2) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
+    pthread_mutex_init(&g->req.mu, NULL);
+    struct seq *s = &g->s;
+    s->req = &g->req;
+    s->cap_tokens = 64;
+    s->tokens = malloc(64 * sizeof *s->tokens);
+    s->blocks = malloc(16 * sizeof *s->blocks);
+    ck_assert(s->tokens && s->blocks);
+    s->cap_blocks = 16;
+    const int32_t t[] = {1, 2, 3, 4, 5, 6, 7, 1, 2, 3};
+    memcpy(s->tokens, t, sizeof t);
+    s->n_tokens = 10;
+    s->n_prompt = 5;
+    s->n_computed = 9;
+    s->max_tokens = 40;
+    s->n_generated = 5;
+    for (int i = 0; i < 3; i++) s->blocks[s->n_blocks++] = kv_block_alloc(e->pool);
+    s->spec = true;
+    spec_state_init(&s->spec_st, 4);
+    e->running[e->n_running++] = s;
+    return g;
+}
+
+static void rig_free(struct rig *g)
+{
+    free(g->s.tokens);
+    free(g->s.blocks);
+    pthread_mutex_destroy(&g->req.mu);
+    sched_plan_free(&g->e.plan);
+    kv_pool_free(g->e.pool);
+    free(g->e.waiting);
+    free(g->e.running);
+    free(g->e.spare);
+    free(g);
+}
+
+/* The engine's side of a step with the draft verified: `kept` draft tokens kept, then the next
+ * sampled token appended. */
+static void rig_settle(struct rig *g, int kept)
+{
+    struct engine *e = &g->e;
+    struct seq *s = &g->s;
+    const struct step_plan *p = &e->plan;
+    sched_commit(e);
+    for (int j = 0; j < kept; j++) s->tokens[s->n_tokens++] = p->tokens[p->draft_at[0] + j];
+    sched_spec_settle(e, 0, kept);
+    s->tokens[s->n_tokens++] = 99;
+    struct qerr err = {0};
+    ck_assert_msg(engine_check(e, &err) == 0, "%s", err.msg);
+}
+
+START_TEST(drafts_take_the_budget_left_and_roll_back)
+{
+    struct rig *g = rig_new(64);
+    struct engine *e = &g->e;
+    struct seq *s = &g->s;
+    const struct step_plan *p = &e->plan;
+    int used = kv_pool_used(e->pool);
+    /* the last token, then "4 5 6 7" (what followed 1 2 3 before) at positions 10..13: two in
+     * the sequence's third block, two in a spare block after it */
+    ck_assert_int_eq(sched_step_plan(e), 5);
+    ck_assert_int_eq(p->n_seqs, 1);
+    ck_assert_int_eq(p->chunk[0], 1);
+    ck_assert_int_eq(p->n_draft[0], 4);
+    ck_assert_int_eq(p->draft_at[0], 1);
+    ck_assert_int_eq(p->draft_row[0], 1);
+    ck_assert_int_eq(p->n_logits, 5);
+    int ext = p->ext_block[0];
+    ck_assert_int_ge(ext, 0);
+    ck_assert_int_eq(e->n_spare, 1);
+    for (int j = 0; j < 4; j++) {
+        ck_assert_int_eq(p->tokens[1 + j], 4 + j);
+        ck_assert_int_eq(p->pos[1 + j], 10 + j);
+        ck_assert_int_eq(p->seq_idx[1 + j], 0);
+        ck_assert_int_eq(p->logit_idx[1 + j], 1 + j);
+        int blk = j < 2 ? s->blocks[2] : ext;
+        ck_assert_int_eq(p->slot[1 + j], blk * 4 + (10 + j) % 4);
+    }
+    ck_assert_int_eq(p->max_blocks, 4);
+    ck_assert_int_eq(p->table[3], ext);
+    /* one draft token kept: it sits in the sequence's own block; the spare goes back */
+    rig_settle(g, 1);
+    ck_assert_int_eq(s->n_computed, 11);
+    ck_assert_int_eq(s->n_blocks, 3);
+    ck_assert_int_eq(e->n_spare, 2);
+    ck_assert_int_eq(kv_pool_used(e->pool), used);
+
+    /* tokens 1 2 3 4 5 6 7 1 2 3 4 99: "4 99" never occurred, nor "99": no draft */
+    ck_assert_int_eq(sched_step_plan(e), 1);
+    ck_assert_int_eq(p->n_draft[0], 0);
+    rig_settle(g, 0);
+    rig_free(g);
+
+    /* a draft kept into the spare block: the block becomes the sequence's, the pool replaces
+     * the spare (the block plain decoding would have taken at this point) */
+    g = rig_new(64);
+    e = &g->e;
+    s = &g->s;
+    p = &e->plan;
+    ck_assert_int_eq(sched_step_plan(e), 5);
+    ext = p->ext_block[0];
+    rig_settle(g, 3);
+    ck_assert_int_eq(s->n_computed, 13);
+    ck_assert_int_eq(s->n_blocks, 4);
+    ck_assert_int_eq(s->blocks[3], ext);
+    ck_assert_int_eq(e->n_spare, 2);
+    ck_assert_int_eq(kv_pool_used(e->pool), used + 1);
+    rig_free(g);
+
+    /* a step whose budget the decodes fill drafts nothing; a smaller budget, less */
+    g = rig_new(1);
+    ck_assert_int_eq(sched_step_plan(&g->e), 1);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 0);
+    ck_assert_int_eq(g->e.n_spare, 2);
+    rig_settle(g, 0);
+    rig_free(g);
+    g = rig_new(3);
+    ck_assert_int_eq(sched_step_plan(&g->e), 3);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 2);
+    ck_assert_int_eq(g->e.plan.ext_block[0], -1); /* positions 10, 11: its own block */
+    rig_settle(g, 2);
+    ck_assert_int_eq(g->s.n_computed, 12);
+    rig_free(g);
+    /* nor past spec_step_tokens, whatever the budget */
+    g = rig_new(64);
+    g->e.o.spec_step_tokens = 4;
+    ck_assert_int_eq(sched_step_plan(&g->e), 4);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 3);
+    rig_settle(g, 0);
+    g->e.o.spec_step_tokens = 1;
+    ck_assert_int_eq(sched_step_plan(&g->e), 1);
+    ck_assert_int_eq(g->e.plan.n_draft[0], 0);
+    rig_settle(g, 0);
+    rig_free(g);
+}
+END_TEST
+
+/* ---- the engine, real model ---- */
+
+static struct gguf_file *file;
+static struct tokenizer *tok;
+static struct backend *be;
+static int32_t *text_ids;
+static size_t n_text;
+
+static void setup_once(void)
+{
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tokenizer_load(file, &tok, &err) == 0, "%s", err.msg);
+    be = tb_backend(MATMUL_F32, 2);
+    size_t len;
+    char *text = tu_read_file("/usr/share/common-licenses/GPL-3", &len);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_int_eq(tokenizer_encode(tok, text, len, false, false, &text_ids, &n_text, &err), 0);
+    free(text);
+    ck_assert_uint_gt(n_text, 3000);
+    ck_assert(tm_golden_load());
+}
+
+static void teardown_once(void)
+{
+    tm_golden_free();
+    free(text_ids);
+    backend_destroy(be);
+    tokenizer_free(tok);
+    gguf_close(file);
+}
+
+enum { MAXR = 16, MAXOUT = 64 };
+
+struct req_case {
+    int32_t prompt[256];
+    size_t n_prompt;
+    struct gen_request r;
+    bool grounded; /* the output copies the prompt: drafts must be accepted */
+};
+
+struct result {
+    int32_t tokens[MAXOUT];
+    float logprob[MAXOUT];
+    struct token_logprob top[MAXOUT][3];
+    int n;
+    char text[2048];
+    size_t text_len;
+    struct req_event final;
+};
+
+/* Request i of n: golden prompts (greedy, stopping at EOS) and input-grounded ones (a passage,
+ * then its first words again, so the model goes on copying it), greedy or seeded sampling with
+ * several sampler settings; one has a stop string that occurs in the passage. */
+static void make_case(int i, int n_out, struct req_case *c)
+{
+    memset(c, 0, sizeof *c);
+    struct gen_request *r = &c->r;
+    sample_params_default(&r->sample);
+    r->sample.temperature = 0;
+    r->max_tokens = n_out;
+    r->top_logprobs = -1;
+    int golden = tm_n_cases();
+    if (i % 3 == 0 && i / 3 < golden) {
+        size_t n;
+        int32_t *ids = tm_case_ids(i / 3, "prompt_ids", &n);
+        ck_assert_uint_le(n, 256);
+        memcpy(c->prompt, ids, n * sizeof *ids);
+        free(ids);
+        c->n_prompt = n;
+    } else {
+        size_t len = tu_sanitized() ? 60 : 110, off = 300 + (size_t)i * 211 % (n_text - 400);
+        memcpy(c->prompt, text_ids + off, len * sizeof *c->prompt);
+        memcpy(c->prompt + len, text_ids + off, 12 * sizeof *c->prompt);
+        c->n_prompt = len + 12;
+        c->grounded = true;
+        r->ignore_eos = true;
+    }
+    if (i % 4 == 1) { /* seeded sampling: each draw must be the one plain decoding makes */
+        r->sample.temperature = i % 8 == 1 ? 0.7f : 1.1f;
+        r->sample.top_p = i % 8 == 1 ? 0.9f : 1.0f;
+        r->sample.top_k = i % 8 == 5 ? 30 : 0;
+        r->sample.repetition_penalty = i == 5 ? 1.2f : 1.0f;
+        r->sample.seed = 1000 + (uint64_t)i;
+    }
+    if (i == 4) {
+        /* "the" appears in every passage: a stop string the copied text reaches */
+        r->stop_strings[0] = " the";
+        r->n_stop_strings = 1;
+    }
+    r->prompt = c->prompt;
+    r->n_prompt = c->n_prompt;
+}
+
+static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = batch;
+    o.max_seqs = seqs;
+    o.kv_blocks = blocks;
+    o.kv_block_size = bs;
+    o.spec = spec;
+    o.spec_k = 8;
+    /* drafts in every step, however many streams: this is about exactness, not policy */
+    o.spec_step_tokens = batch;
+    o.check_invariants = true;
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    return e;
+}
+
+static void collect(struct request *q, struct result *res)
+{
+    memset(res, 0, sizeof *res);
+    for (;;) {
+        struct req_event ev;
+        ck_assert_int_eq(request_next(q, &ev, 120000), 0);
+        ck_assert_uint_lt(res->text_len + (size_t)ev.text_len, sizeof res->text);
+        memcpy(res->text + res->text_len, ev.text, (size_t)ev.text_len);
+        res->text_len += (size_t)ev.text_len;
+        if (ev.done) {
+            res->final = ev;
+            break;
+        }
+        ck_assert_int_lt(res->n, MAXOUT);
+        res->logprob[res->n] = ev.logprob;
+        memcpy(res->top[res->n], ev.top, sizeof res->top[0]);
+        res->tokens[res->n++] = ev.token;
+    }
+    request_release(q);
+}
+
+/* Submits cases [0, n) at once, collects them, and stops the engine (its thread is gone, so
+ * its pool may be read). */
+static void run_all(struct engine *e, struct req_case *c, int n, struct result *res)
+{
+    struct request *q[MAXR];
+    struct qerr err = {0};
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(engine_submit(e, &c[i].r, &q[i], &err) == 0, "case %d: %s", i, err.msg);
+    for (int i = 0; i < n; i++) collect(q[i], &res[i]);
+    engine_stop(e);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    ck_assert_int_eq(e->n_spare, e->spare_target);
+}
+
+static void check_same(const struct result *plain, const struct result *spec, int n,
+                       const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(spec[i].n == plain[i].n, "%s, case %d: %d tokens, plain decoding %d", what, i,
+                      spec[i].n, plain[i].n);
+        for (int k = 0; k < plain[i].n; k++) {
+            ck_assert_msg(spec[i].tokens[k] == plain[i].tokens[k],
+                          "%s, case %d, token %d: %d, plain decoding %d", what, i, k,
+                          spec[i].tokens[k], plain[i].tokens[k]);
+            /* logprobs: the same row, so the same bits */
+            ck_assert_msg(memcmp(&spec[i].logprob[k], &plain[i].logprob[k], sizeof(float)) == 0 &&
+                              memcmp(spec[i].top[k], plain[i].top[k], sizeof spec[i].top[k]) == 0,
+                          "%s, case %d, token %d: logprobs differ", what, i, k);
+        }
+        ck_assert_msg(spec[i].text_len == plain[i].text_len &&
+                          memcmp(spec[i].text, plain[i].text, plain[i].text_len) == 0,
+                      "%s, case %d: the text differs", what, i);
+        ck_assert_int_eq(spec[i].final.finish, plain[i].final.finish);
+        ck_assert_int_eq(spec[i].final.completion_tokens, plain[i].final.completion_tokens);
+        ck_assert_int_eq(plain[i].final.accepted_tokens, 0);
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The cached prefixes of e's pool, sorted; returns how many. */
+static int cached_keys(const struct engine *e, uint64_t *keys, int cap)
+{
+    int n = kv_pool_cached_keys(e->pool, keys, cap);
+    ck_assert_int_le(n, cap);
+    qsort(keys, (size_t)n, sizeof *keys, cmp_u64);
+    return n;
+}
+
+START_TEST(ngram_output_equals_plain_decoding)
+{
+    int n = tu_sanitized() ? 6 : MAXR, n_out = tu_sanitized() ? 16 : 32;
+    int n_tight = tu_sanitized() ? 6 : 8;
+    static struct req_case c[MAXR];
+    static struct result plain[MAXR], spec[MAXR], tight[MAXR];
+    static uint64_t keys_plain[1024], keys_spec[1024];
+    for (int i = 0; i < n; i++) make_case(i, n_out, &c[i]);
+
+    /* a pool that never evicts: the cached prefixes at the end are every full computed block */
+    struct engine *e = make_engine(SPEC_OFF, 256, MAXR, 256, 16);
+    run_all(e, c, n, plain);
+    int nk_plain = cached_keys(e, keys_plain, 1024);
+    engine_free(e);
+
+    double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
+    e = make_engine(SPEC_NGRAM, 256, MAXR, 256, 16);
+    run_all(e, c, n, spec);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    int nk_spec = cached_keys(e, keys_spec, 1024);
+    engine_free(e);
+    printf("spec ngram, %d streams: %llu steps, %llu drafts, %llu of %llu drafted tokens "
+           "accepted (%.1f s cpu)\n",
+           n, (unsigned long long)st.steps, (unsigned long long)st.spec_drafts,
+           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
+    check_same(plain, spec, n, "16 streams");
+    /* the test means something only if drafts were both kept and rejected */
+    ck_assert_uint_gt(st.spec_accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec_accepted_tokens, st.spec_draft_tokens);
+    uint64_t hist = 0;
+    for (int k = 0; k <= SPEC_K_MAX; k++) hist += st.spec_accepted_hist[k];
+    ck_assert_uint_eq(hist, st.spec_drafts);
+    ck_assert_uint_gt(st.spec_accepted_hist[0], 0);
+    int accepted = 0;
+    for (int i = 0; i < n; i++) {
+        accepted += spec[i].final.accepted_tokens;
+        if (c[i].grounded && c[i].r.sample.temperature == 0 && !c[i].r.n_stop_strings)
+            ck_assert_msg(spec[i].final.accepted_tokens > 0, "grounded case %d accepted nothing",
+                          i);
+    }
+    ck_assert_uint_eq((uint64_t)accepted, st.spec_accepted_tokens);
+    ck_assert_int_eq(nk_spec, nk_plain);
+    for (int i = 0; i < nk_plain; i++)
+        ck_assert_msg(keys_spec[i] == keys_plain[i], "cached prefix %d differs", i);
+
+    /* a pool too small for all of them: preemption, recomputation, spare blocks running out;
+     * blocks of 4 tokens, so drafts (k <= 4) cross into spare blocks all the time */
+    e = make_engine(SPEC_NGRAM, 64, 8, tu_sanitized() ? 40 : 72, 4);
+    run_all(e, c, n_tight, tight);
+    engine_get_stats(e, &st);
+    engine_free(e);
+    printf("spec ngram, tight pool: %llu preemptions, %llu accepted\n",
+           (unsigned long long)st.preemptions, (unsigned long long)st.spec_accepted_tokens);
+    ck_assert_uint_gt(st.preemptions, 0);
+    ck_assert_uint_gt(st.spec_accepted_tokens, 0);
+    check_same(plain, tight, n_tight, "tight pool");
+}
+END_TEST
+
+/* Logprobs and a grammar (a regex the copied text fits, so drafts are kept) come out of a
+ * speculating engine exactly as from plain decoding; a request that opts out gets no drafts. */
+START_TEST(logprobs_grammar_and_opt_out)
+{
+    enum { N = 4 };
+    static struct req_case c[N];
+    static struct result plain[N], spec[N];
+    int n_out = tu_sanitized() ? 16 : 32;
+    for (int i = 0; i < N; i++) make_case(2, n_out, &c[i]);
+    c[0].r.top_logprobs = 3;
+    c[1].r.top_logprobs = 0;
+    c[1].r.sample.temperature = 0.8f;
+    c[1].r.sample.seed = 9;
+    c[3].r.no_spec = true; /* case 0 without logprobs: its drafts would be kept */
+    struct engine *e = make_engine(SPEC_OFF, 256, 4, 64, 16);
+    struct grammar *g;
+    struct qerr err = {0};
+    const char *re = "[^<>{}]+";
+    ck_assert_msg(engine_grammar(e, GRAMMAR_REGEX, re, strlen(re), &g, &err) == 0, "%s", err.msg);
+    c[2].r.grammar = g;
+    run_all(e, c, N, plain);
+    engine_free(e);
+    e = make_engine(SPEC_NGRAM, 256, 4, 64, 16);
+    run_all(e, c, N, spec);
+    engine_free(e);
+    grammar_unref(g);
+    check_same(plain, spec, N, "logprobs, grammar, opt-out");
+    ck_assert_int_gt(spec[0].final.accepted_tokens, 0);
+    ck_assert_int_gt(spec[2].final.accepted_tokens, 0);
+    ck_assert_int_eq(spec[3].final.accepted_tokens, 0);
+}
+END_TEST
+
+int main(void)
+{
+    tu_model_path();
+    Suite *s = suite_create("spec");
+    TCase *unit = tcase_create("drafter");
+    tcase_add_test(unit, ngram_drafts_the_latest_longest_match);
+    tcase_add_test(unit, draft_length_follows_acceptance);
+    tcase_add_test(unit, drafts_take_the_budget_left_and_roll_back);
+    suite_add_tcase(s, unit);
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 900);
+    tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
+    tcase_add_test(tc, ngram_output_equals_plain_decoding);
+    tcase_add_test(tc, logprobs_grammar_and_opt_out);
+    suite_add_tcase(s, tc);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
