@@ -2,8 +2,8 @@
 # Sets up (tools/setup.sh), runs every test in build/, validates deploy/, runs three replicas
 # behind HAProxy (tools/cluster-test.sh --short), then the unit tests again in a second build
 # with AddressSanitizer and UndefinedBehaviorSanitizer, a short run of the fuzzers
-# (tools/fuzz.sh), and a 2-minute soak of the sanitized daemon (tools/soak.sh). What CI runs
-# (.ci/run).
+# (tools/fuzz.sh), ThreadSanitizer on the threaded suites (tools/tsan.sh), and a 1-minute soak of
+# the sanitized daemon (tools/soak.sh). What CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -22,6 +22,11 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
 # every libFuzzer target (tests/fuzz) over its committed corpus, crash regressions included, then
 # 6 s of new inputs each (clang build in build-fuzz/; tools/fuzz.sh TARGET SECONDS for long runs)
 tools/fuzz.sh --check 6
-# two minutes of hundreds of hostile, slow and well-behaved clients against the sanitized daemon
-tools/soak.sh --no-setup --bin build-asan/server/quern --duration 120 --clients 100
+# ThreadSanitizer on the worker pool, communicator, scheduler, KV pool and the daemon's HTTP
+# threads (build-tsan/, about 2 minutes with its build; tools/tsan.sh alone adds the generating
+# parts of test_hostile)
+tools/tsan.sh test_threadpool test_comm test_sched test_kv_cache hostile-http
+# a minute of hundreds of hostile, slow and well-behaved clients against the sanitized daemon
+# (tools/soak.sh --duration 600 and more for long soaks)
+tools/soak.sh --no-setup --bin build-asan/server/quern --duration 60 --clients 100
 echo "test: all tests passed"
