@@ -702,7 +702,7 @@ def test_speculation(plain):
     check(st == 200 and
           ref["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
           "spec off: usage says no accepted prediction tokens", ref)
-    d = Daemon("--spec", "ngram", "--spec-k", "8")
+    d = Daemon("--spec", "ngram", "--spec-k", "8", "--precision", "f32")  # plain's precision
     try:
         st, _, r = d.post("/v1/completions", body)
         acc = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
