@@ -65,7 +65,11 @@ START_TEST(cpu_and_force_cpu)
     ck_assert_int_eq(create("cpu", MATMUL_F32, &be, &err), 0);
     ck_assert_str_eq(be->ops->name, "cpu");
     ck_assert_int_eq(err.code, 0);
-    ck_assert_str_eq(err.msg, "cpu");
+    ck_assert_str_eq(err.msg, "cpu, f32 activations");
+    backend_destroy(be);
+    /* MATMUL_AUTO: the CPU takes q8 and says so */
+    ck_assert_int_eq(create("cpu", MATMUL_AUTO, &be, &err), 0);
+    ck_assert_str_eq(err.msg, "cpu, q8 activations");
     backend_destroy(be);
     setenv("QUERN_FORCE_CPU", "1", 1);
     const char *devs[] = {"auto", "cuda", "cuda:0"};
