@@ -193,7 +193,7 @@ static void prompt_request(int i, struct gen_request *r)
  * is the logprob of the prompt's next token; pooled vectors are unit vectors. */
 START_TEST(prompt_outputs_batched_equal_alone)
 {
-    int n = tu_sanitized() ? 6 : 12;
+    int n = tu_sanitized() ? 4 : 12;
     static struct prompt_result alone[12], busy[12];
     struct gen_request r;
     struct engine *e = make_engine(512, 4, 64, false);
@@ -231,7 +231,7 @@ START_TEST(prompt_outputs_batched_equal_alone)
     /* generations that grow while the others wait for blocks */
     struct request *fill[3];
     for (int i = 0; i < 3; i++) {
-        greedy_request(&r, text_ids + 500 + 300 * i, 90, 100);
+        greedy_request(&r, text_ids + 500 + 300 * i, 90, tu_sanitized() ? 60 : 100);
         fill[i] = submit(e, &r);
     }
     struct request *q[12];
@@ -580,7 +580,7 @@ START_TEST(engine_random_workload)
     struct engine *e = make_engine(48, 6, 24, true);
     uint64_t rng = 7;
     struct request *live[32] = {0};
-    int steps = tu_sanitized() ? 60 : 200;
+    int steps = tu_sanitized() ? 40 : 200;
     for (int it = 0; it < steps; it++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int slot = (int)((rng >> 33) % 32), op = (int)((rng >> 13) % 5);
