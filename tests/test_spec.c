@@ -270,15 +270,7 @@ static size_t n_text;
 
 static void setup_once(void)
 {
-    struct qerr err = {0};
-    ck_assert_msg(gguf_open(tu_model_path(), &file, &err) == 0, "%s", err.msg);
-    ck_assert_msg(tokenizer_load(file, &tok, &err) == 0, "%s", err.msg);
-    be = tb_backend(MATMUL_F32, 2);
-    size_t len;
-    char *text = tu_read_file("/usr/share/common-licenses/GPL-3", &len);
-    ck_assert_ptr_nonnull(text);
-    ck_assert_int_eq(tokenizer_encode(tok, text, len, false, false, &text_ids, &n_text, &err), 0);
-    free(text);
+    tb_model_open(&file, &tok, &be, &text_ids, &n_text);
     ck_assert_uint_gt(n_text, 3000);
     ck_assert(tm_golden_load());
 }
@@ -286,10 +278,7 @@ static void setup_once(void)
 static void teardown_once(void)
 {
     tm_golden_free();
-    free(text_ids);
-    backend_destroy(be);
-    tokenizer_free(tok);
-    gguf_close(file);
+    tb_model_close(file, tok, be, text_ids);
 }
 
 enum { MAXR = 16, MAXOUT = 64 };

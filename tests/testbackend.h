@@ -10,4 +10,14 @@
 /* Creates it (threads: the CPU's workers); fails the running test when it cannot. */
 struct backend *tb_backend(enum matmul_precision precision, int threads);
 
+/* What the engine suites open once: the model's file, its tokenizer, tb_backend(MATMUL_F32, 2)
+ * and /usr/share/common-licenses/GPL-3 tokenized (*ids malloc'd); fails the running test when
+ * any of it cannot be had. tb_model_close frees it all. */
+#include "../engine/gguf.h"
+#include "../engine/tokenizer.h"
+void tb_model_open(struct gguf_file **file, struct tokenizer **tok, struct backend **be,
+                   int32_t **ids, size_t *n_ids);
+void tb_model_close(struct gguf_file *file, struct tokenizer *tok, struct backend *be,
+                    int32_t *ids);
+
 #endif
