@@ -257,7 +257,10 @@ START_TEST(matmul_model_shapes)
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
             if (shapes[si].rows > 10000 && n > 8) n = 17; /* keep the scalar reference quick */
-            if (shapes[si].rows > 10000 && ni > 2) continue;
+            if (shapes[si].rows > 10000 && (ni == 1 || ni > 2)) continue;
+            /* 257 tokens (the GEMM paths): not on two of the Q4_1 shapes, the emulation's
+             * slowest cases, whose K (576, 1536) the others cover */
+            if (n == 257 && (si == 1 || si == 3)) continue;
             /* token-alone invariance at 3, 16 and 64 tokens (257 alone would be slow here) */
             check_matmul(shapes[si].t, shapes[si].rows, shapes[si].cols, n,
                          ni >= 1 && ni <= 3 && shapes[si].rows < 10000, worst);
