@@ -70,7 +70,8 @@ struct engine_state {
     int n_steps;
     struct engine_step_view steps[ENGINE_STATE_STEPS]; /* oldest first */
     struct engine_second history[ENGINE_STATE_HISTORY];
-    /* what keeping this picture cost the engine thread (records and publications) */
+    /* what keeping this picture cost the engine thread: step_cost_ns_avg is the time of every
+     * record and publication so far over the cost_steps steps that ran; _max the largest one */
     uint64_t cost_steps;
     double step_cost_ns_avg, step_cost_ns_max, publish_ns_max;
 };

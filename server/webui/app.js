@@ -17,6 +17,7 @@ const app = {
   busy: false,
   controller: null,
   enginePoll: null,
+  pollGen: 0, // one polling loop at a time: a loop whose generation is stale ends
   keyWaiters: [],
 };
 
@@ -197,6 +198,7 @@ function renderMarkdown(container, text) {
 // ---- conversations ----
 
 function newChat() {
+  if (app.busy) return;
   const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 6), title: '', messages: [] };
   app.chats.unshift(c);
   app.current = c;
@@ -554,8 +556,8 @@ function renderEngine(st) {
     ' \u00b5s a step on average (max ' + (st.cost.step_ns_max / 1000).toFixed(1) + ' \u00b5s)';
 }
 
-async function pollEngine() {
-  if ($('view-engine').hidden) return;
+async function pollEngine(gen) {
+  if ($('view-engine').hidden || gen !== app.pollGen) return;
   try {
     const r = await apiFetch('/v1/engine/state');
     if (r.ok) renderEngine(await r.json());
@@ -563,7 +565,8 @@ async function pollEngine() {
   } catch (e) {
     $('eng-footer').textContent = 'engine state: ' + String(e.message || e);
   }
-  if (!$('view-engine').hidden) app.enginePoll = setTimeout(pollEngine, 250);
+  if (!$('view-engine').hidden && gen === app.pollGen)
+    app.enginePoll = setTimeout(() => pollEngine(gen), 250);
 }
 
 // ---- layout ----
@@ -577,9 +580,14 @@ function showTab(name) {
   $('tab-chat').setAttribute('aria-selected', String(chat));
   $('tab-engine').setAttribute('aria-selected', String(!chat));
   $('menu-toggle').hidden = !chat;
+  restartPoll();
+  if (chat) $('input').focus();
+}
+
+function restartPoll() {
   clearTimeout(app.enginePoll);
-  if (!chat) pollEngine();
-  else $('input').focus();
+  app.pollGen++;
+  if (!$('view-engine').hidden) pollEngine(app.pollGen);
 }
 
 function closeDrawer() {
@@ -613,12 +621,7 @@ async function init() {
   $('key-form').addEventListener('submit', onKeySubmit);
   for (const id of ['set-system', 'set-temp', 'set-top-p', 'set-max-tokens', 'set-seed'])
     $(id).addEventListener('change', saveSettings);
-  window.addEventListener('resize', () => {
-    if (!$('view-engine').hidden) {
-      clearTimeout(app.enginePoll);
-      pollEngine();
-    }
-  });
+  window.addEventListener('resize', restartPoll);
   if (location.hash === '#engine') showTab('engine');
 
   try {
