@@ -354,7 +354,10 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     if (s->grammar && seq_constrain_accept(e, s, t)) return FINISH_ERROR;
     sampler_accept(&s->sampler, t);
     if (e->o.trace) e->step_sampler_s += engine_now() - t0;
-    if (s->t_first == 0) s->t_first = engine_now();
+    if (s->t_first == 0) {
+        s->t_first = engine_now();
+        engine_state_first_token(e, s->t_first, s->t_first - s->t_submit);
+    }
     s->n_generated++;
     e->local.generation_tokens++;
     if (is_stop_token(e, s, t) || (s->gm && grammar_vocab_is_eog(e->gvocab, t))) return FINISH_STOP;
@@ -583,6 +586,9 @@ static int run_step(struct engine *e)
         finish_running(e, s, why, why != FINISH_STOP || s->n_hold > 0,
                        s->error[0] ? s->error : NULL);
     }
+    engine_state_record_step(e, t_begin, ts.prefill_tokens, ts.decode_tokens, p->n_seqs,
+                             (uint32_t)(e->local.generation_tokens - generated_before),
+                             (uint32_t)ts.prompt_tokens);
     if (e->o.trace) {
         ts.t_end = engine_now();
         /* tokens sampled: drafts may add several a sequence, prompt-logprob rows none */
@@ -641,6 +647,8 @@ static void *engine_main(void *arg)
                          (unsigned long long)e->local.steps, err.msg);
         }
         publish_stats(e);
+        /* forced when it is about to sleep, so an idle engine's picture is its last state */
+        engine_state_publish(e, ran <= 0 || (e->n_running == 0 && e->n_waiting == 0));
         if (ran > 0) continue;
         /* nothing could run (every sequence waits on its reader, or on blocks held by those):
          * sleep until someone reads, aborts or submits, or the next stall check */
@@ -662,6 +670,7 @@ static void *engine_main(void *arg)
     }
     while (e->n_waiting > 0) seq_finish(e, e->waiting[--e->n_waiting], FINISH_ABORT, true, NULL);
     publish_stats(e);
+    engine_state_publish(e, true);
     return NULL;
 }
 
@@ -682,6 +691,7 @@ static void engine_release(struct engine *e)
     grammar_vocab_free(e->gvocab);
     free(e->gmask);
     free(e->spare);
+    engine_state_pub_free(e->state);
     pthread_mutex_destroy(&e->gvocab_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
@@ -766,6 +776,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if ((rc = sched_plan_init(&e->plan, &e->o, err))) goto fail;
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
+    if ((rc = engine_state_pub_create(&e->state, err))) goto fail;
     /* one rank: its ops run on this thread, where trace_step_begin samples the steps */
     if (o->trace && o->tp <= 1 && (rc = trace_wrap_backend(o->trace, be, &e->traced, err)))
         goto fail;
@@ -775,6 +786,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->local.kv_block_size = o->kv_block_size;
     e->stats = e->local;
     e->last_progress = engine_now();
+    engine_state_publish(e, true);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = qerr_set(err, QERR_IO, "engine: cannot start the engine thread");
         goto fail;

@@ -137,6 +137,7 @@ struct engine {
     int spec_k; /* the longest draft: engine_opts.spec_k within 1..min(SPEC_K_MAX, block) */
     int *spare;
     int n_spare, spare_target;
+    struct engine_state_pub *state; /* the live picture (engine_state.c) */
     char check_error[600]; /* the first engine_check failure (check_invariants); "" if none */
     float *work;           /* [vocab] */
     /* structured outputs: the cache any thread compiles through; the vocabulary trie, made by
@@ -179,6 +180,17 @@ void engine_request_push(struct request *r, const struct req_event *ev);
 /* engine_check.c: the invariants between steps (pool references, each sequence's blocks, cached
  * keys); 0 or the first violation in err. Engine thread (or after engine_stop). */
 int engine_check(const struct engine *e, struct qerr *err);
+
+/* engine_state.c: the live picture engine_get_state reads (engine_state.h). The engine thread
+ * records each step that ran and each first token, and publishes after every step (at most
+ * every ENGINE_STATE_PERIOD_S unless force: the engine is about to run out of work). */
+struct engine_state_pub;
+int engine_state_pub_create(struct engine_state_pub **out, struct qerr *err);
+void engine_state_pub_free(struct engine_state_pub *p);
+void engine_state_record_step(struct engine *e, double t_begin, int prefill, int decode, int seqs,
+                              uint32_t generated, uint32_t prompt);
+void engine_state_first_token(struct engine *e, double now, double ttft_s);
+void engine_state_publish(struct engine *e, bool force);
 
 /* sched.c */
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);

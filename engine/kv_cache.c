@@ -230,6 +230,20 @@ int kv_pool_cached_keys(const struct kv_pool *p, uint64_t *out, int cap)
     return n;
 }
 
+void kv_pool_cells(const struct kv_pool *p, int per_cell, uint8_t *cells, int n_cells)
+{
+    for (int c = 0; c < n_cells; c++) {
+        uint8_t v = KV_CELL_FREE;
+        int b0 = c * per_cell, b1 = b0 + per_cell < p->n_blocks ? b0 + per_cell : p->n_blocks;
+        for (int b = b0; b < b1 && v != KV_CELL_USED; b++)
+            if (p->ref[b] > 0)
+                v = KV_CELL_USED;
+            else if (p->has_key[b])
+                v = KV_CELL_CACHED;
+        cells[c] = v;
+    }
+}
+
 int kv_pool_check(const struct kv_pool *p, struct qerr *err)
 {
     int n = 0, last = -1;

@@ -49,6 +49,12 @@ bool kv_block_cached(const struct kv_pool *p, int block, uint64_t *key);
  * returns how many there are. For tests comparing two pools. */
 int kv_pool_cached_keys(const struct kv_pool *p, uint64_t *out, int cap);
 
+/* A picture of the pool for live views: cell i covers blocks [i * per_cell, (i + 1) * per_cell)
+ * and is KV_CELL_USED when one of them is referenced, else KV_CELL_CACHED when one holds a cached
+ * prefix (free, but findable until reallocated), else KV_CELL_FREE. O(blocks). */
+enum kv_cell { KV_CELL_FREE = 0, KV_CELL_CACHED = 1, KV_CELL_USED = 2 };
+void kv_pool_cells(const struct kv_pool *p, int per_cell, uint8_t *cells, int n_cells);
+
 /* Checks the pool's internal invariants (free-queue links, counts, hash index): 0 or a message
  * in err. For tests. */
 int kv_pool_check(const struct kv_pool *p, struct qerr *err);

@@ -28,6 +28,12 @@ void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp
 /* POST /v1/responses: a chat request (api_generate.c) answered in the Responses API's shape. */
 void api_responses(struct serve *s, const struct http_req *rq, struct http_resp *out);
 
+/* GET /v1/engine/state (api_engine.c): the engine's live picture as JSON. */
+void api_engine_state(struct serve *s, const struct http_req *rq, struct http_resp *out);
+/* GET / and GET /webui/NAME (api_webui.c): the built-in page (server/webui.h). */
+#define API_WEBUI_PREFIX "/webui/"
+void api_webui(struct serve *s, const struct http_req *rq, struct http_resp *out);
+
 /* Fills out with the error's JSON body and status, and the log's error reason. */
 void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out);
 

@@ -66,7 +66,9 @@ static void serve_usage(FILE *out)
         "                           Chrome trace at exit and on SIGUSR1\n"
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
-        "                           and vLLM parse them)\n" CLI_SPEC_HELP);
+        "                           and vLLM parse them)\n"
+        "  --no-webui               serve no web page at / (default: the chat playground and\n"
+        "                           engine view, http://HOST:PORT/)\n" CLI_SPEC_HELP);
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -137,6 +139,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_DEVICE,
         O_BATCHINV,
         O_CHATSPECIAL,
+        O_NOWEBUI,
         O_TRACE,
         O_PERCLIENT,
         O_REQTIMEOUT,
@@ -166,6 +169,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-body", required_argument, 0, O_BODY},
         {"max-connections", required_argument, 0, O_CONNS},
         {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
+        {"no-webui", no_argument, 0, O_NOWEBUI},
         {"trace", required_argument, 0, O_TRACE},
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
         {"request-timeout", required_argument, 0, O_REQTIMEOUT},
@@ -301,6 +305,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
+            break;
+        case O_NOWEBUI:
+            o->no_webui = true;
             break;
         case O_TRACE:
             o->trace_path = optarg;

@@ -84,6 +84,10 @@ static const struct route routes[] = {
     {"/health/live", "GET", false, api_liveness, false},
     {"/health/ready", "GET", false, api_readiness, false},
     {"/metrics", "GET", false, api_metrics, false},
+    {"/v1/engine/state", "GET", true, api_engine_state, false},
+    /* the page itself is open (it asks for the API key when the API needs one) */
+    {"/", "GET", false, api_webui, false},
+    {API_WEBUI_PREFIX, "GET", false, api_webui, true},
 };
 
 /* One HTTP request (MHD's con_cls). */
@@ -408,6 +412,10 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (r->allow) MHD_add_response_header(resp, "Allow", r->allow);
+    if (r->csp) {
+        MHD_add_response_header(resp, "Content-Security-Policy", r->csp);
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    }
     if (r->status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     MHD_add_response_header(resp, "X-Request-Id", c->log.id);
     if (atomic_load(&s->state) == SERVE_DRAINING || c->close_after)
@@ -425,6 +433,7 @@ static bool early_answer(struct serve *s, struct MHD_Connection *mc, struct conn
     const struct route *path_match = NULL;
     bool head = !strcmp(method, "HEAD");
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (routes[i].fn == api_webui && s->o->no_webui) continue;
         size_t pl = strlen(routes[i].path);
         if (routes[i].prefix ? strncmp(url, routes[i].path, pl) != 0 || !url[pl]
                              : strcmp(url, routes[i].path) != 0)

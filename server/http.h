@@ -47,6 +47,7 @@ struct http_resp {
     size_t body_len;
     int retry_after;                      /* > 0: a Retry-After header */
     const char *allow;                    /* 405: the Allow header */
+    const char *csp;                      /* a Content-Security-Policy header (the page) */
     const struct http_stream_ops *stream; /* non-NULL: stream instead of body */
     void *stream_ctx;
 };

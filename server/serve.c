@@ -2,6 +2,8 @@
  * the engine away at shutdown (serve.h). */
 #include "serve.h"
 
+#include "../engine/engine_state.h"
+
 int serve_submit(struct serve *s, const struct gen_request *r, struct request **out,
                  struct qerr *err)
 {
@@ -26,6 +28,15 @@ bool serve_stats(struct serve *s, struct engine_stats *st)
     pthread_rwlock_rdlock(&s->lock);
     bool have = s->engine != NULL;
     if (have) engine_get_stats(s->engine, st);
+    pthread_rwlock_unlock(&s->lock);
+    return have;
+}
+
+bool serve_engine_state(struct serve *s, struct engine_state *st)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    bool have = s->engine != NULL;
+    if (have) engine_get_state(s->engine, st);
     pthread_rwlock_unlock(&s->lock);
     return have;
 }

@@ -51,6 +51,7 @@ struct serve_opts {
     enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
     struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
     struct cli_spec spec;        /* --spec, --spec-k */
+    bool no_webui;               /* --no-webui: no page at / (server/webui.h) */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
@@ -77,5 +78,8 @@ int serve_submit(struct serve *s, const struct gen_request *r, struct request **
 void serve_release(struct serve *s, struct request *r, bool abort);
 /* engine_get_stats under the read lock; false when there is no engine. */
 bool serve_stats(struct serve *s, struct engine_stats *st);
+/* engine_get_state (engine/engine_state.h) under the read lock; false when there is no engine. */
+struct engine_state;
+bool serve_engine_state(struct serve *s, struct engine_state *st);
 
 #endif

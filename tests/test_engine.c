@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "../engine/engine.h"
+#include "../engine/engine_state.h"
 #include "../engine/kv_cache.h"
 #include "testbackend.h"
 #include "testutil.h"
@@ -520,6 +521,96 @@ START_TEST(back_pressure_and_after_free)
 }
 END_TEST
 
+/* The live picture (engine_state.h) against the engine's own counts, on a state that holds
+ * still: two requests paused by their unread events (max_seqs 2), a third waiting; then, all
+ * aborted, an idle picture with every block free and the prompts' full blocks cached. */
+START_TEST(state_picture_matches_engine)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 64;
+    o.max_seqs = 2;
+    o.kv_blocks = 64;
+    o.max_unread = 4;
+    o.stall_timeout_s = 0;
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    struct engine_state *st = malloc(sizeof *st);
+    ck_assert_ptr_nonnull(st);
+    engine_get_state(e, st);
+    ck_assert_uint_ge(st->version, 1); /* published at create */
+    ck_assert_int_eq(st->kv_blocks, 64);
+    ck_assert_int_eq(st->n_cells, 64);
+    ck_assert_int_eq(st->n_reqs, 0);
+
+    struct request *q[3];
+    struct gen_request r;
+    for (int i = 0; i < 3; i++) {
+        greedy_request(&r, text_ids + 100 * i, 40, 40);
+        q[i] = submit(e, &r);
+    }
+    int paused = 0;
+    for (int i = 0; i < 1000 && paused < 2; i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+        engine_get_state(e, st);
+        paused = 0;
+        for (int j = 0; j < st->n_reqs; j++) paused += st->reqs[j].paused;
+    }
+    ck_assert_int_eq(paused, 2);
+    ck_assert_int_eq(st->n_running, 2);
+    ck_assert_int_eq(st->n_waiting, 1);
+    ck_assert_int_eq(st->n_reqs, 3);
+    int blocks = 0, used_cells = 0;
+    for (int j = 0; j < 2; j++) {
+        ck_assert_int_eq(st->reqs[j].phase, ENGINE_REQ_DECODE);
+        ck_assert_int_eq(st->reqs[j].prompt_tokens, 40);
+        ck_assert_int_ge(st->reqs[j].generated_tokens, 4);
+        blocks += st->reqs[j].blocks;
+    }
+    ck_assert_int_eq(st->reqs[2].phase, ENGINE_REQ_WAITING);
+    ck_assert_uint_eq(st->reqs[2].id, 3);
+    for (int c = 0; c < st->n_cells; c++) used_cells += st->cells[c] == KV_CELL_USED;
+    ck_assert_int_eq(used_cells, blocks);
+    ck_assert_int_eq(st->kv_used, blocks);
+    /* every step recorded: the ring ends at the engine's step count, history holds its tokens */
+    ck_assert_int_gt(st->n_steps, 0);
+    ck_assert_uint_eq(st->steps[st->n_steps - 1].step, st->stats.steps);
+    ck_assert_uint_eq(st->cost_steps, st->stats.steps);
+    uint64_t gen = 0, prompt = 0, ttft_n = 0;
+    for (int i = 0; i < ENGINE_STATE_HISTORY; i++) {
+        gen += st->history[i].generated;
+        prompt += st->history[i].prompt;
+        ttft_n += st->history[i].ttft_n;
+    }
+    ck_assert_uint_eq(gen, st->stats.generation_tokens);
+    ck_assert_uint_eq(prompt, 80);
+    ck_assert_uint_eq(ttft_n, 2);
+    /* measured: the average spreads the publications (also those of idle wake-ups while every
+     * sequence is paused) over the steps that ran, so it may pass the largest single cost */
+    ck_assert(st->step_cost_ns_avg > 0 && st->step_cost_ns_max > 0 && st->publish_ns_max > 0);
+
+    for (int i = 0; i < 3; i++) {
+        request_abort(q[i]);
+        request_release(q[i]);
+    }
+    for (int i = 0; i < 1000; i++) {
+        engine_get_state(e, st);
+        if (st->n_running == 0 && st->n_waiting == 0 && st->kv_used == 0) break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    ck_assert_int_eq(st->n_reqs, 0);
+    ck_assert_int_eq(st->kv_used, 0);
+    /* the two prompts' 2 full blocks each stay cached, free */
+    ck_assert_int_eq(st->kv_cached_free, 4);
+    for (int c = 0; c < st->n_cells; c++) ck_assert_int_ne(st->cells[c], KV_CELL_USED);
+    uint64_t v = st->version;
+    engine_free(e);
+    ck_assert_uint_gt(v, 2);
+    free(st);
+}
+END_TEST
+
 START_TEST(pool_invariants_random)
 {
     enum { BLOCKS = 48, BS = 4, SEQS = 12, MAXB = 16 };
@@ -620,6 +711,7 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     tcase_add_test(tc, pool_invariants_random);
+    tcase_add_test(tc, state_picture_matches_engine);
     tcase_add_test(tc, aborts_and_limits);
     tcase_add_test(tc, back_pressure_and_after_free);
     tcase_add_test(tc, stop_string_across_tokens);

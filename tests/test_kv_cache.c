@@ -185,6 +185,39 @@ START_TEST(prefix_hits_and_misses)
 }
 END_TEST
 
+/* The pool's picture: a block in use, a freed block holding a cached prefix and a plain free
+ * block, one cell a block; then cells of 3 blocks show the most used state among theirs, and
+ * the last cell covers what is left. */
+START_TEST(cells_show_free_cached_and_used)
+{
+    int a, b;
+    uint64_t ka;
+    struct kv_pool *p = chain(7, &a, &b, &ka); /* a, b in use, both keyed */
+    kv_block_release(p, b);                    /* b: free, still cached */
+    uint8_t c[7];
+    memset(c, 9, sizeof c);
+    kv_pool_cells(p, 1, c, 7);
+    for (int i = 0; i < 7; i++)
+        ck_assert_int_eq(c[i], i == a ? KV_CELL_USED : i == b ? KV_CELL_CACHED : KV_CELL_FREE);
+    ck_assert_int_eq(a, 0);
+    ck_assert_int_eq(b, 1);
+    int x = kv_block_alloc(p); /* the free queue's head: block 2 (b went to its tail) */
+    ck_assert_int_eq(x, 2);
+    memset(c, 9, sizeof c);
+    kv_pool_cells(p, 3, c, 3); /* blocks 0-2 (used, cached, used), 3-5 (free), 6 (free) */
+    ck_assert_int_eq(c[0], KV_CELL_USED);
+    ck_assert_int_eq(c[1], KV_CELL_FREE);
+    ck_assert_int_eq(c[2], KV_CELL_FREE);
+    ck_assert_int_eq(c[3], 9); /* past n_cells: untouched */
+    kv_block_release(p, a);
+    kv_block_release(p, x);
+    kv_pool_cells(p, 3, c, 3); /* 0 and 1 cached, 2 free: the cell shows cached */
+    ck_assert_int_eq(c[0], KV_CELL_CACHED);
+    check(p);
+    kv_pool_free(p);
+}
+END_TEST
+
 /* A key already cached by one block is not taken by another, and a keyed block keeps its key. */
 START_TEST(insert_keeps_the_first_holder)
 {
@@ -338,6 +371,7 @@ int main(void)
     tcase_add_test(tc, pool_exhaustion);
     tcase_add_test(tc, prefix_hits_and_misses);
     tcase_add_test(tc, insert_keeps_the_first_holder);
+    tcase_add_test(tc, cells_show_free_cached_and_used);
     tcase_add_test(tc, stale_keys_after_reallocation);
     tcase_add_test(tc, random_walk_matches_model);
     suite_add_tcase(s, tc);

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(meson ninja-build pkg-config gcc check libmicrohttpd-dev libcjson-dev libpcre2-dev
           libxxhash-dev python3 python3-pip python3-venv curl valgrind
-          clang libclang-rt-14-dev)  # clang and libFuzzer: tests/fuzz, tools/fuzz.sh
+          clang libclang-rt-14-dev   # clang and libFuzzer: tests/fuzz, tools/fuzz.sh
+          chromium chromium-driver python3-selenium)  # the web page's browser test (test_webui)
 MODEL_DIR=models
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
