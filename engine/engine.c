@@ -842,6 +842,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     spec_state_init(&s->spec_st, e->spec_k);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
+    s->detok.keep_tool_markers = r->keep_tool_markers;
     for (int i = 0; i < r->n_stop_strings; i++) {
         s->stop_strings[i] = strdup(r->stop_strings[i]);
         if (!s->stop_strings[i]) {

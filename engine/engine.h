@@ -100,6 +100,9 @@ struct gen_request {
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */
     struct grammar *grammar;
+    /* the output's text keeps the tool-call markers (tokenizer_is_tool_marker) that control
+     * tokens otherwise lose: set when the request offers tools */
+    bool keep_tool_markers;
     /* Prompt logprobs: each prompt token from the second on gets one event (req_event.prompt)
      * with its log-probability given the tokens before it, its rank, and the top
      * prompt_top_logprobs (0..20) alternatives, all before the first generated token. The

@@ -431,25 +431,36 @@ START_TEST(structured_bodies)
             &r, &e),
         0);
     ck_assert_str_eq(r.msgs[0].role, "assistant");
-    ck_assert_str_eq(r.msgs[0].content,
-                     "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>");
-    ck_assert_str_eq(r.msgs[1].role, "user");
-    ck_assert_str_eq(r.msgs[1].content, "<tool_response>\nok\n</tool_response>");
+    ck_assert_ptr_null(r.msgs[0].content); /* null content with calls */
+    ck_assert_int_eq(r.msgs[0].n_calls, 1);
+    ck_assert_str_eq(r.msgs[0].calls[0].id, "1");
+    ck_assert_str_eq(r.msgs[0].calls[0].name, "f");
+    ck_assert_str_eq(r.msgs[0].calls[0].arguments, "{\"x\":1}");
+    ck_assert_str_eq(r.msgs[1].role, "tool");
+    ck_assert_str_eq(r.msgs[1].content, "ok");
+    ck_assert_str_eq(r.msgs[1].call_id, "1");
     oai_request_free(&r);
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
+               "{\"name\":\"f\",\"arguments\":{}}}]}]}",
+               400, "messages[0].tool_calls");
+    expect_bad(OAI_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":7}]}",
+               400, "messages[0].tool_call_id");
     /* tool calls found in an output */
     struct oai_tool_call *calls;
     size_t keep;
     const char *out =
         "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
         "\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>\n";
-    ck_assert_int_eq(oai_parse_tool_calls(out, strlen(out), &calls, &keep), 2);
+    ck_assert_int_eq(oai_parse_tool_calls(CHAT_TOOLS_HERMES, out, strlen(out), &calls, &keep), 2);
     ck_assert_int_eq(keep, 5);
     ck_assert_str_eq(calls[0].name, "f");
     ck_assert_str_eq(calls[0].arguments, "{\"x\":1}");
     ck_assert_str_eq(calls[1].name, "g");
     oai_tool_calls_free(calls, 2);
     const char *broken = "<tool_call>\n{\"name\": \"f\", \"argum";
-    ck_assert_int_eq(oai_parse_tool_calls(broken, strlen(broken), &calls, &keep), 0);
+    ck_assert_int_eq(oai_parse_tool_calls(CHAT_TOOLS_HERMES, broken, strlen(broken), &calls, &keep),
+                     0);
     ck_assert_int_eq(keep, strlen(broken));
 }
 END_TEST
@@ -607,9 +618,13 @@ START_TEST(responses_bodies)
     ck_assert_int_eq(r.tool_choice, OAI_TOOLS_NAMED);
     ck_assert_int_eq(r.n_msgs, 3); /* user, one assistant turn with both calls, the result */
     ck_assert_str_eq(r.msgs[1].role, "assistant");
-    ck_assert_ptr_nonnull(strstr(r.msgs[1].content, "<tool_call>"));
-    ck_assert_ptr_nonnull(strstr(strstr(r.msgs[1].content, "</tool_call>"), "<tool_call>"));
-    ck_assert_ptr_nonnull(strstr(r.msgs[2].content, "sunny"));
+    ck_assert_int_eq(r.msgs[1].n_calls, 2);
+    ck_assert_str_eq(r.msgs[1].calls[0].id, "c1");
+    ck_assert_str_eq(r.msgs[1].calls[1].id, "c2");
+    ck_assert_str_eq(r.msgs[1].calls[1].name, "f");
+    ck_assert_str_eq(r.msgs[2].role, "tool");
+    ck_assert_str_eq(r.msgs[2].content, "sunny");
+    ck_assert_str_eq(r.msgs[2].call_id, "c1");
     oai_request_free(&r);
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
                400, "text.format");
