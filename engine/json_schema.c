@@ -1100,12 +1100,13 @@ static struct frag tool_call_one(struct js *j, const cJSON *t, int fmt)
  * or nothing. */
 static struct frag text_not_json(struct gb *b)
 {
-    int s = gb_state(b), rest = gb_state(b);
+    int s = gb_state(b), rest = gb_state(b), end = gb_state(b);
     gb_range(b, s, rest, 0, '{' - 1);
     gb_range(b, s, rest, '{' + 1, 255);
     gb_range(b, rest, rest, 0, 255);
-    gb_eps(b, s, rest);
-    return (struct frag){s, rest};
+    gb_eps(b, s, end);
+    gb_eps(b, rest, end);
+    return (struct frag){s, end};
 }
 
 struct frag gb_tool_calls(struct gb *b, const char *text, size_t len)

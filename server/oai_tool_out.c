@@ -144,6 +144,10 @@ char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int 
     int rc = 0;
     if (finish == FINISH_NONE) {
         size_t safe = safe_len(fmt, text, len);
+        /* whitespace right before a call is not content (oai_parse_tool_calls trims it) */
+        while (safe > *sent && (text[safe - 1] == ' ' || text[safe - 1] == '\n' ||
+                                text[safe - 1] == '\t' || text[safe - 1] == '\r'))
+            safe--;
         rc = content_chunk(&b, m, index, text, *sent, safe, usage_null);
         if (safe > *sent) *sent = safe;
         if (rc) {
