@@ -51,6 +51,7 @@ struct serve_opts {
     enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
     struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
     struct cli_spec spec;        /* --spec, --spec-k */
+    enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
