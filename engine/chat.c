@@ -12,6 +12,9 @@
  * "<|im_end|>" into a message and have it end the turn. */
 #include "chat.h"
 
+#include "chat_impl.h"
+
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,21 @@ const char *chat_kind_name(enum chat_kind k)
         return "llama3";
     case CHAT_LLAMA2:
         return "llama2";
+    }
+    return "unknown";
+}
+
+const char *chat_tool_format_name(enum chat_tool_format f)
+{
+    switch (f) {
+    case CHAT_TOOLS_HERMES:
+        return "hermes";
+    case CHAT_TOOLS_LLAMA3:
+        return "llama3-json";
+    case CHAT_TOOLS_MISTRAL:
+        return "mistral";
+    case CHAT_TOOLS_MISTRAL_ARGS:
+        return "mistral-args";
     }
     return "unknown";
 }
@@ -140,10 +158,13 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
     if (has(tmpl, len, "[INST]")) {
         out->kind = CHAT_LLAMA2;
         out->variant = inst_variant(tmpl, len);
+        if (has(tmpl, len, "[TOOL_CALLS]"))
+            out->tools = has(tmpl, len, "[ARGS]") ? CHAT_TOOLS_MISTRAL_ARGS : CHAT_TOOLS_MISTRAL;
         return 0;
     }
     if (has(tmpl, len, "<|start_header_id|>") && has(tmpl, len, "<|end_header_id|>")) {
         out->kind = CHAT_LLAMA3;
+        out->tools = CHAT_TOOLS_LLAMA3;
         return 0;
     }
     return qerr_set(err, QERR_UNSUPPORTED,
@@ -161,17 +182,7 @@ void chat_template_free(struct chat_template *t)
 
 /* ---- formatting ---- */
 
-struct sb {
-    char *p;
-    size_t n, cap;
-    bool oom;
-    /* where message content was written; collected only when spans is set */
-    bool spans;
-    struct tokenizer_span *span;
-    size_t n_span, cap_span;
-};
-
-static void sb_put(struct sb *b, const char *s, size_t n)
+void sb_put(struct sb *b, const char *s, size_t n)
 {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
@@ -190,13 +201,13 @@ static void sb_put(struct sb *b, const char *s, size_t n)
     b->p[b->n] = '\0';
 }
 
-static void sb_str(struct sb *b, const char *s)
+void sb_str(struct sb *b, const char *s)
 {
     sb_put(b, s, strlen(s));
 }
 
 /* Appends message content n bytes long, noting its range. */
-static void sb_content(struct sb *b, const char *s, size_t n)
+void sb_content(struct sb *b, const char *s, size_t n)
 {
     size_t at = b->n;
     sb_put(b, s, n);
@@ -214,26 +225,24 @@ static void sb_content(struct sb *b, const char *s, size_t n)
     b->span[b->n_span++] = (struct tokenizer_span){at, n};
 }
 
-static void sb_msg(struct sb *b, const char *s)
+void sb_msg(struct sb *b, const char *s)
 {
     sb_content(b, s, strlen(s));
 }
 
-static bool is_space(char c)
+bool chat_is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
 /* Appends content s with leading and trailing ASCII whitespace removed (llama.cpp's trim). */
-static void sb_trimmed(struct sb *b, const char *s)
+void sb_trimmed(struct sb *b, const char *s)
 {
     size_t n = strlen(s), i = 0;
-    while (i < n && is_space(s[i])) i++;
-    while (n > i && is_space(s[n - 1])) n--;
+    while (i < n && chat_is_space(s[i])) i++;
+    while (n > i && chat_is_space(s[n - 1])) n--;
     sb_content(b, s + i, n - i);
 }
-
-enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
 
 static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                        size_t n, bool gen, struct sb *b)
@@ -343,18 +352,41 @@ static void fmt_llama2(enum chat_variant v, const struct chat_msg *m, const enum
     }
 }
 
-int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                      bool add_generation_prompt, char **out, struct tokenizer_span **content,
-                      size_t *n_content, struct qerr *err)
+void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
+                    size_t n, bool gen, struct sb *b)
+{
+    switch (t->kind) {
+    case CHAT_CHATML:
+        fmt_chatml(t, m, r, n, gen, b);
+        break;
+    case CHAT_LLAMA3:
+        fmt_llama3(m, n, gen, b);
+        break;
+    case CHAT_LLAMA2:
+        if (t->variant == CHAT_VARIANT_MISTRAL_V7)
+            fmt_mistral_v7(m, r, n, b);
+        else if (t->variant >= CHAT_VARIANT_MISTRAL_V1)
+            fmt_mistral(t->variant, m, r, n, b);
+        else
+            fmt_llama2(t->variant, m, r, n, b);
+        break;
+    }
+}
+
+int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                      const char *tools, bool add_generation_prompt, char **out,
+                      struct tokenizer_span **content, size_t *n_content, struct qerr *err)
 {
     *out = NULL;
     if (content) *content = NULL;
     if (n_content) *n_content = 0;
     enum role *r = malloc((n ? n : 1) * sizeof *r);
     if (!r) return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+    bool tool_turns = false;
     for (size_t i = 0; i < n; i++) {
         const char *role = msgs[i].role;
-        if (!role || !msgs[i].content) {
+        bool calls = msgs[i].n_calls > 0 && role && !strcmp(role, "assistant");
+        if (!role || (!msgs[i].content && !calls)) {
             free(r);
             return qerr_set(err, QERR_INVALID, "chat_format: message %zu has no %s", i,
                             role ? "content" : "role");
@@ -365,37 +397,40 @@ int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs
             r[i] = ROLE_USER;
         } else if (strcmp(role, "assistant") == 0) {
             r[i] = ROLE_ASSISTANT;
+        } else if (strcmp(role, "tool") == 0) {
+            r[i] = ROLE_TOOL;
         } else {
             free(r);
             return qerr_set(err, QERR_INVALID,
                             "chat_format: message %zu has unknown role \"%.40s\" (want system, "
-                            "user or assistant)",
+                            "user, assistant or tool)",
                             i, role);
+        }
+        tool_turns |= calls || r[i] == ROLE_TOOL;
+    }
+    cJSON *list = NULL;
+    if (tools) {
+        list = cJSON_Parse(tools);
+        if (!cJSON_IsArray(list)) {
+            cJSON_Delete(list);
+            free(r);
+            return qerr_set(err, QERR_INVALID, "chat_format: the tool list is not a JSON list");
         }
     }
     struct sb b = {.spans = content && n_content};
     sb_put(&b, "", 0);
-    switch (t->kind) {
-    case CHAT_CHATML:
-        fmt_chatml(t, msgs, r, n, add_generation_prompt, &b);
-        break;
-    case CHAT_LLAMA3:
-        fmt_llama3(msgs, n, add_generation_prompt, &b);
-        break;
-    case CHAT_LLAMA2:
-        if (t->variant == CHAT_VARIANT_MISTRAL_V7)
-            fmt_mistral_v7(msgs, r, n, &b);
-        else if (t->variant >= CHAT_VARIANT_MISTRAL_V1)
-            fmt_mistral(t->variant, msgs, r, n, &b);
-        else
-            fmt_llama2(t->variant, msgs, r, n, &b);
-        break;
-    }
+    int rc = 0;
+    if (list || tool_turns)
+        rc = chat_fmt_tools(t, msgs, r, n, list, add_generation_prompt, &b, err);
+    else
+        chat_fmt_plain(t, msgs, r, n, add_generation_prompt, &b);
+    cJSON_Delete(list);
     free(r);
-    if (b.oom) {
+    if (!rc && b.oom) rc = qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+    if (rc) {
         free(b.p);
         free(b.span);
-        return qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+        return rc;
     }
     *out = b.p;
     if (b.spans) {
@@ -405,22 +440,31 @@ int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs
     return 0;
 }
 
+int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                      bool add_generation_prompt, char **out, struct tokenizer_span **content,
+                      size_t *n_content, struct qerr *err)
+{
+    return chat_format_tools(t, msgs, n, NULL, add_generation_prompt, out, content, n_content, err);
+}
+
 int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
                 bool add_generation_prompt, char **out, struct qerr *err)
 {
-    return chat_format_spans(t, msgs, n, add_generation_prompt, out, NULL, NULL, err);
+    return chat_format_tools(t, msgs, n, NULL, add_generation_prompt, out, NULL, NULL, err);
 }
 
-int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
-                const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
-                bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err)
+int chat_encode_tools(const struct chat_template *t, const struct tokenizer *tok,
+                      const struct chat_msg *msgs, size_t n, const char *tools,
+                      bool add_generation_prompt, bool add_bos, bool content_special, int32_t **ids,
+                      size_t *n_ids, struct qerr *err)
 {
     *ids = NULL;
     *n_ids = 0;
     char *text;
     struct tokenizer_span *content;
     size_t n_content;
-    int rc = chat_format_spans(t, msgs, n, add_generation_prompt, &text, &content, &n_content, err);
+    int rc = chat_format_tools(t, msgs, n, tools, add_generation_prompt, &text, &content,
+                               &n_content, err);
     if (rc) return rc;
     if (content_special) n_content = 0; /* the whole text may name control tokens */
     rc = tokenizer_encode_spans(tok, text, strlen(text), add_bos, content, n_content, ids, n_ids,
@@ -428,4 +472,12 @@ int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
     free(content);
     free(text);
     return rc;
+}
+
+int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
+                const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
+                bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err)
+{
+    return chat_encode_tools(t, tok, msgs, n, NULL, add_generation_prompt, add_bos, content_special,
+                             ids, n_ids, err);
 }

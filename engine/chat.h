@@ -31,8 +31,19 @@ enum chat_variant {
     CHAT_VARIANT_MISTRAL_V7,        /* [SYSTEM_PROMPT] ..[/SYSTEM_PROMPT][INST] ..[/INST] */
 };
 
+/* How the template's model calls tools (engine/chat_tools.c), chosen by the template's markers:
+ * [TOOL_CALLS] means Mistral's format ([ARGS] its newer spelling), a Llama-3 template the JSON
+ * format of Llama 3.1/3.2, anything else (ChatML first) Hermes/Qwen's <tool_call> blocks. */
+enum chat_tool_format {
+    CHAT_TOOLS_HERMES,       /* <tool_call>\n{"name": f, "arguments": {..}}\n</tool_call> */
+    CHAT_TOOLS_LLAMA3,       /* {"name": f, "parameters": {..}} (maybe after <|python_tag|>) */
+    CHAT_TOOLS_MISTRAL,      /* [TOOL_CALLS] [{"name": f, "arguments": {..}}, ...] */
+    CHAT_TOOLS_MISTRAL_ARGS, /* [TOOL_CALLS]f[ARGS]{..} per call */
+};
+
 struct chat_template {
     enum chat_kind kind;
+    enum chat_tool_format tools;
     enum chat_variant variant; /* CHAT_VARIANT_NONE unless kind is CHAT_LLAMA2 */
     /* System prompt the template inserts when the conversation has none (e.g. SmolLM2's
      * "You are a helpful AI assistant named SmolLM, trained by Hugging Face"); NULL if none.
@@ -40,9 +51,19 @@ struct chat_template {
     char *default_system;
 };
 
+/* One tool call an assistant message made (as the request sent it back). */
+struct chat_call {
+    const char *id;        /* may be NULL (Mistral's formats need one: "" is written) */
+    const char *name;      /* the function */
+    const char *arguments; /* JSON text of an object; NULL or "" mean {} */
+};
+
 struct chat_msg {
-    const char *role; /* "system", "user" or "assistant" */
-    const char *content;
+    const char *role;              /* "system", "user", "assistant" or "tool" */
+    const char *content;           /* may be NULL only for an assistant message with calls */
+    const struct chat_call *calls; /* assistant: the tool calls it made, n_calls of them */
+    size_t n_calls;
+    const char *call_id; /* tool: the id of the call this result answers (NULL: none) */
 };
 
 /* Recognizes the template text (len bytes); QERR_UNSUPPORTED naming the template otherwise. */
@@ -75,5 +96,18 @@ int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs
 int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
                 const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
                 bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err);
+
+/* chat_format_spans and chat_encode with the tools offered: tools is the JSON text of a list of
+ * function objects ({"name","description","parameters"}), or NULL for none. Each template's
+ * format writes them where its Jinja does (tools, calls and results: engine/chat_tools.c);
+ * a malformed list or arguments text is QERR_INVALID naming it. */
+int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                      const char *tools, bool add_generation_prompt, char **out,
+                      struct tokenizer_span **content, size_t *n_content, struct qerr *err);
+int chat_encode_tools(const struct chat_template *t, const struct tokenizer *tok,
+                      const struct chat_msg *msgs, size_t n, const char *tools,
+                      bool add_generation_prompt, bool add_bos, bool content_special, int32_t **ids,
+                      size_t *n_ids, struct qerr *err);
+const char *chat_tool_format_name(enum chat_tool_format f);
 
 #endif

@@ -36,7 +36,8 @@ void engine_opts_default(struct engine_opts *o)
                               .prompt_logprob_rows = 128,
                               .spec = SPEC_OFF,
                               .spec_k = 8,
-                              .spec_step_tokens = 8};
+                              .spec_step_tokens = 8,
+                              .mask_mode = ENGINE_MASK_LAUNCH};
 }
 
 const char *finish_reason_name(enum finish_reason r)
@@ -203,6 +204,7 @@ static void seq_free(struct seq *s)
     free(s->hold);
     free(s->pool_sum);
     grammar_matcher_free(s->gm);
+    free(s->premask);
     grammar_unref(s->grammar);
     free(s);
 }
@@ -526,7 +528,9 @@ static int run_step(struct engine *e)
                             .hidden = e->hidden};
     struct qerr err = {0};
     double t_forward = engine_now();
+    grammar_step_begin(e, &b); /* the masks are computed while the forward runs */
     int rc = model_forward(e->model, &b, e->logits, &err);
+    grammar_step_end(e);
     double t_sample = engine_now();
     e->local.steps++;
     if (rc) {
@@ -677,6 +681,7 @@ static void *engine_main(void *arg)
 /* Frees what engine_create built; the engine thread is not running. */
 static void engine_release(struct engine *e)
 {
+    grammar_overlap_stop(e);
     model_free(e->model);
     backend_destroy(e->traced);
     kv_pool_free(e->pool);
@@ -774,6 +779,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         goto fail;
     }
     if ((rc = sched_plan_init(&e->plan, &e->o, err))) goto fail;
+    if ((rc = grammar_overlap_start(e, err))) goto fail;
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;
     if ((rc = engine_state_pub_create(&e->state, err))) goto fail;
@@ -854,6 +860,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     spec_state_init(&s->spec_st, e->spec_k);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
+    s->detok.keep_tool_markers = r->keep_tool_markers;
     for (int i = 0; i < r->n_stop_strings; i++) {
         s->stop_strings[i] = strdup(r->stop_strings[i]);
         if (!s->stop_strings[i]) {

@@ -24,6 +24,16 @@
 #include "spec.h"
 #include "tokenizer.h"
 
+/* When constrained sequences' token masks are computed (engine/engine_grammar.c). A mask depends
+ * only on the tokens before the step, so it need not wait for the forward; the masks, and so
+ * the output, are the same bytes in every mode. */
+enum engine_mask_mode {
+    ENGINE_MASK_LAUNCH = 0, /* engine thread, once the forward is issued: while a GPU runs it
+                               (on the CPU, after the forward: the work is done by then) */
+    ENGINE_MASK_THREAD,     /* a helper thread, while the engine thread runs the forward */
+    ENGINE_MASK_AFTER,      /* engine thread, each just before its sequence's sampling */
+};
+
 struct engine_opts {
     int max_batch_tokens; /* tokens per step, decodes first (default 2048) */
     int max_seqs;         /* sequences running at once (default 64) */
@@ -58,7 +68,8 @@ struct engine_opts {
      * costs about its token count, so a draft that may be rejected displaces nothing only in a
      * small step (docs/speculation.md); a GPU stays memory-bound much longer. */
     int spec_step_tokens;
-    bool check_invariants; /* tests: check the pool and sequences after every step */
+    bool check_invariants;           /* tests: check the pool and sequences after every step */
+    enum engine_mask_mode mask_mode; /* default ENGINE_MASK_LAUNCH (docs/benchmarks.md) */
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -100,6 +111,9 @@ struct gen_request {
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */
     struct grammar *grammar;
+    /* the output's text keeps the tool-call markers (tokenizer_is_tool_marker) that control
+     * tokens otherwise lose: set when the request offers tools */
+    bool keep_tool_markers;
     /* Prompt logprobs: each prompt token from the second on gets one event (req_event.prompt)
      * with its log-probability given the tokens before it, its rank, and the top
      * prompt_top_logprobs (0..20) alternatives, all before the first generated token. The

@@ -55,7 +55,11 @@ struct seq {
     uint64_t id;                /* submission order, from 1 (the trace's request id) */
     struct grammar *grammar;    /* NULL: unconstrained */
     struct grammar_matcher *gm; /* made at its first sampling step (engine thread) */
-    bool spec;                  /* drafts for this sequence are verified (engine_opts.spec) */
+    /* the mask of its next sampled position, computed while the forward runs (mask_ready) */
+    uint64_t *premask;
+    int premask_n;
+    bool mask_ready;
+    bool spec; /* drafts for this sequence are verified (engine_opts.spec) */
     struct spec_state spec_st;
     int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
     char error[200];   /* why it failed, for FINISH_ERROR */
@@ -146,6 +150,16 @@ struct engine {
     pthread_mutex_t gvocab_mu; /* guards gvocab's creation; it is immutable after */
     struct grammar_vocab *gvocab;
     uint64_t *gmask;
+    /* masks computed while the forward runs (engine_opts.mask_mode): this step's sequences, and
+     * the helper thread of ENGINE_MASK_THREAD (posted/done step counts under mask_mu) */
+    struct seq **mask_jobs;
+    int n_mask_jobs;
+    pthread_t mask_thread;
+    bool mask_thread_on, mask_quit;
+    pthread_mutex_t mask_mu;
+    pthread_cond_t mask_cv;
+    unsigned mask_posted, mask_done;
+    double jobs_mask_s; /* their time, by whichever thread ran them; read after they end */
 };
 
 double engine_now(void);
@@ -158,6 +172,14 @@ bool seq_backlogged(const struct seq *s);
 int seq_constrain(struct engine *e, struct seq *s, float *row);
 /* Moves s's grammar past its sampled token t; non-zero (s->error set) when it cannot. */
 int seq_constrain_accept(struct engine *e, struct seq *s, int32_t t);
+/* The masks of this step's constrained sequences, computed while its forward runs: begin
+ * before model_forward (lists them; ENGINE_MASK_THREAD starts the helper on them), the hook
+ * goes in model_batch.while_running (ENGINE_MASK_LAUNCH), end after model_forward (waits for
+ * the helper). A mask not computed this way is computed by seq_constrain as before. */
+void grammar_step_begin(struct engine *e, struct model_batch *b);
+void grammar_step_end(struct engine *e);
+int grammar_overlap_start(struct engine *e, struct qerr *err);
+void grammar_overlap_stop(struct engine *e);
 
 /* engine_prefill.c: the outputs of prompt positions, for the sequences that ask. */
 /* True while s still needs every prompt position computed (prompt logprobs not all sent, or

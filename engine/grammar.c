@@ -89,6 +89,7 @@ int grammar_compile(enum grammar_kind kind, const char *text, size_t len, struct
         return qerr_set(err, QERR_NOMEM, "out of memory compiling the grammar");
     }
     atomic_init(&g->refs, 1);
+    g->tool_markers = kind == GRAMMAR_TOOL_CALLS;
     int rc = grammar_from_nfa(&b, g, err);
     gb_free(&b);
     if (!rc && !(g->cache = calloc((size_t)g->n_states, sizeof *g->cache)))

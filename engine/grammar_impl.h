@@ -111,6 +111,7 @@ struct grammar {
     /* the token-mask cache: per state, filled lazily by the engine thread */
     struct gmask_entry **cache; /* [n_states] */
     const struct grammar_vocab *cache_vocab;
+    bool tool_markers; /* a tool-call grammar: the vocabulary's markers may spell its bytes */
 };
 
 /* grammar_dfa.c: determinizes every rule of b into g (b must have no error). */
@@ -140,6 +141,10 @@ struct grammar_vocab {
     char **bytes; /* [vocab] raw bytes of each token, NULL for excluded ones */
     uint16_t *len;
     uint64_t *eog; /* [words] end-of-generation tokens */
+    /* [words] tool-call markers: control tokens in the trie by their text ("[TOOL_CALLS]"),
+     * allowed only by grammars with tool_markers set */
+    uint64_t *marker;
+    int n_marker;
 };
 
 #endif

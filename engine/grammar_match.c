@@ -310,6 +310,8 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
                 mask[t / 64] |= 1ull << (t % 64);
         }
     }
+    if (v->n_marker && !m->g->tool_markers)
+        for (int w = 0; w < v->words; w++) mask[w] &= ~v->marker[w];
     if (m->cur.accept)
         for (int w = 0; w < v->words; w++) mask[w] |= v->eog[w];
     int count = 0;

@@ -30,6 +30,7 @@ void grammar_vocab_free(struct grammar_vocab *v)
     free(v->n_end);
     free(v->sorted);
     free(v->eog);
+    free(v->marker);
     free(v);
 }
 
@@ -102,7 +103,8 @@ static struct grammar_vocab *vocab_alloc(int vocab)
     v->len = calloc((size_t)vocab, sizeof *v->len);
     v->sorted = malloc((size_t)vocab * sizeof *v->sorted);
     v->eog = calloc((size_t)v->words, sizeof *v->eog);
-    if (!v->bytes || !v->len || !v->sorted || !v->eog) {
+    v->marker = calloc((size_t)v->words, sizeof *v->marker);
+    if (!v->bytes || !v->len || !v->sorted || !v->eog || !v->marker) {
         grammar_vocab_free(v);
         return NULL;
     }
@@ -119,7 +121,12 @@ int grammar_vocab_create(const struct tokenizer *tok, int n_logits, struct gramm
     char buf[1024];
     for (int32_t id = 0; id < nt; id++) {
         if (tokenizer_is_eog(tok, id)) v->eog[id / 64] |= 1ull << (id % 64);
-        if (tokenizer_is_control(tok, id)) continue;
+        if (tokenizer_is_tool_marker(tok, id)) { /* by its text, for tool-call grammars only */
+            v->marker[id / 64] |= 1ull << (id % 64);
+            v->n_marker++;
+        } else if (tokenizer_is_control(tok, id)) {
+            continue;
+        }
         int n = tokenizer_token_bytes(tok, id, buf, sizeof buf);
         if (n <= 0 || n > (int)sizeof buf) continue;
         if (!(v->bytes[id] = malloc((size_t)n))) {

@@ -754,7 +754,11 @@ int model_forward(struct model *m, const struct model_batch *b, float *logits, s
 {
     int rc = check_batch(m, b, err);
     if (rc) return rc;
-    if (m->tp) return model_tp_forward(m->tp, b, logits, err);
+    if (m->tp) {
+        rc = model_tp_forward(m->tp, b, logits, err);
+        if (!rc && b->while_running) b->while_running(b->while_ctx); /* no overlap across ranks */
+        return rc;
+    }
     return model_forward_rank(m, b, logits, err);
 }
 
@@ -811,6 +815,7 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     nvtx_pop();
     if (rc) return rc;
     if (m->sh.rank != 0) return 0;
+    if (b->while_running && !m->tp) b->while_running(b->while_ctx);
     if (b->n_hidden > 0)
         ops->buf_read(be, b->hidden, a->xn, (size_t)b->n_hidden * (size_t)m->cfg.dim * 4);
     if (b->n_logits == 0) return 0;

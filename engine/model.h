@@ -56,6 +56,11 @@ struct model_batch {
     int n_hidden;
     const int32_t *hidden_idx;
     float *hidden;
+    /* NULL, or called once the step's work is issued and before its outputs are read: on a
+     * backend that queues work (CUDA) it runs while the device computes, on the CPU after the
+     * work. Not called when the forward fails before that point. */
+    void (*while_running)(void *ctx);
+    void *while_ctx;
 };
 
 struct model;

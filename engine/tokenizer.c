@@ -273,6 +273,11 @@ static const char *const k_eog_texts[] = {
     "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>",
 };
 
+/* Control tokens that tool-call formats write in the output: Llama 3.1's <|python_tag|>,
+ * Mistral's [TOOL_CALLS] and its newer [ARGS] / [CALL_ID]. */
+static const char *const k_tool_marker_texts[] = {"<|python_tag|>", "[TOOL_CALLS]", "[ARGS]",
+                                                  "[CALL_ID]"};
+
 static int special_cmp(const void *a, const void *b, void *ctx)
 {
     const struct tokenizer *t = ctx;
@@ -304,6 +309,10 @@ static int build_specials(struct tokenizer *t, struct qerr *err)
     for (size_t i = 0; i < sizeof k_eog_texts / sizeof k_eog_texts[0]; i++) {
         int32_t id = tok_vocab_find(t, k_eog_texts[i], strlen(k_eog_texts[i]));
         if (id >= 0) t->eog[id] = 1;
+    }
+    for (size_t i = 0; i < sizeof k_tool_marker_texts / sizeof k_tool_marker_texts[0]; i++) {
+        int32_t id = tok_vocab_find(t, k_tool_marker_texts[i], strlen(k_tool_marker_texts[i]));
+        if (id >= 0 && t->type[id] == TOK_TYPE_CONTROL) t->tool_marker[t->n_tool_markers++] = id;
     }
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
@@ -411,6 +420,13 @@ int32_t tokenizer_eos(const struct tokenizer *t)
 bool tokenizer_adds_bos(const struct tokenizer *t)
 {
     return t->add_bos;
+}
+
+bool tokenizer_is_tool_marker(const struct tokenizer *t, int32_t id)
+{
+    for (int i = 0; i < t->n_tool_markers; i++)
+        if (t->tool_marker[i] == id) return true;
+    return false;
 }
 
 bool tokenizer_is_eog(const struct tokenizer *t, int32_t id)

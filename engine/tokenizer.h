@@ -74,6 +74,9 @@ struct detok {
     unsigned char pending[8];
     int n_pending;
     bool skip_control; /* set after detok_init to drop control tokens, as llama.cpp does */
+    /* ... except the tool-call markers (tokenizer_is_tool_marker), which a tool-call parser
+     * reads (llama.cpp's preserved tokens) */
+    bool keep_tool_markers;
 };
 
 void detok_init(struct detok *d);
@@ -94,6 +97,10 @@ char *tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n);
  * which is what llama.cpp's llama_detokenize gives without unparse_special. */
 char *tokenizer_decode_opt(const struct tokenizer *t, const int32_t *ids, size_t n,
                            bool skip_control);
+/* True for the control tokens that open tool calls in some chat formats (<|python_tag|>,
+ * [TOOL_CALLS], [ARGS], [CALL_ID]): kept in the text of requests that offer tools, and
+ * allowed by tool-call grammars, which spell them out. */
+bool tokenizer_is_tool_marker(const struct tokenizer *t, int32_t id);
 /* True for control tokens (token_type 3): markers such as <|im_start|> or </s>. */
 bool tokenizer_is_control(const struct tokenizer *t, int32_t id);
 

@@ -80,7 +80,9 @@ int detok_push(struct detok *d, const struct tokenizer *t, int32_t id, char *out
     if (!out || cap == 0 || cap > INT32_MAX) return QERR_INVALID;
     out[0] = '\0';
     if (id < 0 || id >= t->n_vocab) return QERR_INVALID;
-    if (d->skip_control && t->type[id] == TOK_TYPE_CONTROL) return 0;
+    if (d->skip_control && t->type[id] == TOK_TYPE_CONTROL &&
+        !(d->keep_tool_markers && tokenizer_is_tool_marker(t, id)))
+        return 0;
     struct detok saved = *d;
     struct sink s = {out, cap - 1, 0, false};
     const unsigned char *p = (const unsigned char *)t->bytes + t->bytes_off[id];

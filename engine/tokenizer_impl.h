@@ -50,9 +50,11 @@ struct tokenizer {
     char *bytes;         /* decoded bytes of every token, back to back */
     uint32_t *bytes_off; /* [n_vocab + 1] */
     size_t max_token_bytes;
-    uint8_t *type; /* [n_vocab] enum tok_type */
-    float *score;  /* [n_vocab] SentencePiece scores (zeros when absent) */
-    uint8_t *eog;  /* [n_vocab] 1 for end-of-generation tokens */
+    uint8_t *type;          /* [n_vocab] enum tok_type */
+    float *score;           /* [n_vocab] SentencePiece scores (zeros when absent) */
+    uint8_t *eog;           /* [n_vocab] 1 for end-of-generation tokens */
+    int32_t tool_marker[4]; /* control tokens that open tool calls (tokenizer_is_tool_marker) */
+    int n_tool_markers;
 
     int32_t *vocab_slot; /* [vocab_mask + 1] token id or -1 */
     uint32_t vocab_mask;

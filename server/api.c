@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "api_structured.h"
 
 static enum metrics_error error_reason(const struct oai_error *e)
 {
@@ -200,8 +201,13 @@ int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_gener
                              "/v1/completions",
                              s->chat_error);
     struct qerr q = {0};
-    if (chat_encode(s->chat, s->tok, r->msgs, r->n_msgs, add_generation_prompt, add_bos,
-                    s->o->chat_parse_special, ids, n, &q))
+    char *tools = NULL; /* the template writes the offered tools where its model expects them */
+    if (api_tools_active(r) && !(tools = oai_tools_json(r)))
+        return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    int rc = chat_encode_tools(s->chat, s->tok, r->msgs, r->n_msgs, tools, add_generation_prompt,
+                               add_bos, s->o->chat_parse_special, ids, n, &q);
+    free(tools);
+    if (rc)
         return oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
                              q.code == QERR_NOMEM ? "server_error" : "invalid_request_error", NULL,
                              "messages", "messages: %s", q.msg);

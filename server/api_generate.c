@@ -43,7 +43,8 @@ struct gen {
     struct oai_meta meta;
     char id[48];
     bool stream, include_usage;
-    bool tools; /* chat with tools: outputs are parsed for <tool_call> blocks */
+    bool tools;                     /* chat with tools: outputs are parsed for tool calls */
+    enum chat_tool_format tool_fmt; /* ... written in the chat template's format */
     int fd;
     struct req_log *log;
     int n_choices, n_prompts, n_per; /* choices submitted; prompts; choices per prompt */
@@ -163,12 +164,13 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
             rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, ev->text, len,
                                                 FINISH_NONE, NULL));
     } else if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
-        /* content is sent as it comes, up to where a <tool_call> may begin; the calls when
+        /* content is sent as it comes, up to where a call may begin; the calls when
          * the choice ends */
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
         if (!rc)
-            rc = append_chunk(g, api_tools_chunks(&g->meta, i, c->out.text.p, c->out.text.len,
-                                                  &c->streamed, fin, g->include_usage));
+            rc = append_chunk(g, oai_tools_chunks(&g->meta, g->tool_fmt, i, c->out.text.p,
+                                                  c->out.text.len, &c->streamed, fin,
+                                                  g->include_usage));
     } else if (g->stream) {
         if (ev->done && fin == FINISH_ERROR) {
             struct oai_error e = {0};
@@ -276,7 +278,7 @@ static int wait_more(struct gen *g)
     return 0;
 }
 
-/* With tools, what the chat's one choice wrote as <tool_call> blocks become the response's
+/* With tools, what the chat's one choice wrote as tool calls become the response's
  * function calls (g->resp.calls); returns the length of the message text before them. */
 static size_t resp_take_calls(struct gen *g)
 {
@@ -286,7 +288,7 @@ static size_t resp_take_calls(struct gen *g)
     if (!g->tools || c->out.finish == FINISH_ERROR || !c->out.text.p) return keep;
     struct oai_tool_call *calls = NULL;
     oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
-    int n = oai_parse_tool_calls(c->out.text.p, c->out.text.len, &calls, &keep);
+    int n = oai_parse_tool_calls(g->tool_fmt, c->out.text.p, c->out.text.len, &calls, &keep);
     g->resp.calls = calls;
     g->resp.n_calls = n > 0 ? (size_t)n : 0;
     return n > 0 ? keep : c->out.text.len;
@@ -462,6 +464,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     g->stream = r->stream;
     g->include_usage = r->stream && r->include_usage;
     g->tools = api_tools_active(r);
+    g->tool_fmt = api_tools_format(s);
     g->n_prompts = n_prompts;
     g->n_per = r->n;
     g->ids = calloc((size_t)n_prompts, sizeof *g->ids);
@@ -522,6 +525,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
                                      .grammar = grammar,
+                                     .keep_tool_markers = g->tools,
                                      .prompt_logprobs = prompt_top >= 0,
                                      .prompt_top_logprobs = prompt_top > 0 ? prompt_top : 0};
             gr.sample.seed = seed + (uint64_t)j;
@@ -611,7 +615,7 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
     }
     struct gen *g = NULL;
     nvtx_push("http: tokenize and submit");
-    int start_failed = api_tools_prompt(s, &r, &e) || gen_start(s, rq, &r, &g, &e);
+    int start_failed = api_tools_prepare(s, &r, &e) || gen_start(s, rq, &r, &g, &e);
     nvtx_pop();
     if (start_failed) {
         oai_request_free(&r);
@@ -660,7 +664,8 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
             else if (cs)
                 body = oai_write_response(&g->meta, cs, (size_t)g->n_choices, &g->usage);
             free(cs);
-            if (body && g->tools && g->meta.kind == OAI_CHAT) body = api_tools_rewrite(body, g->id);
+            if (body && g->tools && g->meta.kind == OAI_CHAT)
+                body = oai_tools_rewrite(body, g->id, g->tool_fmt);
             if (!body) {
                 oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
                 api_error(&e, rq->log, out);

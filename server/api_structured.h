@@ -1,7 +1,7 @@
 /* api_structured: what the generation handlers add for structured outputs and tool calling:
- * compiling the request's constraint through the engine's grammar cache, offering the tools in
- * the system turn, and turning <tool_call> blocks in the output into tool_calls (whole
- * responses and SSE chunks). */
+ * compiling the request's constraint through the engine's grammar cache, and the tool-call
+ * grammar in the format of the model's chat template (the calls in the output become
+ * tool_calls in server/oai_tool_out.c). */
 #ifndef QUERN_API_STRUCTURED_H
 #define QUERN_API_STRUCTURED_H
 
@@ -11,20 +11,11 @@
  * (grammar_unref it). A schema the compiler refuses is a 400 naming the request field. */
 int api_grammar(struct serve *s, const struct oai_request *r, struct grammar **out,
                 struct oai_error *e);
-/* When r offers tools (and tool_choice is not none): the tool list goes into the system message
- * (one is added, with the template's default text, when the conversation has none). */
-int api_tools_prompt(struct serve *s, struct oai_request *r, struct oai_error *e);
+/* When r offers tools (and tool_choice is not none): its tool-call grammar in the format of the
+ * model's chat template (the template itself writes the tools into the prompt: api_chat_tokens). */
+int api_tools_prepare(struct serve *s, struct oai_request *r, struct oai_error *e);
+/* The tool-call format of the served model's chat template (Hermes without one). */
+enum chat_tool_format api_tools_format(const struct serve *s);
 /* True when outputs of r are parsed for tool calls. */
 bool api_tools_active(const struct oai_request *r);
-/* A chat response body with each choice's <tool_call> blocks turned into message.tool_calls
- * (finish_reason "tool_calls"); takes body (freed) and returns the new one (NULL: OOM). */
-char *api_tools_rewrite(char *body, const char *id);
-/* The SSE chunks for choice index of a streamed chat with tools, whose text so far is
- * text[0..len) and of which *sent bytes went out as content already: while it runs (finish
- * FINISH_NONE), the content that cannot be part of a <tool_call> (maybe none: "" is returned);
- * at its end, the rest of the content, its tool calls (id and name first, then the arguments)
- * and the finish chunk. Advances *sent. */
-char *api_tools_chunks(const struct oai_meta *m, int index, const char *text, size_t len,
-                       size_t *sent, enum finish_reason finish, bool usage_null);
-
 #endif

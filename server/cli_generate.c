@@ -248,8 +248,8 @@ static int tokenize_prompt(const struct gguf_file *f, const struct tokenizer *to
     if ((rc = chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, err))) return rc;
     struct chat_msg msgs[2];
     size_t n_msgs = 0;
-    if (a->system) msgs[n_msgs++] = (struct chat_msg){"system", a->system};
-    msgs[n_msgs++] = (struct chat_msg){"user", a->prompt};
+    if (a->system) msgs[n_msgs++] = (struct chat_msg){.role = "system", .content = a->system};
+    msgs[n_msgs++] = (struct chat_msg){.role = "user", .content = a->prompt};
     if ((rc = chat_encode(&ct, tok, msgs, n_msgs, true, bos, false, ids, n, err)))
         qerr_wrap(err, "--prompt");
     chat_template_free(&ct);

@@ -64,6 +64,10 @@ static void serve_usage(FILE *out)
         "  --log-format text|json   per-request log lines on stderr (default text)\n"
         "  --trace FILE             record the engine's steps and requests; written as a\n"
         "                           Chrome trace at exit and on SIGUSR1\n"
+        "  --mask-mode launch|thread|after\n"
+        "                           when structured outputs' token masks are computed: once\n"
+        "                           the forward is issued (default), on a helper thread\n"
+        "                           beside it, or before each sampling (docs/benchmarks.md)\n"
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
         "                           and vLLM parse them)\n"
@@ -145,7 +149,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_REQTIMEOUT,
         O_STALL,
         O_POOLING,
-        O_TP
+        O_TP,
+        O_MASK
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -175,6 +180,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"request-timeout", required_argument, 0, O_REQTIMEOUT},
         {"stall-timeout", required_argument, 0, O_STALL},
         {"pooling", required_argument, 0, O_POOLING},
+        {"mask-mode", required_argument, 0, O_MASK},
         CLI_KNOB_OPTIONS,
         CLI_SPEC_OPTIONS,
         {"help", no_argument, 0, 'h'},
@@ -274,6 +280,16 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             if (c == O_WATCHDOG) o->watchdog_s = d;
             if (c == O_REQTIMEOUT) o->request_timeout_s = d;
             if (c == O_STALL) o->stall_timeout_s = d;
+            break;
+        case O_MASK:
+            if (!strcmp(optarg, "launch"))
+                o->mask_mode = ENGINE_MASK_LAUNCH;
+            else if (!strcmp(optarg, "thread"))
+                o->mask_mode = ENGINE_MASK_THREAD;
+            else if (!strcmp(optarg, "after"))
+                o->mask_mode = ENGINE_MASK_AFTER;
+            else
+                bad = "--mask-mode wants launch, thread or after";
             break;
         case O_LOGFMT:
             if (!strcmp(optarg, "json"))
@@ -379,6 +395,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     eo.spec = o->spec.mode;
     if (o->spec.k) eo.spec_k = o->spec.k;
     if (o->spec.step_tokens) eo.spec_step_tokens = o->spec.step_tokens;
+    eo.mask_mode = o->mask_mode;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;

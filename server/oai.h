@@ -84,6 +84,8 @@ struct oai_request {
     struct chat_msg *msgs; /* owned */
     char **owned;          /* [n_msgs] content joined from parts, or NULL */
     size_t n_msgs;
+    struct chat_call *calls; /* owned: the assistant messages' tool calls (msgs point in) */
+    size_t n_calls;
     /* detokenize */
     int32_t *tokens; /* owned */
     size_t n_tokens;
@@ -117,23 +119,32 @@ int oai_parse_structured(const struct cJSON *root, struct oai_request *r, struct
 /* Fills r->tools, tool_choice, parallel_tool_calls and, for required or a named function, the
  * tool-call constraint. */
 int oai_parse_tools(const struct cJSON *root, struct oai_request *r, struct oai_error *e);
-/* A message of role "tool", or an assistant message with tool_calls, as the ChatML tool format
- * writes it in the conversation (*out malloc'd); 0 with *out NULL for other messages. */
-int oai_tool_message(const struct cJSON *msg, size_t i, const char **role, char **out,
+/* How many tool calls the message (a JSON object) carries: room for oai_tool_message. */
+size_t oai_count_tool_calls(const struct cJSON *msg);
+/* A message of role "tool" (content and tool_call_id), or an assistant message with tool_calls
+ * (each call's id, name and arguments into calls[], which must have oai_count_tool_calls
+ * entries), into *m: 1 when it was one of those, 0 for other messages (m untouched), or an
+ * error naming the field. Strings stay in the JSON tree. */
+int oai_tool_message(const struct cJSON *msg, size_t i, struct chat_msg *m, struct chat_call *calls,
                      struct oai_error *e);
-/* The system text that offers the tools (Hermes/Qwen format), after base (may be NULL):
- * malloc'd, NULL on OOM. */
-char *oai_tools_system(const struct oai_request *r, const char *base);
+/* Makes the tool-call constraint again in the format of template t (the grammar oai_parse_tools
+ * made is Hermes's), when the constraint came from the tools. */
+int oai_tools_format(struct oai_request *r, const struct chat_template *t, struct oai_error *e);
+/* The offered functions as a JSON list (chat_format_tools's tools): malloc'd, NULL on OOM. */
+char *oai_tools_json(const struct oai_request *r);
 
-/* Tool calls found in a finished chat output (the <tool_call> blocks). */
+/* Tool calls found in a finished chat output. */
 struct oai_tool_call {
     char *name, *arguments; /* owned; arguments compact JSON */
 };
-/* Parses text for <tool_call>{"name":..,"arguments":..}</tool_call> blocks. Returns the count
- * (0: none, the text is content), with *calls malloc'd and *content_len the length of the text
- * before the first block (the content that goes with the calls). */
-int oai_parse_tool_calls(const char *text, size_t len, struct oai_tool_call **calls,
-                         size_t *content_len);
+/* Parses text for the calls of format fmt, by its markers: Hermes <tool_call>{"name",
+ * "arguments"}</tool_call> blocks; Llama 3 {"name", "parameters"} objects (joined by ';') making
+ * up the whole output or following <|python_tag|>; Mistral [TOOL_CALLS] with a JSON list of
+ * {"name", "arguments"} or f[ARGS]{...} calls. Returns the count (0: none or not well-formed,
+ * the text is content), with *calls malloc'd and *content_len the length of the text before
+ * the first call (the content that goes with the calls). */
+int oai_parse_tool_calls(enum chat_tool_format fmt, const char *text, size_t len,
+                         struct oai_tool_call **calls, size_t *content_len);
 void oai_tool_calls_free(struct oai_tool_call *c, size_t n);
 
 /* Parses and validates body[0..len) for the endpoint kind. On failure *out is left empty (no
@@ -228,5 +239,17 @@ char *oai_write_detokenized(const char *text, size_t len);
 /* A token's text as a client sees it: valid UTF-8 as is, otherwise "bytes:\xNN..." (as vLLM
  * writes it). Writes at most cap - 1 bytes plus a NUL; returns the length. */
 size_t oai_token_text(const struct oai_vocab *v, int32_t id, char *out, size_t cap);
+
+/* A chat response body with each choice's tool calls (in format fmt) turned into
+ * message.tool_calls (finish_reason "tool_calls"); takes body (freed) and returns the new one. */
+char *oai_tools_rewrite(char *body, const char *id, enum chat_tool_format fmt);
+/* The SSE chunks for choice index of a streamed chat with tools, whose text so far is
+ * text[0..len) and of which *sent bytes went out as content already: while it runs (finish
+ * FINISH_NONE), the content that cannot be part of a call (maybe none: "" is returned);
+ * at its end, the rest of the content, its tool calls (id and name first, then the arguments)
+ * and the finish chunk. Advances *sent. */
+char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int index,
+                       const char *text, size_t len, size_t *sent, enum finish_reason finish,
+                       bool usage_null);
 
 #endif

@@ -252,20 +252,19 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
     r->owned = calloc(cnt, sizeof *r->owned);
     if (!r->msgs || !r->owned) return oom(e);
     r->n_msgs = cnt;
-    size_t i = 0;
+    size_t i = 0, used = 0;
     const cJSON *x;
+    cJSON_ArrayForEach(x, m) r->n_calls += oai_count_tool_calls(x);
+    if (r->n_calls && !(r->calls = calloc(r->n_calls, sizeof *r->calls))) return oom(e);
     cJSON_ArrayForEach(x, m)
     {
         char param[64];
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!cJSON_IsObject(x)) return bad(e, param, "'%s' must be an object", param);
-        const char *trole = NULL;
-        char *tcontent = NULL;
-        int trc = oai_tool_message(x, i, &trole, &tcontent, e);
-        if (trc) return trc;
-        if (tcontent) { /* a tool result, or an assistant's tool calls, as the model saw them */
-            r->msgs[i].role = trole;
-            r->msgs[i].content = r->owned[i] = tcontent;
+        int trc = oai_tool_message(x, i, &r->msgs[i], r->calls + used, e);
+        if (trc < 0) return trc;
+        if (trc) { /* a tool result, or an assistant's tool calls: the template writes them */
+            used += r->msgs[i].n_calls;
             i++;
             continue;
         }
@@ -756,6 +755,7 @@ void oai_request_free(struct oai_request *r)
         for (size_t i = 0; i < r->n_msgs; i++) free(r->owned[i]);
     free(r->owned);
     free(r->msgs);
+    free(r->calls);
     free(r->tokens);
     free(r->constraint.text);
     free(r->tools);

@@ -52,6 +52,7 @@ struct serve_opts {
     struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
     struct cli_spec spec;        /* --spec, --spec-k */
     bool no_webui;               /* --no-webui: no page at / (server/webui.h) */
+    enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

@@ -703,6 +703,75 @@ START_TEST(engine_random_workload)
 }
 END_TEST
 
+/* Constrained requests (greedy and seeded, beside unconstrained ones, speculation on in one
+ * run) give the same bytes whichever way the token masks are computed: before each sampling,
+ * on the engine thread once the forward is issued, or on a helper thread beside it. */
+START_TEST(grammar_masks_same_in_every_mode)
+{
+    static const char schema[] =
+        "{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"string\",\"maxLength\":40},"
+        "\"year\":{\"type\":\"integer\",\"minimum\":1900},\"tags\":{\"type\":\"array\",\"items\":{"
+        "\"enum\":[\"gnu\",\"free\",\"license\"]}}},\"required\":[\"title\",\"year\",\"tags\"]}";
+    static const char regex[] = "[a-z ,.]{10,60}";
+    enum { N = 6, MODES = 4 };
+    static const enum engine_mask_mode modes[MODES] = {ENGINE_MASK_AFTER, ENGINE_MASK_LAUNCH,
+                                                       ENGINE_MASK_THREAD, ENGINE_MASK_THREAD};
+    static struct result out[MODES][N];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int m = 0; m < MODES; m++) {
+        struct engine_opts o;
+        engine_opts_default(&o);
+        o.max_batch_tokens = 256;
+        o.max_seqs = 8;
+        o.kv_blocks = 256;
+        o.mask_mode = modes[m];
+        if (m == 3) o.spec = SPEC_NGRAM; /* later positions of a draft: masked at sampling */
+        struct engine *e;
+        struct qerr err = {0};
+        ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+        struct request *q[N];
+        for (int i = 0; i < N; i++) {
+            struct gen_request r;
+            greedy_request(&r, text_ids + 300 + 40 * i, (size_t)(20 + 7 * i), 32);
+            r.ignore_eos = false;
+            if (i % 2) {
+                r.sample.temperature = 0.8f;
+                r.sample.seed = (uint64_t)(10 + i);
+            }
+            struct grammar *g = NULL;
+            if (i < 4) {
+                bool js = i < 2;
+                ck_assert_msg(engine_grammar(e, js ? GRAMMAR_JSON_SCHEMA : GRAMMAR_REGEX,
+                                             js ? schema : regex, strlen(js ? schema : regex), &g,
+                                             &err) == 0,
+                              "%s", err.msg);
+            }
+            r.grammar = g;
+            q[i] = submit(e, &r);
+            grammar_unref(g);
+        }
+        for (int i = 0; i < N; i++) collect(q[i], &out[m][i]);
+        struct engine_stats st;
+        engine_get_stats(e, &st);
+        ck_assert_uint_gt(st.grammar_masks, 0);
+        engine_free(e);
+        for (int i = 0; i < N; i++) {
+            ck_assert_msg(out[m][i].final.finish != FINISH_ERROR, "mode %d request %d: %s", m, i,
+                          out[m][i].final.error);
+            ck_assert_msg(out[m][i].text_len == out[0][i].text_len &&
+                              !memcmp(out[m][i].text, out[0][i].text, out[0][i].text_len),
+                          "mode %d request %d: '%.*s' != '%.*s'", m, i, (int)out[m][i].text_len,
+                          out[m][i].text, (int)out[0][i].text_len, out[0][i].text);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("grammar masks: %d requests give the same bytes in every mask mode ('%.*s'), %.1f s\n",
+           N, (int)out[0][0].text_len, out[0][0].text,
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -720,6 +789,7 @@ int main(void)
     tcase_add_test(tc, engine_random_workload);
     tcase_add_test(tc, batched_equals_sequential);
     tcase_add_test(tc, prompt_outputs_batched_equal_alone);
+    tcase_add_test(tc, grammar_masks_same_in_every_mode);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -408,6 +408,66 @@ START_TEST(mask_exact)
 }
 END_TEST
 
+/* The tool-call grammar in each chat format: Llama 3's JSON, Mistral's [TOOL_CALLS] list (with
+ * and without its space) and its [ARGS] spelling; required, parallel and auto. */
+START_TEST(tool_calls_formats)
+{
+#define TOOLS                                                                                      \
+    "\"tools\":[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{"       \
+    "\"type\":\"integer\"}},\"required\":[\"x\"]}},{\"name\":\"g\"}]"
+    struct grammar *g =
+        compile_ok(GRAMMAR_TOOL_CALLS, "{" TOOLS ",\"parallel\":true,\"format\":\"llama3\"}");
+    ACCEPTS(g, "{\"name\": \"f\", \"parameters\": {\"x\":1}}");
+    ACCEPTS(g,
+            "{\"name\": \"f\", \"parameters\": {\"x\":1}}; {\"name\": \"g\", \"parameters\": {}}");
+    REJECTS(g, "{\"name\": \"f\", \"arguments\": {\"x\":1}}");
+    REJECTS(g, "Sure. {\"name\": \"f\", \"parameters\": {\"x\":1}}");
+    REJECTS(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>");
+    check_mask_exact(g, "{\"name\": \"f\", \"parameters\": {\"x\":1", tu_sanitized() ? 53 : 1);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_TOOL_CALLS, "{" TOOLS ",\"parallel\":false,\"format\":\"llama3\","
+                                       "\"auto\":true}");
+    ACCEPTS(g, "");
+    ACCEPTS(g, "It is sunny {probably}.");
+    ACCEPTS(g, "{\"name\": \"g\", \"parameters\": {}}");
+    ck_assert_int_eq(matches(g, "{"), 2); /* an output opened by '{' is a call */
+    REJECTS(g, "{\"answer\": 1}");
+    REJECTS(g,
+            "{\"name\": \"f\", \"parameters\": {\"x\":1}}; {\"name\": \"g\", \"parameters\": {}}");
+    grammar_unref(g);
+
+    g = compile_ok(GRAMMAR_TOOL_CALLS, "{" TOOLS ",\"parallel\":true,\"format\":\"mistral\"}");
+    ACCEPTS(g, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\":1}}]");
+    ACCEPTS(g, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\":1}}, {\"name\": \"g\", "
+               "\"arguments\": {}}]");
+    REJECTS(g, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\":1}}]");
+    REJECTS(g, "[TOOL_CALLS] []");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_TOOL_CALLS,
+                   "{" TOOLS ",\"parallel\":false,\"format\":\"mistral-nospace\",\"auto\":true}");
+    ACCEPTS(g, "Plain [TOOL text [TOOL_CALL");
+    ACCEPTS(g, "Let me see.[TOOL_CALLS][{\"name\": \"g\", \"arguments\": {}}]");
+    ck_assert_int_eq(matches(g, "x [TOOL_CALLS]"), 2); /* once opened, only a call */
+    REJECTS(g, "x [TOOL_CALLS] oops");
+    REJECTS(g, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\":1}}, {\"name\": \"g\", "
+               "\"arguments\": {}}]");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_TOOL_CALLS, "{" TOOLS ",\"parallel\":true,\"format\":\"mistral-args\"}");
+    ACCEPTS(g, "[TOOL_CALLS]f[ARGS]{\"x\":1}");
+    ACCEPTS(g, "[TOOL_CALLS]f[ARGS]{\"x\":1}[TOOL_CALLS]g[ARGS]{}");
+    REJECTS(g, "[TOOL_CALLS]h[ARGS]{}");
+    REJECTS(g, "[TOOL_CALLS]f[ARGS]{}");
+    grammar_unref(g);
+    struct grammar *bad = NULL;
+    struct qerr err = {0};
+    ck_assert_int_eq(grammar_compile(GRAMMAR_TOOL_CALLS, "{" TOOLS ",\"format\":\"xml\"}",
+                                     strlen("{" TOOLS ",\"format\":\"xml\"}"), &bad, &err),
+                     QERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "format"));
+#undef TOOLS
+}
+END_TEST
+
 START_TEST(tool_calls_auto)
 {
     struct grammar *g = compile_ok(
@@ -673,6 +733,7 @@ static Suite *suite(void)
     tcase_add_test(tc, mask_apply);
     tcase_add_test(tc, gbnf);
     tcase_add_test(tc, tool_calls_auto);
+    tcase_add_test(tc, tool_calls_formats);
     tcase_add_test(tc, fuzz_compilers);
     suite_add_tcase(s, tc);
     return s;

@@ -431,25 +431,37 @@ START_TEST(structured_bodies)
             &r, &e),
         0);
     ck_assert_str_eq(r.msgs[0].role, "assistant");
-    ck_assert_str_eq(r.msgs[0].content,
-                     "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call>");
-    ck_assert_str_eq(r.msgs[1].role, "user");
-    ck_assert_str_eq(r.msgs[1].content, "<tool_response>\nok\n</tool_response>");
+    ck_assert_ptr_null(r.msgs[0].content); /* null content with calls */
+    ck_assert_int_eq(r.msgs[0].n_calls, 1);
+    ck_assert_str_eq(r.msgs[0].calls[0].id, "1");
+    ck_assert_str_eq(r.msgs[0].calls[0].name, "f");
+    ck_assert_str_eq(r.msgs[0].calls[0].arguments, "{\"x\":1}");
+    ck_assert_str_eq(r.msgs[1].role, "tool");
+    ck_assert_str_eq(r.msgs[1].content, "ok");
+    ck_assert_str_eq(r.msgs[1].call_id, "1");
     oai_request_free(&r);
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
+               "{\"name\":\"f\",\"arguments\":{}}}]}]}",
+               400, "messages[0].tool_calls");
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":7}]}", 400,
+               "messages[0].tool_call_id");
     /* tool calls found in an output */
     struct oai_tool_call *calls;
     size_t keep;
     const char *out =
         "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
         "\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>\n";
-    ck_assert_int_eq(oai_parse_tool_calls(out, strlen(out), &calls, &keep), 2);
+    ck_assert_int_eq(oai_parse_tool_calls(CHAT_TOOLS_HERMES, out, strlen(out), &calls, &keep), 2);
     ck_assert_int_eq(keep, 5);
     ck_assert_str_eq(calls[0].name, "f");
     ck_assert_str_eq(calls[0].arguments, "{\"x\":1}");
     ck_assert_str_eq(calls[1].name, "g");
     oai_tool_calls_free(calls, 2);
     const char *broken = "<tool_call>\n{\"name\": \"f\", \"argum";
-    ck_assert_int_eq(oai_parse_tool_calls(broken, strlen(broken), &calls, &keep), 0);
+    ck_assert_int_eq(oai_parse_tool_calls(CHAT_TOOLS_HERMES, broken, strlen(broken), &calls, &keep),
+                     0);
     ck_assert_int_eq(keep, strlen(broken));
 }
 END_TEST
@@ -607,9 +619,13 @@ START_TEST(responses_bodies)
     ck_assert_int_eq(r.tool_choice, OAI_TOOLS_NAMED);
     ck_assert_int_eq(r.n_msgs, 3); /* user, one assistant turn with both calls, the result */
     ck_assert_str_eq(r.msgs[1].role, "assistant");
-    ck_assert_ptr_nonnull(strstr(r.msgs[1].content, "<tool_call>"));
-    ck_assert_ptr_nonnull(strstr(strstr(r.msgs[1].content, "</tool_call>"), "<tool_call>"));
-    ck_assert_ptr_nonnull(strstr(r.msgs[2].content, "sunny"));
+    ck_assert_int_eq(r.msgs[1].n_calls, 2);
+    ck_assert_str_eq(r.msgs[1].calls[0].id, "c1");
+    ck_assert_str_eq(r.msgs[1].calls[1].id, "c2");
+    ck_assert_str_eq(r.msgs[1].calls[1].name, "f");
+    ck_assert_str_eq(r.msgs[2].role, "tool");
+    ck_assert_str_eq(r.msgs[2].content, "sunny");
+    ck_assert_str_eq(r.msgs[2].call_id, "c1");
     oai_request_free(&r);
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
                400, "text.format");
@@ -984,6 +1000,238 @@ START_TEST(write_chat)
 }
 END_TEST
 
+/* ---- tool calls in model outputs, per format, whole and streamed ---- */
+
+struct tool_case {
+    enum chat_tool_format fmt;
+    const char *out;     /* what the model wrote (markers as their text) */
+    const char *content; /* the content that goes with the calls (or all of it) */
+    int n;               /* calls found */
+    const char *names[2], *args[2];
+};
+
+static const struct tool_case k_tool_cases[] = {
+    {CHAT_TOOLS_HERMES,
+     "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+     "\"Paris\"}}\n</tool_call>\n",
+     "Let me check.",
+     1,
+     {"get_weather"},
+     {"{\"city\":\"Paris\"}"}},
+    {CHAT_TOOLS_HERMES,
+     "a < b, and <tool is not a tag <",
+     "a < b, and <tool is not a tag <",
+     0,
+     {NULL},
+     {NULL}},
+    {CHAT_TOOLS_LLAMA3,
+     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}",
+     "",
+     1,
+     {"get_weather"},
+     {"{\"city\":\"Paris\",\"unit\":\"celsius\"}"}},
+    {CHAT_TOOLS_LLAMA3,
+     "<|python_tag|>{\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}; {\"name\": "
+     "\"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+     "",
+     2,
+     {"get_time", "get_weather"},
+     {"{\"tz\":\"CET\"}", "{\"city\":\"Oslo\"}"}},
+    {CHAT_TOOLS_LLAMA3,
+     "I will look.<|python_tag|>{\"name\": \"f\", \"parameters\": {}}",
+     "I will look.",
+     1,
+     {"f"},
+     {"{}"}},
+    {CHAT_TOOLS_LLAMA3,
+     "The weather is {unknown} today.",
+     "The weather is {unknown} today.",
+     0,
+     {NULL},
+     {NULL}},
+    {CHAT_TOOLS_LLAMA3,
+     "  {\"name\": \"f\", \"parameters\": [1]}",
+     "  {\"name\": \"f\", \"parameters\": [1]}",
+     0,
+     {NULL},
+     {NULL}},
+    {CHAT_TOOLS_MISTRAL,
+     "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": "
+     "\"get_time\", \"arguments\": {\"tz\": \"CET\"}, \"id\": \"a1B2c3D4e\"}]",
+     "",
+     2,
+     {"get_weather", "get_time"},
+     {"{\"city\":\"Paris\"}", "{\"tz\":\"CET\"}"}},
+    {CHAT_TOOLS_MISTRAL,
+     "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"s\": \"[ARGS]\"}}]",
+     "Sure.",
+     1,
+     {"f"},
+     {"{\"s\":\"[ARGS]\"}"}},
+    {CHAT_TOOLS_MISTRAL,
+     "[TOOL_CALLS] [{\"name\": 1}]",
+     "[TOOL_CALLS] [{\"name\": 1}]",
+     0,
+     {NULL},
+     {NULL}},
+    {CHAT_TOOLS_MISTRAL_ARGS,
+     "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e"
+     "[ARGS]{}",
+     "",
+     2,
+     {"get_weather", "get_time"},
+     {"{\"city\":\"Paris\"}", "{}"}},
+    {CHAT_TOOLS_MISTRAL_ARGS,
+     "No call [TOOL_CALLS]bad name[ARGS]{}",
+     "No call [TOOL_CALLS]bad name[ARGS]{}",
+     0,
+     {NULL},
+     {NULL}},
+};
+
+START_TEST(tool_call_parsers)
+{
+    for (size_t i = 0; i < sizeof k_tool_cases / sizeof k_tool_cases[0]; i++) {
+        const struct tool_case *c = &k_tool_cases[i];
+        struct oai_tool_call *calls;
+        size_t keep;
+        int n = oai_parse_tool_calls(c->fmt, c->out, strlen(c->out), &calls, &keep);
+        ck_assert_msg(n == c->n, "case %zu: %d calls, want %d", i, n, c->n);
+        ck_assert_msg(keep == strlen(c->content) && !strncmp(c->out, c->content, keep),
+                      "case %zu: content %zu bytes", i, keep);
+        for (int k = 0; k < n; k++) {
+            ck_assert_str_eq(calls[k].name, c->names[k]);
+            ck_assert_str_eq(calls[k].arguments, c->args[k]);
+        }
+        oai_tool_calls_free(calls, n > 0 ? (size_t)n : 0);
+        /* the whole response: message.tool_calls, finish_reason tool_calls */
+        cJSON *body = cJSON_CreateObject(), *ch = cJSON_CreateObject(), *msg;
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "choices"), ch);
+        msg = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", c->out);
+        cJSON_AddStringToObject(ch, "finish_reason", "stop");
+        char *text = cJSON_PrintUnformatted(body);
+        cJSON_Delete(body);
+        text = oai_tools_rewrite(text, "chatcmpl-7", c->fmt);
+        cJSON *r = cJSON_Parse(text);
+        free(text);
+        ch = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+        msg = cJSON_GetObjectItem(ch, "message");
+        const cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
+        ck_assert_int_eq(cJSON_GetArraySize(tc), c->n);
+        ck_assert_str_eq(cJSON_GetObjectItem(ch, "finish_reason")->valuestring,
+                         c->n ? "tool_calls" : "stop");
+        for (int k = 0; k < c->n; k++) {
+            const cJSON *one = cJSON_GetArrayItem(tc, k),
+                        *fn = cJSON_GetObjectItem(one, "function");
+            ck_assert_str_eq(cJSON_GetObjectItem(one, "type")->valuestring, "function");
+            ck_assert_ptr_nonnull(cJSON_GetObjectItem(one, "id")->valuestring);
+            ck_assert_str_eq(cJSON_GetObjectItem(fn, "name")->valuestring, c->names[k]);
+            ck_assert_str_eq(cJSON_GetObjectItem(fn, "arguments")->valuestring, c->args[k]);
+        }
+        const cJSON *content = cJSON_GetObjectItem(msg, "content");
+        if (c->n && !*c->content)
+            ck_assert(cJSON_IsNull(content));
+        else
+            ck_assert_str_eq(content->valuestring, c->content);
+        cJSON_Delete(r);
+    }
+}
+END_TEST
+
+/* The SSE chunks of one streamed output cut into pieces at cuts[0..n_cuts) (increasing):
+ * the content deltas joined, and the calls as a client's accumulator rebuilds them. */
+static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cuts, size_t ci)
+{
+    size_t len = strlen(c->out), sent = 0;
+    struct sbuf content = {0}, all = {0};
+    char names[2][64] = {{0}}, args[2][256] = {{0}};
+    int n_calls = 0;
+    const char *finish = NULL;
+    for (int k = 0; k <= n_cuts; k++) {
+        size_t upto = k < n_cuts ? cuts[k] : len;
+        enum finish_reason fin = k < n_cuts ? FINISH_NONE : FINISH_STOP;
+        char *sse =
+            oai_tools_chunks(meta(OAI_CHAT, -1), c->fmt, 0, c->out, upto, &sent, fin, false);
+        ck_assert_ptr_nonnull(sse);
+        sbuf_puts(&all, sse);
+        for (char *p = sse; (p = strstr(p, "data: "));) {
+            char *end = strstr(p, "\n\n");
+            ck_assert_ptr_nonnull(end);
+            cJSON *j = cJSON_ParseWithLength(p + 6, (size_t)(end - p - 6));
+            ck_assert_ptr_nonnull(j);
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0),
+                        *d = cJSON_GetObjectItem(ch, "delta"),
+                        *fr = cJSON_GetObjectItem(ch, "finish_reason");
+            const cJSON *txt = cJSON_GetObjectItem(d, "content"),
+                        *tc = cJSON_GetObjectItem(d, "tool_calls");
+            if (cJSON_IsString(txt)) {
+                ck_assert_msg(!n_calls, "case %zu: content after a call", ci);
+                sbuf_puts(&content, txt->valuestring);
+            }
+            const cJSON *one;
+            cJSON_ArrayForEach(one, tc)
+            {
+                int idx = cJSON_GetObjectItem(one, "index")->valueint;
+                const cJSON *fn = cJSON_GetObjectItem(one, "function"),
+                            *nm = cJSON_GetObjectItem(fn, "name"),
+                            *a = cJSON_GetObjectItem(fn, "arguments");
+                ck_assert_int_lt(idx, 2);
+                if (idx == n_calls) { /* a new call: its id and name come first */
+                    ck_assert_ptr_nonnull(cJSON_GetObjectItem(one, "id"));
+                    ck_assert(cJSON_IsString(nm));
+                    snprintf(names[idx], sizeof names[idx], "%s", nm->valuestring);
+                    n_calls++;
+                } else {
+                    ck_assert_int_eq(idx, n_calls - 1);
+                    ck_assert_ptr_null(nm);
+                }
+                if (cJSON_IsString(a))
+                    strncat(args[idx], a->valuestring, sizeof args[idx] - strlen(args[idx]) - 1);
+            }
+            if (cJSON_IsString(fr)) finish = "set";
+            if (cJSON_IsString(fr)) ck_assert_str_eq(fr->valuestring, c->n ? "tool_calls" : "stop");
+            cJSON_Delete(j);
+            p = end;
+        }
+        free(sse);
+    }
+    ck_assert_msg(finish, "case %zu: no finish chunk", ci);
+    ck_assert_msg(!strcmp(content.p ? content.p : "", c->content),
+                  "case %zu: streamed content '%s'", ci, content.p ? content.p : "");
+    ck_assert_int_eq(n_calls, c->n);
+    for (int k = 0; k < n_calls; k++) {
+        ck_assert_str_eq(names[k], c->names[k]);
+        ck_assert_str_eq(args[k], c->args[k]);
+    }
+    sbuf_free(&content);
+    sbuf_free(&all);
+}
+
+/* Each output streamed in arbitrary chunkings (one byte at a time, and random cuts) gives the
+ * content and calls the whole output gives; content never carries a call's bytes. */
+START_TEST(tool_call_streams)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof k_tool_cases / sizeof k_tool_cases[0]; i++) {
+        const struct tool_case *c = &k_tool_cases[i];
+        size_t len = strlen(c->out), cuts[512];
+        ck_assert_uint_lt(len, 512);
+        for (size_t k = 1; k < len; k++) cuts[k - 1] = k;
+        stream_once(c, cuts, (int)len - 1, i);
+        for (int rep = 0; rep < 20; rep++) {
+            int n = 0;
+            for (size_t k = 1; k < len; k++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                if (x % 5 == 0) cuts[n++] = k;
+            }
+            stream_once(c, cuts, n, i);
+        }
+    }
+}
+END_TEST
+
 START_TEST(write_chunks)
 {
     /* chat: the role chunk, a content chunk, the finish chunk, usage, [DONE] */
@@ -1269,6 +1517,8 @@ int main(void)
     tcase_add_test(w, write_embeddings);
     tcase_add_test(w, write_responses);
     tcase_add_test(w, write_chunks);
+    tcase_add_test(w, tool_call_parsers);
+    tcase_add_test(w, tool_call_streams);
     tcase_add_test(w, write_errors_and_misc);
     tcase_add_test(w, metrics_text);
     tcase_add_test(w, sbuf_basics);

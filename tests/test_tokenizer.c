@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../engine/grammar.h"
 #include "../engine/tokenizer.h"
 #include "../engine/utf8.h"
 #include "testutil.h"
@@ -765,6 +766,73 @@ static void gpt2_vocab(struct gb *b, const char *pre, bool with_merges)
     if (with_merges) kv_strs(b, "tokenizer.ggml.merges", merges, 1);
 }
 
+/* Tool-call markers: control tokens kept in the text only when asked, and allowed by a
+ * tool-call grammar (which spells them) but by no other grammar. */
+START_TEST(tool_markers)
+{
+    static const char *const tok[] = {
+        "a", "b",  "ab", "<|end|>", "[TOOL_CALLS]", "<|python_tag|>", "[ARGS]", "[", "{",
+        "}", "\"", "f",  "Ġ",       "<|x|>"};
+    static const int32_t type[] = {1, 1, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 3};
+    struct gb b = {0};
+    struct gguf_file *f;
+    struct tokenizer *t;
+    struct qerr err = {0};
+    kv_str(&b, "tokenizer.ggml.model", "gpt2");
+    kv_str(&b, "tokenizer.ggml.pre", "smollm");
+    kv_strs(&b, "tokenizer.ggml.tokens", tok, 14);
+    kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, type, 14);
+    static const char *const merges[] = {"a b"};
+    kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
+    ck_assert_int_eq(load_synthetic(&b, &f, &t, &err), 0);
+    /* [ARGS] is plain text here (type 1): it needs no keeping; <|x|> is not a marker */
+    ck_assert(tokenizer_is_tool_marker(t, 4));
+    ck_assert(tokenizer_is_tool_marker(t, 5));
+    ck_assert(!tokenizer_is_tool_marker(t, 6));
+    ck_assert(!tokenizer_is_tool_marker(t, 13));
+    ck_assert(!tokenizer_is_tool_marker(t, 3));
+    struct detok d;
+    char out[64];
+    detok_init(&d);
+    d.skip_control = true;
+    ck_assert_int_eq(detok_push(&d, t, 4, out, sizeof out), 0);
+    d.keep_tool_markers = true;
+    ck_assert_int_eq(detok_push(&d, t, 4, out, sizeof out), 12);
+    ck_assert_str_eq(out, "[TOOL_CALLS]");
+    ck_assert_int_eq(detok_push(&d, t, 13, out, sizeof out), 0); /* other controls still go */
+    ck_assert_int_eq(detok_push(&d, t, 3, out, sizeof out), 0);
+
+    struct grammar_vocab *v;
+    ck_assert_int_eq(grammar_vocab_create(t, 14, &v, &err), 0);
+    uint64_t mask[1];
+    struct grammar *g;
+    struct grammar_matcher *m;
+    static const char calls[] = "{\"tools\":[{\"name\":\"f\"}],\"format\":\"mistral-nospace\"}";
+    ck_assert_int_eq(grammar_compile(GRAMMAR_TOOL_CALLS, calls, strlen(calls), &g, &err), 0);
+    ck_assert_int_eq(grammar_matcher_create(g, v, &m, &err), 0);
+    /* the marker opens the call, or its bytes spelled out ("[" first) */
+    ck_assert_int_eq(grammar_matcher_mask(m, mask), 2);
+    ck_assert_uint_eq(mask[0], 1ull << 4 | 1ull << 7);
+    ck_assert_int_eq(grammar_matcher_accept(m, 4, &err), 0);
+    int nm = grammar_matcher_mask(m, mask);
+    ck_assert_msg(nm == 1 && mask[0] == 1ull << 7, "%d allowed: %llx", nm,
+                  (unsigned long long)mask[0]); /* then "[" */
+    grammar_matcher_free(m);
+    grammar_unref(g);
+    /* the same bytes through a regex: spelled out only, never the marker token */
+    static const char re[] = "\\[TOOL_CALLS\\]\\[.*";
+    ck_assert_int_eq(grammar_compile(GRAMMAR_REGEX, re, strlen(re), &g, &err), 0);
+    ck_assert_int_eq(grammar_matcher_create(g, v, &m, &err), 0);
+    ck_assert_int_eq(grammar_matcher_mask(m, mask), 1);
+    ck_assert_uint_eq(mask[0], 1ull << 7);
+    grammar_matcher_free(m);
+    grammar_unref(g);
+    grammar_vocab_free(v);
+    tokenizer_free(t);
+    gguf_close(f);
+}
+END_TEST
+
 START_TEST(load_errors)
 {
     struct gb b = {0};
@@ -882,6 +950,7 @@ int main(void)
     TCase *syn = tcase_create("synthetic");
     tcase_add_test(syn, spm_synthetic);
     tcase_add_test(syn, load_errors);
+    tcase_add_test(syn, tool_markers);
     tcase_add_test(syn, gpt2_unknown_pre);
     tcase_add_test(syn, pre_tokenizer_digits);
     suite_add_tcase(s, syn);

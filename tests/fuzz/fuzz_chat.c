@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "../../engine/chat.h"
+#include <cjson/cJSON.h>
+
 #include "fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -22,7 +24,18 @@ static bool inside_some_message(const char *s, size_t n, const struct chat_msg *
 {
     for (size_t i = 0; i < n_msgs; i++)
         if (memmem(m[i].content, strlen(m[i].content), s, n)) return true;
-    return false;
+    /* a tool result as its format writes it: in Hermes's <tool_response> wrapper (a rewritten
+     * user message), or as a JSON string (Llama 3's tojson) */
+    static const char open[] = "<tool_response>\n", close[] = "\n</tool_response>";
+    size_t lo = sizeof open - 1, lc = sizeof close - 1;
+    if (n >= lo + lc && !memcmp(s, open, lo) && !memcmp(s + n - lc, close, lc))
+        return n == lo + lc || inside_some_message(s + lo, n - lo - lc, m, n_msgs);
+    cJSON *j = n && s[0] == '"' ? cJSON_ParseWithLength(s, n) : NULL;
+    bool in = cJSON_IsString(j) &&
+              (!*j->valuestring ||
+               inside_some_message(j->valuestring, strlen(j->valuestring), m, n_msgs));
+    cJSON_Delete(j);
+    return in;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -39,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *tmpl = buf;
     size_t tmpl_len = strlen(buf);
     static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
-    struct chat_msg msgs[MAX_MSGS];
+    struct chat_msg msgs[MAX_MSGS] = {0};
     size_t n_msgs = 0;
     bool valid = true;
     for (char *p = buf + tmpl_len + 1; p < end && n_msgs < MAX_MSGS; p += strlen(p) + 1) {

@@ -89,7 +89,8 @@ static void try_tokenizer(const struct gguf_file *f)
     struct chat_template ct;
     if (gguf_get_str(f, "tokenizer.chat_template", &tmpl, &err) == 0 &&
         chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, &err) == 0) {
-        struct chat_msg m[] = {{"system", "S"}, {"user", "hi"}};
+        struct chat_msg m[] = {{.role = "system", .content = "S"},
+                               {.role = "user", .content = "hi"}};
         if (chat_encode(&ct, t, m, 2, true, true, false, &ids, &n, &err) == 0) free(ids);
         chat_template_free(&ct);
     }

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Renders tests/golden/templates/*.jinja (the chat templates of Llama-3.1-8B-Instruct,
+Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3 and Mistral-Nemo-Instruct-2407) over a set of
+tool-calling conversations with jinja2, the way transformers' apply_chat_template does
+(trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
+no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
+engine/chat_tools.c against. BOS is left out (bos_token ""): quern's text never starts with it.
+
+    python3 tools/make-chat-tools-golden.py    # needs jinja2 (python3-jinja2)
+"""
+import copy
+import json
+import os
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TDIR = os.path.join(ROOT, "tests", "golden", "templates")
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current local time \"HH:MM\" in a time zone",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string"}, "h24": {"type": "boolean"},
+                                                   "offset": {"type": "number"}}}}}
+Q = {"role": "user", "content": "What's the weather in Paris right now?"}
+CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "a1B2c3D4e", "type": "function",
+     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]}
+RESULT = {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "{\"temperature\": 21.5, \"sky\": \"sunny\"}"}
+
+LLAMA_CASES = [
+    ("tools, a system message and one question", [WEATHER, TIME],
+     [{"role": "system", "content": "  You are terse.\n"}, Q], True),
+    ("a round trip: the call and its result", [WEATHER],
+     [Q, CALL, RESULT], True),
+    ("a result holding quotes and a newline, then an answer and a new question", [WEATHER],
+     [Q, CALL, dict(RESULT, content="He said \"fine\"\nok"),
+      {"role": "assistant", "content": "It is 21.5 C and sunny."},
+      {"role": "user", "content": "And tomorrow?"}], True),
+]
+MISTRAL_CASES = [
+    ("tools and one question", [WEATHER, TIME], [Q], True),
+    ("a system message with the last user message", [WEATHER],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("a round trip: the call and its result", [WEATHER, TIME], [Q, CALL, RESULT], True),
+    ("an earlier exchange, then tools before the last question", [WEATHER],
+     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "},
+      Q], True),
+]
+TEMPLATES = {
+    "llama-3.1-8b-instruct": LLAMA_CASES,
+    "llama-3.2-3b-instruct": LLAMA_CASES,
+    "mistral-7b-instruct-v0.3": MISTRAL_CASES,
+    "mistral-nemo-instruct-2407": MISTRAL_CASES,
+}
+
+
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def raise_exception(msg):
+    raise jinja2.exceptions.TemplateError(msg)
+
+
+def render(text, tools, messages, gen):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    msgs = copy.deepcopy(messages)
+    for m in msgs:  # vLLM hands templates the arguments as a dict
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+        if m.get("tool_calls") is None:
+            m.pop("tool_calls", None)
+    return env.from_string(text).render(messages=msgs, tools=tools, add_generation_prompt=gen,
+                                        bos_token="", eos_token="</s>")
+
+
+def main():
+    out = {"templates": {}, "cases": []}
+    for name, cases in TEMPLATES.items():
+        with open(os.path.join(TDIR, name + ".jinja")) as f:
+            text = f.read()
+        out["templates"][name] = text
+        for what, tools, messages, gen in cases:
+            out["cases"].append({"template": name, "what": what, "tools": [t["function"] for t in tools],
+                                 "messages": messages, "add_generation_prompt": gen,
+                                 "formatted": render(text, tools, messages, gen)})
+    path = os.path.join(ROOT, "tests", "golden", "chat_tools.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"{path}: {len(out['cases'])} conversations over {len(out['templates'])} templates")
+
+
+if __name__ == "__main__":
+    main()
