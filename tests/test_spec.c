@@ -570,6 +570,7 @@ static void open_quantized(const char *name, enum qtype t, struct gguf_file **ou
 
 START_TEST(draft_model_output_equals_plain_decoding)
 {
+    double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
     struct gguf_file *q8, *q4;
     open_quantized("spec-target.Q8_0.gguf", QTYPE_Q8_0, &q8);
     open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
@@ -612,8 +613,9 @@ START_TEST(draft_model_output_equals_plain_decoding)
     run_all(e, c, n_tight, tight);
     engine_get_stats(e, &st);
     engine_free(e);
-    printf("spec draft, tight pool: %llu preemptions, %llu accepted\n",
-           (unsigned long long)st.preemptions, (unsigned long long)st.spec_accepted_tokens);
+    printf("spec draft, tight pool: %llu preemptions, %llu accepted (whole test %.1f s cpu)\n",
+           (unsigned long long)st.preemptions, (unsigned long long)st.spec_accepted_tokens,
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
     ck_assert_uint_gt(st.preemptions, 0);
     ck_assert_uint_gt(st.spec_accepted_tokens, 0);
     check_same(plain, tight, n_tight, "draft model, tight pool");
@@ -652,6 +654,7 @@ static void greedy_ref(struct model *m, const int32_t *ctx, int n, int k, struct
  * catch-up split over forwards of 64 tokens. */
 START_TEST(draft_model_proposes_its_greedy_continuation)
 {
+    double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
     struct gguf_file *q4;
     open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
     struct model_opts mo = {
@@ -714,6 +717,8 @@ START_TEST(draft_model_proposes_its_greedy_continuation)
     model_free(ref);
     spec_model_free(dm);
     gguf_close(q4);
+    printf("spec draft, greedy continuation: %.1f s cpu\n",
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
 }
 END_TEST
 
