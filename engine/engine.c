@@ -683,6 +683,8 @@ static void engine_release(struct engine *e)
 {
     grammar_overlap_stop(e);
     model_free(e->model);
+    spec_model_free(e->draft);
+    free(e->dm_seqs);
     backend_destroy(e->traced);
     kv_pool_free(e->pool);
     sched_plan_free(&e->plan);
@@ -714,6 +716,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                         o->max_batch_tokens, o->max_seqs, o->max_queue, o->kv_block_size);
     if (o->spec != SPEC_OFF && (o->spec_k < 1 || o->spec_k > SPEC_K_MAX))
         return qerr_set(err, QERR_INVALID, "engine: spec-k %d not in 1..%d", o->spec_k, SPEC_K_MAX);
+    if (o->spec == SPEC_DRAFT && (!o->draft_file || o->tp > 1))
+        return qerr_set(err, QERR_INVALID, "engine: --spec draft needs %s",
+                        o->draft_file ? "one rank (not --tp)" : "a draft model (--draft-model)");
     if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
         return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
                         tokenizer_max_token_bytes(tok));
@@ -728,8 +733,14 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->vocab = cfg.vocab;
     e->ctx_len = o->ctx_len > 0 && o->ctx_len < cfg.ctx_len ? o->ctx_len : cfg.ctx_len;
     int blocks = o->kv_blocks;
+    /* a draft model's K/V share the target's blocks: each block costs both */
+    struct model_config dcfg = {0};
+    if (o->spec == SPEC_DRAFT && (rc = model_config_read(o->draft_file, &dcfg, err)))
+        return qerr_wrap(err, "draft model");
     if (blocks <= 0) {
-        size_t per_block = model_shard_kv_bytes_max(&cfg, o->tp, backend_kv_elem_bytes(be)) *
+        size_t elem = backend_kv_elem_bytes(be);
+        size_t per_block = (model_shard_kv_bytes_max(&cfg, o->tp, elem) +
+                            (o->spec == SPEC_DRAFT ? model_kv_bytes_per_token(&dcfg, elem) : 0)) *
                            (size_t)o->kv_block_size;
         size_t nb = o->kv_mem / per_block;
         if (nb < 1) {
@@ -773,8 +784,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         backend_host_alloc(be, (size_t)o->max_batch_tokens * (size_t)cfg.dim * sizeof *e->hidden);
     e->work = malloc((size_t)cfg.vocab * sizeof *e->work);
     e->spare = malloc((size_t)(e->spare_target > 0 ? e->spare_target : 1) * sizeof *e->spare);
+    e->dm_seqs = calloc((size_t)o->max_seqs, sizeof *e->dm_seqs);
     if (!e->incoming || !e->waiting || !e->running || !e->logits || !e->hidden || !e->work ||
-        !e->spare) {
+        !e->spare || !e->dm_seqs) {
         rc = qerr_set(err, QERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -787,6 +799,12 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->trace && o->tp <= 1 && (rc = trace_wrap_backend(o->trace, be, &e->traced, err)))
         goto fail;
     if ((rc = model_load(f, e->traced ? e->traced : be, &mo, &e->model, err))) goto fail;
+    if (o->spec == SPEC_DRAFT) {
+        /* a draft round has a row per drafting sequence; more are split over forwards */
+        struct model_opts dmo = mo;
+        dmo.max_logits = o->max_seqs < 16 ? o->max_seqs : 16;
+        if ((rc = spec_model_create(o->draft_file, tok, be, &dmo, &e->draft, err))) goto fail;
+    }
     while (e->n_spare < e->spare_target) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
     e->local.kv_blocks_total = blocks;
     e->local.kv_block_size = o->kv_block_size;

@@ -70,6 +70,10 @@ struct engine_opts {
     int spec_step_tokens;
     bool check_invariants;           /* tests: check the pool and sequences after every step */
     enum engine_mask_mode mask_mode; /* default ENGINE_MASK_LAUNCH (docs/benchmarks.md) */
+    /* SPEC_DRAFT: the draft model's GGUF (borrowed; it must outlive the engine), with the
+     * target's vocabulary. It runs on the engine's backend, its K/V in the same pool blocks as
+     * the target's: kv_mem then pays for both (docs/speculation.md). Not with tp > 1. */
+    const struct gguf_file *draft_file;
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -171,6 +175,7 @@ struct engine_stats {
      * drafts had 0, 1, .. SPEC_K_MAX tokens accepted */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_hist[SPEC_K_MAX + 1];
+    uint64_t spec_draft_errors; /* steps whose draft model failed (they verified no drafts) */
 };
 
 struct engine;

@@ -19,6 +19,11 @@ static int check_seq(const struct engine *e, const struct seq *s, struct qerr *e
     if (s->n_computed >= s->n_tokens)
         return qerr_set(err, QERR_INVALID, "request %llu: %d of %d tokens computed",
                         (unsigned long long)s->id, s->n_computed, s->n_tokens);
+    /* the draft model's K/V never run ahead of the blocks the sequence keeps */
+    if (s->draft_computed < 0 || s->draft_computed > s->n_computed)
+        return qerr_set(err, QERR_INVALID,
+                        "request %llu: draft model K/V for %d positions, %d computed",
+                        (unsigned long long)s->id, s->draft_computed, s->n_computed);
     uint64_t chain = 0;
     for (int j = 0; j < s->n_blocks; j++) {
         bool full = (j + 1) * bs <= s->n_computed;

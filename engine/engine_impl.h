@@ -9,6 +9,7 @@
 #include "engine.h"
 #include "grammar_cache.h"
 #include "kv_cache.h"
+#include "spec_model.h"
 
 /* The channel between the engine thread and whoever holds the request. */
 struct request {
@@ -61,8 +62,9 @@ struct seq {
     bool mask_ready;
     bool spec; /* drafts for this sequence are verified (engine_opts.spec) */
     struct spec_state spec_st;
-    int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
-    char error[200];   /* why it failed, for FINISH_ERROR */
+    int spec_accepted;  /* output tokens a draft had guessed (the final event's count) */
+    int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
+    char error[200];    /* why it failed, for FINISH_ERROR */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose
      * logprob is still to be sent (from 1; n_prompt when all are) */
     bool prompt_logprobs;
@@ -142,6 +144,8 @@ struct engine {
     int *spare;
     int n_spare, spare_target;
     struct engine_state_pub *state; /* the live picture (engine_state.c) */
+    struct spec_model *draft;       /* SPEC_DRAFT: the draft model, or NULL */
+    struct spec_model_seq *dm_seqs; /* [max_seqs] one step's draft-model requests */
     char check_error[600]; /* the first engine_check failure (check_invariants); "" if none */
     float *work;           /* [vocab] */
     /* structured outputs: the cache any thread compiles through; the vocabulary trie, made by

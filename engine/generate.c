@@ -106,13 +106,20 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
     if (kmax > mo->max_logits - 1) kmax = mo->max_logits - 1;
     if (kmax > mo->max_batch_tokens - 1) kmax = mo->max_batch_tokens - 1;
     size_t cap = n_prompt + (size_t)o->n_predict;
+    if (o->spec == SPEC_DRAFT && !o->draft)
+        return qerr_set(err, QERR_INVALID, "generate: --spec draft needs a draft model");
     int32_t *seq = malloc(cap * sizeof *seq);
     float *row = malloc((size_t)vocab * sizeof *row);
-    if (!seq || !row) {
+    /* the draft model's K/V go to the same block numbers as the target's, in its own storage */
+    int *blocks = malloc((size_t)s->max_blocks * sizeof *blocks);
+    if (!seq || !row || !blocks) {
         free(seq);
         free(row);
+        free(blocks);
         return qerr_set(err, QERR_NOMEM, "generate: out of memory");
     }
+    for (int i = 0; i < s->max_blocks; i++) blocks[i] = s->table[i];
+    int dcomp = 0; /* positions with the draft model's K/V */
     memcpy(seq, prompt, n_prompt * sizeof *seq);
     int n = (int)n_prompt, produced = 0, r = 0, nd = 0, acc = 0, rc = 0;
     int32_t chunk[1 + SPEC_K_MAX]; /* the last sampled token, then the draft */
@@ -150,13 +157,27 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         int k = kmax > 0 ? spec_state_next_k(&st) : 0;
         if (k > o->n_predict - produced - 1) k = o->n_predict - produced - 1;
         if (k > kmax) k = kmax;
-        nd = k > 0 ? spec_draft(&d, seq, n, k, chunk + 1) : 0;
+        if (k > 0 && o->draft) {
+            struct spec_model_seq q = {.tokens = seq,
+                                       .n_tokens = n,
+                                       .computed = &dcomp,
+                                       .blocks = blocks,
+                                       .n_blocks = s->max_blocks,
+                                       .ext_block = -1,
+                                       .k = k,
+                                       .out = chunk + 1};
+            if ((rc = spec_model_draft(o->draft, &q, 1, err))) break;
+            nd = k;
+        } else {
+            nd = k > 0 ? spec_draft(&d, seq, n, k, chunk + 1) : 0;
+        }
         chunk[0] = t;
         r = acc = 0;
         if ((rc = run_chunk(m, s, chunk, n - 1, nd + 1, true, logits, err))) break;
     }
     free(seq);
     free(row);
+    free(blocks);
     return rc;
 }
 

@@ -11,6 +11,7 @@
 #include "model.h"
 #include "sample.h"
 #include "spec.h"
+#include "spec_model.h"
 
 struct gen_spec_stats {
     int drafts, drafted, accepted; /* drafts verified, tokens in them, tokens kept */
@@ -30,6 +31,8 @@ struct gen_opts {
     enum spec_mode spec;
     int spec_k;
     struct gen_spec_stats *spec_stats; /* filled when not NULL */
+    /* SPEC_DRAFT: the draft model (spec_model.h), loaded with at least this run's KV blocks */
+    struct spec_model *draft;
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling

@@ -19,7 +19,10 @@
  * serves other sequences first, and past a few tokens a CPU step costs about its size). Draft
  * tokens are not part of the sequence until the engine has verified them (sched_spec_settle);
  * positions past the sequence's own blocks go to one of the engine's spare blocks, so a rejected
- * draft never takes a block from the pool, and never evicts or registers a cached prefix. */
+ * draft never takes a block from the pool, and never evicts or registers a cached prefix.
+ * With a draft model (SPEC_DRAFT) pass D first lays out each draft's positions and slots, then
+ * runs the draft model once for all of them (spec_model.h), writing its guesses into the
+ * batch; the draft's K/V use the same blocks and spares, so the rollback is the same. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +92,7 @@ void sched_release_blocks(struct engine *e, struct seq *s)
     s->n_computed = 0;
     s->n_keyed = 0;
     s->last_key = 0;
+    s->draft_computed = 0;
 }
 
 static bool push_block(struct seq *s, int b)
@@ -250,6 +254,7 @@ static void plan_drafts(struct engine *e, int budget)
         if (b < 0) break;
         e->spare[e->n_spare++] = b;
     }
+    int n_tokens0 = p->n_tokens, n_logits0 = p->n_logits, n_dm = 0;
     for (int i = 0; i < p->n_seqs && budget > 0; i++) {
         struct seq *s = p->seqs[i];
         if (!s->spec || !p->wants_logits[i]) continue;
@@ -262,7 +267,8 @@ static void plan_drafts(struct engine *e, int budget)
         if (k > e->ctx_len - s->n_tokens) k = e->ctx_len - s->n_tokens;
         if (k <= 0) continue;
         int32_t draft[SPEC_K_MAX];
-        int nd = spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft);
+        /* a draft model always proposes k: it runs below, once the slots are known */
+        int nd = e->draft ? k : spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft);
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;
         /* k <= block size: a draft reaches at most one block past the sequence's own */
         if (nd > 0 && first + nd > held) {
@@ -279,14 +285,36 @@ static void plan_drafts(struct engine *e, int budget)
         for (int j = 0; j < nd; j++) {
             int pos = first + j, t = p->n_tokens++;
             int blk = pos / bs < s->n_blocks ? s->blocks[pos / bs] : ext;
-            p->tokens[t] = draft[j];
+            p->tokens[t] = e->draft ? -1 : draft[j];
             p->pos[t] = pos;
             p->seq_idx[t] = i;
             p->slot[t] = blk * bs + pos % bs;
             p->logit_idx[p->n_logits++] = t;
         }
+        if (e->draft)
+            e->dm_seqs[n_dm++] = (struct spec_model_seq){.tokens = s->tokens,
+                                                         .n_tokens = s->n_tokens,
+                                                         .computed = &s->draft_computed,
+                                                         .blocks = s->blocks,
+                                                         .n_blocks = s->n_blocks,
+                                                         .ext_block = ext,
+                                                         .k = nd,
+                                                         .out = p->tokens + p->draft_at[i]};
         budget -= nd;
     }
+    if (n_dm == 0) return;
+    struct qerr err = {0};
+    if (spec_model_draft(e->draft, e->dm_seqs, n_dm, &err) == 0) return;
+    /* the draft model failed: this step verifies no drafts (the drafts are the batch's last
+     * tokens and rows), and the draft K/V are computed again next time */
+    p->n_tokens = n_tokens0;
+    p->n_logits = n_logits0;
+    sched_spec_abandon(e);
+    for (int i = 0; i < p->n_seqs; i++) {
+        p->n_draft[i] = 0;
+        p->seqs[i]->draft_computed = 0;
+    }
+    e->local.spec_draft_errors++;
 }
 
 int sched_step_plan(struct engine *e)
@@ -416,6 +444,9 @@ void sched_spec_settle(struct engine *e, int i, int kept)
         }
     }
     if (ext >= 0) e->spare[e->n_spare++] = ext;
+    /* the draft model's K/V past what was kept belong to rejected guesses (or to a spare that
+     * went back): it recomputes from there */
+    if (s->draft_computed > s->n_computed) s->draft_computed = s->n_computed;
     key_blocks(e, s);
 }
 

@@ -11,7 +11,9 @@
  * The n-gram (prompt lookup) drafter needs no model: it finds the most recent earlier place
  * where the last n tokens (n from ngram_max down to ngram_min) occurred in the prompt or the
  * output and proposes what followed there. It pays off where the output copies its input
- * (edits, extraction, code, summaries quoting the text). */
+ * (edits, extraction, code, summaries quoting the text). The draft-model drafter
+ * (spec_model.h) needs K/V of its own and runs batched over the step's sequences, so it has its
+ * own interface; the verification, the draft length and the rollback are the same. */
 #ifndef QUERN_SPEC_H
 #define QUERN_SPEC_H
 
@@ -22,12 +24,13 @@
 enum spec_mode {
     SPEC_OFF = 0,
     SPEC_NGRAM,
+    SPEC_DRAFT, /* a draft model proposes (spec_model.h); spec_draft here proposes nothing */
 };
 
 /* The longest draft a step verifies; also what the drafted-length histogram spans. */
 #define SPEC_K_MAX 16
 
-/* "off" or "ngram" (as --spec spells them); QERR_INVALID naming the text otherwise. */
+/* "off", "ngram" or "draft" (as --spec spells them); QERR_INVALID naming the text otherwise. */
 int spec_mode_parse(const char *text, enum spec_mode *out, struct qerr *err);
 const char *spec_mode_name(enum spec_mode m);
 

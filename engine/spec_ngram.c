@@ -9,8 +9,10 @@ int spec_mode_parse(const char *text, enum spec_mode *out, struct qerr *err)
         *out = SPEC_OFF;
     else if (strcmp(text, "ngram") == 0)
         *out = SPEC_NGRAM;
+    else if (strcmp(text, "draft") == 0)
+        *out = SPEC_DRAFT;
     else
-        return qerr_set(err, QERR_INVALID, "spec: '%s' is not one of off, ngram", text);
+        return qerr_set(err, QERR_INVALID, "spec: '%s' is not one of off, ngram, draft", text);
     return 0;
 }
 
@@ -21,6 +23,8 @@ const char *spec_mode_name(enum spec_mode m)
         return "off";
     case SPEC_NGRAM:
         return "ngram";
+    case SPEC_DRAFT:
+        return "draft";
     }
     return "unknown";
 }

@@ -72,30 +72,41 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
 /* Puts the knobs into a backend request. */
 void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
 
-/* --spec off|ngram and --spec-k N: speculative decoding (engine/spec.h), the same on serve,
- * generate and bench. Off unless asked: docs/speculation.md has where it pays. */
+/* --spec off|ngram|draft, --spec-k N and --draft-model PATH: speculative decoding
+ * (engine/spec.h), the same on serve, generate and bench. Off unless asked:
+ * docs/speculation.md has where it pays. */
 #include "../engine/spec.h"
 struct cli_spec {
     enum spec_mode mode;
-    int k;           /* 0: the engine's default */
-    int step_tokens; /* 0: the engine's default */
+    bool mode_set;                /* --spec was given */
+    int k;                        /* 0: the engine's default */
+    int step_tokens;              /* 0: the engine's default */
+    const char *draft_model;      /* --draft-model; implies --spec draft */
+    struct gguf_file *draft_file; /* opened by cli_spec_open */
 };
-enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP };
+enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL };
 #define CLI_SPEC_OPTIONS                                                                           \
     {"spec", required_argument, 0, CLI_O_SPEC}, {"spec-k", required_argument, 0, CLI_O_SPEC_K},    \
+        {"spec-step-tokens", required_argument, 0, CLI_O_SPEC_STEP},                               \
     {                                                                                              \
-        "spec-step-tokens", required_argument, 0, CLI_O_SPEC_STEP                                  \
+        "draft-model", required_argument, 0, CLI_O_DRAFT_MODEL                                     \
     }
 #define CLI_SPEC_HELP                                                                              \
-    "  --spec off|ngram    speculative decoding: ngram drafts from the prompt and output\n"        \
-    "                    (prompt lookup), verified so the output stays byte-identical\n"           \
-    "                    (default off)\n"                                                          \
+    "  --spec off|ngram|draft  speculative decoding: ngram drafts from the prompt and\n"           \
+    "                    output (prompt lookup), draft from a smaller model with the same\n"       \
+    "                    tokenizer (--draft-model), verified so the output stays\n"                \
+    "                    byte-identical (default off)\n"                                           \
+    "  --draft-model PATH  the draft model's GGUF (implies --spec draft)\n"                        \
     "  --spec-k N          the longest draft, 1..16 (default 8)\n"                                 \
     "  --spec-step-tokens N  drafts fill a step up to N tokens in all\n"                           \
     "                    (default 8)\n"
 /* Takes --spec, --spec-k or --spec-step-tokens (`code`) with its argument; false after a one-line
  * error. */
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
+/* After the arguments: --spec draft without --draft-model, or --draft-model with another --spec,
+ * is QERR_INVALID; with a draft model, opens its file (errors name the path). */
+int cli_spec_open(struct cli_spec *s, struct qerr *err);
+void cli_spec_close(struct cli_spec *s);
 
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);

@@ -219,6 +219,7 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.max_queue = (int)(a->requests + a->concurrency);
     o.prefix_cache = true;
     o.spec = a->spec.mode;
+    o.draft_file = a->spec.draft_file;
     if (a->spec.k) o.spec_k = a->spec.k;
     if (a->spec.step_tokens) o.spec_step_tokens = a->spec.step_tokens;
     o.tp = a->grp->n;
@@ -676,6 +677,7 @@ int cli_bench(int argc, char **argv)
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
+        case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
             continue;
         case O_GROUNDED:
@@ -790,7 +792,7 @@ int cli_bench(int argc, char **argv)
                         "--pp/--tg (see quern bench --help)\n");
         return EXIT_USAGE;
     }
-    if (!serving && (a.spec.mode != SPEC_OFF || a.grounded)) {
+    if (!serving && (a.spec.mode != SPEC_OFF || a.spec.draft_model || a.grounded)) {
         fprintf(stderr, "quern bench: --spec and --grounded apply to --requests runs\n");
         return EXIT_USAGE;
     }
@@ -806,6 +808,7 @@ int cli_bench(int argc, char **argv)
                  ? synth_model_open(a.synthetic, a.synth_type, (uint64_t)a.seed, NULL, &f, &err)
                  : gguf_open(cli_model_path(a.model), &f, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
+    if (!rc) rc = cli_spec_open(&a.spec, &err);
     struct backend_request req = {.device = a.device,
                                   .threads = (int)a.threads,
                                   .precision = a.precision,
@@ -818,6 +821,7 @@ int cli_bench(int argc, char **argv)
              : a.n_decode ? run_decode_batches(f, be, &a, &err)
                           : run_pp_tg(f, be, &a, &err);
     if (rc) fprintf(stderr, "quern bench: %s\n", err.msg);
+    cli_spec_close(&a.spec);
     backend_group_free(&grp);
     tokenizer_free(tok);
     gguf_close(f);

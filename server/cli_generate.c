@@ -166,6 +166,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
+        case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
             break;
         case O_BATCHINV:
@@ -268,6 +269,7 @@ int cli_generate(int argc, char **argv)
     }
     const char *path = cli_model_path(a.model);
     struct qerr err = {0};
+    struct spec_model *dm = NULL; /* --spec draft */
     struct gguf_file *f = NULL;
     struct tokenizer *tok = NULL;
     struct backend_group grp = {0};
@@ -280,6 +282,11 @@ int cli_generate(int argc, char **argv)
 
     if ((rc = gguf_open(path, &f, &err))) goto out;
     if ((rc = tokenizer_load(f, &tok, &err))) goto out;
+    if ((rc = cli_spec_open(&a.spec, &err))) goto out;
+    if (a.spec.mode == SPEC_DRAFT && a.tp > 1) {
+        rc = qerr_set(&err, QERR_INVALID, "--spec draft runs on one rank: not with --tp %d", a.tp);
+        goto out;
+    }
     if ((rc = tokenize_prompt(f, tok, &a, &ids, &n_ids, &err))) goto out;
     if (n_ids == 0) {
         rc = qerr_set(&err, QERR_INVALID, "--prompt: the prompt has no tokens");
@@ -316,6 +323,15 @@ int cli_generate(int argc, char **argv)
          (grp.n == 1 && (rc = trace_wrap_backend(tr, grp.be[0], &traced, &err)))))
         goto out;
     if ((rc = model_load(f, traced ? traced : grp.be[0], &mo, &m, &err))) goto out;
+    if (a.spec.mode == SPEC_DRAFT) {
+        /* one sequence: a row of logits per draft round */
+        struct model_opts dmo = mo;
+        dmo.max_logits = 1;
+        if ((rc = spec_model_create(a.spec.draft_file, tok, grp.be[0], &dmo, &dm, &err))) {
+            qerr_wrap(&err, "--draft-model %s", a.spec.draft_model);
+            goto out;
+        }
+    }
 
     struct gen_state g = {.tok = tok, .ignore_eos = a.ignore_eos};
     detok_init(&g.dt);
@@ -327,7 +343,8 @@ int cli_generate(int argc, char **argv)
                           .trace = tr,
                           .spec = a.spec.mode,
                           .spec_k = spec_k,
-                          .spec_stats = &ss};
+                          .spec_stats = &ss,
+                          .draft = dm};
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
@@ -364,6 +381,8 @@ int cli_generate(int argc, char **argv)
 out:
     if (exit_code != EXIT_OK) fprintf(stderr, "quern generate: %s\n", err.msg);
     free(ids);
+    spec_model_free(dm);
+    cli_spec_close(&a.spec);
     model_free(m);
     backend_destroy(traced);
     trace_free(tr);

@@ -317,6 +317,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
+        case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("serve", c, optarg, &o->spec)) return EXIT_USAGE;
             break;
         case O_CHATSPECIAL:
@@ -357,7 +358,8 @@ struct loaded {
     struct engine *e;
     struct chat_template chat;
     bool has_chat;
-    struct trace *trace; /* --trace; outlives the engine */
+    struct trace *trace;     /* --trace; outlives the engine */
+    struct gguf_file *draft; /* --draft-model; outlives the engine */
 };
 
 static int load(struct serve *s, struct loaded *L, struct qerr *err)
@@ -392,7 +394,11 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
     eo.stall_timeout_s = o->stall_timeout_s;
-    eo.spec = o->spec.mode;
+    struct cli_spec sp = o->spec;
+    if ((rc = cli_spec_open(&sp, err))) return rc;
+    L->draft = sp.draft_file;
+    eo.spec = sp.mode;
+    eo.draft_file = L->draft;
     if (o->spec.k) eo.spec_k = o->spec.k;
     if (o->spec.step_tokens) eo.spec_step_tokens = o->spec.step_tokens;
     eo.mask_mode = o->mask_mode;
@@ -415,6 +421,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
 static void unload(struct loaded *L)
 {
     engine_free(L->e);
+    gguf_close(L->draft);
     trace_free(L->trace);
     backend_group_free(&L->grp);
     if (L->has_chat) chat_template_free(&L->chat);

@@ -1,15 +1,21 @@
-/* --spec and --spec-k (cli.h). */
+/* --spec, --spec-k, --spec-step-tokens and --draft-model (cli.h). */
 #include <stdio.h>
 
+#include "../engine/gguf.h"
 #include "cli.h"
 
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s)
 {
     if (code == CLI_O_SPEC) {
         struct qerr err = {0};
+        s->mode_set = true;
         if (spec_mode_parse(text, &s->mode, &err) == 0) return true;
-        fprintf(stderr, "quern %s: '%s': --spec wants off or ngram\n", prog, text);
+        fprintf(stderr, "quern %s: '%s': --spec wants off, ngram or draft\n", prog, text);
         return false;
+    }
+    if (code == CLI_O_DRAFT_MODEL) {
+        s->draft_model = text;
+        return true;
     }
     long v;
     if (code == CLI_O_SPEC_STEP) {
@@ -26,4 +32,24 @@ bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec 
     }
     fprintf(stderr, "quern %s: '%s': --spec-k wants 1..%d\n", prog, text, SPEC_K_MAX);
     return false;
+}
+
+int cli_spec_open(struct cli_spec *s, struct qerr *err)
+{
+    if (s->draft_model && !s->mode_set) s->mode = SPEC_DRAFT;
+    if (s->mode == SPEC_DRAFT && !s->draft_model)
+        return qerr_set(err, QERR_INVALID, "--spec draft needs --draft-model PATH");
+    if (s->draft_model && s->mode != SPEC_DRAFT)
+        return qerr_set(err, QERR_INVALID, "--draft-model drafts only with --spec draft, not %s",
+                        spec_mode_name(s->mode));
+    if (!s->draft_model) return 0;
+    int rc = gguf_open(s->draft_model, &s->draft_file, err);
+    if (rc) qerr_wrap(err, "--draft-model %s", s->draft_model);
+    return rc;
+}
+
+void cli_spec_close(struct cli_spec *s)
+{
+    gguf_close(s->draft_file);
+    s->draft_file = NULL;
 }

@@ -81,7 +81,7 @@ if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
   echo "FAIL: seeded output differs"; fails=$((fails + 1)); fi
 
 # --spec ngram: byte-identical to --spec off, greedy and seeded, on a prompt the output copies
-expect 2 "--spec wants off or ngram" -- generate --model "$model" --prompt hi --spec eagle
+expect 2 "--spec wants off, ngram or draft" -- generate --model "$model" --prompt hi --spec eagle
 expect 2 "--spec-k wants 1..16" -- generate --model "$model" --prompt hi --spec-k 0
 expect 2 "--spec and --grounded apply to --requests runs" -- bench --model "$model" --pp 8 --tg 8 --spec ngram
 copy="Repeat this text exactly: The committee agreed that the annual budget would be reviewed every March, and that any member could propose changes in writing before the first of February."
@@ -94,6 +94,24 @@ for s in "--temp 0" "--temp 0.8 --seed 4"; do
     echo "ok: --spec ngram $s: the text of --spec off, drafts accepted"
   else
     echo "FAIL: --spec ngram $s differs from --spec off or accepted nothing"; fails=$((fails + 1))
+    sed 's/^/    /' "$tmp/a" "$tmp/b" "$tmp/err" | head -20
+  fi
+done
+
+# --spec draft: the model quantized to Q4_0 drafting for itself gives the text of --spec off
+"$bin" quantize --in "$model" --out "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1
+expect 1 "--spec draft needs --draft-model PATH" -- generate --model "$model" --prompt hi --spec draft
+expect 1 "--draft-model drafts only with --spec draft, not ngram" -- generate --model "$model" --prompt hi --spec ngram --draft-model "$tmp/draft.gguf"
+expect 1 "--draft-model $tmp/nothing.gguf: " -- generate --model "$model" --prompt hi --draft-model "$tmp/nothing.gguf"
+for s in "--temp 0" "--temp 0.8 --seed 4"; do
+  # shellcheck disable=SC2086
+  "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
+  # shellcheck disable=SC2086
+  "$bin" generate --model "$model" --chat $s -n 40 --draft-model "$tmp/draft.gguf" --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
+  if cmp -s "$tmp/a" "$tmp/b" && grep -qE "spec draft: [0-9]+ drafts, [1-9][0-9]* of" "$tmp/err"; then
+    echo "ok: --spec draft $s: the text of --spec off, drafts accepted"
+  else
+    echo "FAIL: --spec draft $s differs from --spec off or accepted nothing"; fails=$((fails + 1))
     sed 's/^/    /' "$tmp/a" "$tmp/b" "$tmp/err" | head -20
   fi
 done

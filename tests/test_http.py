@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -738,6 +739,36 @@ def test_speculation(plain):
         d.reader.join(10)
         check(rc == 0, "the --spec daemon exits 0 on SIGTERM", str(rc))
         check_sanitizers(d)
+    # --draft-model: the model quantized to Q4_0 drafting for itself, the same text again
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = os.path.join(tmp, "draft.gguf")
+        subprocess.run([BIN, "quantize", "--in", MODEL, "--out", draft, "--type", "q4_0"],
+                       check=True, capture_output=True)
+        if "--tp" in SERVE_ARGS:  # the draft model runs on one rank: refused at start
+            p = subprocess.run([BIN, "serve", "--model", MODEL, "--port", "0", *SERVE_ARGS,
+                                "--draft-model", draft], capture_output=True, text=True,
+                               timeout=120)
+            check(p.returncode != 0 and "one rank" in p.stderr,
+                  "serve --tp 2 --draft-model: refused", p.stderr[-300:])
+            return
+        d = Daemon("--draft-model", draft, "--precision", "f32")
+        try:
+            st, _, r = d.post("/v1/completions", body)
+            acc = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+            check(st == 200 and r["choices"][0]["text"] == ref["choices"][0]["text"] and acc > 0,
+                  "spec draft: the text of plain decoding, with accepted draft tokens",
+                  f"{r} vs {ref}")
+            _, _, b = d.post("/v1/completions", seeded)
+            check(a["choices"][0]["text"] == b["choices"][0]["text"],
+                  "spec draft: seeded sampling gives plain decoding's text", f"{a} vs {b}")
+            m = d.metrics()
+            check(m.get("quern_spec_decode_num_drafts_total", 0) > 0,
+                  "spec draft: /metrics counts the drafts", {k: v for k, v in m.items() if "spec" in k})
+        finally:
+            rc = d.stop()
+            d.reader.join(10)
+            check(rc == 0, "the --draft-model daemon exits 0 on SIGTERM", str(rc))
+            check_sanitizers(d)
 
 
 def main():

@@ -3,14 +3,20 @@
  * and finish reasons for greedy and seeded sampling, golden and input-grounded prompts, 16
  * streams at once and under preemption; the pool, the spare blocks and the prefix cache
  * checked after every step (engine_check), and the cached prefixes at the end equal to plain
- * decoding's. */
+ * decoding's. The same with a draft model (--spec draft): the default model quantized to Q4_0
+ * drafting for its Q8_0 copy, both made here (kept in the build dir). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <sys/stat.h>
+
 #include "../engine/engine_impl.h"
+#include "../engine/generate.h"
+#include "../engine/gguf_quantize.h"
+#include "../engine/synth.h"
 #include "testbackend.h"
 #include "testmodel.h"
 #include "testutil.h"
@@ -51,6 +57,8 @@ START_TEST(ngram_drafts_the_latest_longest_match)
     ck_assert_int_eq(m, SPEC_NGRAM);
     ck_assert_int_eq(spec_mode_parse("off", &m, &err), 0);
     ck_assert_int_eq(m, SPEC_OFF);
+    ck_assert_int_eq(spec_mode_parse("draft", &m, &err), 0);
+    ck_assert_int_eq(m, SPEC_DRAFT);
     ck_assert_int_eq(spec_mode_parse("eagle", &m, &err), QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "eagle"));
 }
@@ -343,7 +351,9 @@ static void make_case(int i, int n_out, struct req_case *c)
     r->n_prompt = c->n_prompt;
 }
 
-static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+/* An engine on target (and draft, for SPEC_DRAFT) that checks its invariants every step. */
+static struct engine *make_engine_on(const struct gguf_file *target, const struct gguf_file *draft,
+                                     enum spec_mode spec, int batch, int seqs, int blocks, int bs)
 {
     struct engine_opts o;
     engine_opts_default(&o);
@@ -356,10 +366,16 @@ static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int 
     /* drafts in every step, however many streams: this is about exactness, not policy */
     o.spec_step_tokens = batch;
     o.check_invariants = true;
+    o.draft_file = draft;
     struct engine *e;
     struct qerr err = {0};
-    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    ck_assert_msg(engine_create(target, tok, be, &o, &e, &err) == 0, "%s", err.msg);
     return e;
+}
+
+static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+{
+    return make_engine_on(file, NULL, spec, batch, seqs, blocks, bs);
 }
 
 static void collect(struct request *q, struct result *res)
@@ -533,6 +549,204 @@ START_TEST(logprobs_grammar_and_opt_out)
 }
 END_TEST
 
+/* ---- a draft model: the default model quantized to Q4_0 drafting for its Q8_0 copy ---- */
+
+/* dir/name: the test model quantized to t, made when missing or older than the model (the
+ * build dir keeps it for the next run); opened into *out. */
+static void open_quantized(const char *name, enum qtype t, struct gguf_file **out)
+{
+    const char *dir = getenv("QUERN_SPEC_MODELS");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : ".", name);
+    struct stat src, dst;
+    ck_assert_int_eq(stat(tu_model_path(), &src), 0);
+    struct qerr err = {0};
+    if (stat(path, &dst) != 0 || dst.st_mtime < src.st_mtime) {
+        struct gguf_quantize_opts qo = {.type = t, .round = QROUND_REF};
+        ck_assert_msg(gguf_quantize(file, path, &qo, NULL, &err) == 0, "%s: %s", path, err.msg);
+    }
+    ck_assert_msg(gguf_open(path, out, &err) == 0, "%s", err.msg);
+}
+
+START_TEST(draft_model_output_equals_plain_decoding)
+{
+    double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
+    struct gguf_file *q8, *q4;
+    open_quantized("spec-target.Q8_0.gguf", QTYPE_Q8_0, &q8);
+    open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
+    int n = tu_sanitized() ? 6 : MAXR, n_out = tu_sanitized() ? 16 : 32;
+    int n_tight = tu_sanitized() ? 6 : 8;
+    static struct req_case c[MAXR];
+    static struct result plain[MAXR], spec[MAXR], tight[MAXR];
+    static uint64_t keys_plain[1024], keys_spec[1024];
+    for (int i = 0; i < n; i++) make_case(i, n_out, &c[i]);
+
+    struct engine *e = make_engine_on(q8, NULL, SPEC_OFF, 256, MAXR, 256, 16);
+    run_all(e, c, n, plain);
+    int nk_plain = cached_keys(e, keys_plain, 1024);
+    engine_free(e);
+
+    e = make_engine_on(q8, q4, SPEC_DRAFT, 256, MAXR, 256, 16);
+    run_all(e, c, n, spec);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    int nk_spec = cached_keys(e, keys_spec, 1024);
+    engine_free(e);
+    printf("spec draft, %d streams: %llu steps, %llu drafts, %llu of %llu drafted tokens "
+           "accepted\n",
+           n, (unsigned long long)st.steps, (unsigned long long)st.spec_drafts,
+           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
+    check_same(plain, spec, n, "draft model, 16 streams");
+    /* drafts were both kept and rejected, and the draft model never failed */
+    ck_assert_uint_gt(st.spec_accepted_tokens, 0);
+    ck_assert_uint_lt(st.spec_accepted_tokens, st.spec_draft_tokens);
+    ck_assert_uint_eq(st.spec_draft_errors, 0);
+    int accepted = 0;
+    for (int i = 0; i < n; i++) accepted += spec[i].final.accepted_tokens;
+    ck_assert_uint_eq((uint64_t)accepted, st.spec_accepted_tokens);
+    ck_assert_int_eq(nk_spec, nk_plain);
+    for (int i = 0; i < nk_plain; i++)
+        ck_assert_msg(keys_spec[i] == keys_plain[i], "cached prefix %d differs", i);
+
+    /* preemption: the draft model's K/V go with the blocks and are recomputed after */
+    e = make_engine_on(q8, q4, SPEC_DRAFT, 64, 8, tu_sanitized() ? 40 : 72, 4);
+    run_all(e, c, n_tight, tight);
+    engine_get_stats(e, &st);
+    engine_free(e);
+    printf("spec draft, tight pool: %llu preemptions, %llu accepted (whole test %.1f s cpu)\n",
+           (unsigned long long)st.preemptions, (unsigned long long)st.spec_accepted_tokens,
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
+    ck_assert_uint_gt(st.preemptions, 0);
+    ck_assert_uint_gt(st.spec_accepted_tokens, 0);
+    check_same(plain, tight, n_tight, "draft model, tight pool");
+    gguf_close(q4);
+    gguf_close(q8);
+}
+END_TEST
+
+struct greedy_ref {
+    int32_t out[SPEC_K_MAX];
+    int n;
+};
+
+static bool collect_token(void *ctx, int32_t token, const float *logits)
+{
+    (void)logits;
+    struct greedy_ref *g = ctx;
+    g->out[g->n++] = token;
+    return false;
+}
+
+/* The draft model's own greedy continuation of ctx[0..n), k tokens, one sequence alone. */
+static void greedy_ref(struct model *m, const int32_t *ctx, int n, int k, struct greedy_ref *g)
+{
+    struct gen_opts go = {.n_predict = k, .prefill_chunk = 64};
+    sample_params_default(&go.sample);
+    go.sample.temperature = 0;
+    g->n = 0;
+    struct qerr err = {0};
+    ck_assert_msg(generate_run(m, ctx, (size_t)n, &go, collect_token, g, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(g->n, k);
+}
+
+/* The drafter's guesses are the draft model's greedy continuation, also after a rollback (some
+ * guesses kept, then a token it did not guess) and for two sequences in one call, their
+ * catch-up split over forwards of 64 tokens. */
+START_TEST(draft_model_proposes_its_greedy_continuation)
+{
+    double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
+    struct gguf_file *q4;
+    open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
+    struct model_opts mo = {
+        .max_batch_tokens = 64, .max_logits = 1, .kv_blocks = 24, .kv_block_size = 16};
+    struct spec_model *dm;
+    struct model *ref;
+    struct qerr err = {0};
+    ck_assert_msg(spec_model_create(q4, tok, be, &mo, &dm, &err) == 0, "%s", err.msg);
+    ck_assert_msg(model_load(q4, be, &mo, &ref, &err) == 0, "%s", err.msg);
+    enum { N = 2, LEN = 150 };
+    static int32_t ctx[N][LEN + 40];
+    int n[N], computed[N] = {0, 0}, blocks[N][12];
+    int32_t out[N][SPEC_K_MAX];
+    struct spec_model_seq q[N];
+    for (int i = 0; i < N; i++) {
+        /* a passage, then its first words again: the guesses are mostly right, not all */
+        memcpy(ctx[i], text_ids + 500 + 900 * i, (LEN - 10) * sizeof **ctx);
+        memcpy(ctx[i] + LEN - 10, text_ids + 500 + 900 * i, 10 * sizeof **ctx);
+        n[i] = LEN;
+        for (int b = 0; b < 12; b++) blocks[i][b] = 12 * i + b;
+    }
+    int k[3] = {8, 5, 1};
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++)
+            q[i] = (struct spec_model_seq){.tokens = ctx[i],
+                                           .n_tokens = n[i],
+                                           .computed = &computed[i],
+                                           .blocks = blocks[i],
+                                           .n_blocks = 12,
+                                           .ext_block = -1,
+                                           .k = k[round] + i,
+                                           .out = out[i]};
+        ck_assert_msg(spec_model_draft(dm, q, N, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            struct greedy_ref g;
+            greedy_ref(ref, ctx[i], n[i], q[i].k, &g);
+            for (int j = 0; j < q[i].k; j++)
+                ck_assert_msg(out[i][j] == g.out[j], "round %d, seq %d, guess %d: %d, greedy %d",
+                              round, i, j, out[i][j], g.out[j]);
+            ck_assert_int_eq(computed[i], n[i] + q[i].k - 1);
+            /* keep half the guesses, then a token it did not guess: the rest is rolled back */
+            int keep = q[i].k / 2;
+            memcpy(ctx[i] + n[i], out[i], (size_t)keep * sizeof **ctx);
+            n[i] += keep;
+            ctx[i][n[i]++] = out[i][keep] == 13 ? 14 : 13;
+        }
+    }
+    /* a position past the blocks is refused, not written */
+    int c0 = 0;
+    q[0] = (struct spec_model_seq){.tokens = ctx[0],
+                                   .n_tokens = 20,
+                                   .computed = &c0,
+                                   .blocks = blocks[0],
+                                   .n_blocks = 1,
+                                   .ext_block = -1,
+                                   .k = 2,
+                                   .out = out[0]};
+    ck_assert_int_eq(spec_model_draft(dm, q, 1, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "past the sequence"), "%s", err.msg);
+    model_free(ref);
+    spec_model_free(dm);
+    gguf_close(q4);
+    printf("spec draft, greedy continuation: %.1f s cpu\n",
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
+}
+END_TEST
+
+/* A draft model must share the target's vocabulary; --spec draft needs one. */
+START_TEST(draft_model_is_refused_without_the_same_vocabulary)
+{
+    struct gguf_file *other;
+    struct qerr err = {0};
+    ck_assert_msg(synth_model_open("smollm2-135m", QTYPE_Q4_0, 1, NULL, &other, &err) == 0, "%s",
+                  err.msg);
+    ck_assert_int_eq(spec_model_check_vocab(other, tok, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "the target's tokenizer"), "%s", err.msg);
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.kv_blocks = 64;
+    o.spec = SPEC_DRAFT;
+    o.draft_file = other;
+    struct engine *e = NULL;
+    ck_assert_int_eq(engine_create(file, tok, be, &o, &e, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "draft model: token 0"), "%s", err.msg);
+    ck_assert_ptr_null(e);
+    o.draft_file = NULL;
+    ck_assert_int_eq(engine_create(file, tok, be, &o, &e, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "--draft-model"), "%s", err.msg);
+    gguf_close(other);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -547,6 +761,9 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     tcase_add_test(tc, ngram_output_equals_plain_decoding);
     tcase_add_test(tc, logprobs_grammar_and_opt_out);
+    tcase_add_test(tc, draft_model_proposes_its_greedy_continuation);
+    tcase_add_test(tc, draft_model_output_equals_plain_decoding);
+    tcase_add_test(tc, draft_model_is_refused_without_the_same_vocabulary);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
