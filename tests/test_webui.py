@@ -121,6 +121,7 @@ class Daemon:
         return None
 
     def stop(self):
+        """SIGTERM; True when it exited 0 with no sanitizer report on its stderr."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -128,6 +129,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        bad = [ln for ln in self.lines if "Sanitizer" in ln or "runtime error" in ln]
+        return self.proc.returncode == 0 and not bad
 
 
 ABORTS = 'quern_engine_requests_finished_total{finished_reason="abort"}'
@@ -369,7 +372,7 @@ def test_no_webui():
               "--no-webui: / and /webui/app.js are 404")
         check(dm.get("/v1/engine/state")[0] == 200, "--no-webui: /v1/engine/state still answers")
     finally:
-        dm.stop()
+        check(dm.stop(), "--no-webui: the daemon exits 0", "\n    ".join(dm.lines[-20:]))
 
 
 def main():
@@ -397,7 +400,8 @@ def main():
     finally:
         if d is not None:
             d.quit()
-        dm.stop()
+        check(dm.stop(), "the daemon exits 0 on SIGTERM, with no sanitizer report",
+              "\n    ".join(dm.lines[-20:]))
     test_no_webui()
     print(f"test_webui: {time.time() - t_start:.1f} s; screenshots in {OUT}")
     if FAILS:
