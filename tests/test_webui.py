@@ -231,9 +231,11 @@ def test_key_and_question(p, dm):
     d.save_screenshot(os.path.join(OUT, "webui-chat.png"))
     # regenerate: the answer is replaced, not added to
     n = p.js("return document.querySelectorAll('#messages .msg').length")
+    p.js("document.querySelectorAll('#messages .msg').forEach(m => m.dataset.old = '1')")
     d.find_element(By.ID, "regen").click()
-    p.wait(lambda: p.stop_visible(), 10, "regenerate starts an answer")
-    p.wait(lambda: not p.stop_visible(), 60, "the regenerated answer ends")
+    # the answer may stream and end between two polls: look for new nodes, not the stop button
+    p.wait(lambda: not p.js("return document.querySelectorAll('#messages .msg[data-old]').length")
+           and not p.stop_visible() and p.last_stats(), 60, "regenerate answers again")
     check(p.js("return document.querySelectorAll('#messages .msg').length") == n
           and "Paris" in p.last_answer(), "regenerate replaces the answer (greedy: Paris again)")
     p.collect_console()
