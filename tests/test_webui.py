@@ -121,6 +121,7 @@ class Daemon:
         return None
 
     def stop(self):
+        """SIGTERM; True when it exited 0 with no sanitizer report on its stderr."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -128,6 +129,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        bad = [ln for ln in self.lines if "Sanitizer" in ln or "runtime error" in ln]
+        return self.proc.returncode == 0 and not bad
 
 
 ABORTS = 'quern_engine_requests_finished_total{finished_reason="abort"}'
@@ -228,9 +231,11 @@ def test_key_and_question(p, dm):
     d.save_screenshot(os.path.join(OUT, "webui-chat.png"))
     # regenerate: the answer is replaced, not added to
     n = p.js("return document.querySelectorAll('#messages .msg').length")
+    p.js("document.querySelectorAll('#messages .msg').forEach(m => m.dataset.old = '1')")
     d.find_element(By.ID, "regen").click()
-    p.wait(lambda: p.stop_visible(), 10, "regenerate starts an answer")
-    p.wait(lambda: not p.stop_visible(), 60, "the regenerated answer ends")
+    # the answer may stream and end between two polls: look for new nodes, not the stop button
+    p.wait(lambda: not p.js("return document.querySelectorAll('#messages .msg[data-old]').length")
+           and not p.stop_visible() and p.last_stats(), 60, "regenerate answers again")
     check(p.js("return document.querySelectorAll('#messages .msg').length") == n
           and "Paris" in p.last_answer(), "regenerate replaces the answer (greedy: Paris again)")
     p.collect_console()
@@ -369,7 +374,7 @@ def test_no_webui():
               "--no-webui: / and /webui/app.js are 404")
         check(dm.get("/v1/engine/state")[0] == 200, "--no-webui: /v1/engine/state still answers")
     finally:
-        dm.stop()
+        check(dm.stop(), "--no-webui: the daemon exits 0", "\n    ".join(dm.lines[-20:]))
 
 
 def main():
@@ -397,7 +402,8 @@ def main():
     finally:
         if d is not None:
             d.quit()
-        dm.stop()
+        check(dm.stop(), "the daemon exits 0 on SIGTERM, with no sanitizer report",
+              "\n    ".join(dm.lines[-20:]))
     test_no_webui()
     print(f"test_webui: {time.time() - t_start:.1f} s; screenshots in {OUT}")
     if FAILS:

@@ -360,6 +360,7 @@ async function generate() {
             break;
           }
           const j = JSON.parse(data);
+          if (j.error) throw new Error(j.error.message || 'the server failed the request');
           if (j.usage) usage = j.usage;
           const ch = j.choices && j.choices[0];
           if (!ch) continue;
