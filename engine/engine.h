@@ -171,6 +171,9 @@ struct engine_stats {
     double last_step_age_s; /* seconds since the engine last finished a step while it had work */
     uint64_t grammar_masks; /* token masks computed for constrained sequences */
     double grammar_mask_s;  /* time spent computing and applying them */
+    /* of which: computing masks while the forward ran (engine_opts.mask_mode), and the engine
+     * thread's wait for the helper thread after the forward (ENGINE_MASK_THREAD) */
+    double grammar_mask_ahead_s, grammar_mask_wait_s;
     /* speculation: drafts verified, tokens drafted, drafted tokens accepted, and how many
      * drafts had 0, 1, .. SPEC_K_MAX tokens accepted */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;

@@ -194,11 +194,14 @@ void grammar_step_begin(struct engine *e, struct model_batch *b)
 void grammar_step_end(struct engine *e)
 {
     if (e->mask_thread_on && e->n_mask_jobs) {
+        double t0 = engine_now();
         pthread_mutex_lock(&e->mask_mu);
         while (e->mask_done != e->mask_posted) pthread_cond_wait(&e->mask_cv, &e->mask_mu);
         pthread_mutex_unlock(&e->mask_mu);
+        e->local.grammar_mask_wait_s += engine_now() - t0;
     }
     /* the time the masks took, counted where seq_constrain counts the others */
     e->local.grammar_mask_s += e->jobs_mask_s;
+    e->local.grammar_mask_ahead_s += e->jobs_mask_s;
     e->jobs_mask_s = 0;
 }

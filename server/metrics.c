@@ -234,6 +234,18 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
             : head(o, "quern_grammar_mask_seconds_total", "counter",
                    "Engine time spent computing and applying them.");
     rc = rc ? rc : sbuf_printf(o, "quern_grammar_mask_seconds_total %.17g\n", s->grammar_mask_s);
+    rc = rc ? rc
+            : head(o, "quern_grammar_mask_ahead_seconds_total", "counter",
+                   "Of which computing masks while the forward ran (--mask-mode).");
+    rc = rc ? rc
+            : sbuf_printf(o, "quern_grammar_mask_ahead_seconds_total %.17g\n",
+                          s->grammar_mask_ahead_s);
+    rc = rc ? rc
+            : head(o, "quern_grammar_mask_wait_seconds_total", "counter",
+                   "Engine time waiting after the forward for the mask thread.");
+    rc = rc ? rc
+            : sbuf_printf(o, "quern_grammar_mask_wait_seconds_total %.17g\n",
+                          s->grammar_mask_wait_s);
     rc = rc ? rc : render_spec(s, o);
     rc = rc ? rc
             : gauge(o, "quern_requests_paused",

@@ -8,6 +8,10 @@ constrained and unconstrained rounds so load from other tenants hits both alike;
 completion tokens per second of wall time, and the ratio.
 
   build/server/quern serve --port 8080 &   tools/bench-structured.py --port 8080
+
+--compare PORT:LABEL[,PORT:LABEL...] runs the constrained kinds against several daemons too
+(e.g. one per --mask-mode), each round visiting every daemon in turn, so the load of the
+moment falls on all alike; ratios are against --port's unconstrained rate.
 """
 import argparse
 import http.client
@@ -47,25 +51,31 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compare", default="")
     a = ap.parse_args()
     base = {"prompt": "Once upon a time", "max_tokens": a.tokens, "temperature": 0.8}
     kinds = {"unconstrained": dict(base, ignore_eos=True),
              "regex": dict(base, structured_outputs={"regex": "[a-z ,.]{1000}"}),
              "json_schema": dict(base, response_format={
                  "type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}})}
-    for body in kinds.values():  # compile and cache the grammars, warm the prefix cache
-        post(a.port, dict(body, max_tokens=2))
+    runs = [(k, a.port, body) for k, body in kinds.items()]
+    for spec in filter(None, a.compare.split(",")):
+        port, label = spec.split(":")
+        runs += [(f"{k} {label}", int(port), body) for k, body in kinds.items()
+                 if k != "unconstrained"]
+    for _, port, body in runs:  # compile and cache the grammars, warm the prefix cache
+        post(port, dict(body, max_tokens=2))
     for n in (1, a.batch):
-        tot = {k: [0, 0.0] for k in kinds}
+        tot = {k: [0, 0.0] for k, _, _ in runs}
         for _ in range(a.rounds):
-            for k, body in kinds.items():
-                toks, secs = round_(a.port, n, body)
+            for k, port, body in runs:
+                toks, secs = round_(port, n, body)
                 tot[k][0] += toks
                 tot[k][1] += secs
         base_rate = tot["unconstrained"][0] / tot["unconstrained"][1]
         for k, (toks, secs) in tot.items():
             rate = toks / secs
-            print(f"batch {n:2d} {k:14s} {toks:6d} tokens {secs:7.2f} s {rate:8.1f} tok/s "
+            print(f"batch {n:2d} {k:22s} {toks:6d} tokens {secs:7.2f} s {rate:8.1f} tok/s "
                   f"({rate / base_rate:.3f}x)")
 
 
