@@ -171,6 +171,10 @@ static int render_spec(const struct engine_stats *s, struct sbuf *o)
                       "Drafted tokens accepted (output tokens the draft had right).",
                       s->spec_accepted_tokens);
     rc = rc ? rc
+            : counter(o, "quern_spec_decode_draft_model_errors_total",
+                      "Steps whose draft model failed (they verified no drafts).",
+                      s->spec_draft_errors);
+    rc = rc ? rc
             : head(o, "quern_spec_decode_accepted_tokens_per_draft", "histogram",
                    "Drafted tokens accepted, per draft.");
     uint64_t cum = 0;

@@ -762,8 +762,10 @@ def test_speculation(plain):
             check(a["choices"][0]["text"] == b["choices"][0]["text"],
                   "spec draft: seeded sampling gives plain decoding's text", f"{a} vs {b}")
             m = d.metrics()
-            check(m.get("quern_spec_decode_num_drafts_total", 0) > 0,
-                  "spec draft: /metrics counts the drafts", {k: v for k, v in m.items() if "spec" in k})
+            check(m.get("quern_spec_decode_num_drafts_total", 0) > 0 and
+                  m.get("quern_spec_decode_draft_model_errors_total") == 0,
+                  "spec draft: /metrics counts the drafts, and no draft model errors",
+                  {k: v for k, v in m.items() if "spec" in k})
         finally:
             rc = d.stop()
             d.reader.join(10)
