@@ -817,8 +817,9 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->cap_tokens = (int)r->n_prompt + r->max_tokens;
     s->tokens = malloc((size_t)s->cap_tokens * sizeof *s->tokens);
     if (!s->tokens) {
+        int cap = s->cap_tokens; /* read before s is freed */
         seq_free(s);
-        return qerr_set(err, QERR_NOMEM, "out of memory for %d tokens", s->cap_tokens);
+        return qerr_set(err, QERR_NOMEM, "out of memory for %d tokens", cap);
     }
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
     s->n_tokens = s->n_prompt = (int)r->n_prompt;
