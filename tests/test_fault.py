@@ -124,12 +124,18 @@ class Daemon:
             time.sleep(0.005)
         return self.count("quern: req ") >= n_logged
 
-    def points(self, phase):
-        for line in self.lines:
-            m = re.search(r"fault: points at " + phase + r": (.*)", line)
-            if m:
-                return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
-        return None
+    def points(self, phase, timeout=5):
+        """The counts the daemon printed at phase (ready or exit); its line follows "ready in"
+        (or the exit) closely, so it is waited for a little."""
+        end = time.time() + timeout
+        while True:
+            for line in list(self.lines):
+                m = re.search(r"fault: points at " + phase + r": (.*)", line)
+                if m:
+                    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+            if time.time() > end:
+                return None
+            time.sleep(0.02)
 
     def stop(self, timeout=60 * SLOW):
         """SIGTERM; returns the exit status (None: it hung and was killed)."""
