@@ -59,8 +59,14 @@ const char *finish_reason_name(enum finish_reason r)
 
 /* ---- request channel ---- */
 
-static void request_push(struct request *r, const struct req_event *ev)
+#define LOST_EVENTS "out of memory: part of this request's output was lost"
+
+/* Queues ev for the client; false when it could not (out of memory), and the caller must fail
+ * the request: an answer missing a piece must not look whole. The final event always gets in
+ * (the channel starts with room, see engine_submit), as an error if one before it was lost. */
+static bool request_push(struct request *r, const struct req_event *ev)
 {
+    bool lost = false;
     pthread_mutex_lock(&r->mu);
     if (r->read > 0 && r->n_events == r->cap_events) {
         /* events already read are dropped, so a channel holds only what is unread */
@@ -73,29 +79,37 @@ static void request_push(struct request *r, const struct req_event *ev)
         int cap = r->cap_events ? r->cap_events * 2 : 16;
         struct req_event *n = realloc(r->events, (size_t)cap * sizeof *n);
         if (!n) {
-            /* cannot queue: keep the final event, which the client must see */
+            /* cannot queue: keep the final event, which the client must see, in the place of
+             * the last unread one, and say the answer is incomplete */
             if (!ev->done || r->n_events == 0) {
                 pthread_mutex_unlock(&r->mu);
-                return;
+                return false;
             }
             r->n_events--;
+            lost = true;
         } else {
             r->events = n;
             r->cap_events = cap;
         }
     }
-    r->events[r->n_events++] = *ev;
+    r->events[r->n_events] = *ev;
+    if (lost) {
+        r->events[r->n_events].finish = FINISH_ERROR;
+        snprintf(r->events[r->n_events].error, sizeof ev->error, "%s", LOST_EVENTS);
+    }
+    r->n_events++;
     if (ev->done) {
         r->finished = true;
         r->e = NULL;
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    return true;
 }
 
-void engine_request_push(struct request *r, const struct req_event *ev)
+bool engine_request_push(struct request *r, const struct req_event *ev)
 {
-    request_push(r, ev);
+    return request_push(r, ev);
 }
 
 /* Wakes the engine thread; the caller holds r->mu (see struct request). */
@@ -273,19 +287,24 @@ static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, 
 {
     sched_release_blocks(e, s);
     struct req_event ev = {0};
+    bool lost = false;
     if (flush) {
         char tail[16];
         int n = detok_flush(&s->detok, tail, sizeof tail);
-        if (n > 0) hold_append(s, tail, n);
+        if (n > 0) lost = !hold_append(s, tail, n);
         while (s->n_hold > 0) {
             take_text(s, &ev, s->n_hold);
             if (s->n_hold > 0) {
-                request_push(s->req, &ev);
+                lost |= !request_push(s->req, &ev);
                 memset(&ev, 0, sizeof ev);
             }
         }
     }
     fill_final(e, s, &ev, why);
+    if (lost) {
+        ev.finish = why = FINISH_ERROR;
+        error = LOST_EVENTS;
+    }
     if (error) snprintf(ev.error, sizeof ev.error, "%s", error);
     if (e->o.trace)
         trace_add_request(e->o.trace, &(struct trace_request){.id = s->id,
@@ -344,6 +363,13 @@ void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event
 
 /* Samples the next token of s from its logits row (into *sampled) and advances the request.
  * Returns the finish reason, or FINISH_NONE while it goes on. */
+/* An event of s could not be queued: s fails, saying why. */
+static enum finish_reason seq_lost(struct seq *s)
+{
+    snprintf(s->error, sizeof s->error, "%s", LOST_EVENTS);
+    return FINISH_ERROR;
+}
+
 static enum finish_reason seq_advance(struct engine *e, struct seq *s, const float *row,
                                       int32_t *sampled)
 {
@@ -386,12 +412,12 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
         int took = take_text(s, &ev, emit);
         emit -= took;
         if (emit > 0) {
-            request_push(s->req, &ev);
+            if (!request_push(s->req, &ev)) return seq_lost(s);
             ev.text_len = 0;
             ev.text[0] = 0;
         }
     }
-    request_push(s->req, &ev);
+    if (!request_push(s->req, &ev)) return seq_lost(s);
     if (why != FINISH_NONE) return why;
 
     /* the token becomes part of the sequence, computed in the next step */
@@ -853,8 +879,9 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->cap_tokens = (int)r->n_prompt + r->max_tokens;
     s->tokens = malloc((size_t)s->cap_tokens * sizeof *s->tokens);
     if (!s->tokens) {
+        int cap = s->cap_tokens; /* read before s is freed */
         seq_free(s);
-        return qerr_set(err, QERR_NOMEM, "out of memory for %d tokens", s->cap_tokens);
+        return qerr_set(err, QERR_NOMEM, "out of memory for %d tokens", cap);
     }
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
     s->n_tokens = s->n_prompt = (int)r->n_prompt;
@@ -948,6 +975,14 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
     if ((rc = seq_from_request(e, r, &s, err))) return rc;
     struct request *q = calloc(1, sizeof *q);
     if (!q) {
+        seq_free(s);
+        return qerr_set(err, QERR_NOMEM, "out of memory");
+    }
+    /* a channel with room from the start: its final event always fits (request_push) */
+    q->cap_events = 16;
+    q->events = malloc((size_t)q->cap_events * sizeof *q->events);
+    if (!q->events) {
+        free(q);
         seq_free(s);
         return qerr_set(err, QERR_NOMEM, "out of memory");
     }

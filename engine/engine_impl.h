@@ -202,7 +202,8 @@ int seq_prefill_outputs(struct engine *e, int i);
 int seq_pool_finish(struct engine *e, struct seq *s);
 /* The top n alternatives of a logits row into ev (engine.c). */
 void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev);
-void engine_request_push(struct request *r, const struct req_event *ev);
+/* false when out of memory: the request must then fail (see request_push) */
+bool engine_request_push(struct request *r, const struct req_event *ev);
 /* engine_check.c: the invariants between steps (pool references, each sequence's blocks, cached
  * keys); 0 or the first violation in err. Engine thread (or after engine_stop). */
 int engine_check(const struct engine *e, struct qerr *err);

@@ -85,7 +85,10 @@ int seq_prefill_outputs(struct engine *e, int i)
             ev.logprob = sample_logprob(row, e->vocab, t);
             ev.rank = token_rank(row, e->vocab, t);
             if (s->prompt_top > 0) engine_top_logprobs(row, e->vocab, s->prompt_top, &ev);
-            engine_request_push(s->req, &ev);
+            if (!engine_request_push(s->req, &ev)) {
+                snprintf(s->error, sizeof s->error, "out of memory for prompt logprobs");
+                return QERR_NOMEM;
+            }
         }
         s->plp_next = lo + p->n_plp[i] + 1;
     }

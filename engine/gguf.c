@@ -4,6 +4,8 @@
  * section (offset + size within the file, aligned), so no later access can leave the mapping. */
 #include "gguf.h"
 
+#include "../quant/fault.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,6 +42,10 @@ static int fail(struct cursor *c, const char *what)
 
 static int need(struct cursor *c, uint64_t n, const char *what)
 {
+    /* each header read touches the mapping: where a disk error would surface */
+    if (fault_hit(FAULT_READ))
+        return qerr_set(c->err, QERR_IO, "%s: %s: read error at byte %llu: %s", c->f->path, what,
+                        (unsigned long long)c->pos, strerror(EIO));
     if (n > c->f->size - c->pos) {
         char buf[512];
         snprintf(buf, sizeof buf, "%s: needs %llu bytes, file is truncated", what,
@@ -303,7 +309,7 @@ int gguf_open(const char *path, struct gguf_file **out, struct qerr *err)
         return qerr_set(err, QERR_NOMEM, "%s: out of memory", path);
     }
     int rc = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = fault_hit(FAULT_READ) ? (errno = EIO, -1) : open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0) {
         rc = qerr_set(err, QERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -319,7 +325,8 @@ int gguf_open(const char *path, struct gguf_file **out, struct qerr *err)
                       (unsigned long long)f->size);
         goto done;
     }
-    void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = fault_hit(FAULT_READ) ? (errno = EIO, MAP_FAILED)
+                                    : mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
         rc = qerr_set(err, QERR_IO, "%s: mmap failed: %s", path, strerror(errno));
         goto done;

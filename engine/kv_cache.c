@@ -1,5 +1,7 @@
 #include "kv_cache.h"
 
+#include "../quant/fault.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -148,7 +150,7 @@ static void forget_key(struct kv_pool *p, int b)
 int kv_block_alloc(struct kv_pool *p)
 {
     int b = p->head;
-    if (b < 0) return -1;
+    if (b < 0 || fault_hit(FAULT_KV_BLOCK)) return -1;
     unlink_free(p, b);
     forget_key(p, b);
     p->ref[b] = 1;

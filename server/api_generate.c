@@ -63,6 +63,7 @@ struct gen {
     struct sbuf pending; /* streamed bytes not yet handed to MHD */
     size_t off;
     bool eof;          /* [DONE] is in pending */
+    bool failed;       /* the stream ended in its out-of-memory event */
     int rr;            /* next choice to block on */
     double checked_ms; /* when the client socket was last polled */
 };
@@ -84,9 +85,10 @@ static void gen_free(struct gen *g)
         serve_release(g->s, g->ch[i].req, !g->ch[i].done);
         oai_choice_free(&g->ch[i].out);
     }
+    /* a start that ran out of memory may lack either array */
     for (int i = 0; i < g->n_prompts; i++) {
-        free(g->ids[i]);
-        free(g->echo[i]);
+        if (g->ids) free(g->ids[i]);
+        if (g->echo) free(g->echo[i]);
     }
     free(g->ch);
     free(g->instructions);
@@ -339,9 +341,27 @@ static long stream_read(void *ctx, char *buf, size_t max)
         } else {
             rc = wait_more(g);
         }
-        if (rc) {
-            if (g->log) g->log->disconnected = rc == QERR_IO;
+        if (rc == QERR_IO) {
+            if (g->log) g->log->disconnected = true;
             return -1;
+        }
+        if (rc) {
+            /* out of memory mid-stream: the client is told so in a fixed event that needs no
+             * allocation, then the stream ends (stream_free aborts what is still running) */
+            static const char oom[] =
+                "data: {\"error\":{\"message\":\"out of memory\",\"type\":"
+                "\"server_error\",\"param\":null,\"code\":null}}\n\n" OAI_SSE_DONE;
+            if (g->failed || max < sizeof oom - 1) return -1;
+            g->failed = true;
+            sbuf_reset(&g->pending);
+            g->off = 0;
+            g->eof = true;
+            if (g->log) {
+                g->log->has_error = true;
+                g->log->error = METRICS_ERR_INTERNAL;
+            }
+            memcpy(buf, oom, sizeof oom - 1);
+            return (long)(sizeof oom - 1);
         }
     }
     size_t n = g->pending.len - g->off;

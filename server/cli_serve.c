@@ -18,11 +18,13 @@
 #include <unistd.h>
 
 #include "../engine/engine.h"
+#include "../quant/fault.h"
 #include "../engine/gguf.h"
 #include "../engine/tokenizer.h"
 #include "../engine/trace.h"
 #include "cli.h"
 #include "http.h"
+#include "json_oom.h"
 #include "serve.h"
 
 static void serve_usage(FILE *out)
@@ -586,6 +588,8 @@ static bool drain(struct serve *s, struct sigwatch *w, int seen, double timeout_
 
 int cli_serve(int argc, char **argv)
 {
+    /* cJSON's allocation failures are noticed (and, under fault injection, counted) */
+    json_oom_install();
     struct serve_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc < 0 ? EXIT_OK : rc;
@@ -636,6 +640,7 @@ int cli_serve(int argc, char **argv)
     fprintf(stderr, "quern serve: ready in %.2f s: model '%s', context %d tokens%s%s\n",
             now_s() - t0, o.served_name, s.ctx_len, o.api_key ? ", API key required" : "",
             s.chat ? "" : ", no chat template");
+    fault_mark("ready");
 
     int seen = sigwatch_wait(&w, 0, -1);
     fprintf(stderr, "quern serve: %s: draining (%ld in flight, up to %.0f s)\n",
@@ -677,5 +682,6 @@ out:
     metrics_free(&s.metrics);
     sigwatch_stop(&w);
     if (exit_code == EXIT_OK) fprintf(stderr, "quern serve: stopped\n");
+    fault_mark("exit");
     return exit_code;
 }

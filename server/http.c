@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "../quant/fault.h"
 #include "api.h"
 #include "http_head.h"
 
@@ -99,6 +100,7 @@ struct conn {
     const struct route *route;
     struct sbuf body;
     size_t dropped;   /* body bytes past --max-body, read and thrown away */
+    bool body_nomem;  /* the body could not be stored: read, dropped, answered with a 500 */
     bool answered;    /* a response is queued */
     bool close_after; /* a malformed head: answer, then close */
     struct timespec t0;
@@ -294,8 +296,10 @@ static void *reaper_main(void *arg)
             /* a request whose body is late is answered; an idle connection is just closed (a
              * keep-alive client would take an unasked-for answer for its next request's) */
             if (sl->has_head) {
-                ssize_t sent = send(sl->fd, timeout_reply, sizeof timeout_reply - 1,
-                                    MSG_DONTWAIT | MSG_NOSIGNAL);
+                ssize_t sent = fault_hit(FAULT_WRITE)
+                                   ? -1
+                                   : send(sl->fd, timeout_reply, sizeof timeout_reply - 1,
+                                          MSG_DONTWAIT | MSG_NOSIGNAL);
                 (void)sent;
             }
             slot_close(h, sl, METRICS_CONN_TIMED_OUT);
@@ -348,6 +352,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     struct stream_box *b = cls;
     long n = b->ops->read(b->ctx, buf, max);
+    if (n > 0 && fault_hit(FAULT_WRITE)) return MHD_CONTENT_READER_END_WITH_ERROR; /* gone */
     /* the time the reader spent waiting for tokens (a long queue, a slow prefill) is the
      * server's, not the client's: MHD's idle clock restarts here */
     if (n > 0) restart_idle_clock(b->mc, b->idle_timeout);
@@ -370,6 +375,10 @@ static void fill_error(struct http_resp *out, struct req_log *log, int status, c
     api_error(&e, log, out);
 }
 
+static const char NOMEM_BODY[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+    "\"code\":null}}";
+
 static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct conn *c,
                              struct http_resp *r)
 {
@@ -378,6 +387,13 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
     if (r->status == 0) {
         free(r->body);
         return MHD_NO; /* close without answering */
+    }
+    if (fault_hit(FAULT_WRITE)) { /* the client is gone before its answer could be sent */
+        if (r->stream)
+            r->stream->free(r->stream_ctx);
+        else
+            free(r->body);
+        return MHD_NO;
     }
     struct MHD_Response *resp;
     /* the handler's time (waiting for a whole completion) is not the client's idleness */
@@ -398,6 +414,11 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
         }
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    } else if (!r->body && r->status >= 400) {
+        /* the error's own body could not be allocated: a fixed one says so */
+        r->status = 500;
+        resp = MHD_create_response_from_buffer(sizeof NOMEM_BODY - 1, (void *)NOMEM_BODY,
+                                               MHD_RESPMEM_PERSISTENT);
     } else {
         resp = MHD_create_response_from_buffer(r->body_len, r->body, MHD_RESPMEM_MUST_FREE);
         if (!resp) {
@@ -501,6 +522,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (!c->started) {
         c->started = true;
+#ifdef QUERN_FAULT_INJECTION
+        /* a sweep's request arms its one failure (only under QUERN_FAULT=request) */
+        const char *arm = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "X-Quern-Fault");
+        if (arm) fault_arm(arm);
+#endif
         c->slot = slot_of(mc);
         slot_head_arrived(h, c->slot);
         clock_gettime(CLOCK_MONOTONIC, &c->t0);
@@ -542,7 +568,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             /* a chunked body far over the limit: stop reading it at all */
             return c->dropped > 16 * s->o->max_body ? MHD_NO : MHD_YES;
         }
-        if (sbuf_append(&c->body, upload_data, n)) return MHD_NO;
+        if (!c->body_nomem && sbuf_append(&c->body, upload_data, n)) {
+            sbuf_free(&c->body);
+            c->body_nomem = true;
+        }
         return MHD_YES;
     }
     struct http_resp r = {0};
@@ -551,6 +580,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         snprintf(msg, sizeof msg, "the request body is over the limit of %zu bytes",
                  s->o->max_body);
         fill_error(&r, &c->log, 413, "invalid_request_error", "request_too_large", msg);
+        return queue(s, mc, c, &r);
+    }
+    if (c->body_nomem) {
+        fill_error(&r, &c->log, 500, "server_error", NULL,
+                   "out of memory while reading the request body");
         return queue(s, mc, c, &r);
     }
     slot_set_phase(h, c->slot, PHASE_HANDLING);
@@ -602,6 +636,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct conn *c = *con_cls;
     struct conn_slot *sl = slot_of(mc);
     slot_set_phase(h, sl, PHASE_READING); /* a keep-alive connection waits for the next one */
+    fault_disarm();                       /* a sweep's armed failure lasts one request */
     if (!c) return;
     *con_cls = NULL;
     if (!c->started) { /* MHD refused the head itself (and answered it) */

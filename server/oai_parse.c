@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../engine/utf8.h"
+#include "json_oom.h"
 #include "oai.h"
 
 int oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
@@ -704,7 +705,11 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
         return oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
                              "the request body has a NUL byte (byte %zu)", (size_t)(nul - body));
     const char *end = NULL;
+    json_oom_take();
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root && json_oom_take())
+        return oai_error_set(e, 500, "server_error", NULL, NULL,
+                             "out of memory while parsing the request body");
     size_t at = end && end >= body ? (size_t)(end - body) : 0;
     while (root && at < len && strchr(" \t\r\n", body[at]) && body[at]) at++;
     if (!root || at < len) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_oom.h"
 #include "oai_resp.h"
 
 static cJSON *str_n(const char *s, size_t len)
@@ -21,10 +22,7 @@ static cJSON *str_n(const char *s, size_t len)
 
 static char *print_free(cJSON *o)
 {
-    if (!o) return NULL;
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
+    return json_print_free(o); /* NULL too when a part of o could not be allocated */
 }
 
 /* {"type":"output_text","text":...,"annotations":[],"logprobs":[]} */
@@ -32,7 +30,7 @@ static cJSON *text_part(const char *text, size_t len)
 {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddStringToObject(p, "type", "output_text");
-    cJSON_AddItemToObject(p, "text", str_n(text, len));
+    json_add(p, "text", str_n(text, len));
     cJSON_AddArrayToObject(p, "annotations");
     cJSON_AddArrayToObject(p, "logprobs");
     return p;
@@ -186,16 +184,15 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
     switch (ev) {
     case OAI_RESP_CREATED:
     case OAI_RESP_IN_PROGRESS:
-        cJSON_AddItemToObject(o, "response", response_obj(r, "", 0, FINISH_NONE, NULL));
+        json_add(o, "response", response_obj(r, "", 0, FINISH_NONE, NULL));
         break;
     case OAI_RESP_DONE:
-        cJSON_AddItemToObject(o, "response", response_obj(r, text, len, finish, u));
+        json_add(o, "response", response_obj(r, text, len, finish, u));
         break;
     case OAI_RESP_ITEM_ADDED:
     case OAI_RESP_ITEM_DONE:
         cJSON_AddNumberToObject(o, "output_index", 0);
-        cJSON_AddItemToObject(o, "item",
-                              message_item(r, ev == OAI_RESP_ITEM_DONE, text, len, finish));
+        json_add(o, "item", message_item(r, ev == OAI_RESP_ITEM_DONE, text, len, finish));
         break;
     case OAI_RESP_PART_ADDED:
     case OAI_RESP_PART_DONE:
@@ -205,9 +202,9 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
         cJSON_AddNumberToObject(o, "output_index", 0);
         cJSON_AddNumberToObject(o, "content_index", 0);
         if (ev == OAI_RESP_PART_ADDED || ev == OAI_RESP_PART_DONE)
-            cJSON_AddItemToObject(o, "part", text_part(text, ev == OAI_RESP_PART_DONE ? len : 0));
+            json_add(o, "part", text_part(text, ev == OAI_RESP_PART_DONE ? len : 0));
         else
-            cJSON_AddItemToObject(o, ev == OAI_RESP_DELTA ? "delta" : "text", str_n(text, len));
+            json_add(o, ev == OAI_RESP_DELTA ? "delta" : "text", str_n(text, len));
         if (ev == OAI_RESP_DELTA || ev == OAI_RESP_TEXT_DONE) cJSON_AddArrayToObject(o, "logprobs");
         break;
     }
@@ -241,7 +238,7 @@ char *oai_resp_call_event(const struct oai_resp *r, enum oai_resp_call_event ev,
     cJSON_AddNumberToObject(o, "output_index",
                             (double)(k + (oai_resp_has_message(r, len) ? 1 : 0)));
     if (ev == OAI_RESP_CALL_ADDED || ev == OAI_RESP_CALL_DONE) {
-        cJSON_AddItemToObject(o, "item", call_item(r, k, ev == OAI_RESP_CALL_DONE));
+        json_add(o, "item", call_item(r, k, ev == OAI_RESP_CALL_DONE));
     } else {
         char id[80];
         snprintf(id, sizeof id, "fc_%s_%zu", id_tail(r), k);

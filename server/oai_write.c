@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../engine/utf8.h"
+#include "json_oom.h"
 #include "oai.h"
 
 const char *oai_finish_name(enum finish_reason r)
@@ -75,10 +76,7 @@ static double lp_value(float v)
 
 static char *print_free(cJSON *o)
 {
-    if (!o) return NULL;
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return s;
+    return json_print_free(o); /* NULL too when a part of o could not be allocated */
 }
 
 static char *sse(char *json)
@@ -170,14 +168,14 @@ static cJSON *chat_lp(const struct oai_meta *m, const struct oai_lp *lp, size_t 
         oai_token_text(&m->vocab, lp[i].token, t, sizeof t);
         cJSON_AddStringToObject(e, "token", t);
         cJSON_AddNumberToObject(e, "logprob", lp_value(lp[i].logprob));
-        cJSON_AddItemToObject(e, "bytes", bytes_array(&m->vocab, lp[i].token));
+        json_add(e, "bytes", bytes_array(&m->vocab, lp[i].token));
         cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int k = 0; k < lp[i].n_top && k < m->logprobs; k++) {
             cJSON *a = cJSON_CreateObject();
             oai_token_text(&m->vocab, lp[i].top[k].token, t, sizeof t);
             cJSON_AddStringToObject(a, "token", t);
             cJSON_AddNumberToObject(a, "logprob", lp_value(lp[i].top[k].logprob));
-            cJSON_AddItemToObject(a, "bytes", bytes_array(&m->vocab, lp[i].top[k].token));
+            json_add(a, "bytes", bytes_array(&m->vocab, lp[i].top[k].token));
             cJSON_AddItemToArray(tops, a);
         }
         cJSON_AddItemToArray(content, e);
@@ -210,7 +208,7 @@ static cJSON *prompt_lp(const struct oai_meta *m, const struct oai_lp *lp, size_
             cJSON_AddNumberToObject(e, "rank", k < 0 ? lp[i].rank : k + 1);
             oai_token_text(&m->vocab, id, t, sizeof t);
             cJSON_AddStringToObject(e, "decoded_token", t);
-            cJSON_AddItemToObject(o, key, e);
+            json_add(o, key, e);
         }
         cJSON_AddItemToArray(a, o);
     }
@@ -270,16 +268,15 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             if (!msg) goto fail;
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", str_n(text, c[i].text.len));
+            json_add(msg, "content", str_n(text, c[i].text.len));
         } else {
-            cJSON_AddItemToObject(ch, "text", str_n(text, c[i].text.len));
+            json_add(ch, "text", str_n(text, c[i].text.len));
         }
-        cJSON_AddItemToObject(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
-        cJSON_AddItemToObject(ch, "finish_reason", finish_obj(c[i].finish));
-        if (m->prompt_logprobs)
-            cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_lp(m, c[i].plp, c[i].n_plp));
+        json_add(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
+        json_add(ch, "finish_reason", finish_obj(c[i].finish));
+        if (m->prompt_logprobs) json_add(ch, "prompt_logprobs", prompt_lp(m, c[i].plp, c[i].n_plp));
     }
-    cJSON_AddItemToObject(o, "usage", usage_obj(u));
+    json_add(o, "usage", usage_obj(u));
     return print_free(o);
 fail:
     cJSON_Delete(o);
@@ -304,12 +301,12 @@ char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, siz
         if (!delta) goto fail;
         if (role) cJSON_AddStringToObject(delta, "role", role);
         if (len || (role && finish == FINISH_NONE))
-            cJSON_AddItemToObject(delta, "content", str_n(text ? text : "", len));
+            json_add(delta, "content", str_n(text ? text : "", len));
     } else {
-        cJSON_AddItemToObject(ch, "text", str_n(text ? text : "", len));
+        json_add(ch, "text", str_n(text ? text : "", len));
     }
-    cJSON_AddItemToObject(ch, "logprobs", n_lp ? logprobs_obj(m, lp, n_lp) : cJSON_CreateNull());
-    cJSON_AddItemToObject(ch, "finish_reason", finish_obj(finish));
+    json_add(ch, "logprobs", n_lp ? logprobs_obj(m, lp, n_lp) : cJSON_CreateNull());
+    json_add(ch, "finish_reason", finish_obj(finish));
     if (usage_null) cJSON_AddNullToObject(o, "usage");
     return sse(print_free(o));
 fail:
@@ -321,7 +318,7 @@ char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u)
 {
     cJSON *o = head(m, true);
     cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToObject(o, "usage", usage_obj(u));
+    json_add(o, "usage", usage_obj(u));
     return sse(print_free(o));
 }
 
@@ -407,7 +404,7 @@ char *oai_write_embeddings(const float *const *vecs, size_t n, int dim, bool bas
         cJSON_AddNumberToObject(e, "index", (double)i);
         cJSON *v = base64 ? embedding_base64(vecs[i], dim) : cJSON_CreateFloatArray(vecs[i], dim);
         if (!v) goto fail;
-        cJSON_AddItemToObject(e, "embedding", v);
+        json_add(e, "embedding", v);
     }
     cJSON_AddStringToObject(o, "model", model);
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
@@ -474,6 +471,6 @@ char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len)
 char *oai_write_detokenized(const char *text, size_t len)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "prompt", str_n(text, len));
+    json_add(o, "prompt", str_n(text, len));
     return print_free(o);
 }

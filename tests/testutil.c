@@ -68,6 +68,29 @@ int tu_sanitized(void)
     return s && *s && strcmp(s, "0") != 0;
 }
 
+int tu_tsan(void)
+{
+    const char *s = getenv("QUERN_SANITIZED");
+    return s && !strcmp(s, "thread");
+}
+
+int tu_selected(const char *name)
+{
+    const char *only = getenv("QUERN_TEST_ONLY");
+    if (!only || !*only) return 1;
+    for (const char *w = only; *w;) {
+        size_t n = strcspn(w, ",");
+        char word[64];
+        if (n > 0 && n < sizeof word) {
+            memcpy(word, w, n);
+            word[n] = 0;
+            if (strstr(name, word)) return 1;
+        }
+        w += n + (w[n] == ',');
+    }
+    return 0;
+}
+
 static uint64_t rng_state;
 
 void tu_seed(uint64_t seed)

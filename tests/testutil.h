@@ -21,6 +21,12 @@ char *tu_read_file(const char *path, size_t *len);
 char *tu_write_temp(const void *data, size_t len);
 /* True when the tests run under a sanitizer (slow): suites shrink their workloads. */
 int tu_sanitized(void);
+/* QUERN_SANITIZED=thread (tools/tsan.sh): ThreadSanitizer, where a token costs some 50x a
+ * release build's; the engine suites cut their prompts further (tu_sanitized() is true too). */
+int tu_tsan(void);
+/* Whether a test named name runs: every one, or those whose names contain one of the
+ * comma-separated words of $QUERN_TEST_ONLY. */
+int tu_selected(const char *name);
 
 /* ---- random inputs: xorshift64, reseeded by each test so its data never depends on order ---- */
 

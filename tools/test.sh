@@ -15,8 +15,12 @@ tools/cluster-test.sh --short --no-setup
 if [ ! -f build-asan/build.ninja ]; then
   # no CUDA here: the sanitized suites run on the CPU, and nvcc's objects were a fifth of the build
   meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined \
-    -Db_lundef=false -Dcuda=disabled >/dev/null
+    -Db_lundef=false -Dcuda=disabled -Dfault_injection=true >/dev/null
 fi
+# failure injection (quant/fault.h) rides on the sanitized build: its meson test test_fault
+# fails allocations, KV blocks, client writes and model reads one at a time, strided
+# (tools/fault-sweep.sh for all of them); an older build-asan gets the option here
+meson configure build-asan -Dfault_injection=true >/dev/null
 ninja -C build-asan >/dev/null
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   QUERN_SANITIZED=1 meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
