@@ -552,15 +552,21 @@ END_TEST
 /* ---- a draft model: the default model quantized to Q4_0 drafting for its Q8_0 copy ---- */
 
 /* dir/name: the test model quantized to t, made when missing or older than the model (the
- * build dir keeps it for the next run); opened into *out. */
+ * build dir keeps it for the next run); opened into *out. Under a sanitizer, where quantizing
+ * 135M weights would take minutes, the test model itself (a draft then guesses its own greedy
+ * tokens: seeded sampling still rejects many). */
 static void open_quantized(const char *name, enum qtype t, struct gguf_file **out)
 {
     const char *dir = getenv("QUERN_SPEC_MODELS");
     char path[4096];
+    struct qerr err = {0};
+    if (tu_sanitized()) {
+        ck_assert_msg(gguf_open(tu_model_path(), out, &err) == 0, "%s", err.msg);
+        return;
+    }
     snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : ".", name);
     struct stat src, dst;
     ck_assert_int_eq(stat(tu_model_path(), &src), 0);
-    struct qerr err = {0};
     if (stat(path, &dst) != 0 || dst.st_mtime < src.st_mtime) {
         struct gguf_quantize_opts qo = {.type = t, .round = QROUND_REF};
         ck_assert_msg(gguf_quantize(file, path, &qo, NULL, &err) == 0, "%s: %s", path, err.msg);
@@ -574,8 +580,9 @@ START_TEST(draft_model_output_equals_plain_decoding)
     struct gguf_file *q8, *q4;
     open_quantized("spec-target.Q8_0.gguf", QTYPE_Q8_0, &q8);
     open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
-    int n = tu_sanitized() ? 6 : MAXR, n_out = tu_sanitized() ? 16 : 32;
-    int n_tight = tu_sanitized() ? 6 : 8;
+    /* sanitized: each draft round is a forward of its own, so fewer and shorter requests */
+    int n = tu_sanitized() ? 3 : MAXR, n_out = tu_sanitized() ? 12 : 32;
+    int n_tight = tu_sanitized() ? 3 : 8;
     static struct req_case c[MAXR];
     static struct result plain[MAXR], spec[MAXR], tight[MAXR];
     static uint64_t keys_plain[1024], keys_spec[1024];
@@ -597,9 +604,10 @@ START_TEST(draft_model_output_equals_plain_decoding)
            n, (unsigned long long)st.steps, (unsigned long long)st.spec_drafts,
            (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens);
     check_same(plain, spec, n, "draft model, 16 streams");
-    /* drafts were both kept and rejected, and the draft model never failed */
+    /* drafts were both kept and rejected (sanitized, the test model drafts for itself: its
+     * few short requests may reject nothing), and the draft model never failed */
     ck_assert_uint_gt(st.spec_accepted_tokens, 0);
-    ck_assert_uint_lt(st.spec_accepted_tokens, st.spec_draft_tokens);
+    if (!tu_sanitized()) ck_assert_uint_lt(st.spec_accepted_tokens, st.spec_draft_tokens);
     ck_assert_uint_eq(st.spec_draft_errors, 0);
     int accepted = 0;
     for (int i = 0; i < n; i++) accepted += spec[i].final.accepted_tokens;
@@ -657,27 +665,31 @@ START_TEST(draft_model_proposes_its_greedy_continuation)
     double t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
     struct gguf_file *q4;
     open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
-    struct model_opts mo = {
-        .max_batch_tokens = 64, .max_logits = 1, .kv_blocks = 24, .kv_block_size = 16};
+    /* sanitized: a shorter passage, in forwards of 16 so the catch-up is still split */
+    int len = tu_sanitized() ? 40 : 150;
+    struct model_opts mo = {.max_batch_tokens = tu_sanitized() ? 16 : 64,
+                            .max_logits = 1,
+                            .kv_blocks = 24,
+                            .kv_block_size = 16};
     struct spec_model *dm;
     struct model *ref;
     struct qerr err = {0};
     ck_assert_msg(spec_model_create(q4, tok, be, &mo, &dm, &err) == 0, "%s", err.msg);
     ck_assert_msg(model_load(q4, be, &mo, &ref, &err) == 0, "%s", err.msg);
     enum { N = 2, LEN = 150 };
-    static int32_t ctx[N][LEN + 40];
+    static int32_t ctx[N][LEN + 40]; /* the passage (len <= LEN tokens) and what follows */
     int n[N], computed[N] = {0, 0}, blocks[N][12];
     int32_t out[N][SPEC_K_MAX];
     struct spec_model_seq q[N];
     for (int i = 0; i < N; i++) {
         /* a passage, then its first words again: the guesses are mostly right, not all */
-        memcpy(ctx[i], text_ids + 500 + 900 * i, (LEN - 10) * sizeof **ctx);
-        memcpy(ctx[i] + LEN - 10, text_ids + 500 + 900 * i, 10 * sizeof **ctx);
-        n[i] = LEN;
+        memcpy(ctx[i], text_ids + 500 + 900 * i, (size_t)(len - 10) * sizeof **ctx);
+        memcpy(ctx[i] + len - 10, text_ids + 500 + 900 * i, 10 * sizeof **ctx);
+        n[i] = len;
         for (int b = 0; b < 12; b++) blocks[i][b] = 12 * i + b;
     }
     int k[3] = {8, 5, 1};
-    for (int round = 0; round < 3; round++) {
+    for (int round = 0; round < (tu_sanitized() ? 2 : 3); round++) {
         for (int i = 0; i < N; i++)
             q[i] = (struct spec_model_seq){.tokens = ctx[i],
                                            .n_tokens = n[i],

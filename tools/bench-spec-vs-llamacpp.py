@@ -5,7 +5,7 @@ The same GGUF, the same prompts (a GPL-3 passage, then its first words again: th
 its input), greedy, --ignore-eos, one request at a time, against each server in turn:
 
   quern serve --spec off | --spec ngram | --draft-model DRAFT
-  llama-server (no speculation) | --spec-type ngram-simple | -md DRAFT
+  llama-server (no speculation) | --spec-type ngram-simple | --spec-type draft-simple -md DRAFT
 
 Each request is measured by the server process's CPU time (utime + stime from /proc, which a
 loaded machine changes much less than wall time; both servers on --threads 1 so no thread
@@ -152,8 +152,9 @@ def main():
         ("quern draft", q + ["--draft-model", a.draft], "quern"),
         ("llama.cpp off", ll, "llama"),
         ("llama.cpp ngram-simple", ll + ["--spec-type", "ngram-simple"], "llama"),
-        ("llama.cpp draft", ll + ["-md", a.draft, "--draft-max", "8", "--draft-min", "1",
-                                  "-td", t, "-tbd", t], "llama"),
+        ("llama.cpp draft-simple", ll + ["--spec-type", "draft-simple", "-md", a.draft,
+                                         "--spec-draft-n-max", "8", "-td", t, "-tbd", t],
+         "llama"),
     ]
     ps = prompts(a.requests)
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
