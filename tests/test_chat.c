@@ -404,13 +404,14 @@ START_TEST(tool_formats_by_hand)
         {.role = "system", .content = "Be brief."}, conv[0], conv[1], conv[2]};
     s = format_tools(v3, sys_conv, 4, WEATHER_TOOL, &ct);
     ck_assert_int_eq(ct.tools, CHAT_TOOLS_MISTRAL);
-    ck_assert_str_eq(s, "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": "
-                        "\"get_weather\", \"parameters\": {\"type\": \"object\"}}}]"
-                        "[/AVAILABLE_TOOLS][INST] Be brief.\n\nWeather?[/INST][TOOL_CALLS] "
-                        "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
-                        "\"id\": \"all_xyz_0\"}, {\"name\": \"get_weather\", \"arguments\": {}, "
-                        "\"id\": \"all_xyz_1\"}]</s>[TOOL_RESULTS] {\"content\": sunny, \"call_id\": "
-                        "\"all_xyz_0\"}[/TOOL_RESULTS]");
+    ck_assert_str_eq(s,
+                     "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": "
+                     "\"get_weather\", \"parameters\": {\"type\": \"object\"}}}]"
+                     "[/AVAILABLE_TOOLS][INST] Be brief.\n\nWeather?[/INST][TOOL_CALLS] "
+                     "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+                     "\"id\": \"all_xyz_0\"}, {\"name\": \"get_weather\", \"arguments\": {}, "
+                     "\"id\": \"all_xyz_1\"}]</s>[TOOL_RESULTS] {\"content\": sunny, \"call_id\": "
+                     "\"all_xyz_0\"}[/TOOL_RESULTS]");
     free(s);
     chat_template_free(&ct);
 
