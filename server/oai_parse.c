@@ -262,7 +262,9 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
         char param[64];
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!cJSON_IsObject(x)) return bad(e, param, "'%s' must be an object", param);
-        int trc = oai_tool_message(x, i, &r->msgs[i], r->calls + used, e);
+        /* no calls in the request: no array (NULL + 0 is undefined in C) */
+        struct chat_call *calls = r->calls ? r->calls + used : NULL;
+        int trc = oai_tool_message(x, i, &r->msgs[i], calls, e);
         if (trc < 0) return trc;
         if (trc) { /* a tool result, or an assistant's tool calls: the template writes them */
             used += r->msgs[i].n_calls;
