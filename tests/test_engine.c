@@ -457,7 +457,6 @@ START_TEST(aborts_and_limits)
 }
 END_TEST
 
-/* The pool alone under thousands of random operations, checked after every one. */
 /* Back-pressure: a request whose reader leaves max_unread events unread takes no decode step
  * (paused) and resumes when read; one left unread for stall_timeout_s is aborted with its
  * blocks freed; and a request may be read, aborted and released after engine_free. */
@@ -612,6 +611,7 @@ START_TEST(state_picture_matches_engine)
 }
 END_TEST
 
+/* The pool alone under thousands of random operations, checked after every one. */
 START_TEST(pool_invariants_random)
 {
     enum { BLOCKS = 48, BS = 4, SEQS = 12, MAXB = 16 };
