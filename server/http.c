@@ -95,8 +95,11 @@ struct conn {
     struct conn_slot *slot;
     const struct route *route;
     struct sbuf body;
-    size_t dropped;   /* body bytes past --max-body, read and thrown away */
-    bool body_nomem;  /* the body could not be stored: read, dropped, answered with a 500 */
+    size_t dropped;  /* body bytes past --max-body, read and thrown away */
+    bool body_nomem; /* the body could not be stored: read, dropped, answered with a 500 */
+#ifdef QUERN_FAULT_INJECTION
+    long fault_ticket; /* the failure this request armed (tests/test_fault.py), or 0 */
+#endif
     bool answered;    /* a response is queued */
     bool close_after; /* a malformed head: answer, then close */
     struct timespec t0;
@@ -516,7 +519,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 #ifdef QUERN_FAULT_INJECTION
         /* a sweep's request arms its one failure (only under QUERN_FAULT=request) */
         const char *arm = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "X-Quern-Fault");
-        if (arm) fault_arm(arm);
+        if (arm) c->fault_ticket = fault_arm(arm);
 #endif
         c->slot = slot_of(mc);
         slot_head_arrived(h, c->slot);
@@ -627,8 +630,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct conn *c = *con_cls;
     struct conn_slot *sl = slot_of(mc);
     slot_set_phase(h, sl, PHASE_READING); /* a keep-alive connection waits for the next one */
-    fault_disarm();                       /* a sweep's armed failure lasts one request */
     if (!c) return;
+#ifdef QUERN_FAULT_INJECTION
+    if (c->fault_ticket > 0) fault_disarm(c->fault_ticket); /* an armed failure lasts a request */
+#endif
     *con_cls = NULL;
     if (!c->started) { /* MHD refused the head itself (and answered it) */
         free(c);
