@@ -397,12 +397,15 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
     struct MHD_Response *resp;
     /* the handler's time (waiting for a whole completion) is not the client's idleness */
     restart_idle_clock(mc, idle_timeout_of(s));
+    struct stream_box *box = NULL;
+    if (r->stream && !(box = malloc(sizeof *box))) {
+        /* no room to stream it: the client still hears why (the fixed body below) */
+        r->stream->free(r->stream_ctx);
+        *r = (struct http_resp){.status = 500, .content_type = "application/json"};
+        c->log.status = 500;
+        c->log.has_error = true;
+    }
     if (r->stream) {
-        struct stream_box *box = malloc(sizeof *box);
-        if (!box) {
-            r->stream->free(r->stream_ctx);
-            return MHD_NO;
-        }
         *box = (struct stream_box){
             .ops = r->stream, .ctx = r->stream_ctx, .mc = mc, .idle_timeout = idle_timeout_of(s)};
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, box,
