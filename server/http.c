@@ -418,7 +418,7 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     } else if (!r->body && r->status >= 400) {
         /* the error's own body could not be allocated: a fixed one says so */
-        r->status = 500;
+        r->status = c->log.status = 500;
         resp = MHD_create_response_from_buffer(sizeof NOMEM_BODY - 1, (void *)NOMEM_BODY,
                                                MHD_RESPMEM_PERSISTENT);
     } else {
