@@ -399,7 +399,11 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     }
     char piece[2048]; /* > 3 * the longest token of any vocabulary we load, plus slack */
     int n = detok_push(&s->detok, e->tok, t, piece, sizeof piece);
-    if (n < 0 || (n > 0 && !hold_append(s, piece, n))) return FINISH_ERROR;
+    if (n < 0) return FINISH_ERROR;
+    if (n > 0 && !hold_append(s, piece, n)) {
+        snprintf(s->error, sizeof s->error, "out of memory for the output text");
+        return FINISH_ERROR;
+    }
     enum finish_reason why = FINISH_NONE;
     int cut = s->n_stop_strings ? find_stop(s) : -1;
     if (cut >= 0) {

@@ -34,7 +34,9 @@ static struct {
     atomic_int kind;    /* the kind armed, or -1 */
     atomic_long target; /* the count of that kind that fails */
     bool stack;
-} g = {.once = PTHREAD_ONCE_INIT, .kind = -1};
+    pthread_mutex_t arm_mu; /* orders fault_arm and fault_disarm */
+    long ticket;            /* the latest arming's; guarded by arm_mu */
+} g = {.once = PTHREAD_ONCE_INIT, .kind = -1, .arm_mu = PTHREAD_MUTEX_INITIALIZER};
 
 static int parse_kind(const char *s, size_t len)
 {
@@ -94,26 +96,28 @@ bool fault_hit(enum fault_kind kind)
     return true;
 }
 
-int fault_arm(const char *spec)
+long fault_arm(const char *spec)
 {
     pthread_once(&g.once, init);
-    if (g.mode != MODE_REQUEST) return -1;
-    if (!strcmp(spec, "off")) {
-        fault_disarm();
-        return 0;
-    }
     int kind;
     long n;
-    if (parse_spec(spec, &kind, &n)) return -1;
+    if (g.mode != MODE_REQUEST || parse_spec(spec, &kind, &n)) return -1;
+    pthread_mutex_lock(&g.arm_mu);
     atomic_store(&g.kind, -1);
     atomic_store(&g.target, atomic_load(&g.count[kind]) + n);
+    long ticket = ++g.ticket;
     atomic_store(&g.kind, kind);
-    return 0;
+    pthread_mutex_unlock(&g.arm_mu);
+    return ticket;
 }
 
-void fault_disarm(void)
+void fault_disarm(long ticket)
 {
-    atomic_store(&g.kind, -1);
+    /* MHD may report a request complete after its client has read the answer and sent the
+     * next one, which armed its own failure: only the arming's own request disarms it */
+    pthread_mutex_lock(&g.arm_mu);
+    if (ticket == g.ticket) atomic_store(&g.kind, -1);
+    pthread_mutex_unlock(&g.arm_mu);
 }
 
 void fault_mark(const char *phase)

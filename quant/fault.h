@@ -11,7 +11,8 @@
  *   count            count every point; print the counts at ready and at exit (fault_mark)
  *   KIND:N           fail the Nth KIND point of the process (1-based), once
  *   request          let each HTTP request arm one failure with the header
- *                    "X-Quern-Fault: KIND:N": the Nth KIND point from then on fails, once
+ *                    "X-Quern-Fault: KIND:N": the Nth KIND point from then on fails, once,
+ *                    unless the request completes first
  * KIND is alloc, kv_block, write or read. Every injected failure prints one line to stderr,
  * "quern: fault: injected KIND failure #N", which the sweep (tests/test_fault.py) reads. */
 #ifndef QUERN_FAULT_H
@@ -31,10 +32,12 @@ enum fault_kind {
 #ifdef QUERN_FAULT_INJECTION
 /* Counts one KIND point; true when this one is to fail. Thread-safe. */
 bool fault_hit(enum fault_kind kind);
-/* $QUERN_FAULT=request only: arms one failure, "KIND:N" counted from now; "off" disarms. Returns
- * 0, or -1 for a spec it cannot read (or when arming is not enabled). */
-int fault_arm(const char *spec);
-void fault_disarm(void);
+/* $QUERN_FAULT=request only: arms one failure, "KIND:N" counted from now, replacing any armed.
+ * Returns a ticket for fault_disarm, or -1 for a spec it cannot read (or when arming is not
+ * enabled). */
+long fault_arm(const char *spec);
+/* Disarms the failure armed with ticket, unless another arming has replaced it. */
+void fault_disarm(long ticket);
 /* Prints "quern: fault: points at PHASE: alloc=A kv_block=K write=W read=R" when $QUERN_FAULT
  * is set. */
 void fault_mark(const char *phase);
@@ -52,12 +55,15 @@ static inline bool fault_hit(enum fault_kind kind)
     (void)kind;
     return false;
 }
-static inline int fault_arm(const char *spec)
+static inline long fault_arm(const char *spec)
 {
     (void)spec;
     return -1;
 }
-static inline void fault_disarm(void) {}
+static inline void fault_disarm(long ticket)
+{
+    (void)ticket;
+}
 static inline void fault_mark(const char *phase)
 {
     (void)phase;

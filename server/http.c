@@ -99,8 +99,11 @@ struct conn {
     struct conn_slot *slot;
     const struct route *route;
     struct sbuf body;
-    size_t dropped;   /* body bytes past --max-body, read and thrown away */
-    bool body_nomem;  /* the body could not be stored: read, dropped, answered with a 500 */
+    size_t dropped;  /* body bytes past --max-body, read and thrown away */
+    bool body_nomem; /* the body could not be stored: read, dropped, answered with a 500 */
+#ifdef QUERN_FAULT_INJECTION
+    long fault_ticket; /* the failure this request armed (tests/test_fault.py), or 0 */
+#endif
     bool answered;    /* a response is queued */
     bool close_after; /* a malformed head: answer, then close */
     struct timespec t0;
@@ -398,12 +401,15 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
     struct MHD_Response *resp;
     /* the handler's time (waiting for a whole completion) is not the client's idleness */
     restart_idle_clock(mc, idle_timeout_of(s));
+    struct stream_box *box = NULL;
+    if (r->stream && !(box = malloc(sizeof *box))) {
+        /* no room to stream it: the client still hears why (the fixed body below) */
+        r->stream->free(r->stream_ctx);
+        *r = (struct http_resp){.status = 500, .content_type = "application/json"};
+        c->log.status = 500;
+        c->log.has_error = true;
+    }
     if (r->stream) {
-        struct stream_box *box = malloc(sizeof *box);
-        if (!box) {
-            r->stream->free(r->stream_ctx);
-            return MHD_NO;
-        }
         *box = (struct stream_box){
             .ops = r->stream, .ctx = r->stream_ctx, .mc = mc, .idle_timeout = idle_timeout_of(s)};
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, box,
@@ -416,7 +422,7 @@ static enum MHD_Result queue(struct serve *s, struct MHD_Connection *mc, struct 
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     } else if (!r->body && r->status >= 400) {
         /* the error's own body could not be allocated: a fixed one says so */
-        r->status = 500;
+        r->status = c->log.status = 500;
         resp = MHD_create_response_from_buffer(sizeof NOMEM_BODY - 1, (void *)NOMEM_BODY,
                                                MHD_RESPMEM_PERSISTENT);
     } else {
@@ -525,7 +531,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 #ifdef QUERN_FAULT_INJECTION
         /* a sweep's request arms its one failure (only under QUERN_FAULT=request) */
         const char *arm = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "X-Quern-Fault");
-        if (arm) fault_arm(arm);
+        if (arm) c->fault_ticket = fault_arm(arm);
 #endif
         c->slot = slot_of(mc);
         slot_head_arrived(h, c->slot);
@@ -636,8 +642,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     struct conn *c = *con_cls;
     struct conn_slot *sl = slot_of(mc);
     slot_set_phase(h, sl, PHASE_READING); /* a keep-alive connection waits for the next one */
-    fault_disarm();                       /* a sweep's armed failure lasts one request */
     if (!c) return;
+#ifdef QUERN_FAULT_INJECTION
+    if (c->fault_ticket > 0) fault_disarm(c->fault_ticket); /* an armed failure lasts a request */
+#endif
     *con_cls = NULL;
     if (!c->started) { /* MHD refused the head itself (and answered it) */
         free(c);

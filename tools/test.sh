@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up (tools/setup.sh), runs every test in build/, validates deploy/, runs three replicas
 # behind HAProxy (tools/cluster-test.sh --short), then the unit tests again in a second build
-# with AddressSanitizer and UndefinedBehaviorSanitizer, a short run of the fuzzers
+# with AddressSanitizer and UndefinedBehaviorSanitizer (with them a strided failure-injection
+# sweep, test_fault; tools/fault-sweep.sh runs it whole), a short run of the fuzzers
 # (tools/fuzz.sh), ThreadSanitizer on the threaded suites (tools/tsan.sh), and a 1-minute soak of
 # the sanitized daemon (tools/soak.sh). What CI runs (.ci/run).
 set -euo pipefail

@@ -21,8 +21,9 @@ if [ ! -f build-tsan/build.ninja ]; then
   meson setup build-tsan -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false \
     --buildtype=debugoptimized >/dev/null
 fi
-ninja -C build-tsan server/quern tests/test_threadpool tests/test_comm tests/test_sched \
-  tests/test_kv_cache tests/test_engine >/dev/null
+targets=(server/quern tests/test_threadpool tests/test_comm tests/test_sched tests/test_kv_cache)
+[[ " ${SUITES[*]} " == *" engine "* ]] && targets+=(tests/test_engine)
+ninja -C build-tsan "${targets[@]}" >/dev/null
 # halt at the first report, with both stacks of a lock-order inversion
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 export QUERN_SANITIZED=1 QUERN_MODEL=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
