@@ -54,7 +54,12 @@ expect 2 '--text is required' -- eval --model "$model"
 expect 2 "--precision 'int3'" -- eval --model "$model" --text "$text" --precision int3
 
 # ---- quantize the real model ----
-expect 0 'wrote .*q8_0.gguf \(Q8_0\)' -- quantize --in "$model" --out "$tmp/q8_0.gguf" --type q8_0
+# the scale search costs 30 s under the sanitizers: there (only) q8_0 rounds as llama.cpp does;
+# test_quantize searches scales under them, and the release run compares its output with gguf-py's
+q8_round=()
+[ -n "${QUERN_SANITIZED:-}" ] && q8_round=(--rounding ref)
+expect 0 'wrote .*q8_0.gguf \(Q8_0\)' -- quantize --in "$model" --out "$tmp/q8_0.gguf" --type q8_0 \
+  "${q8_round[@]}"
 expect 0 'wrote .*q4_0.gguf \(Q4_0\)' -- quantize --in "$model" --out "$tmp/q4_0.gguf" --type Q4_0 \
   --rounding ref
 expect 0 '62 copied' -- quantize --in "$model" --out "$tmp/q4_0k.gguf" --type q4_0 --keep-output \
@@ -71,7 +76,7 @@ expect 0 'Paris' -- generate --model "$tmp/q8_0.gguf" --temp 0 -n 8 --prompt "Th
 # ---- failures leave nothing behind ----
 expect 1 'cannot create' -- quantize --in "$model" --out "$tmp/no/such/dir/x.gguf" --type q8_0
 mkdir "$tmp/isdir"
-expect 1 'cannot rename' -- quantize --in "$model" --out "$tmp/isdir" --type q8_0
+expect 1 'cannot rename' -- quantize --in "$model" --out "$tmp/isdir" --type q4_0 --rounding ref
 no_leftovers "$tmp"
 expect 1 'cannot open' -- quantize --in "$tmp/nope.gguf" --out "$tmp/x.gguf" --type q8_0
 # a 2-D tensor with 40-element rows
@@ -93,7 +98,7 @@ tried=
 for u in "unshare -m" "unshare -rm"; do
   if $u true 2>/dev/null; then
     $u sh -c 'mount -t tmpfs -o size=1m none "$1" || exit 77
-      "$2" quantize --in "$3" --out "$1/full.gguf" --type q8_0 2>"$4/enospc.err"; rc=$?
+      "$2" quantize --in "$3" --out "$1/full.gguf" --type q4_0 --rounding ref 2>"$4/enospc.err"; rc=$?
       ls -A "$1" >"$4/enospc.ls"; exit $rc' sh "$tmp/small" "$bin" "$model" "$tmp"
     rc=$?
     [ "$rc" -eq 77 ] && continue
