@@ -2,7 +2,7 @@
 # The whole failure-injection sweep (issue 20, tests/test_fault.py): every allocation, KV-block,
 # client-write and model-read point of the short run (load, four requests, SIGTERM) failed once,
 # on the sanitized build-asan/ (-Dfault_injection=true, as tools/test.sh sets it up). tools/test.sh
-# runs it strided (its meson test test_fault); this is the unstrided run, about half an hour on 2
+# runs it strided (its meson test test_fault); this is the unstrided run, 8 minutes on 2 quiet
 # cores (docs/reliability.md).
 #   tools/fault-sweep.sh [STRIDE [STARTS]]   STRIDE: every Nth request point (1); STARTS: start-up
 #                                            points per kind (200)
