@@ -30,6 +30,14 @@ static void teardown_once(void)
     tb_model_close(file, tok, be, text_ids);
 }
 
+static struct engine *make_engine_opts(const struct engine_opts *o)
+{
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, o, &e, &err) == 0, "%s", err.msg);
+    return e;
+}
+
 static struct engine *make_engine(int batch, int seqs, int blocks, bool prefix)
 {
     struct engine_opts o;
@@ -38,10 +46,21 @@ static struct engine *make_engine(int batch, int seqs, int blocks, bool prefix)
     o.max_seqs = seqs;
     o.kv_blocks = blocks;
     o.prefix_cache = prefix;
-    struct engine *e;
-    struct qerr err = {0};
-    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
-    return e;
+    return make_engine_opts(&o);
+}
+
+/* Two sequences at most, each paused once 4 of its events are unread; aborted after
+ * stall_timeout_s of that (0: never). */
+static struct engine *make_pausing_engine(double stall_timeout_s)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 64;
+    o.max_seqs = 2;
+    o.kv_blocks = 64;
+    o.max_unread = 4;
+    o.stall_timeout_s = stall_timeout_s;
+    return make_engine_opts(&o);
 }
 
 /* Waits (up to 10 s) until the engine has published a step with nothing left to do. */
@@ -462,16 +481,7 @@ END_TEST
  * blocks freed; and a request may be read, aborted and released after engine_free. */
 START_TEST(back_pressure_and_after_free)
 {
-    struct engine_opts o;
-    engine_opts_default(&o);
-    o.max_batch_tokens = 64;
-    o.max_seqs = 2;
-    o.kv_blocks = 64;
-    o.max_unread = 4;
-    o.stall_timeout_s = 0.5;
-    struct engine *e;
-    struct qerr err = {0};
-    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    struct engine *e = make_pausing_engine(0.5);
     struct gen_request r;
     greedy_request(&r, text_ids, 8, 40);
     struct request *q = submit(e, &r);
@@ -526,16 +536,7 @@ END_TEST
  * aborted, an idle picture with every block free and the prompts' full blocks cached. */
 START_TEST(state_picture_matches_engine)
 {
-    struct engine_opts o;
-    engine_opts_default(&o);
-    o.max_batch_tokens = 64;
-    o.max_seqs = 2;
-    o.kv_blocks = 64;
-    o.max_unread = 4;
-    o.stall_timeout_s = 0;
-    struct engine *e;
-    struct qerr err = {0};
-    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    struct engine *e = make_pausing_engine(0);
     struct engine_state *st = malloc(sizeof *st);
     ck_assert_ptr_nonnull(st);
     engine_get_state(e, st);
