@@ -92,13 +92,20 @@ TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v
 #define PF_DIST_Q4 16384
 #endif
 #ifndef PF_DIST_Q8
-#define PF_DIST_Q8 4096
+#define PF_DIST_Q8 8192
+#endif
+#ifndef PF_HINT
+#define PF_HINT 2
 #endif
 /* The packed weight is one forward stream (each group's scales, then its quants, then the next
  * group's): prefetching a fixed distance past the quants being read keeps enough misses in
  * flight for DRAM bandwidth, which the out-of-order window alone does not (a decode reads each
- * byte once). Measured best here, 1-thread decode: 4-bit 16 KiB (4 KiB: -10%, 32 KiB: -15%),
- * Q8_0 4-8 KiB (16 KiB: -8%, 32 KiB: -15%; no prefetch at all about the same as 4 KiB). */
+ * byte once). The prefetches go to L2 (prefetcht1, locality 2), not L1: an L1 prefetch holds one
+ * of the core's few L1 miss buffers for a whole DRAM round trip, and a dozen of them in flight
+ * stall the demand loads behind them. Measured on Zen 4, 1-thread decode of the real model:
+ * prefetcht0 -> prefetcht1 took tg128 from 62 to 104 tok/s (Q8_0) and 95 to 147 (Q4_0); in a
+ * kernel-only loop over 140 MB, 12 -> 20 GB/s, of a 29 GB/s plain read loop. Distances with
+ * prefetcht1: Q8_0 8 KiB (2 KiB: -30%, 16-32 KiB: -5%), 4-bit 16 KiB (4-8 KiB within noise). */
 INLINE size_t prefetch_distance(enum qtype type)
 {
     return type == QTYPE_Q8_0 ? PF_DIST_Q8 : PF_DIST_Q4;
@@ -108,7 +115,7 @@ INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs)
 {
     const uint8_t *p = qs + prefetch_distance(w->type);
     if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
-    for (size_t o = 0; o < w->quant_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    for (size_t o = 0; o < w->quant_bytes; o += 64) __builtin_prefetch(p + o, 0, PF_HINT);
 }
 
 /* The first prefetch_distance bytes of a range, which prefetch_ahead never covers. */
@@ -116,7 +123,7 @@ INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
 {
     const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
     size_t len = (size_t)(g1 - g0) * w->group_bytes, dist = prefetch_distance(w->type);
-    for (size_t o = 0; o < len && o < dist; o += 64) __builtin_prefetch(p + o, 0, 3);
+    for (size_t o = 0; o < len && o < dist; o += 64) __builtin_prefetch(p + o, 0, PF_HINT);
 }
 
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
