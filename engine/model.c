@@ -627,9 +627,9 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
         nvtx_pushf("layer %d", l);
-        ops->matmul(be, &ly->wq, a->xn, n, a->q);
-        ops->matmul(be, &ly->wk, a->xn, n, a->k);
-        ops->matmul(be, &ly->wv, a->xn, n, a->v);
+        const struct bweight *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
+        float *qkv_out[3] = {a->q, a->k, a->v};
+        backend_matmul_shared(be, qkv, 3, a->xn, n, qkv_out);
         ops->rope(be, a->q, a->pos, n, nq, c->head_dim, c->rot_dim, c->rope_base);
         ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, c->rot_dim, c->rope_base);
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
@@ -641,8 +641,9 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         }
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
-        ops->matmul(be, &ly->w_gate, a->xn, n, a->gate);
-        ops->matmul(be, &ly->w_up, a->xn, n, a->up);
+        const struct bweight *gate_up[2] = {&ly->w_gate, &ly->w_up};
+        float *gate_up_out[2] = {a->gate, a->up};
+        backend_matmul_shared(be, gate_up, 2, a->xn, n, gate_up_out);
         ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
         rc = reduce_partial(m, a->xn, n, err);

@@ -140,6 +140,11 @@ struct backend_ops {
      * and free. */
     void *(*host_alloc)(struct backend *be, size_t bytes);
     void (*host_free)(struct backend *be, void *p);
+    /* y[i] = x W[i]^T for i < n_w: weights that read the same input (q, k and v; gate and up),
+     * which a backend may run as one job (the input prepared once, one wait). Exactly the values
+     * of n_w matmul calls. NULL: the caller makes them (backend_matmul_shared). */
+    void (*matmul_shared)(struct backend *be, const struct bweight *const *w, int n_w,
+                          const float *x, int n, float *const *y);
 };
 
 struct backend {
@@ -163,6 +168,16 @@ static inline void backend_host_free(struct backend *be, void *p)
         be->ops->host_free(be, p);
     else
         free(p);
+}
+
+static inline void backend_matmul_shared(struct backend *be, const struct bweight *const *w,
+                                         int n_w, const float *x, int n, float *const *y)
+{
+    if (be->ops->matmul_shared) {
+        be->ops->matmul_shared(be, w, n_w, x, n, y);
+        return;
+    }
+    for (int i = 0; i < n_w; i++) be->ops->matmul(be, w[i], x, n, y[i]);
 }
 
 static inline size_t backend_kv_elem_bytes(const struct backend *be)

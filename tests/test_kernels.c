@@ -274,6 +274,69 @@ START_TEST(matmul_batch_and_thread_invariant)
 }
 END_TEST
 
+/* matmul_shared: weights that read one input, run as one job, give the bits of one matmul call
+ * each: quantized weights of one type (shared activations), a mix of types (Q4_1 wants block
+ * sums on the f32 path), a float weight among them (a job of its own), 1-3 threads. */
+START_TEST(matmul_shared_equals_separate_calls)
+{
+    tu_seed(0x5ba7ed);
+    const int cols = 576, ns[] = {1, 5, 70};
+    const int64_t rows[] = {576, 192, 45, 1536};
+    const enum qtype sets[][4] = {{QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0},
+                                  {QTYPE_Q4_1, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0},
+                                  {QTYPE_Q4_0, QTYPE_F16, QTYPE_Q4_0, QTYPE_Q4_1}};
+    float *x = malloc((size_t)70 * cols * sizeof *x);
+    tu_fill(x, (size_t)70 * cols, 1.0f);
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        struct bweight w[4];
+        float *ys[4], *yone[4];
+        for (int k = 0; k < 4; k++) {
+            tu_make_weight(&w[k], sets[si][k], rows[k], cols);
+            ys[k] = malloc((size_t)70 * (size_t)rows[k] * sizeof(float));
+            yone[k] = malloc((size_t)70 * (size_t)rows[k] * sizeof(float));
+        }
+        for (int i = 0; i < N_ISAS; i++) {
+            if (!cpu_isa_supported(all_isas[i])) continue;
+            for (int p = 0; p < 2; p++)
+                for (int th = 1; th <= 3; th += 2) {
+                    struct backend *be = make_backend(all_isas[i], (enum matmul_precision)p, th);
+                    struct qerr err = {0};
+                    struct bweight pw[4];
+                    const struct bweight *wp[4];
+                    for (int k = 0; k < 4; k++) {
+                        pw[k] = w[k];
+                        ck_assert_msg(be->ops->weight_prepare(be, &pw[k], &err) == 0, "%s",
+                                      err.msg);
+                        wp[k] = &pw[k];
+                    }
+                    ck_assert(be->ops->matmul_shared);
+                    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                        int n = ns[ni];
+                        be->ops->matmul_shared(be, wp, 4, x, n, ys);
+                        for (int k = 0; k < 4; k++) {
+                            be->ops->matmul(be, wp[k], x, n, yone[k]);
+                            size_t at;
+                            ck_assert_msg(!tu_bits_differ(ys[k], yone[k], (size_t)n * rows[k], &at),
+                                          "%s precision %d, %d threads, set %zu, weight %d (%s), "
+                                          "n %d: element %zu differs",
+                                          cpu_isa_name(all_isas[i]), p, th, si, k,
+                                          qtype_name(w[k].type), n, at);
+                        }
+                    }
+                    for (int k = 0; k < 4; k++) be->ops->weight_release(be, &pw[k]);
+                    backend_destroy(be);
+                }
+        }
+        for (int k = 0; k < 4; k++) {
+            tu_free_weight(&w[k]);
+            free(ys[k]);
+            free(yone[k]);
+        }
+    }
+    free(x);
+}
+END_TEST
+
 /* ---- row ops ---- */
 
 static double rel_err(float a, float b)
@@ -581,6 +644,7 @@ int main(void)
     tcase_add_loop_test(tc, matmul_matches_reference, 0, 2);
     tcase_add_test(tc, matmul_float_weights);
     tcase_add_test(tc, matmul_batch_and_thread_invariant);
+    tcase_add_test(tc, matmul_shared_equals_separate_calls);
     tcase_add_test(tc, rmsnorm_add_silu_match_reference);
     tcase_add_test(tc, large_batch_ops_thread_invariant);
     tcase_add_test(tc, rope_matches_reference_exactly);

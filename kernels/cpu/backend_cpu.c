@@ -126,6 +126,7 @@ static const struct backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .add = cpu_add,
     .matmul = cpu_matmul,
+    .matmul_shared = cpu_matmul_shared,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

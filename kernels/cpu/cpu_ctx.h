@@ -35,6 +35,8 @@ int cpu_scratch_reserve(struct cpu_ctx *c, size_t bytes);
 size_t cpu_matmul_token_bytes(const struct cpu_ctx *c, const struct bweight *w);
 
 void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y);
+void cpu_matmul_shared(struct backend *be, const struct bweight *const *w, int n_w, const float *x,
+                       int n, float *const *y);
 
 void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
                float *out);

@@ -8,7 +8,9 @@
  *   scalar ISA:  the reference kernels, split the same way
  * The tokens run in chunks that fit the scratch (normally all at once); the work of a chunk is
  * cut into (row groups x up to 64 tokens) tasks, about four per thread, claimed dynamically.
- * A task never splits a dot product, so neither the cut nor the thread count changes a value. */
+ * A task never splits a dot product, so neither the cut nor the thread count changes a value.
+ * cpu_matmul_shared runs weights that read the same input (q, k, v; gate, up) as one job: the
+ * activations are prepared once and one pool job (one wait) covers all of them. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,20 +52,34 @@ int cpu_scratch_reserve(struct cpu_ctx *c, size_t bytes)
     return 0;
 }
 
-struct mm_job {
-    const struct cpu_kernels *k;
+/* One weight of a job: its output and its share of the job's task list. */
+struct mm_part {
     const struct bweight *w;
     const struct qpack *p;
-    bool q8;
-    const float *x; /* [n][cols] this chunk's tokens */
-    struct q8act a; /* q8: this chunk's quantized tokens */
-    float *xs;      /* f32 + Q4_1: [n][nb] block sums */
-    float *y;       /* [n][rows] */
-    int n;
+    float *y;      /* [n][rows] this chunk's rows of the output */
     int64_t units; /* 16-row groups */
     int64_t units_per_task;
     int64_t unit_tasks; /* tasks along the rows */
+    int first_task;     /* the job's task index of this part's first task */
+};
+
+#define MM_PARTS_MAX 4
+
+/* A job: up to MM_PARTS_MAX weights of the same input width applied to one chunk of tokens,
+ * whose activations are prepared once for all of them. */
+struct mm_job {
+    const struct cpu_kernels *k;
+    bool q8;
+    bool sums; /* f32 + a packed weight: block sums of x (Q4_1 reads them) */
+    int64_t cols;
+    const float *x; /* [n][cols] this chunk's tokens */
+    struct q8act a; /* q8: this chunk's quantized tokens */
+    float *xs;      /* sums: [n][nb] */
+    int n;
     int tok_per_task;
+    int64_t tok_tasks;
+    int n_parts;
+    struct mm_part part[MM_PARTS_MAX];
 };
 
 static void prep_task(void *arg, int task, int worker)
@@ -71,7 +87,7 @@ static void prep_task(void *arg, int task, int worker)
     (void)worker;
     struct mm_job *j = arg;
     int t0 = task * PREP_TOKENS, t1 = t0 + PREP_TOKENS < j->n ? t0 + PREP_TOKENS : j->n;
-    int64_t cols = j->w->cols, nb = cols / QK;
+    int64_t cols = j->cols, nb = cols / QK;
     for (int t = t0; t < t1; t++) {
         const float *xt = j->x + (size_t)t * (size_t)cols;
         size_t o = (size_t)t * (size_t)nb;
@@ -87,25 +103,29 @@ static void mm_task(void *arg, int task, int worker)
 {
     (void)worker;
     struct mm_job *j = arg;
-    int64_t ui = task % j->unit_tasks, ti = task / j->unit_tasks;
-    int64_t g0 = ui * j->units_per_task;
-    int64_t g1 = g0 + j->units_per_task < j->units ? g0 + j->units_per_task : j->units;
+    int pi = 0;
+    while (pi + 1 < j->n_parts && task >= j->part[pi + 1].first_task) pi++;
+    const struct mm_part *pt = &j->part[pi];
+    int64_t local = task - pt->first_task;
+    int64_t ui = local % pt->unit_tasks, ti = local / pt->unit_tasks;
+    int64_t g0 = ui * pt->units_per_task;
+    int64_t g1 = g0 + pt->units_per_task < pt->units ? g0 + pt->units_per_task : pt->units;
     int t0 = (int)ti * j->tok_per_task;
     int t1 = t0 + j->tok_per_task < j->n ? t0 + j->tok_per_task : j->n;
-    if (j->p) {
+    if (pt->p) {
         if (j->q8)
-            j->k->matmul_q8(j->p, &j->a, g0, g1, t0, t1, j->y);
+            j->k->matmul_q8(pt->p, &j->a, g0, g1, t0, t1, pt->y);
         else
-            j->k->matmul_f32(j->p, j->x, j->xs, g0, g1, t0, t1, j->y);
+            j->k->matmul_f32(pt->p, j->x, j->xs, g0, g1, t0, t1, pt->y);
         return;
     }
-    const struct bweight *w = j->w;
+    const struct bweight *w = pt->w;
     int64_t r0 = g0 * QPACK_ROWS, r1 = g1 * QPACK_ROWS < w->rows ? g1 * QPACK_ROWS : w->rows;
     if (!j->q8 && j->k->matmul_float) {
-        j->k->matmul_float(w, j->x, r0, r1, t0, t1, j->y);
+        j->k->matmul_float(w, j->x, r0, r1, t0, t1, pt->y);
         return;
     }
-    float *y = j->y + (size_t)t0 * (size_t)w->rows;
+    float *y = pt->y + (size_t)t0 * (size_t)w->rows;
     if (j->q8) {
         struct q8act a = j->a;
         a.q += (size_t)t0 * (size_t)a.cols;
@@ -121,7 +141,7 @@ static void mm_task(void *arg, int task, int worker)
 /* Carves the scratch for n tokens: q8 tensors, or the block sums. */
 static void carve(struct mm_job *j, void *scratch, int n)
 {
-    int64_t cols = j->w->cols, nb = cols / QK;
+    int64_t cols = j->cols, nb = cols / QK;
     uint8_t *p = scratch;
     if (j->q8) {
         j->a.cols = cols;
@@ -138,12 +158,23 @@ static void carve(struct mm_job *j, void *scratch, int n)
     }
 }
 
-void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
+/* Weights that can share one job: the same input width and the same activation preparation. */
+static bool can_share(const struct cpu_ctx *c, const struct bweight *a, const struct bweight *b)
 {
-    struct cpu_ctx *c = be->ctx;
-    if (n <= 0) return;
-    struct mm_job j = {.k = c->k, .w = w, .p = w->impl, .q8 = use_q8(c, w)};
-    size_t per_token = cpu_matmul_token_bytes(c, w);
+    return a->cols == b->cols && use_q8(c, a) == use_q8(c, b) &&
+           cpu_matmul_token_bytes(c, a) == cpu_matmul_token_bytes(c, b);
+}
+
+/* Runs ws[0..nw) (can_share, nw <= MM_PARTS_MAX) on x[n]: the activations prepared once per
+ * chunk of tokens, then every weight's (row groups x tokens) tasks in one pool job, about
+ * TASKS_PER_THREAD per thread in all, each weight's rows cut evenly. */
+static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int nw, const float *x,
+                       int n, float *const *ys)
+{
+    const struct bweight *w0 = ws[0];
+    struct mm_job j = {.k = c->k, .q8 = use_q8(c, w0), .cols = w0->cols, .n_parts = nw};
+    size_t per_token = cpu_matmul_token_bytes(c, w0);
+    j.sums = per_token && !j.q8;
     const size_t slack = 4 * 64;
     int chunk = n;
     if (per_token) {
@@ -155,13 +186,17 @@ void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int
             chunk = fit < (size_t)n ? (int)fit : n;
         }
     }
-    int threads = c->n_threads;
-    j.units = (w->rows + QPACK_ROWS - 1) / QPACK_ROWS;
+    int64_t all_units = 0;
+    for (int i = 0; i < nw; i++) {
+        j.part[i].w = ws[i];
+        j.part[i].p = ws[i]->impl;
+        j.part[i].units = (ws[i]->rows + QPACK_ROWS - 1) / QPACK_ROWS;
+        all_units += j.part[i].units;
+    }
     for (int t0 = 0; t0 < n; t0 += chunk) {
         int cnt = n - t0 < chunk ? n - t0 : chunk;
         j.n = cnt;
-        j.x = x + (size_t)t0 * (size_t)w->cols;
-        j.y = y + (size_t)t0 * (size_t)w->rows;
+        j.x = x + (size_t)t0 * (size_t)w0->cols;
         if (per_token) {
             carve(&j, c->scratch, cnt);
             int prep_tasks = (cnt + PREP_TOKENS - 1) / PREP_TOKENS;
@@ -171,11 +206,38 @@ void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int
                 for (int t = 0; t < prep_tasks; t++) prep_task(&j, t, 0);
         }
         j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
-        int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
-        int64_t target = threads > 1 ? (int64_t)threads * TASKS_PER_THREAD : 1;
-        int64_t upt = (j.units * tok_tasks + target - 1) / target;
-        j.units_per_task = upt < 1 ? 1 : upt > j.units ? j.units : upt;
-        j.unit_tasks = (j.units + j.units_per_task - 1) / j.units_per_task;
-        pool_run(c->pool, mm_task, &j, (int)(j.unit_tasks * tok_tasks));
+        j.tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
+        int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * TASKS_PER_THREAD : 1;
+        int64_t upt = (all_units * j.tok_tasks + target - 1) / target;
+        int tasks = 0;
+        for (int i = 0; i < nw; i++) {
+            struct mm_part *pt = &j.part[i];
+            pt->y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
+            pt->units_per_task = upt < 1 ? 1 : upt > pt->units ? pt->units : upt;
+            pt->unit_tasks = (pt->units + pt->units_per_task - 1) / pt->units_per_task;
+            pt->first_task = tasks;
+            tasks += (int)(pt->unit_tasks * j.tok_tasks);
+        }
+        pool_run(c->pool, mm_task, &j, tasks);
+    }
+}
+
+void cpu_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
+{
+    if (n <= 0) return;
+    matmul_set(be->ctx, &w, 1, x, n, &y);
+}
+
+void cpu_matmul_shared(struct backend *be, const struct bweight *const *w, int n_w, const float *x,
+                       int n, float *const *y)
+{
+    struct cpu_ctx *c = be->ctx;
+    if (n <= 0) return;
+    /* consecutive weights that can share a job take one; any other starts the next */
+    for (int i = 0; i < n_w;) {
+        int k = 1;
+        while (i + k < n_w && k < MM_PARTS_MAX && can_share(c, w[i], w[i + k])) k++;
+        matmul_set(c, w + i, k, x, n, y + i);
+        i += k;
     }
 }

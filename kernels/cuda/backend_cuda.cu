@@ -292,6 +292,7 @@ static const struct backend_ops cuda_ops = {
     /* .mem_info = */ cuda_mem_info,
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
+    /* .matmul_shared = */ NULL, /* the engine calls matmul per weight */
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
