@@ -31,6 +31,7 @@ void engine_opts_default(struct engine_opts *o)
                               .kv_mem = (size_t)256 << 20,
                               .ctx_len = 0,
                               .prefix_cache = true,
+                              .prefix_partial = true,
                               .max_unread = 64,
                               .stall_timeout_s = 30,
                               .prompt_logprob_rows = 128,
@@ -555,7 +556,9 @@ static int run_step(struct engine *e)
                             .logit_idx = p->logit_idx,
                             .n_hidden = p->n_hidden,
                             .hidden_idx = p->hidden_idx,
-                            .hidden = e->hidden};
+                            .hidden = e->hidden,
+                            .n_kv_copies = p->n_copies,
+                            .kv_copies = p->copies};
     struct qerr err = {0};
     double t_forward = engine_now();
     grammar_step_begin(e, &b); /* the masks are computed while the forward runs */
@@ -829,6 +832,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->trace && o->tp <= 1 && (rc = trace_wrap_backend(o->trace, be, &e->traced, err)))
         goto fail;
     if ((rc = model_load(f, e->traced ? e->traced : be, &mo, &e->model, err))) goto fail;
+    e->kv_copy = o->prefix_cache && o->prefix_partial && model_can_copy_kv(e->model);
     if (o->spec == SPEC_DRAFT) {
         /* a draft round has a row per drafting sequence; more are split over forwards */
         struct model_opts dmo = mo;

@@ -43,6 +43,10 @@ struct engine_opts {
     size_t kv_mem;        /* bytes for the KV pool when kv_blocks is 0 (default 256 MiB) */
     int ctx_len;          /* max prompt + output tokens per request; 0: the model's */
     bool prefix_cache;    /* reuse cached full blocks of identical prefixes (default on) */
+    /* With prefix_cache: a prompt that goes on to match only the first tokens of a cached block
+     * takes those tokens' K/V too, copied into a block of its own (default on; a backend without
+     * buf_copy computes them instead) */
+    bool prefix_partial;
     /* Back-pressure: a request whose reader leaves max_unread events unread takes no decode
      * step until it reads (0: never pause), and one paused for stall_timeout_s seconds is
      * aborted, freeing its KV blocks (0: never). Defaults 64 and 30. */

@@ -40,6 +40,9 @@ struct seq {
     int n_blocks, cap_blocks;
     int n_keyed;       /* leading full blocks registered in (or found in) the prefix cache */
     uint64_t last_key; /* key of block n_keyed - 1, 0 when none */
+    /* copy_len > 0: the first copy_len tokens of its last block are to be copied from cached
+     * block copy_src in the step that admits it (engine_opts.prefix_partial) */
+    int copy_src, copy_len;
     int max_tokens, n_generated, cached_tokens;
     bool ignore_eos;
     int n_stop_ids;
@@ -99,6 +102,8 @@ struct step_plan {
     int *n_draft, *draft_at, *draft_row, *ext_block; /* [max_seqs] */
     int32_t *table;                                  /* [max_seqs][max_blocks] */
     int table_cap, max_blocks;
+    struct kv_block_copy *copies; /* [max_seqs] K/V the forward copies first (prefix_partial) */
+    int n_copies;
 };
 
 struct engine {
@@ -109,6 +114,7 @@ struct engine {
     double step_sampler_s;  /* --trace: this step's time in the sampler (grammar masks included) */
     struct model *model;
     struct kv_pool *pool;
+    bool kv_copy; /* prefix_partial is on and the model can copy K/V between blocks */
     int vocab, ctx_len;
 
     pthread_t thread;

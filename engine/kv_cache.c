@@ -198,6 +198,25 @@ int kv_prefix_lookup(struct kv_pool *p, uint64_t parent, const int32_t *tokens)
     return b;
 }
 
+int kv_prefix_lookup_partial(const struct kv_pool *p, uint64_t parent, const int32_t *tokens, int n,
+                             int *len)
+{
+    int best = -1, best_len = 0;
+    if (n > p->block_size) n = p->block_size;
+    for (int b = 0; b < p->n_blocks && best_len < n; b++) {
+        if (!p->has_key[b] || p->parent[b] != parent) continue;
+        const int32_t *t = p->tokens + (size_t)b * (size_t)p->block_size;
+        int k = 0;
+        while (k < n && t[k] == tokens[k]) k++;
+        if (k > best_len) {
+            best = b;
+            best_len = k;
+        }
+    }
+    *len = best_len;
+    return best;
+}
+
 uint64_t kv_prefix_insert(struct kv_pool *p, int block, uint64_t parent, const int32_t *tokens)
 {
     uint64_t key = kv_block_key(parent, tokens, p->block_size);

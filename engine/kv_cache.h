@@ -39,6 +39,13 @@ void kv_block_release(struct kv_pool *p, int block);
 uint64_t kv_block_key(uint64_t parent, const int32_t *tokens, int block_size);
 /* The cached block holding exactly these tokens after parent, retained (ref + 1), or -1. */
 int kv_prefix_lookup(struct kv_pool *p, uint64_t parent, const int32_t *tokens);
+/* The cached block after parent whose first tokens match tokens[0..n) longest (n < block_size:
+ * the part of a block a prompt has), that length in *len; -1 when no cached block after parent
+ * starts with tokens[0]. Ties go to the lowest block id. Not retained: a caller that keeps using
+ * the block must do so before anything can reallocate it. A scan of every block (once per
+ * admitted request, not per token). */
+int kv_prefix_lookup_partial(const struct kv_pool *p, uint64_t parent, const int32_t *tokens, int n,
+                             int *len);
 /* Records that block (full, computed, referenced) holds tokens after parent. A key already cached
  * by another block is left alone. Returns the block's key. */
 uint64_t kv_prefix_insert(struct kv_pool *p, int block, uint64_t parent, const int32_t *tokens);

@@ -583,7 +583,41 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
     for (int64_t i = 0; i < (int64_t)b->n_seqs * b->max_blocks; i++)
         if (b->block_table[i] < -1 || b->block_table[i] >= o->kv_blocks)
             return qerr_set(err, QERR_INVALID, "forward: block id %d", b->block_table[i]);
+    if (b->n_kv_copies < 0 || (b->n_kv_copies > 0 && !model_can_copy_kv(m)))
+        return qerr_set(err, QERR_INVALID, "forward: %d KV copies on backend %s", b->n_kv_copies,
+                        m->be->ops->name);
+    for (int i = 0; i < b->n_kv_copies; i++) {
+        const struct kv_block_copy *c = &b->kv_copies[i];
+        if (c->src < 0 || c->src >= o->kv_blocks || c->dst < 0 || c->dst >= o->kv_blocks ||
+            c->src == c->dst || c->n < 1 || c->n > o->kv_block_size)
+            return qerr_set(err, QERR_INVALID,
+                            "forward: KV copy of %d positions from block %d to %d", c->n, c->src,
+                            c->dst);
+    }
     return 0;
+}
+
+bool model_can_copy_kv(const struct model *m)
+{
+    return m->be->ops->buf_copy != NULL;
+}
+
+/* The batch's KV copies on this rank's layers (its KV heads), before the step writes any. */
+static void copy_kv_blocks(struct model *m, const struct model_batch *b)
+{
+    struct backend *be = m->be;
+    size_t row = (size_t)m->sh.nkv * (size_t)m->cfg.head_dim * backend_kv_elem_bytes(be);
+    size_t block = row * (size_t)m->opts.kv_block_size;
+    for (int i = 0; i < b->n_kv_copies; i++) {
+        const struct kv_block_copy *c = &b->kv_copies[i];
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            struct layer *ly = &m->layers[l];
+            be->ops->buf_copy(be, (char *)ly->k_cache + (size_t)c->dst * block,
+                              (char *)ly->k_cache + (size_t)c->src * block, (size_t)c->n * row);
+            be->ops->buf_copy(be, (char *)ly->v_cache + (size_t)c->dst * block,
+                              (char *)ly->v_cache + (size_t)c->src * block, (size_t)c->n * row);
+        }
+    }
 }
 
 /* x += y, out = rmsnorm(x) * w: one op where the backend fuses them. */
@@ -788,6 +822,7 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
         if (ops->step_reset) ops->step_reset(be); /* captured steps read the old table */
         if (!a->table) return qerr_set(err, QERR_NOMEM, "forward: block table of %zu", table_n);
     }
+    copy_kv_blocks(m, b);
     ops->buf_write(be, a->tokens, replay ? pb.tokens : b->tokens, (size_t)n * 4);
     ops->buf_write(be, a->pos, replay ? pb.pos : b->pos, (size_t)n * 4);
     ops->buf_write(be, a->seq, replay ? pb.seq : b->seq, (size_t)n * 4);

@@ -41,6 +41,11 @@ struct model_opts {
     struct comm *const *tp_comms;
 };
 
+/* n leading positions of KV block src copied into block dst, on every layer (and every rank). */
+struct kv_block_copy {
+    int32_t src, dst, n;
+};
+
 /* One step's batch, host arrays. Token i of sequence seq[i] sits at position pos[i] and writes
  * its K/V at slot[i] = block * kv_block_size + offset; block_table[s * max_blocks + j] is the
  * j-th block of sequence s. Logits are produced for the tokens listed in logit_idx. */
@@ -61,6 +66,11 @@ struct model_batch {
      * work. Not called when the forward fails before that point. */
     void (*while_running)(void *ctx);
     void *while_ctx;
+    /* K/V copies made before any of the step's ops, in order (model_can_copy_kv): a prompt that
+     * shares the first tokens of a cached block takes them from it (engine/sched.c). A source
+     * block may be written by this step, but only after every copy. */
+    int n_kv_copies;
+    const struct kv_block_copy *kv_copies;
 };
 
 struct model;
@@ -77,6 +87,9 @@ const struct model_opts *model_get_opts(const struct model *m);
 /* Bytes of K/V one token needs across all layers, for elements of elem_bytes
  * (backend_kv_elem_bytes). */
 size_t model_kv_bytes_per_token(const struct model_config *cfg, size_t elem_bytes);
+
+/* Whether batches may carry kv_copies (the backend copies between its buffers). */
+bool model_can_copy_kv(const struct model *m);
 
 /* logits: host array [b->n_logits][vocab]. Validates the batch (sizes, token ids, slots) first. */
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err);

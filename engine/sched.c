@@ -51,10 +51,11 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
     p->draft_at = malloc(S * sizeof *p->draft_at);
     p->draft_row = malloc(S * sizeof *p->draft_row);
     p->ext_block = malloc(S * sizeof *p->ext_block);
+    p->copies = malloc(S * sizeof *p->copies);
     if (!p->tokens || !p->pos || !p->seq_idx || !p->slot || !p->seqs || !p->chunk ||
         !p->wants_logits || !p->logit_idx || !p->logit_row || !p->n_plp || !p->start ||
         !p->hidden_idx || !p->hidden_row || !p->n_hid || !p->n_draft || !p->draft_at ||
-        !p->draft_row || !p->ext_block) {
+        !p->draft_row || !p->ext_block || !p->copies) {
         sched_plan_free(p);
         return qerr_set(err, QERR_NOMEM, "scheduler: out of memory");
     }
@@ -81,6 +82,7 @@ void sched_plan_free(struct step_plan *p)
     free(p->draft_at);
     free(p->draft_row);
     free(p->ext_block);
+    free(p->copies);
     free(p->table);
     memset(p, 0, sizeof *p);
 }
@@ -93,6 +95,8 @@ void sched_release_blocks(struct engine *e, struct seq *s)
     s->n_keyed = 0;
     s->last_key = 0;
     s->draft_computed = 0;
+    if (s->copy_len > 0) kv_block_release(e->pool, s->copy_src);
+    s->copy_len = 0;
 }
 
 static bool push_block(struct seq *s, int b)
@@ -210,7 +214,11 @@ static int chunk_fit_logits(const struct engine *e, const struct seq *s, int n)
 }
 
 /* Reuses cached blocks for the longest cached prefix of s, leaving at least one token to compute
- * (its logits are needed). */
+ * (its logits are needed). With e->kv_copy, the tokens after the last whole cached block that
+ * begin some cached block after it are taken too: a block of s's own gets their K/V copied in
+ * the step that admits s (the copy comes before the step's writes, so the source is intact even
+ * if this very plan reallocates it). The copied K/V are those s would compute: a position's K/V
+ * depend only on the tokens up to it, and the kernels give them the same bits in any batch. */
 static void take_cached_prefix(struct engine *e, struct seq *s)
 {
     if (!e->o.prefix_cache || seq_needs_prompt(s)) return;
@@ -226,6 +234,23 @@ static void take_cached_prefix(struct engine *e, struct seq *s)
         s->last_key = kv_block_key(s->last_key, s->tokens + (size_t)i * (size_t)bs, bs);
         s->n_keyed++;
         s->n_computed += bs;
+    }
+    int rest = s->n_tokens - 1 - s->n_computed, len = 0;
+    int src = e->kv_copy && rest > 0
+                  ? kv_prefix_lookup_partial(e->pool, s->last_key, s->tokens + s->n_computed,
+                                             rest < bs ? rest : bs, &len)
+                  : -1;
+    if (src >= 0) {
+        kv_block_retain(e->pool, src); /* until the copy is in a plan: no one may take it */
+        int dst = kv_block_alloc(e->pool);
+        if (dst >= 0 && push_block(s, dst)) {
+            s->copy_src = src;
+            s->copy_len = len;
+            s->n_computed += len;
+        } else {
+            if (dst >= 0) kv_block_release(e->pool, dst);
+            kv_block_release(e->pool, src);
+        }
     }
     s->cached_tokens = s->n_computed;
 }
@@ -320,7 +345,7 @@ static void plan_drafts(struct engine *e, int budget)
 int sched_step_plan(struct engine *e)
 {
     struct step_plan *p = &e->plan;
-    p->n_tokens = p->n_seqs = p->n_logits = p->n_hidden = 0;
+    p->n_tokens = p->n_seqs = p->n_logits = p->n_hidden = p->n_copies = 0;
     int budget = e->o.max_batch_tokens;
 
     /* A then B: running sequences, decodes before prefill chunks */
@@ -374,6 +399,13 @@ int sched_step_plan(struct engine *e)
         }
         s->t_admit = engine_now();
         e->running[e->n_running++] = s;
+        if (s->copy_len > 0) {
+            /* the forward copies before it writes, so the source may go back to the pool now */
+            p->copies[p->n_copies++] = (struct kv_block_copy){
+                .src = s->copy_src, .dst = s->blocks[s->n_keyed], .n = s->copy_len};
+            kv_block_release(e->pool, s->copy_src);
+            s->copy_len = 0;
+        }
         add_chunk(e, s, n);
         budget -= n;
     }

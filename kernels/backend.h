@@ -145,6 +145,10 @@ struct backend_ops {
      * of n_w matmul calls. NULL: the caller makes them (backend_matmul_shared). */
     void (*matmul_shared)(struct backend *be, const struct bweight *const *w, int n_w,
                           const float *x, int n, float *const *y);
+    /* dst = src, bytes of this backend's buffers, in order with the ops queued before and after
+     * (dst and src do not overlap). NULL: the backend has none, and callers compute what they
+     * would have copied (the engine's reuse of a partly matching cached KV block). */
+    void (*buf_copy)(struct backend *be, void *dst, const void *src, size_t bytes);
 };
 
 struct backend {

@@ -50,6 +50,11 @@ static void w_read(struct backend *be, void *d, const void *s, size_t n)
     HOOKED("copy", NULL, (double)n, 0, 0, in->ops->buf_read(in, d, s, n));
 }
 
+static void w_buf_copy(struct backend *be, void *d, const void *s, size_t n)
+{
+    HOOKED("copy", NULL, 2.0 * (double)n, 0, 0, in->ops->buf_copy(in, d, s, n));
+}
+
 static int w_prepare(struct backend *be, struct bweight *w, struct qerr *err)
 {
     struct backend *in = wrap_of(be)->inner;
@@ -221,7 +226,8 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
                                   .add_rmsnorm = in->add_rmsnorm ? w_add_rmsnorm : NULL,
                                   .mem_info = in->mem_info ? w_mem_info : NULL,
                                   .host_alloc = in->host_alloc ? w_host_alloc : NULL,
-                                  .host_free = in->host_free ? w_host_free : NULL};
+                                  .host_free = in->host_free ? w_host_free : NULL,
+                                  .buf_copy = in->buf_copy ? w_buf_copy : NULL};
     x->self = (struct backend){.ops = &x->ops, .ctx = x};
     *out = &x->self;
     return 0;

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "../engine/engine.h"
+#include "../engine/engine_impl.h" /* check_error */
 #include "../engine/engine_state.h"
 #include "../engine/kv_cache.h"
 #include "testbackend.h"
@@ -317,35 +318,57 @@ END_TEST
 
 START_TEST(prefix_cache_reuses_blocks)
 {
-    /* two requests share a 300-token prefix and differ after it */
+    /* two requests share a 300-token prefix and differ after it; two short ones (like a load
+     * test's) share 13 tokens, less than a block */
     size_t shared = 300, tail = 20;
-    int32_t a[320], b[320];
+    int32_t a[320], b[320], c[15], d[15];
     memcpy(a, text_ids + 500, shared * sizeof *a);
     memcpy(b, text_ids + 500, shared * sizeof *b);
     memcpy(a + shared, text_ids + 1200, tail * sizeof *a);
     memcpy(b + shared, text_ids + 1500, tail * sizeof *b);
+    memcpy(c, text_ids + 1700, sizeof c);
+    memcpy(d, text_ids + 1700, sizeof d);
+    memcpy(d + 13, text_ids + 1900, 2 * sizeof *d);
     struct gen_request r;
-    struct result ra, rb, rb_nocache;
-    struct engine *e = make_engine(128, 4, 128, true);
+    struct result ra, rb, rb_nocache, rc, rd, rd_nocache;
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 128;
+    o.max_seqs = 4;
+    o.kv_blocks = 128;
+    o.check_invariants = true; /* the pool's references with copies in flight */
+    struct engine *e = make_engine_opts(&o);
     greedy_request(&r, a, shared + tail, 8);
     run_alone(e, &r, &ra);
     greedy_request(&r, b, shared + tail, 8);
     run_alone(e, &r, &rb);
+    greedy_request(&r, c, 15, 4);
+    run_alone(e, &r, &rc);
+    greedy_request(&r, d, 15, 4);
+    run_alone(e, &r, &rd);
     struct engine_stats st;
     wait_idle(e, &st);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
     engine_free(e);
-    /* 300 shared tokens = 18 full blocks of 16 (288 tokens) */
-    ck_assert_int_eq(rb.final.cached_tokens, 288);
-    ck_assert_uint_eq(st.prefix_hit_tokens, 288);
+    /* 300 shared tokens = 18 full blocks of 16 (288 tokens), then 12 of a's 19th block, whose
+     * K/V b gets as a copy (prefix_partial); d takes 13 tokens of c's first block the same way */
+    ck_assert_int_eq(rb.final.cached_tokens, 300);
+    ck_assert_int_eq(rd.final.cached_tokens, 13);
+    ck_assert_uint_eq(st.prefix_hit_tokens, 300 + 13);
     ck_assert_int_eq(ra.final.cached_tokens, 0);
+    ck_assert_int_eq(rc.final.cached_tokens, 0);
 
     e = make_engine(128, 4, 128, false);
     greedy_request(&r, b, shared + tail, 8);
     run_alone(e, &r, &rb_nocache);
+    greedy_request(&r, d, 15, 4);
+    run_alone(e, &r, &rd_nocache);
     engine_free(e);
     ck_assert_int_eq(rb_nocache.final.cached_tokens, 0);
     ck_assert_int_eq(rb.n, rb_nocache.n);
     ck_assert_mem_eq(rb.tokens, rb_nocache.tokens, (size_t)rb.n * sizeof rb.tokens[0]);
+    ck_assert_int_eq(rd.n, rd_nocache.n);
+    ck_assert_mem_eq(rd.tokens, rd_nocache.tokens, (size_t)rd.n * sizeof rd.tokens[0]);
 }
 END_TEST
 

@@ -185,6 +185,46 @@ START_TEST(prefix_hits_and_misses)
 }
 END_TEST
 
+/* A partial lookup finds the cached block after the same parent whose first tokens match the
+ * longest, never one after another parent, and retains nothing. */
+START_TEST(partial_lookup_longest_prefix)
+{
+    int a, b;
+    uint64_t ka;
+    struct kv_pool *p = chain(8, &a, &b, &ka);
+    int c = kv_block_alloc(p);
+    int32_t t[BS];
+    memcpy(t, blk(20), sizeof t);
+    t[2] = 999; /* after a, like b for two tokens */
+    kv_prefix_insert(p, c, ka, t);
+    int len = -1;
+    int32_t q[BS];
+    memcpy(q, blk(20), sizeof q);
+    q[3] = 777; /* b's first three tokens */
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, BS - 1, &len), b);
+    ck_assert_int_eq(len, 3);
+    ck_assert_int_eq(kv_block_ref(p, b), 1);
+    q[1] = 555; /* only the first token is b's and c's: the lower block id wins */
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, BS - 1, &len), b < c ? b : c);
+    ck_assert_int_eq(len, 1);
+    memcpy(q, t, sizeof q);
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, 2, &len), b < c ? b : c); /* n caps it */
+    ck_assert_int_eq(len, 2);
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, BS, &len), c);
+    ck_assert_int_eq(len, BS);
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, 0, q, BS - 1, &len), -1); /* another parent */
+    ck_assert_int_eq(len, 0);
+    q[0] = 12345;
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, BS - 1, &len), -1);
+    /* a freed cached block is still found; an evicted one is not */
+    kv_block_release(p, c);
+    memcpy(q, t, sizeof q);
+    ck_assert_int_eq(kv_prefix_lookup_partial(p, ka, q, BS, &len), c);
+    check(p);
+    kv_pool_free(p);
+}
+END_TEST
+
 /* The pool's picture: a block in use, a freed block holding a cached prefix and a plain free
  * block, one cell a block; then cells of 3 blocks show the most used state among theirs, and
  * the last cell covers what is left. */
@@ -370,6 +410,7 @@ int main(void)
     tcase_add_test(tc, free_queue_eviction_order);
     tcase_add_test(tc, pool_exhaustion);
     tcase_add_test(tc, prefix_hits_and_misses);
+    tcase_add_test(tc, partial_lookup_longest_prefix);
     tcase_add_test(tc, insert_keeps_the_first_holder);
     tcase_add_test(tc, cells_show_free_cached_and_used);
     tcase_add_test(tc, stale_keys_after_reallocation);

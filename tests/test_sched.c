@@ -405,6 +405,57 @@ START_TEST(commit_registers_full_blocks)
 }
 END_TEST
 
+/* With K/V copies (engine_opts.prefix_partial on a backend that copies): a prompt that shares a
+ * cached block's first tokens after its whole cached blocks takes them too. The copy (source
+ * block, a new block of its own, the length) is in the plan of the step that admits it, the
+ * source is held only until then, and the chunk starts after the copied tokens; the admission
+ * that cannot get its blocks gives everything back. */
+START_TEST(partial_block_reuse_copies_kv)
+{
+    struct rig *g = rig_new(64, 4, 16, 4, true);
+    g->e.kv_copy = true;
+    struct seq *a = submit(g, 0, 10, 100);
+    ck_assert_int_eq(plan(g), 10);
+    ck_assert_int_eq(g->e.plan.n_copies, 0); /* nothing cached yet */
+    finish(g);
+    struct kv_pool *pool = g->e.pool;
+    int a1 = a->blocks[1];
+    /* b: a's first block whole, then 3 of the 4 tokens of a's second block, then its own */
+    struct seq *b = submit(g, 1, 10, 100);
+    b->tokens[7] = b->tokens[8] = b->tokens[9] = 7;
+    ck_assert_int_eq(plan(g), 1 + 3);
+    expect_plan(g, 2, SEQS(a, b), CHUNKS(1, 3));
+    ck_assert_int_eq(b->cached_tokens, 4 + 3);
+    ck_assert_int_eq(b->blocks[0], a->blocks[0]);
+    ck_assert_int_ne(b->blocks[1], a1);
+    const struct step_plan *p = &g->e.plan;
+    ck_assert_int_eq(p->n_copies, 1);
+    ck_assert_int_eq(p->copies[0].src, a1);
+    ck_assert_int_eq(p->copies[0].dst, b->blocks[1]);
+    ck_assert_int_eq(p->copies[0].n, 3);
+    ck_assert_int_eq(kv_block_ref(pool, a1), 1); /* a's own, the copy's hold given back */
+    ck_assert_int_eq(b->copy_len, 0);
+    finish(g);
+    ck_assert_int_eq(b->n_keyed, 2); /* the copied block filled up and was registered */
+
+    /* a prompt that matches but cannot be admitted: a's decode takes one of the two free blocks,
+     * c's copy the other, and then the reserve of a block per running sequence refuses c: its
+     * blocks and the source's hold go back */
+    struct seq *c = submit(g, 2, 7, 100);
+    running(g, 3, 36, 35, 9000);
+    ck_assert_int_eq(kv_pool_free_count(pool), 2);
+    int ref_a1 = kv_block_ref(pool, a1);
+    plan(g);
+    ck_assert_int_eq(g->e.n_waiting, 1);
+    ck_assert_ptr_eq(g->e.waiting[0], c);
+    ck_assert_int_eq(c->n_blocks, 0);
+    ck_assert_int_eq(c->copy_len, 0);
+    ck_assert_int_eq(kv_block_ref(pool, a1), ref_a1);
+    ck_assert_int_eq(g->e.plan.n_copies, 0);
+    rig_free(g);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("sched");
@@ -417,6 +468,7 @@ int main(void)
     tcase_add_test(tc, preemption_skips_sequences_in_the_step);
     tcase_add_test(tc, paused_sequence_gets_no_decode);
     tcase_add_test(tc, commit_registers_full_blocks);
+    tcase_add_test(tc, partial_block_reuse_copies_kv);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

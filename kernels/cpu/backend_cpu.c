@@ -127,6 +127,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .matmul = cpu_matmul,
     .matmul_shared = cpu_matmul_shared,
+    .buf_copy = cpu_buf_copy,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -193,6 +193,14 @@ static void cuda_buf_write(struct backend *be, void *dst, const void *src, size_
     CUDA_OK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
 }
 
+static void cuda_buf_copy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (!bytes) return;
+    cuda_use_device(c);
+    CUDA_OK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
 static void cuda_buf_read(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
@@ -293,6 +301,7 @@ static const struct backend_ops cuda_ops = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .matmul_shared = */ NULL, /* the engine calls matmul per weight */
+    /* .buf_copy = */ cuda_buf_copy,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
