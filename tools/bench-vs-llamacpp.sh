@@ -29,7 +29,9 @@
 #   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--rounds N]
 #                              [--idle-wait S] [--quern-args "ARGS"] [--isa "LIST"] [--raw DIR]
 #                              [--no-bw] [MODEL.gguf ...]
-# Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it).
+# Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it),
+# IK_BIN (dir with ik_llama.cpp's llama-bench, run with -rtr 1 as a third column when present;
+# default third_party/ik_llama.cpp/build/bin, which tools/build-ikllama.sh makes).
 # Make the Q8_0/Q4_0 files first with tools/make-bench-models.sh.
 set -euo pipefail
 
@@ -39,9 +41,10 @@ main() {
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUERN=${QUERN:-$ROOT/build/server/quern}
 LLAMA_BIN=${LLAMA_BIN:-$ROOT/third_party/llama.cpp/build/bin}
+IK_BIN=${IK_BIN:-$ROOT/third_party/ik_llama.cpp/build/bin}
 reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1 rounds=1 idle_wait=60 quern_args="" isas=""
 models=()
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -r|--reps) reps=$2; shift 2 ;;
@@ -72,6 +75,8 @@ for f in "${models[@]}"; do
 done
 [[ -x "$QUERN" ]] || { echo "bench-vs-llamacpp: no $QUERN (build quern first)" >&2; exit 1; }
 [[ -x "$LLAMA_BIN/llama-bench" ]] || { echo "bench-vs-llamacpp: no $LLAMA_BIN/llama-bench (tools/build-llamacpp.sh)" >&2; exit 1; }
+peers=llama
+[[ -x "$IK_BIN/llama-bench" ]] && peers="llama ik"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -301,13 +306,16 @@ for ((round = 1; round <= rounds; round++)); do
         for t in $threads; do
             n=$((n + 1))
             tag=$(basename "$f" .gguf).t$t.r$round
-            for prog in $(for i in $isas; do echo "quern-$i"; done) llama; do
+            for prog in $(for i in $isas; do echo "quern-$i"; done) $peers; do
                 log "[$n] round $round: $prog $(basename "$f") threads=$t"
                 if [[ $prog == quern-* ]]; then
                     isa_env=()
                     [[ $prog == quern-native ]] || isa_env=(env "QUERN_CPU_ISA=${prog#quern-}")
                     measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" "${isa_env[@]}" \
                         "$QUERN" bench --model "$f" --pp "$pp" --tg "$tg" --threads "$t" --reps "$reps" --json "${qargs[@]}"
+                elif [[ $prog == ik ]]; then # run-time repacking, as its README advises on CPUs
+                    measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
+                        "$IK_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -rtr 1 -o json
                 else
                     measure "$work/$tag.$prog.json" "$work/$tag.$prog.err" \
                         "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json
@@ -359,22 +367,29 @@ echo
 hdr="| type | threads | test |" sep="|---|---|---|"
 for i in $isas; do hdr+=" quern $i t/s |"; sep+="---|"; done
 hdr+=" llama.cpp t/s |"; sep+="---|"
+[[ $peers == *ik* ]] && { hdr+=" ik_llama.cpp -rtr 1 t/s |"; sep+="---|"; }
 for i in $isas; do hdr+=" quern $i / llama.cpp |"; sep+="---|"; done
-echo "$hdr others % (quern $(echo "$isas" | sed 's/ / \/ /g') / llama.cpp run) |"
+if [[ $peers == *ik* ]]; then for i in $isas; do hdr+=" quern $i / ik |"; sep+="---|"; done; fi
+echo "$hdr others % (quern $(echo "$isas" | sed 's/ / \/ /g') / $(echo "$peers" | sed 's/ / \/ /g') run) |"
 echo "$sep---|"
 for f in "${models[@]}"; do
     for t in $threads; do
         for w in pp tg; do
-            l=${res[$f,$t,llama]}
+            l=${res[$f,$t,llama]} k=${res[$f,$t,ik]:-}
             [[ $w == pp ]] && test=pp$pp || test=tg$tg
-            row="| ${label[$f]} | $t | $test |" ratios="" others=""
+            row="| ${label[$f]} | $t | $test |" ratios="" kratios="" others=""
             for i in $isas; do
                 q=${res[$f,$t,quern-$i]}
                 row+=" $(fmt "$q" $w) |"
                 ratios+=" $(ratio "$(val "$q" $w)" "$(val "$l" $w)") |"
+                kratios+=" $(ratio "$(val "$q" $w)" "$(val "$k" $w)") |"
                 others+="${oth[$f,$t,quern-$i]} / "
             done
-            echo "$row $(fmt "$l" $w) |$ratios ${others}${oth[$f,$t,llama]} |"
+            if [[ $peers == *ik* ]]; then
+                echo "$row $(fmt "$l" $w) | $(fmt "$k" $w) |$ratios$kratios ${others}${oth[$f,$t,llama]} / ${oth[$f,$t,ik]} |"
+            else
+                echo "$row $(fmt "$l" $w) |$ratios ${others}${oth[$f,$t,llama]} |"
+            fi
         done
     done
 done
