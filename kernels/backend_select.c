@@ -138,10 +138,8 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
                       const char *why, struct backend **out, struct qerr *err)
 {
     precision = cpu_precision(precision);
-    if (k->kv_bits == 16)
-        return qerr_set(err, QERR_UNSUPPORTED,
-                        "--kv-type f16: the CPU backend keeps its KV cache in f32");
-    struct backend_cpu_opts o = {.n_threads = threads, .precision = precision, .isa = k->isa};
+    struct backend_cpu_opts o = {
+        .n_threads = threads, .precision = precision, .isa = k->isa, .kv_f16 = k->kv_bits == 16};
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
@@ -319,11 +317,10 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
 #endif
     int total = r->threads > 0 ? r->threads : online_cpus();
     int each = total / n > 0 ? total / n : 1;
-    if (kn.kv_bits == 16)
-        return qerr_set(err, QERR_UNSUPPORTED,
-                        "--kv-type f16: the CPU backend keeps its KV cache in f32");
-    struct backend_cpu_opts o = {
-        .n_threads = each, .precision = cpu_precision(r->precision), .isa = kn.isa};
+    struct backend_cpu_opts o = {.n_threads = each,
+                                 .precision = cpu_precision(r->precision),
+                                 .isa = kn.isa,
+                                 .kv_f16 = kn.kv_bits == 16};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
             g->n = k;

@@ -64,7 +64,7 @@ enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN };
     }
 #define CLI_KNOBS_HELP                                                                             \
     "  --kv-type f16|f32   the KV cache's element (default: the backend's, CPU f32, CUDA f16;\n"   \
-    "                    the CPU has only f32)\n"                                                  \
+    "                    f16 halves what attention reads)\n"                                       \
     "  --gemm mma|cublas   GPU: the GEMM for large batches (default mma)\n"                        \
     "  --gemm-min-tokens N GPU: batches of N or more tokens take the GEMM (default 128)\n"
 /* Takes the knob option `code` (CLI_O_*) with its argument; false after a one-line error. */

@@ -62,7 +62,8 @@ expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --precision 
 expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16 or f32" -- generate --model "$model" --prompt hi --kv-type f8
-expect 1 'keeps its KV cache in f32' -- generate --model "$model" --device cpu --prompt hi --kv-type f16
+expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --kv-type f16 \
+  --precision f32 --prompt "What is the capital of France?"
 expect 2 "--gemm wants mma or cublas" -- serve --model "$model" --gemm fast
 expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --kv-type f32 \
   --precision f32 --prompt "What is the capital of France?"

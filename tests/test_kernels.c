@@ -562,6 +562,109 @@ START_TEST(attention_matches_reference)
 }
 END_TEST
 
+/* An fp16 KV cache: to_fp16 rounds as f32_to_fp16 on every ISA (ties, subnormals, overflow,
+ * infinities); attention_f16 over fp16 values gives the bits attention gives over the same
+ * values widened to float, on every ISA and in the reference; the backend with kv_f16 reports
+ * 2-byte elements and writes its cache with those roundings. */
+START_TEST(fp16_kv_cache)
+{
+    tu_seed(0xf16c);
+    float special[] = {0.0f,           -0.0f,          1.0f,     65504.0f, 65520.0f,  70000.0f,
+                       -1e9f,          6e-8f,          3e-8f,    1e-5f,    0.000061f, 1.0009765625f,
+                       1.00048828125f, 1.00146484375f, INFINITY, -INFINITY};
+    size_t ns = sizeof special / sizeof special[0], n = 1000 + ns;
+    float *x = malloc(n * sizeof *x);
+    uint16_t *h = malloc(n * sizeof *h), *href = malloc(n * sizeof *href);
+    tu_fill(x, n, 4.0f);
+    for (size_t i = 0; i < ns; i++) x[1000 + i] = special[i];
+    for (size_t i = 0; i < 300; i++) x[i] *= 1e-4f; /* small ones: subnormal results */
+    for (size_t i = 0; i < n; i++) href[i] = f32_to_fp16(x[i]);
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!cpu_isa_supported(all_isas[i])) continue;
+        const struct cpu_kernels *k = cpu_kernels_for(all_isas[i]);
+        for (size_t len = n; len + 7 > n; len -= 3) { /* vector bodies and scalar tails */
+            memset(h, 0xff, n * sizeof *h);
+            k->to_fp16(x, h, len);
+            for (size_t j = 0; j < len; j++)
+                ck_assert_msg(h[j] == href[j], "%s to_fp16(%.9g) = %04x, want %04x",
+                              cpu_isa_name(all_isas[i]), (double)x[j], h[j], href[j]);
+        }
+    }
+    free(x);
+    free(h);
+    free(href);
+
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}, {6, 2, 32, 0}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        int nt = 1 + (int)(tu_rnd() % 40);
+        struct attn_case c;
+        attn_case_make(&c, nt, cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3]);
+        size_t kv_len = (size_t)c.b.n_seqs * (size_t)c.b.max_blocks * (size_t)c.b.block_size *
+                        (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim;
+        uint16_t *k16 = malloc(kv_len * 2), *v16 = malloc(kv_len * 2);
+        for (size_t j = 0; j < kv_len; j++) {
+            k16[j] = f32_to_fp16(c.kc[j]);
+            v16[j] = f32_to_fp16(c.vc[j]);
+            c.kc[j] = fp16_to_f32(k16[j]); /* the float cache holds the same values */
+            c.vc[j] = fp16_to_f32(v16[j]);
+        }
+        float *want = malloc(c.q_len * 4), *got = malloc(c.q_len * 4);
+        for (int t = 0; t < nt; t++)
+            for (int hh = 0; hh < c.s.n_heads; hh++) {
+                ref_attention_one(want, c.q, c.kc, c.vc, &c.b, &c.s, t, hh);
+                ref_attention_one_f16(got, c.q, k16, v16, &c.b, &c.s, t, hh);
+            }
+        size_t at;
+        ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at), "reference: [%zu] differs", at);
+        for (int i = 0; i < N_ISAS; i++) {
+            if (!cpu_isa_supported(all_isas[i])) continue;
+            const struct cpu_kernels *k = cpu_kernels_for(all_isas[i]);
+            for (int kvh = 0; kvh < c.s.n_kv_heads; kvh++) {
+                k->attention(want, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, kvh);
+                k->attention_f16(got, c.q, k16, v16, &c.b, &c.s, 0, nt, kvh);
+            }
+            ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at),
+                          "%s attention_f16, heads %d/%d hd %d: [%zu] %.8g vs %.8g",
+                          cpu_isa_name(all_isas[i]), c.s.n_heads, c.s.n_kv_heads, c.s.head_dim, at,
+                          got[at], want[at]);
+        }
+        free(k16);
+        free(v16);
+        free(want);
+        free(got);
+        attn_case_free(&c);
+    }
+
+    /* the backend: 2-byte elements, kv_write rounds each value as f32_to_fp16 */
+    struct backend *be = NULL;
+    struct qerr err = {0};
+    struct backend_cpu_opts o = {.n_threads = 2, .precision = MATMUL_Q8, .kv_f16 = true};
+    ck_assert_msg(backend_cpu_create(&o, &be, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(backend_kv_elem_bytes(be), 2);
+    int32_t slot[2] = {5, 2}, pos[2] = {0, 1}, seq[2] = {0, 0}, table[1] = {0};
+    struct attn_batch b = {.n_tokens = 2,
+                           .pos = pos,
+                           .seq = seq,
+                           .slot = slot,
+                           .n_seqs = 1,
+                           .block_table = table,
+                           .max_blocks = 1,
+                           .block_size = 16};
+    float kv[2][24];
+    tu_fill(&kv[0][0], 48, 3.0f);
+    uint16_t kc[16 * 24], vc[16 * 24];
+    memset(kc, 0, sizeof kc);
+    memset(vc, 0, sizeof vc);
+    be->ops->kv_write(be, kc, vc, &kv[0][0], &kv[1][0], &b, 12);
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 12; d++) {
+            ck_assert_uint_eq(kc[slot[t] * 12 + d], f32_to_fp16(kv[0][t * 12 + d]));
+            ck_assert_uint_eq(vc[slot[t] * 12 + d], f32_to_fp16(kv[1][t * 12 + d]));
+        }
+    backend_destroy(be);
+}
+END_TEST
+
 START_TEST(isa_selection)
 {
     struct backend *be = NULL;
@@ -649,6 +752,7 @@ int main(void)
     tcase_add_test(tc, large_batch_ops_thread_invariant);
     tcase_add_test(tc, rope_matches_reference_exactly);
     tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, fp16_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

@@ -18,6 +18,14 @@ TGT INLINE __m256 first_lanes(int n)
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
 }
 
+/* 8 elements of a K or V cache of floats, or of fp16 values (widened exactly) */
+TGT INLINE __m256 load8(const void *cache, size_t off, const int F16)
+{
+    if (F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + off)));
+    return _mm256_loadu_ps((const float *)cache + off);
+}
+
 struct row_state {
     float m, l, corr;
     _Alignas(32) float acc[HD_MAX];
@@ -26,8 +34,8 @@ struct row_state {
 };
 
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
-                         const float *k_cache, const float *v_cache, struct key_walk kw,
-                         float scale, const int NV)
+                         const void *k_cache, const void *v_cache, struct key_walk kw, float scale,
+                         const int NV, const int F16)
 {
     int max_keys = 0;
     for (int r = 0; r < nr; r++) {
@@ -55,11 +63,11 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 __m256 part[CHUNK];
 #pragma GCC unroll 8
                 for (int k = 0; k < CHUNK; k++) {
-                    const float *kp = k_cache + o[k];
-                    part[k] = _mm256_mul_ps(_mm256_loadu_ps(qr), _mm256_loadu_ps(kp));
+                    part[k] = _mm256_mul_ps(_mm256_loadu_ps(qr), load8(k_cache, o[k], F16));
                     for (int v = 1; v < NV; v++)
-                        part[k] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * v),
-                                                  _mm256_loadu_ps(kp + 8 * v), part[k]);
+                        part[k] =
+                            _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * v),
+                                            load8(k_cache, o[k] + 8 * (size_t)v, F16), part[k]);
                 }
                 __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part), vscale),
                                              first_lanes(row_left));
@@ -99,7 +107,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                     __m256 pa = _mm256_load_ps(st[r].pa + 8 * v);
                     for (int k = 0; k < n; k++)
                         pa = _mm256_fmadd_ps(_mm256_set1_ps(p[k]),
-                                             _mm256_loadu_ps(v_cache + o[k] + 8 * v), pa);
+                                             load8(v_cache, o[k] + 8 * (size_t)v, F16), pa);
                     _mm256_store_ps(st[r].pa + 8 * v, pa);
                 }
             }
@@ -121,15 +129,19 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-TGT void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                        int kvh)
+/* Tokens [t0, t1) x the heads of kv head kvh over a float (F16 0) or fp16 cache. */
+TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
+                             const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                             int kvh, const int F16)
 {
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
     if (hd != 64 && hd != 128) {
         for (int t = t0; t < t1; t++)
             for (int g = 0; g < group; g++)
-                ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+                if (F16)
+                    ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+                else
+                    ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
         return;
     }
     struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = kvh};
@@ -142,8 +154,22 @@ TGT void avx2_attention(float *out, const float *q, const float *k_cache, const 
                               .row = (size_t)s->n_kv_heads * (size_t)hd,
                               .col = (size_t)kvh * (size_t)hd};
         if (hd == 64)
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8);
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8, F16);
         else
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 16);
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 16, F16);
     }
+}
+
+TGT void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                        int kvh)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 0);
+}
+
+TGT void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
+                            const uint16_t *v_cache, const struct attn_batch *b,
+                            const struct attn_shape *s, int t0, int t1, int kvh)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 1);
 }

@@ -56,6 +56,15 @@ TGT INLINE void transpose16(__m512 r[16])
     }
 }
 
+/* 16 elements of a K or V cache of floats, or of fp16 values (widened exactly) */
+TGT INLINE __m512 load16(const void *cache, size_t off, const int F16)
+{
+    if (F16)
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + off)));
+    return _mm512_loadu_ps((const float *)cache + off);
+}
+
 struct row_state {
     float m, l, corr;
     int cnt; /* keys of the current span */
@@ -92,8 +101,8 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
 /* p . V over the span for rows [r0, r0 + RB): keys every row has are shared (one load of V[k]
  * serves RB rows), the rest run row by row; each row sums its keys in order into its own
  * accumulator, then acc = acc * corr + that sum. */
-TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const float *v_cache,
-                        const size_t *offs, const int NV)
+TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
+                        const size_t *offs, const int NV, const int F16)
 {
     int common = SPAN;
     for (int i = 0; i < RB; i++) common = st[r0 + i].cnt < common ? st[r0 + i].cnt : common;
@@ -101,9 +110,8 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const float 
     for (int i = 0; i < RB; i++)
         for (int v = 0; v < NV; v++) a[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < common; k++) {
-        const float *vk = v_cache + offs[k];
         __m512 vv[8];
-        for (int v = 0; v < NV; v++) vv[v] = _mm512_loadu_ps(vk + 16 * v);
+        for (int v = 0; v < NV; v++) vv[v] = load16(v_cache, offs[k] + 16 * (size_t)v, F16);
         for (int i = 0; i < RB; i++) {
             __m512 p = _mm512_set1_ps(st[r0 + i].p[k]);
             for (int v = 0; v < NV; v++) a[i][v] = _mm512_fmadd_ps(p, vv[v], a[i][v]);
@@ -112,10 +120,10 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const float 
     for (int i = 0; i < RB; i++) {
         struct row_state *sr = &st[r0 + i];
         for (int k = common; k < sr->cnt; k++) {
-            const float *vk = v_cache + offs[k];
             __m512 p = _mm512_set1_ps(sr->p[k]);
             for (int v = 0; v < NV; v++)
-                a[i][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vk + 16 * v), a[i][v]);
+                a[i][v] =
+                    _mm512_fmadd_ps(p, load16(v_cache, offs[k] + 16 * (size_t)v, F16), a[i][v]);
         }
         __m512 vc = _mm512_set1_ps(sr->corr);
         for (int v = 0; v < NV; v++)
@@ -125,8 +133,8 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const float 
 }
 
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
-                         const float *k_cache, const float *v_cache, struct key_walk kw,
-                         float scale, const int NV)
+                         const void *k_cache, const void *v_cache, struct key_walk kw, float scale,
+                         const int NV, const int F16)
 {
     const int hd = 16 * NV;
     const int RB = NV == 4 ? 4 : 2; /* rows per register block: RB * NV accumulators */
@@ -158,7 +166,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
             for (int v = 0; v < NV; v++) {
                 __m512 t[16];
-                for (int k = 0; k < CHUNK; k++) t[k] = _mm512_loadu_ps(k_cache + o[k] + 16 * v);
+                for (int k = 0; k < CHUNK; k++) t[k] = load16(k_cache, o[k] + 16 * (size_t)v, F16);
                 transpose16(t);
                 for (int i = 0; i < 16; i++) _mm512_store_ps(kt + (16 * v + i) * 16, t[i]);
             }
@@ -202,11 +210,11 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         int i = 0;
         for (; i + RB <= na; i += RB) {
             if (act[i + RB - 1] - act[i] == RB - 1)
-                pv_rows(st, act[i], RB, v_cache, offs, NV);
+                pv_rows(st, act[i], RB, v_cache, offs, NV, F16);
             else
-                for (int u = 0; u < RB; u++) pv_rows(st, act[i + u], 1, v_cache, offs, NV);
+                for (int u = 0; u < RB; u++) pv_rows(st, act[i + u], 1, v_cache, offs, NV, F16);
         }
-        for (; i < na; i++) pv_rows(st, act[i], 1, v_cache, offs, NV);
+        for (; i < na; i++) pv_rows(st, act[i], 1, v_cache, offs, NV, F16);
     }
     for (int r = 0; r < nr; r++) {
         __m512 vl = _mm512_set1_ps(st[r].l);
@@ -216,15 +224,20 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-TGT void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                          int kvh)
+/* Tokens [t0, t1) x the heads of kv head kvh over a float (F16 0) or fp16 cache. */
+TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
+                             const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                             int kvh, const int F16)
 {
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
     if (hd != 64 && hd != 128) {
         for (int t = t0; t < t1; t++)
-            for (int g = 0; g < group; g++)
-                ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+            for (int g = 0; g < group; g++) {
+                if (F16)
+                    ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+                else
+                    ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
+            }
         return;
     }
     struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = kvh};
@@ -237,8 +250,22 @@ TGT void avx512_attention(float *out, const float *q, const float *k_cache, cons
                               .row = (size_t)s->n_kv_heads * (size_t)hd,
                               .col = (size_t)kvh * (size_t)hd};
         if (hd == 64)
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 4);
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 4, F16);
         else
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8);
+            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8, F16);
     }
+}
+
+TGT void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                          int kvh)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 0);
+}
+
+TGT void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
+                              const uint16_t *v_cache, const struct attn_batch *b,
+                              const struct attn_shape *s, int t0, int t1, int kvh)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 1);
 }

@@ -108,6 +108,12 @@ static void cpu_weight_release(struct backend *be, struct bweight *w)
     w->impl = NULL;
 }
 
+static size_t cpu_kv_elem_bytes(const struct backend *be)
+{
+    const struct cpu_ctx *c = be->ctx;
+    return c->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 static void cpu_sync(struct backend *be)
 {
     (void)be;
@@ -134,6 +140,7 @@ static const struct backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .silu_mul = cpu_silu_mul,
     .sync = cpu_sync,
+    .kv_elem_bytes = cpu_kv_elem_bytes,
 };
 
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err)
@@ -157,6 +164,7 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
     }
     c->precision = opts->precision;
     c->isa = isa;
+    c->kv_f16 = opts->kv_f16;
     c->k = cpu_kernels_for(isa);
     c->n_threads = n;
     rc = pool_create(n, &c->pool, err);

@@ -20,6 +20,8 @@ struct backend_cpu_opts {
     int n_threads; /* 0: all online CPUs */
     enum matmul_precision precision;
     enum cpu_isa isa;
+    /* the KV cache's element: fp16 (half the bytes attention reads; --kv-type f16) or float */
+    bool kv_f16;
 };
 
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);

@@ -22,6 +22,7 @@ struct cpu_ctx {
     int n_threads;
     enum matmul_precision precision;
     enum cpu_isa isa;
+    bool kv_f16; /* the KV cache holds fp16 values (kv_write rounds, attention widens) */
     const struct cpu_kernels *k;
     /* activation scratch of one matmul (quantized tokens or block sums); grows on demand */
     void *scratch;

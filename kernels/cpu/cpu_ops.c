@@ -198,14 +198,24 @@ void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_hea
 void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                   const struct attn_batch *b, int kv_dim)
 {
-    (void)be;
-    ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
+    struct cpu_ctx *c = ctx_of(be);
+    if (!c->kv_f16) {
+        ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
+        return;
+    }
+    for (int i = 0; i < b->n_tokens; i++) {
+        size_t dst = (size_t)b->slot[i] * (size_t)kv_dim, src = (size_t)i * (size_t)kv_dim;
+        c->k->to_fp16(k + src, (uint16_t *)k_cache + dst, (size_t)kv_dim);
+        c->k->to_fp16(v + src, (uint16_t *)v_cache + dst, (size_t)kv_dim);
+    }
 }
 
 struct attn_job {
     const struct cpu_kernels *k;
+    bool f16;
     float *out;
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;
     const struct attn_batch *b;
     const struct attn_shape *s;
 };
@@ -220,14 +230,17 @@ static void attn_task(void *arg, int task, int worker)
     struct attn_job *j = arg;
     int kvh = task % j->s->n_kv_heads, t0 = task / j->s->n_kv_heads * ATTN_TOKENS;
     int t1 = t0 + ATTN_TOKENS < j->b->n_tokens ? t0 + ATTN_TOKENS : j->b->n_tokens;
-    j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
+    if (j->f16)
+        j->k->attention_f16(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
+    else
+        j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
 }
 
 void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,
                    const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cpu_ctx *c = ctx_of(be);
-    struct attn_job j = {c->k, out, q, k_cache, v_cache, b, s};
+    struct attn_job j = {c->k, c->kv_f16, out, q, k_cache, v_cache, b, s};
     int tasks = (b->n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS * s->n_kv_heads;
     int64_t keys = 0;
     for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;

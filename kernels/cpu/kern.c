@@ -12,6 +12,8 @@ static const struct cpu_kernels kern_scalar = {
     .silu_mul = scalar_silu_mul,
     .rope = scalar_rope,
     .attention = scalar_attention,
+    .attention_f16 = scalar_attention_f16,
+    .to_fp16 = scalar_to_fp16,
 };
 
 static const struct cpu_kernels kern_avx2 = {
@@ -26,6 +28,8 @@ static const struct cpu_kernels kern_avx2 = {
     .silu_mul = avx2_silu_mul,
     .rope = avx2_rope,
     .attention = avx2_attention,
+    .attention_f16 = avx2_attention_f16,
+    .to_fp16 = avx2_to_fp16,
 };
 
 static const struct cpu_kernels kern_avx512 = {
@@ -40,6 +44,8 @@ static const struct cpu_kernels kern_avx512 = {
     .silu_mul = avx512_silu_mul,
     .rope = avx512_rope,
     .attention = avx512_attention,
+    .attention_f16 = avx512_attention_f16,
+    .to_fp16 = avx512_to_fp16,
 };
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)

@@ -48,6 +48,13 @@ struct cpu_kernels {
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int kvh);
+    /* The same over an fp16 cache: each element read is widened to float (exactly), then the
+     * arithmetic of attention: bit-identical to attention on a float cache of those values. */
+    void (*attention_f16)(float *out, const float *q, const uint16_t *k_cache,
+                          const uint16_t *v_cache, const struct attn_batch *b,
+                          const struct attn_shape *s, int t0, int t1, int kvh);
+    /* out[i] = x[i] rounded to fp16, nearest even (as f32_to_fp16; the fp16 KV cache's write). */
+    void (*to_fp16)(const float *x, uint16_t *out, size_t n);
 };
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa);
@@ -64,6 +71,10 @@ void scalar_add(float *x, const float *y, size_t n);
 void scalar_silu_mul(float *g, const float *u, size_t n);
 void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
+void scalar_to_fp16(const float *x, uint16_t *out, size_t n);
+void scalar_attention_f16(float *out, const float *q, const uint16_t *k_cache,
+                          const uint16_t *v_cache, const struct attn_batch *b,
+                          const struct attn_shape *s, int t0, int t1, int kvh);
 void scalar_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int kvh);
@@ -82,6 +93,10 @@ void avx2_add(float *x, const float *y, size_t n);
 void avx2_silu_mul(float *g, const float *u, size_t n);
 void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                const float *cs_sin);
+void avx2_to_fp16(const float *x, uint16_t *out, size_t n);
+void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
+                        const uint16_t *v_cache, const struct attn_batch *b,
+                        const struct attn_shape *s, int t0, int t1, int kvh);
 void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                     const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                     int kvh);
@@ -100,6 +115,10 @@ void avx512_add(float *x, const float *y, size_t n);
 void avx512_silu_mul(float *g, const float *u, size_t n);
 void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
+void avx512_to_fp16(const float *x, uint16_t *out, size_t n);
+void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
+                          const uint16_t *v_cache, const struct attn_batch *b,
+                          const struct attn_shape *s, int t0, int t1, int kvh);
 void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int kvh);

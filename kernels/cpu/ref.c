@@ -94,8 +94,27 @@ void ref_kv_write(float *k_cache, float *v_cache, const float *k, const float *v
     }
 }
 
-void ref_attention_one(float *out, const float *q, const float *k_cache, const float *v_cache,
-                       const struct attn_batch *b, const struct attn_shape *s, int t, int h)
+void ref_kv_write_f16(uint16_t *k_cache, uint16_t *v_cache, const float *k, const float *v,
+                      const struct attn_batch *b, int kv_dim)
+{
+    for (int i = 0; i < b->n_tokens; i++) {
+        size_t dst = (size_t)b->slot[i] * (size_t)kv_dim, src = (size_t)i * (size_t)kv_dim;
+        for (int d = 0; d < kv_dim; d++) {
+            k_cache[dst + (size_t)d] = f32_to_fp16(k[src + (size_t)d]);
+            v_cache[dst + (size_t)d] = f32_to_fp16(v[src + (size_t)d]);
+        }
+    }
+}
+
+/* Element i of a K or V cache of floats (k16 NULL) or of fp16 values. */
+static inline float kv_at(const float *k32, const uint16_t *k16, size_t i)
+{
+    return k16 ? fp16_to_f32(k16[i]) : k32[i];
+}
+
+static void attention_one(float *out, const float *q, const float *k32, const float *v32,
+                          const uint16_t *k16, const uint16_t *v16, const struct attn_batch *b,
+                          const struct attn_shape *s, int t, int h)
 {
     int hd = s->head_dim, kv_dim = s->n_kv_heads * hd;
     int kvh = h / (s->n_heads / s->n_kv_heads);
@@ -109,10 +128,9 @@ void ref_attention_one(float *out, const float *q, const float *k_cache, const f
     for (int j = 0; j <= b->pos[t]; j++) {
         size_t slot =
             (size_t)table[j / b->block_size] * (size_t)b->block_size + (size_t)(j % b->block_size);
-        const float *kj = k_cache + slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
-        const float *vj = v_cache + slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
+        size_t kj = slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
         float sc = 0;
-        for (int d = 0; d < hd; d++) sc += qh[d] * kj[d];
+        for (int d = 0; d < hd; d++) sc += qh[d] * kv_at(k32, k16, kj + (size_t)d);
         sc *= s->scale;
         if (sc > m) {
             float corr = expf(m - sc);
@@ -122,9 +140,22 @@ void ref_attention_one(float *out, const float *q, const float *k_cache, const f
         }
         float p = expf(sc - m);
         l += p;
-        for (int d = 0; d < hd; d++) acc[d] += p * vj[d];
+        for (int d = 0; d < hd; d++) acc[d] += p * kv_at(v32, v16, kj + (size_t)d);
     }
     for (int d = 0; d < hd; d++) oh[d] = acc[d] / l;
+}
+
+void ref_attention_one(float *out, const float *q, const float *k_cache, const float *v_cache,
+                       const struct attn_batch *b, const struct attn_shape *s, int t, int h)
+{
+    attention_one(out, q, k_cache, v_cache, NULL, NULL, b, s, t, h);
+}
+
+void ref_attention_one_f16(float *out, const float *q, const uint16_t *k_cache,
+                           const uint16_t *v_cache, const struct attn_batch *b,
+                           const struct attn_shape *s, int t, int h)
+{
+    attention_one(out, q, NULL, NULL, k_cache, v_cache, b, s, t, h);
 }
 
 void ref_silu_mul(float *g, const float *u, size_t n)

@@ -24,9 +24,16 @@ void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, in
               float freq_base);
 void ref_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
                   const struct attn_batch *b, int kv_dim);
+/* The same into an fp16 cache (f32_to_fp16: nearest even). */
+void ref_kv_write_f16(uint16_t *k_cache, uint16_t *v_cache, const float *k, const float *v,
+                      const struct attn_batch *b, int kv_dim);
 /* Attention for token t, head h only. */
 void ref_attention_one(float *out, const float *q, const float *k_cache, const float *v_cache,
                        const struct attn_batch *b, const struct attn_shape *s, int t, int h);
+/* The same over an fp16 cache, each element widened to float as it is read. */
+void ref_attention_one_f16(float *out, const float *q, const uint16_t *k_cache,
+                           const uint16_t *v_cache, const struct attn_batch *b,
+                           const struct attn_shape *s, int t, int h);
 void ref_silu_mul(float *g, const float *u, size_t n);
 
 /* MATMUL_Q8: activations quantized per 32-element block, as llama.cpp's q8_1 does but with fp32

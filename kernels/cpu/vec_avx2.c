@@ -70,3 +70,13 @@ TGT void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float
         }
     }
 }
+
+TGT void avx2_to_fp16(const float *x, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(
+            (__m128i *)(out + i),
+            _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) out[i] = f32_to_fp16(x[i]);
+}

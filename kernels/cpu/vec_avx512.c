@@ -77,3 +77,13 @@ TGT void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const flo
         }
     }
 }
+
+TGT void avx512_to_fp16(const float *x, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(
+            (__m256i *)(out + i),
+            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) out[i] = f32_to_fp16(x[i]);
+}
