@@ -129,6 +129,14 @@ static enum matmul_precision cpu_precision(enum matmul_precision p)
     return p == MATMUL_AUTO ? MATMUL_Q8 : p;
 }
 
+/* The CPU's KV element: --kv-type's, else fp16 with q8 activations (the serving default: half
+ * the K/V bytes a batched decode reads, perplexity unchanged within its error, as llama.cpp's
+ * default cache) and fp32 with f32 activations (the reference mode: bit for bit). */
+static bool cpu_kv_f16(int kv_bits, enum matmul_precision precision)
+{
+    return kv_bits ? kv_bits == 16 : precision == MATMUL_Q8;
+}
+
 static const char *precision_name(enum matmul_precision p)
 {
     return p == MATMUL_Q8 ? "q8" : "f32";
@@ -138,13 +146,15 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
                       const char *why, struct backend **out, struct qerr *err)
 {
     precision = cpu_precision(precision);
-    struct backend_cpu_opts o = {
-        .n_threads = threads, .precision = precision, .isa = k->isa, .kv_f16 = k->kv_bits == 16};
+    struct backend_cpu_opts o = {.n_threads = threads,
+                                 .precision = precision,
+                                 .isa = k->isa,
+                                 .kv_f16 = cpu_kv_f16(k->kv_bits, precision)};
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
-    snprintf(err->msg, sizeof err->msg, "cpu%s%.470s%s, %s activations", why ? " (" : "",
-             why ? why : "", why ? ")" : "", precision_name(precision));
+    snprintf(err->msg, sizeof err->msg, "cpu%s%.460s%s, %s activations, %s KV", why ? " (" : "",
+             why ? why : "", why ? ")" : "", precision_name(precision), o.kv_f16 ? "f16" : "f32");
     return 0;
 }
 
@@ -320,7 +330,7 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
     struct backend_cpu_opts o = {.n_threads = each,
                                  .precision = cpu_precision(r->precision),
                                  .isa = kn.isa,
-                                 .kv_f16 = kn.kv_bits == 16};
+                                 .kv_f16 = cpu_kv_f16(kn.kv_bits, cpu_precision(r->precision))};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
             g->n = k;
@@ -337,9 +347,10 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
     memcpy(g->comm, c, (size_t)n * sizeof *c);
     err->code = 0;
     snprintf(err->msg, sizeof err->msg,
-             "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator, %s activations",
+             "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator, %s activations, "
+             "%s KV",
              why, n, n, each, each > 1 ? "s" : "", g->comm[0]->ops->name,
-             precision_name(o.precision));
+             precision_name(o.precision), o.kv_f16 ? "f16" : "f32");
     return 0;
 }
 

@@ -65,11 +65,12 @@ START_TEST(cpu_and_force_cpu)
     ck_assert_int_eq(create("cpu", MATMUL_F32, &be, &err), 0);
     ck_assert_str_eq(be->ops->name, "cpu");
     ck_assert_int_eq(err.code, 0);
-    ck_assert_str_eq(err.msg, "cpu, f32 activations");
+    ck_assert_str_eq(err.msg, "cpu, f32 activations, f32 KV");
     backend_destroy(be);
-    /* MATMUL_AUTO: the CPU takes q8 and says so */
+    /* MATMUL_AUTO: the CPU takes q8, with an fp16 KV cache, and says so */
     ck_assert_int_eq(create("cpu", MATMUL_AUTO, &be, &err), 0);
-    ck_assert_str_eq(err.msg, "cpu, q8 activations");
+    ck_assert_str_eq(err.msg, "cpu, q8 activations, f16 KV");
+    ck_assert_uint_eq(backend_kv_elem_bytes(be), 2);
     backend_destroy(be);
     setenv("QUERN_FORCE_CPU", "1", 1);
     const char *devs[] = {"auto", "cuda", "cuda:0"};
