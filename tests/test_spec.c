@@ -584,8 +584,10 @@ static void make_case(int i, int n_out, struct req_case *c)
 }
 
 /* An engine on target (and draft, for SPEC_DRAFT) that checks its invariants every step. */
-static struct engine *make_engine_on(const struct gguf_file *target, const struct gguf_file *draft,
-                                     enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+static struct engine *make_engine_with(const struct gguf_file *target,
+                                       const struct gguf_file *draft, enum spec_mode spec,
+                                       enum spec_policy policy, int batch, int seqs, int blocks,
+                                       int bs)
 {
     struct engine_opts o;
     engine_opts_default(&o);
@@ -598,13 +600,19 @@ static struct engine *make_engine_on(const struct gguf_file *target, const struc
     /* drafts in every step, however many streams, whatever the clock says: this is about
      * exactness, not policy */
     o.spec_step_tokens = batch;
-    o.spec_policy = SPEC_POLICY_ACCEPTANCE;
+    o.spec_policy = policy;
     o.check_invariants = true;
     o.draft_file = draft;
     struct engine *e;
     struct qerr err = {0};
     ck_assert_msg(engine_create(target, tok, be, &o, &e, &err) == 0, "%s", err.msg);
     return e;
+}
+
+static struct engine *make_engine_on(const struct gguf_file *target, const struct gguf_file *draft,
+                                     enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+{
+    return make_engine_with(target, draft, spec, SPEC_POLICY_ACCEPTANCE, batch, seqs, blocks, bs);
 }
 
 static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
@@ -747,6 +755,17 @@ START_TEST(ngram_output_equals_plain_decoding)
     ck_assert_uint_gt(st.preemptions, 0);
     ck_assert_uint_gt(st.spec_accepted_tokens, 0);
     check_same(plain, tight, n_tight, "tight pool");
+
+    /* the default, cost-aware policy: which drafts it makes depends on the clock, the text
+     * must not (no count of drafts is asserted: on a slow or loaded machine it may make none) */
+    e = make_engine_with(file, NULL, SPEC_NGRAM, SPEC_POLICY_COST, 256, MAXR, 256, 16);
+    run_all(e, c, n_tight, tight);
+    engine_get_stats(e, &st);
+    engine_free(e);
+    printf("spec ngram, cost policy: %llu drafts, %llu of %llu accepted\n",
+           (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_accepted_tokens,
+           (unsigned long long)st.spec_draft_tokens);
+    check_same(plain, tight, n_tight, "cost policy");
 }
 END_TEST
 
