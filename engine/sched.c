@@ -16,10 +16,13 @@
  * Speculation (engine_opts.spec) adds pass D: a sequence whose chunk ends at its last token may
  * append a draft of guessed tokens after it, with the budget A, B and C left, and only while
  * the step has fewer than spec_step_tokens tokens (a full step drafts nothing: the budget
- * serves other sequences first, and past a few tokens a CPU step costs about its size). Draft
- * tokens are not part of the sequence until the engine has verified them (sched_spec_settle);
- * positions past the sequence's own blocks go to one of the engine's spare blocks, so a rejected
- * draft never takes a block from the pool, and never evicts or registers a cached prefix.
+ * serves other sequences first, and past a few tokens a CPU step costs about its size); within
+ * that, how many tokens a sequence drafts is the policy's (engine_opts.spec_policy: by default
+ * spec_policy.h, measured step and draft costs against its acceptance, weighed against the step
+ * as built so far, no draft at all where none pays). Draft tokens are not part of the
+ * sequence until the engine has verified them (sched_spec_settle); positions past the
+ * sequence's own blocks go to one of the engine's spare blocks, so a rejected draft never takes
+ * a block from the pool, and never evicts or registers a cached prefix.
  * With a draft model (SPEC_DRAFT) pass D first lays out each draft's positions and slots, then
  * runs the draft model once for all of them (spec_model.h), writing its guesses into the
  * batch; the draft's K/V use the same blocks and spares, so the rollback is the same. */
