@@ -514,6 +514,7 @@ static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum f
     sched_spec_settle(e, i, kept);
     s->spec_accepted += accepted;
     spec_state_update(&s->spec_st, nd, accepted, e->spec_k);
+    spec_rate_update(&s->spec_rate, nd, accepted);
     e->local.spec_drafts++;
     e->local.spec_draft_tokens += (uint64_t)nd;
     e->local.spec_accepted_tokens += (uint64_t)accepted;
@@ -566,6 +567,9 @@ static int run_step(struct engine *e)
     grammar_step_end(e);
     double t_sample = engine_now();
     e->local.steps++;
+    /* what the cost-aware draft length weighs drafts against (spec_policy.h) */
+    if (e->o.spec != SPEC_OFF && !rc)
+        spec_cost_record_step(&e->spec_cost, p->n_tokens, t_sample - t_forward);
     if (rc) {
         /* the step failed as a whole: fail its sequences, keep serving the others */
         sched_spec_abandon(e);
@@ -788,6 +792,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (e->o.prompt_logprob_rows <= 0) e->o.prompt_logprob_rows = 128;
     e->logit_rows = sched_logit_rows(&e->o);
     spec_drafter_init(&e->drafter, o->spec);
+    spec_cost_init(&e->spec_cost);
+    spec_cost_init(&e->draft_cost);
     if (o->spec != SPEC_OFF) {
         /* a draft reaches at most one block past its sequence's own (plan_drafts) */
         e->spec_k = o->spec_k < o->kv_block_size ? o->spec_k : o->kv_block_size;
@@ -838,6 +844,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         struct model_opts dmo = mo;
         dmo.max_logits = o->max_seqs < 16 ? o->max_seqs : 16;
         if ((rc = spec_model_create(o->draft_file, tok, be, &dmo, &e->draft, err))) goto fail;
+        spec_model_time_into(e->draft, &e->draft_cost);
+        /* a decode reads every weight once: until timed, the draft model's forward is guessed
+         * at the target's times the ratio of their files */
+        e->draft_prior = (double)gguf_file_size(o->draft_file) / (double)gguf_file_size(f);
     }
     while (e->n_spare < e->spare_target) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
     e->local.kv_blocks_total = blocks;
@@ -911,6 +921,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
      * which masks, samples and reports from that position's own row, in order */
     s->spec = e->o.spec != SPEC_OFF && !r->no_spec;
     spec_state_init(&s->spec_st, e->spec_k);
+    spec_rate_init(&s->spec_rate);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     s->detok.keep_tool_markers = r->keep_tool_markers;

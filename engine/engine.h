@@ -22,6 +22,7 @@
 #include "model.h"
 #include "sample.h"
 #include "spec.h"
+#include "spec_policy.h"
 #include "tokenizer.h"
 
 /* When constrained sequences' token masks are computed (engine/engine_grammar.c). A mask depends
@@ -72,6 +73,11 @@ struct engine_opts {
      * costs about its token count, so a draft that may be rejected displaces nothing only in a
      * small step (docs/speculation.md); a GPU stays memory-bound much longer. */
     int spec_step_tokens;
+    /* How each sequence's draft length is chosen (spec_policy.h): SPEC_POLICY_COST (default)
+     * weighs measured step and draft costs against its acceptance and drafts nothing where that
+     * does not pay; SPEC_POLICY_ACCEPTANCE follows acceptance alone (no timing: tests that need
+     * drafts to happen use it). Either way the output is the same. */
+    enum spec_policy spec_policy;
     bool check_invariants;           /* tests: check the pool and sequences after every step */
     enum engine_mask_mode mask_mode; /* default ENGINE_MASK_LAUNCH (docs/benchmarks.md) */
     /* SPEC_DRAFT: the draft model's GGUF (borrowed; it must outlive the engine), with the

@@ -63,9 +63,10 @@ struct seq {
     uint64_t *premask;
     int premask_n;
     bool mask_ready;
-    bool spec; /* drafts for this sequence are verified (engine_opts.spec) */
-    struct spec_state spec_st;
-    int spec_accepted;  /* output tokens a draft had guessed (the final event's count) */
+    bool spec;                  /* drafts for this sequence are verified (engine_opts.spec) */
+    struct spec_state spec_st;  /* SPEC_POLICY_ACCEPTANCE's */
+    struct spec_rate spec_rate; /* SPEC_POLICY_COST's */
+    int spec_accepted;          /* output tokens a draft had guessed (the final event's count) */
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose
@@ -147,6 +148,10 @@ struct engine {
      * the pool's next free block replaces it (the block plain decoding takes at that point) */
     struct spec_drafter drafter;
     int spec_k; /* the longest draft: engine_opts.spec_k within 1..min(SPEC_K_MAX, block) */
+    /* SPEC_POLICY_COST: the target's and the draft model's measured forward times, and the
+     * draft model's share of the target's until it is timed */
+    struct spec_cost spec_cost, draft_cost;
+    double draft_prior;
     int *spare;
     int n_spare, spare_target;
     struct engine_state_pub *state; /* the live picture (engine_state.c) */

@@ -16,10 +16,13 @@
  * Speculation (engine_opts.spec) adds pass D: a sequence whose chunk ends at its last token may
  * append a draft of guessed tokens after it, with the budget A, B and C left, and only while
  * the step has fewer than spec_step_tokens tokens (a full step drafts nothing: the budget
- * serves other sequences first, and past a few tokens a CPU step costs about its size). Draft
- * tokens are not part of the sequence until the engine has verified them (sched_spec_settle);
- * positions past the sequence's own blocks go to one of the engine's spare blocks, so a rejected
- * draft never takes a block from the pool, and never evicts or registers a cached prefix.
+ * serves other sequences first, and past a few tokens a CPU step costs about its size); within
+ * that, how many tokens a sequence drafts is the policy's (engine_opts.spec_policy: by default
+ * spec_policy.h, measured step and draft costs against its acceptance, weighed against the step
+ * as built so far, no draft at all where none pays). Draft tokens are not part of the
+ * sequence until the engine has verified them (sched_spec_settle); positions past the
+ * sequence's own blocks go to one of the engine's spare blocks, so a rejected draft never takes
+ * a block from the pool, and never evicts or registers a cached prefix.
  * With a draft model (SPEC_DRAFT) pass D first lays out each draft's positions and slots, then
  * runs the draft model once for all of them (spec_model.h), writing its guesses into the
  * batch; the draft's K/V use the same blocks and spares, so the rollback is the same. */
@@ -280,16 +283,29 @@ static void plan_drafts(struct engine *e, int budget)
         e->spare[e->n_spare++] = b;
     }
     int n_tokens0 = p->n_tokens, n_logits0 = p->n_logits, n_dm = 0;
+    bool by_cost = e->o.spec_policy == SPEC_POLICY_COST;
+    /* the cost policy weighs each draft against the step as built so far */
+    struct spec_step st = {.n_tokens = p->n_tokens};
+    for (int i = 0; i < p->n_seqs; i++) st.out_tokens += p->wants_logits[i];
+    /* a step size not timed for a while is timed again, without drafts */
+    if (by_cost && spec_cost_stale(&e->spec_cost, p->n_tokens)) return;
     for (int i = 0; i < p->n_seqs && budget > 0; i++) {
         struct seq *s = p->seqs[i];
         if (!s->spec || !p->wants_logits[i]) continue;
-        int k = spec_state_next_k(&s->spec_st);
-        if (k > e->spec_k) k = e->spec_k;
-        if (k > budget) k = budget;
-        if (k > e->logit_rows - p->n_logits) k = e->logit_rows - p->n_logits;
+        /* (the acceptance policy counts its cooldown down in every step the sequence is in) */
+        int k = by_cost ? 0 : spec_state_next_k(&s->spec_st);
+        int cap = e->spec_k < budget ? e->spec_k : budget;
+        if (cap > e->logit_rows - p->n_logits) cap = e->logit_rows - p->n_logits;
         /* up to k + 1 tokens come out of the step: stay within max_tokens and the context */
-        if (k > s->max_tokens - s->n_generated - 1) k = s->max_tokens - s->n_generated - 1;
-        if (k > e->ctx_len - s->n_tokens) k = e->ctx_len - s->n_tokens;
+        if (cap > s->max_tokens - s->n_generated - 1) cap = s->max_tokens - s->n_generated - 1;
+        if (cap > e->ctx_len - s->n_tokens) cap = e->ctx_len - s->n_tokens;
+        struct spec_costs sc = {.target = &e->spec_cost,
+                                .draft = e->draft ? &e->draft_cost : NULL,
+                                .draft_prior = e->draft_prior,
+                                .behind = s->n_tokens - 1 - s->draft_computed,
+                                .horizon = s->max_tokens - s->n_generated};
+        if (by_cost && cap > 0) k = spec_policy_next_k(&s->spec_rate, &sc, &st, cap);
+        if (k > cap) k = cap;
         if (k <= 0) continue;
         int32_t draft[SPEC_K_MAX];
         /* a draft model always proposes k: it runs below, once the slots are known */
@@ -326,6 +342,7 @@ static void plan_drafts(struct engine *e, int budget)
                                                          .k = nd,
                                                          .out = p->tokens + p->draft_at[i]};
         budget -= nd;
+        spec_step_add(&st, &sc, spec_rate_accept(&s->spec_rate), nd);
     }
     if (n_dm == 0) return;
     struct qerr err = {0};

@@ -3,8 +3,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "spec.h"
+#include "spec_policy.h"
 
 struct spec_model {
     struct model *model;
@@ -14,8 +16,21 @@ struct spec_model {
     int *batch_seq; /* [max_rows] the call's sequence of each batch seq */
     int32_t *table; /* [max_rows][table_cols] */
     int table_cols;
-    float *logits; /* [max_rows][vocab] */
+    float *logits;          /* [max_rows][vocab] */
+    struct spec_cost *cost; /* its forwards are timed here (spec_model_time_into), or NULL */
 };
+
+void spec_model_time_into(struct spec_model *m, struct spec_cost *c)
+{
+    m->cost = c;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 int spec_model_check_vocab(const struct gguf_file *draft_file, const struct tokenizer *target_tok,
                            struct qerr *err)
@@ -158,7 +173,10 @@ static int run_batch(struct spec_model *m, const struct spec_model_seq *seqs, in
                             .block_table = m->table,
                             .n_logits = nr,
                             .logit_idx = m->lidx};
-    return model_forward(m->model, &b, m->logits, err);
+    double t0 = m->cost ? now_s() : 0;
+    int rc = model_forward(m->model, &b, m->logits, err);
+    if (!rc && m->cost) spec_cost_record_step(m->cost, nt, now_s() - t0);
+    return rc;
 }
 
 /* Appends token t at position p of call sequence i (batch sequence j) to the forward. */

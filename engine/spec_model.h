@@ -45,6 +45,10 @@ void spec_model_free(struct spec_model *m);
  * blocks (QERR_INVALID), or the draft model's forward's. */
 int spec_model_draft(struct spec_model *m, struct spec_model_seq *seqs, int n, struct qerr *err);
 
+struct spec_cost;
+/* From now on each of its forwards is timed into c (spec_policy.h; NULL: none). */
+void spec_model_time_into(struct spec_model *m, struct spec_cost *c);
+
 /* QERR_INVALID unless draft_file's tokenizer has target_tok's vocabulary, token for token. */
 int spec_model_check_vocab(const struct gguf_file *draft_file, const struct tokenizer *target_tok,
                            struct qerr *err);

@@ -76,18 +76,21 @@ void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
  * (engine/spec.h), the same on serve, generate and bench. Off unless asked:
  * docs/speculation.md has where it pays. */
 #include "../engine/spec.h"
+#include "../engine/spec_policy.h"
 struct cli_spec {
     enum spec_mode mode;
     bool mode_set;                /* --spec was given */
     int k;                        /* 0: the engine's default */
     int step_tokens;              /* 0: the engine's default */
+    enum spec_policy policy;      /* --spec-policy (default cost) */
     const char *draft_model;      /* --draft-model; implies --spec draft */
     struct gguf_file *draft_file; /* opened by cli_spec_open */
 };
-enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL };
+enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL, CLI_O_SPEC_POLICY };
 #define CLI_SPEC_OPTIONS                                                                           \
     {"spec", required_argument, 0, CLI_O_SPEC}, {"spec-k", required_argument, 0, CLI_O_SPEC_K},    \
         {"spec-step-tokens", required_argument, 0, CLI_O_SPEC_STEP},                               \
+        {"spec-policy", required_argument, 0, CLI_O_SPEC_POLICY},                                  \
     {                                                                                              \
         "draft-model", required_argument, 0, CLI_O_DRAFT_MODEL                                     \
     }
@@ -99,9 +102,12 @@ enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL };
     "  --draft-model PATH  the draft model's GGUF (implies --spec draft)\n"                        \
     "  --spec-k N          the longest draft, 1..16 (default 8)\n"                                 \
     "  --spec-step-tokens N  drafts fill a step up to N tokens in all\n"                           \
-    "                    (default 8)\n"
-/* Takes --spec, --spec-k or --spec-step-tokens (`code`) with its argument; false after a one-line
- * error. */
+    "                    (default 8)\n"                                                            \
+    "  --spec-policy cost|acceptance  draft length from measured costs and\n"                      \
+    "                    acceptance, drafting nothing where it does not pay\n"                     \
+    "                    (default cost), or from acceptance alone (serve, bench)\n"
+/* Takes --spec, --spec-k, --spec-step-tokens or --spec-policy (`code`) with its argument; false
+ * after a one-line error. */
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
 /* After the arguments: --spec draft without --draft-model, or --draft-model with another --spec,
  * is QERR_INVALID; with a draft model, opens its file (errors name the path). */

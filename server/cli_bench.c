@@ -222,6 +222,7 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.draft_file = a->spec.draft_file;
     if (a->spec.k) o.spec_k = a->spec.k;
     if (a->spec.step_tokens) o.spec_step_tokens = a->spec.step_tokens;
+    o.spec_policy = a->spec.policy;
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
@@ -677,6 +678,7 @@ int cli_bench(int argc, char **argv)
         case CLI_O_SPEC:
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
+        case CLI_O_SPEC_POLICY:
         case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
             continue;

@@ -1,4 +1,4 @@
-/* --spec, --spec-k, --spec-step-tokens and --draft-model (cli.h). */
+/* --spec, --spec-k, --spec-step-tokens, --spec-policy and --draft-model (cli.h). */
 #include <stdio.h>
 
 #include "../engine/gguf.h"
@@ -11,6 +11,12 @@ bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec 
         s->mode_set = true;
         if (spec_mode_parse(text, &s->mode, &err) == 0) return true;
         fprintf(stderr, "quern %s: '%s': --spec wants off, ngram or draft\n", prog, text);
+        return false;
+    }
+    if (code == CLI_O_SPEC_POLICY) {
+        struct qerr err = {0};
+        if (spec_policy_parse(text, &s->policy, &err) == 0) return true;
+        fprintf(stderr, "quern %s: '%s': --spec-policy wants cost or acceptance\n", prog, text);
         return false;
     }
     if (code == CLI_O_DRAFT_MODEL) {

@@ -84,6 +84,7 @@ if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
 # --spec ngram: byte-identical to --spec off, greedy and seeded, on a prompt the output copies
 expect 2 "--spec wants off, ngram or draft" -- generate --model "$model" --prompt hi --spec eagle
 expect 2 "--spec-k wants 1..16" -- generate --model "$model" --prompt hi --spec-k 0
+expect 2 "--spec-policy wants cost or acceptance" -- serve --model "$model" --spec ngram --spec-policy fast
 expect 2 "--spec and --grounded apply to --requests runs" -- bench --model "$model" --pp 8 --tg 8 --spec ngram
 copy="Repeat this text exactly: The committee agreed that the annual budget would be reviewed every March, and that any member could propose changes in writing before the first of February."
 for s in "--temp 0" "--temp 0.8 --seed 4"; do

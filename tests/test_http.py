@@ -703,7 +703,10 @@ def test_speculation(plain):
     check(st == 200 and
           ref["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
           "spec off: usage says no accepted prediction tokens", ref)
-    d = Daemon("--spec", "ngram", "--spec-k", "8", "--precision", "f32")  # plain's precision
+    # plain's precision; drafts chosen by acceptance alone, so that they happen whatever the
+    # clock says (the default cost policy drafts only where that pays: the same text either way)
+    d = Daemon("--spec", "ngram", "--spec-k", "8", "--precision", "f32",
+               "--spec-policy", "acceptance")
     try:
         st, _, r = d.post("/v1/completions", body)
         acc = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
@@ -751,7 +754,7 @@ def test_speculation(plain):
             check(p.returncode != 0 and "one rank" in p.stderr,
                   "serve --tp 2 --draft-model: refused", p.stderr[-300:])
             return
-        d = Daemon("--draft-model", draft, "--precision", "f32")
+        d = Daemon("--draft-model", draft, "--precision", "f32", "--spec-policy", "acceptance")
         try:
             st, _, r = d.post("/v1/completions", body)
             acc = r["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]

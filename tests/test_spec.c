@@ -97,6 +97,200 @@ START_TEST(draft_length_follows_acceptance)
 }
 END_TEST
 
+/* A machine whose n-token step costs base + slope * (n - 1), for n = 1..n_max: what
+ * spec_policy.c weighs, fed as numbers (no clock). */
+static void synth_costs(struct spec_cost *c, double base, double slope, int n_max)
+{
+    spec_cost_init(c);
+    for (int n = 1; n <= n_max; n++) spec_cost_record_step(c, n, base + slope * (n - 1));
+}
+
+START_TEST(cost_policy_maximizes_tokens_per_second)
+{
+    struct spec_cost t, d;
+    struct spec_costs c = {.target = &t, .horizon = 100}; /* the n-gram drafter: free */
+    struct spec_step one = {.n_tokens = 1, .out_tokens = 1};
+    double g;
+    /* E(k) = 1 + a + .. + a^k */
+    ck_assert_double_eq_tol(spec_expected_tokens(0.5, 2), 1.75, 1e-12);
+    ck_assert_double_eq_tol(spec_expected_tokens(1.0, 4), 5, 1e-12);
+    ck_assert_double_eq_tol(spec_expected_tokens(0.3, 0), 1, 1e-12);
+
+    /* nothing timed: no draft, and the step is due to be timed */
+    spec_cost_init(&t);
+    ck_assert_int_eq(spec_policy_best(&c, 0.9, &one, 8, &g), 0);
+    ck_assert_double_eq(g, 1);
+    ck_assert(spec_cost_stale(&t, 1));
+
+    /* verification nearly free (a GPU, or a CPU step of a few tokens), drafting free */
+    synth_costs(&t, 1.0, 0.05, 9);
+    ck_assert(!spec_cost_stale(&t, 1));
+    ck_assert_int_eq(spec_policy_best(&c, 0.9, &one, 8, &g), 8); /* 6.13 tokens / 1.4 */
+    ck_assert_double_eq_tol(g, spec_expected_tokens(0.9, 8) / 1.4, 1e-9);
+    ck_assert_int_eq(spec_policy_best(&c, 0.5, &one, 8, &g), 3); /* 1.875 / 1.15 */
+    ck_assert_double_eq_tol(g, 1.875 / 1.15, 1e-9);
+    /* a draft rarely kept is not worth even a cheap verification */
+    ck_assert_int_eq(spec_policy_best(&c, 0.04, &one, 8, &g), 0);
+    ck_assert_double_eq(g, 1);
+
+    /* a draft model whose forward costs half the target's, 60 % kept: nothing pays (k = 1:
+     * 1.6 tokens for 1.1 + 0.5); one at a twentieth: k = 2 (1.96 tokens for 1.2 + 0.1) */
+    synth_costs(&t, 1.0, 0.1, 9);
+    synth_costs(&d, 0.5, 0.05, 9);
+    c.draft = &d;
+    ck_assert_double_eq_tol(spec_draft_seconds(&c, 3), 1.5, 1e-12);
+    ck_assert_int_eq(spec_policy_best(&c, 0.6, &one, 8, &g), 0);
+    synth_costs(&d, 0.05, 0.005, 9);
+    ck_assert_int_eq(spec_policy_best(&c, 0.6, &one, 8, &g), 2);
+    ck_assert_double_eq_tol(g, 1.96 / 1.3, 1e-9);
+    /* its catch-up on 8 positions (0.04 more than a one-token forward) is spread over the
+     * next 32 steps, or over the steps left when fewer */
+    c.behind = 8;
+    ck_assert_double_eq_tol(spec_draft_seconds(&c, 2), 0.09 + 0.05, 1e-12);
+    ck_assert_int_eq(spec_policy_best(&c, 0.6, &one, 8, &g), 2);
+    ck_assert_double_eq_tol(g, 1.96 / (1.3 + 0.04 / 32), 1e-9);
+    c.horizon = 2;
+    spec_policy_best(&c, 0.6, &one, 8, &g);
+    ck_assert_double_eq_tol(g, 1.96 / (1.3 + 0.04 / 2), 1e-9);
+    /* a draft model not timed yet costs its prior share of the target */
+    spec_cost_init(&d);
+    c.behind = 0;
+    c.draft_prior = 0.5;
+    ck_assert_double_eq_tol(spec_draft_seconds(&c, 2), 0.5 * 1.0 + 0.5 * 1.0, 1e-12);
+    ck_assert_int_eq(spec_policy_best(&c, 0.6, &one, 8, &g), 0);
+    c.draft = NULL;
+
+    /* a step that costs its token count (a CPU past a few tokens): no draft pays */
+    synth_costs(&t, 1.0, 1.0, 16);
+    ck_assert_int_eq(spec_policy_best(&c, 0.95, &one, 8, &g), 0);
+
+    /* 16 decodes already in the step, each added token 1/16 of its cost: a draft of a sequence
+     * with 80 % acceptance adds less than it costs, so a full step drafts nothing */
+    spec_cost_init(&t);
+    for (int n = 16; n <= 32; n++) spec_cost_record_step(&t, n, 4.0 + 0.25 * (n - 16));
+    struct spec_step full = {.n_tokens = 16, .out_tokens = 16};
+    ck_assert_int_eq(spec_policy_best(&c, 0.8, &full, 8, &g), 0);
+    /* the same sequence alone in a 1-token step (2.0 s there) would draft */
+    spec_cost_record_step(&t, 1, 2.0);
+    ck_assert_int_gt(spec_policy_best(&c, 0.8, &one, 8, &g), 0);
+    /* a step that already carries a draft: the next one is weighed against that step */
+    struct spec_step st = {.n_tokens = 1, .out_tokens = 1};
+    synth_costs(&t, 1.0, 0.05, 16);
+    spec_step_add(&st, &c, 0.5, 3);
+    ck_assert_int_eq(st.n_tokens, 4);
+    ck_assert_double_eq_tol(st.out_tokens, 1.875, 1e-12);
+    ck_assert_int_eq(spec_policy_best(&c, 0.5, &st, 8, &g), 3);
+}
+END_TEST
+
+START_TEST(cost_estimates_fill_the_gaps)
+{
+    struct spec_cost c;
+    spec_cost_init(&c);
+    ck_assert_double_eq(spec_cost_step(&c, 3), 0);
+    /* one size timed: larger ones 10 % of it per token more (optimistic, so they get tried),
+     * smaller ones no dearer */
+    spec_cost_record_step(&c, 2, 1.0);
+    ck_assert_double_eq_tol(spec_cost_step(&c, 4), 1.0 + 2 * 0.1 / 2, 1e-12);
+    ck_assert_double_eq_tol(spec_cost_step(&c, 1), 1.0, 1e-12);
+    /* two: interpolated between, extrapolated with their slope beyond */
+    spec_cost_record_step(&c, 6, 3.0);
+    ck_assert_double_eq_tol(spec_cost_step(&c, 4), 2.0, 1e-12);
+    ck_assert_double_eq_tol(spec_cost_step(&c, 10), 5.0, 1e-12);
+    ck_assert_double_eq_tol(spec_cost_step(&c, SPEC_COST_N + 6), 3.0 + 0.5 * SPEC_COST_N, 1e-9);
+    /* moving averages: a new time weighs 0.2 */
+    spec_cost_record_step(&c, 2, 2.0);
+    ck_assert_double_eq_tol(spec_cost_step(&c, 2), 1.2, 1e-12);
+    /* steps too large to time are counted; a size not timed for SPEC_COST_REFRESH steps is due */
+    ck_assert(!spec_cost_stale(&c, 2));
+    for (int i = 0; i < SPEC_COST_REFRESH; i++) spec_cost_record_step(&c, SPEC_COST_N + 1, 9);
+    ck_assert(!spec_cost_stale(&c, 2));
+    spec_cost_record_step(&c, 6, 3.0);
+    ck_assert(spec_cost_stale(&c, 2));
+    ck_assert(!spec_cost_stale(&c, 6));
+    ck_assert(!spec_cost_stale(&c, SPEC_COST_N + 1)); /* never timed: nothing to refresh */
+
+    /* acceptance: a prior of a half, then decayed counts of kept tokens and misses */
+    struct spec_rate r;
+    spec_rate_init(&r);
+    ck_assert_double_eq_tol(spec_rate_accept(&r), 0.5, 1e-12);
+    spec_rate_update(&r, 4, 4);
+    ck_assert_double_eq_tol(spec_rate_accept(&r), 4.75 / 5.5, 1e-12);
+    spec_rate_update(&r, 4, 0);
+    ck_assert_double_eq_tol(spec_rate_accept(&r), 0.75 * 4.75 / (0.75 * 5.5 + 1), 1e-12);
+    spec_rate_update(&r, 0, 0); /* no draft: nothing learnt */
+    ck_assert_double_eq_tol(spec_rate_accept(&r), 0.75 * 4.75 / (0.75 * 5.5 + 1), 1e-12);
+
+    enum spec_policy pol;
+    struct qerr err = {0};
+    ck_assert_int_eq(spec_policy_parse("acceptance", &pol, &err), 0);
+    ck_assert_int_eq(pol, SPEC_POLICY_ACCEPTANCE);
+    ck_assert_int_eq(spec_policy_parse("cost", &pol, &err), 0);
+    ck_assert_int_eq(pol, SPEC_POLICY_COST);
+    ck_assert_int_eq(spec_policy_parse("fast", &pol, &err), QERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "fast"));
+}
+END_TEST
+
+START_TEST(cost_policy_probes_where_drafts_do_not_pay)
+{
+    struct spec_cost t, d;
+    /* each drafted token costs half a step: not worth it at a = 0.5 (k = 1: 1.5 tokens for
+     * 1.5 steps), less so after misses */
+    synth_costs(&t, 1.0, 0.5, 16);
+    struct spec_costs c = {.target = &t, .horizon = 100};
+    struct spec_step one = {.n_tokens = 1, .out_tokens = 1};
+    struct spec_rate r;
+    spec_rate_init(&r);
+    /* SPEC_PROBE_EVERY steps without a draft, then a probe */
+    for (int i = 1; i < SPEC_PROBE_EVERY; i++)
+        ck_assert_int_eq(spec_policy_next_k(&r, &c, &one, 8), 0);
+    ck_assert_int_ge(spec_policy_next_k(&r, &c, &one, 8), 1);
+    ck_assert(r.probing);
+    /* a probe that found no draft (the drafter had nothing) stays due */
+    ck_assert_int_ge(spec_policy_next_k(&r, &c, &one, 8), 1);
+    /* a missed probe doubles the wait, up to 8x */
+    int waits[5];
+    for (int p = 0; p < 5; p++) {
+        spec_rate_update(&r, 1, 0);
+        int w = 1;
+        while (spec_policy_next_k(&r, &c, &one, 8) == 0) w++;
+        waits[p] = w;
+    }
+    ck_assert_int_eq(waits[0], 2 * SPEC_PROBE_EVERY);
+    ck_assert_int_eq(waits[1], 4 * SPEC_PROBE_EVERY);
+    ck_assert_int_eq(waits[2], 8 * SPEC_PROBE_EVERY);
+    ck_assert_int_eq(waits[4], 8 * SPEC_PROBE_EVERY);
+    /* a probe that would cost more than SPEC_PROBE_SHARE of the idle steps waits longer: here
+     * a draft model 40 positions behind, its forward 0.1 + 0.1 per position */
+    spec_rate_update(&r, 1, 1);
+    spec_cost_init(&d);
+    for (int n = 1; n <= 64; n++) spec_cost_record_step(&d, n, 0.1 * n);
+    c.draft = &d;
+    c.behind = 40;
+    int w = 1;
+    while (spec_policy_next_k(&r, &c, &one, 8) == 0) w++;
+    /* 0.5 (verification) + 4.1 (catch-up) <= 0.05 * w */
+    ck_assert_int_eq(w, 92);
+    c.draft = NULL;
+    c.behind = 0;
+    spec_rate_update(&r, 1, 0);
+    /* where drafts pay, the policy drafts at once; a wholly kept draft resets the wait */
+    synth_costs(&t, 1.0, 0.05, 16);
+    spec_rate_update(&r, 2, 2);
+    ck_assert_int_eq(r.backoff, 0);
+    for (int i = 0; i < 4; i++) spec_rate_update(&r, 8, 8);
+    ck_assert_int_eq(spec_policy_next_k(&r, &c, &one, 8), 8);
+    ck_assert(!r.probing);
+    /* nothing timed: no draft and no probe count */
+    spec_cost_init(&t);
+    spec_rate_init(&r);
+    for (int i = 0; i < 3 * SPEC_PROBE_EVERY; i++)
+        ck_assert_int_eq(spec_policy_next_k(&r, &c, &one, 8), 0);
+    ck_assert_int_eq(r.idle, 0);
+}
+END_TEST
+
 /* ---- the scheduler's pass D on a hand-built engine (no model, no thread) ---- */
 
 struct rig {
@@ -119,7 +313,9 @@ static struct rig *rig_new(int budget)
     e->o.kv_blocks = 32;
     e->o.spec = SPEC_NGRAM;
     e->o.spec_k = 4;
+    e->o.spec_policy = SPEC_POLICY_ACCEPTANCE; /* drafts_pass_the_cost_policy sets costs */
     e->spec_k = 4;
+    spec_cost_init(&e->spec_cost);
     e->ctx_len = 1000;
     e->logit_rows = sched_logit_rows(&e->o);
     spec_drafter_init(&e->drafter, SPEC_NGRAM);
@@ -150,6 +346,7 @@ static struct rig *rig_new(int budget)
     for (int i = 0; i < 3; i++) s->blocks[s->n_blocks++] = kv_block_alloc(e->pool);
     s->spec = true;
     spec_state_init(&s->spec_st, 4);
+    spec_rate_init(&s->spec_rate);
     e->running[e->n_running++] = s;
     return g;
 }
@@ -268,6 +465,41 @@ START_TEST(drafts_take_the_budget_left_and_roll_back)
 }
 END_TEST
 
+/* Pass D with the cost policy, on costs fed in: a draft where verification is cheap, none where
+ * a step costs its tokens, none while the one-token step is due to be timed again. */
+/* One step of the rig (whose last tokens "1 2 3" the drafter continues with "4 5 6 7") under
+ * the cost policy with acceptance 4 of 4 so far, on step costs base + slope * (n - 1), the
+ * one-token step timed `age` steps ago (0: nothing timed); returns its draft's length. */
+static int rig_cost_draft(double base, double slope, int age)
+{
+    struct rig *g = rig_new(64);
+    struct engine *e = &g->e;
+    e->o.spec_policy = SPEC_POLICY_COST;
+    if (age > 0) {
+        synth_costs(&e->spec_cost, base, slope, 8);
+        for (int i = 1; i < age; i++) spec_cost_record_step(&e->spec_cost, 2, base + slope);
+    }
+    spec_rate_update(&g->s.spec_rate, 4, 4);
+    int n = sched_step_plan(e), nd = e->plan.n_draft[0];
+    ck_assert_int_eq(n, 1 + nd);
+    rig_settle(g, 0);
+    rig_free(g);
+    return nd;
+}
+
+/* Pass D with the cost policy, on costs fed in: a draft where verification is cheap, none
+ * where a step costs its tokens, none while the one-token step is due to be timed (first, or
+ * again after SPEC_COST_REFRESH steps). */
+START_TEST(drafts_pass_the_cost_policy)
+{
+    ck_assert_int_eq(rig_cost_draft(0.01, 0.0005, 1), 4); /* as the acceptance policy drafts */
+    ck_assert_int_eq(rig_cost_draft(0.01, 0.01, 1), 0);
+    ck_assert_int_eq(rig_cost_draft(0.01, 0.0005, 0), 0);
+    ck_assert_int_eq(rig_cost_draft(0.01, 0.0005, SPEC_COST_REFRESH - 8), 4);
+    ck_assert_int_eq(rig_cost_draft(0.01, 0.0005, SPEC_COST_REFRESH + 1), 0);
+}
+END_TEST
+
 /* ---- the engine, real model ---- */
 
 static struct gguf_file *file;
@@ -352,8 +584,10 @@ static void make_case(int i, int n_out, struct req_case *c)
 }
 
 /* An engine on target (and draft, for SPEC_DRAFT) that checks its invariants every step. */
-static struct engine *make_engine_on(const struct gguf_file *target, const struct gguf_file *draft,
-                                     enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+static struct engine *make_engine_with(const struct gguf_file *target,
+                                       const struct gguf_file *draft, enum spec_mode spec,
+                                       enum spec_policy policy, int batch, int seqs, int blocks,
+                                       int bs)
 {
     struct engine_opts o;
     engine_opts_default(&o);
@@ -363,14 +597,22 @@ static struct engine *make_engine_on(const struct gguf_file *target, const struc
     o.kv_block_size = bs;
     o.spec = spec;
     o.spec_k = 8;
-    /* drafts in every step, however many streams: this is about exactness, not policy */
+    /* drafts in every step, however many streams, whatever the clock says: this is about
+     * exactness, not policy */
     o.spec_step_tokens = batch;
+    o.spec_policy = policy;
     o.check_invariants = true;
     o.draft_file = draft;
     struct engine *e;
     struct qerr err = {0};
     ck_assert_msg(engine_create(target, tok, be, &o, &e, &err) == 0, "%s", err.msg);
     return e;
+}
+
+static struct engine *make_engine_on(const struct gguf_file *target, const struct gguf_file *draft,
+                                     enum spec_mode spec, int batch, int seqs, int blocks, int bs)
+{
+    return make_engine_with(target, draft, spec, SPEC_POLICY_ACCEPTANCE, batch, seqs, blocks, bs);
 }
 
 static struct engine *make_engine(enum spec_mode spec, int batch, int seqs, int blocks, int bs)
@@ -513,6 +755,19 @@ START_TEST(ngram_output_equals_plain_decoding)
     ck_assert_uint_gt(st.preemptions, 0);
     ck_assert_uint_gt(st.spec_accepted_tokens, 0);
     check_same(plain, tight, n_tight, "tight pool");
+
+    /* the default, cost-aware policy: which drafts it makes depends on the clock, the text
+     * must not (no count of drafts is asserted: on a slow or loaded machine it may make none) */
+    t0 = tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC;
+    e = make_engine_with(file, NULL, SPEC_NGRAM, SPEC_POLICY_COST, 256, MAXR, 256, 16);
+    run_all(e, c, n_tight, tight);
+    engine_get_stats(e, &st);
+    engine_free(e);
+    printf("spec ngram, cost policy: %llu drafts, %llu of %llu accepted (%.1f s cpu)\n",
+           (unsigned long long)st.spec_drafts, (unsigned long long)st.spec_accepted_tokens,
+           (unsigned long long)st.spec_draft_tokens,
+           tu_sanitized() ? 0 : (double)clock() / CLOCKS_PER_SEC - t0);
+    check_same(plain, tight, n_tight, "cost policy");
 }
 END_TEST
 
@@ -767,6 +1022,10 @@ int main(void)
     tcase_add_test(unit, ngram_drafts_the_latest_longest_match);
     tcase_add_test(unit, draft_length_follows_acceptance);
     tcase_add_test(unit, drafts_take_the_budget_left_and_roll_back);
+    tcase_add_test(unit, cost_policy_maximizes_tokens_per_second);
+    tcase_add_test(unit, cost_estimates_fill_the_gaps);
+    tcase_add_test(unit, cost_policy_probes_where_drafts_do_not_pay);
+    tcase_add_test(unit, drafts_pass_the_cost_policy);
     suite_add_tcase(s, unit);
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
