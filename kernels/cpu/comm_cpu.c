@@ -151,6 +151,11 @@ static int cpu_all_reduce(struct comm *c, void *buf, size_t count, enum comm_dty
     if (c->n_ranks == 1) return 0;
     struct rank *rk = (struct rank *)c;
     struct group *g = rk->g;
+    /* A failed group: fail before touching a staging buffer. The alternation above holds only
+     * for barriers everyone reached; a rank that left all-reduce k+1 on the failure must not
+     * rewrite set k % 2 while a slower rank may still be summing all-reduce k from it (seen
+     * under ThreadSanitizer in test_comm's failing rank). */
+    if (__atomic_load_n(&g->failed, __ATOMIC_ACQUIRE)) return failed_err(g, c->rank, err);
     int p = (int)(rk->seq++ & 1);
     size_t bytes = count * comm_dtype_bytes(dt);
     if (bytes > rk->cap[p]) { /* nobody reads set p now (see the top of this file) */
