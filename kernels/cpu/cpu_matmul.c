@@ -76,14 +76,12 @@ struct mm_part {
 struct mm_job {
     const struct cpu_kernels *k;
     bool q8;
-    bool sums; /* f32 + a packed weight: block sums of x (Q4_1 reads them) */
     int64_t cols;
     const float *x; /* [n][cols] this chunk's tokens */
     struct q8act a; /* q8: this chunk's quantized tokens */
-    float *xs;      /* sums: [n][nb] */
+    float *xs;      /* f32 with a packed weight: [n][nb] block sums (Q4_1 reads them) */
     int n;
     int tok_per_task;
-    int64_t tok_tasks;
     int n_parts;
     struct mm_part part[MM_PARTS_MAX];
 };
@@ -180,7 +178,6 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
     const struct bweight *w0 = ws[0];
     struct mm_job j = {.k = c->k, .q8 = use_q8(c, w0), .cols = w0->cols, .n_parts = nw};
     size_t per_token = cpu_matmul_token_bytes(c, w0);
-    j.sums = per_token && !j.q8;
     const size_t slack = 4 * 64;
     int chunk = n;
     if (per_token) {
@@ -212,10 +209,10 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
                 for (int t = 0; t < prep_tasks; t++) prep_task(&j, t, 0);
         }
         j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
-        j.tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
+        int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
         int per = cnt == 1 ? TASKS_PER_THREAD_1TOK : TASKS_PER_THREAD;
         int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * per : 1;
-        int64_t upt = (all_units * j.tok_tasks + target - 1) / target;
+        int64_t upt = (all_units * tok_tasks + target - 1) / target;
         int tasks = 0;
         for (int i = 0; i < nw; i++) {
             struct mm_part *pt = &j.part[i];
@@ -223,7 +220,7 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
             pt->units_per_task = upt < 1 ? 1 : upt > pt->units ? pt->units : upt;
             pt->unit_tasks = (pt->units + pt->units_per_task - 1) / pt->units_per_task;
             pt->first_task = tasks;
-            tasks += (int)(pt->unit_tasks * j.tok_tasks);
+            tasks += (int)(pt->unit_tasks * tok_tasks);
         }
         pool_run(c->pool, mm_task, &j, tasks);
     }
