@@ -210,6 +210,13 @@ void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float 
     }
 }
 
+/* A task's tokens: a run of consecutive tokens of one sequence (at most ATTN_TOKENS), whose
+ * rows share every K and V read (see attn_rows.h); cost = the keys its rows read. */
+struct attn_run {
+    int t0, t1;
+    int64_t cost;
+};
+
 struct attn_job {
     const struct cpu_kernels *k;
     bool f16;
@@ -218,35 +225,76 @@ struct attn_job {
     const void *k_cache, *v_cache;
     const struct attn_batch *b;
     const struct attn_shape *s;
+    const struct attn_run *runs; /* NULL: task i covers tokens [i * ATTN_TOKENS, ...) */
 };
 
 /* tokens per attention task: with the GQA heads of one kv head, a set of rows that shares
  * every K and V read (see attn_rows.h) */
 #define ATTN_TOKENS 4
+/* runs the task list is built for; a batch with more (a long multi-sequence prefill) has tasks
+ * enough that fixed groups of ATTN_TOKENS balance the pool */
+#define ATTN_RUNS_MAX 256
 
 static void attn_task(void *arg, int task, int worker)
 {
     (void)worker;
     struct attn_job *j = arg;
-    int kvh = task % j->s->n_kv_heads, t0 = task / j->s->n_kv_heads * ATTN_TOKENS;
-    int t1 = t0 + ATTN_TOKENS < j->b->n_tokens ? t0 + ATTN_TOKENS : j->b->n_tokens;
+    int kvh = task % j->s->n_kv_heads, t0, t1;
+    if (j->runs) {
+        t0 = j->runs[task / j->s->n_kv_heads].t0;
+        t1 = j->runs[task / j->s->n_kv_heads].t1;
+    } else {
+        t0 = task / j->s->n_kv_heads * ATTN_TOKENS;
+        t1 = t0 + ATTN_TOKENS < j->b->n_tokens ? t0 + ATTN_TOKENS : j->b->n_tokens;
+    }
     if (j->f16)
         j->k->attention_f16(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
     else
         j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, kvh);
 }
 
+static int attn_run_costlier(const void *a, const void *b)
+{
+    const struct attn_run *x = a, *y = b;
+    return x->cost < y->cost ? 1 : x->cost > y->cost ? -1 : x->t0 - y->t0;
+}
+
+/* Cuts the batch into runs, costliest first (the pool claims tasks in order, so the long
+ * contexts start first and the short ones fill in behind them); 0 when there are more than
+ * ATTN_RUNS_MAX. A decode batch is one run per sequence: grouping tokens of different
+ * sequences shares no reads and only makes the tasks uneven. */
+static int attn_runs(const struct attn_batch *b, struct attn_run *runs)
+{
+    int n = 0;
+    for (int t = 0; t < b->n_tokens;) {
+        if (n == ATTN_RUNS_MAX) return 0;
+        struct attn_run r = {.t0 = t};
+        for (; t < b->n_tokens && t - r.t0 < ATTN_TOKENS && b->seq[t] == b->seq[r.t0]; t++)
+            r.cost += (int64_t)b->pos[t] + 1;
+        r.t1 = t;
+        runs[n++] = r;
+    }
+    qsort(runs, (size_t)n, sizeof *runs, attn_run_costlier);
+    return n;
+}
+
 void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,
                    const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cpu_ctx *c = ctx_of(be);
-    struct attn_job j = {c->k, c->kv_f16, out, q, k_cache, v_cache, b, s};
+    struct attn_job j = {c->k, c->kv_f16, out, q, k_cache, v_cache, b, s, NULL};
     int tasks = (b->n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS * s->n_kv_heads;
     int64_t keys = 0;
     for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
     if (keys * s->n_heads < PAR_KEYS) {
         for (int t = 0; t < tasks; t++) attn_task(&j, t, 0);
         return;
+    }
+    struct attn_run runs[ATTN_RUNS_MAX];
+    int n_runs = attn_runs(b, runs);
+    if (n_runs) {
+        j.runs = runs;
+        tasks = n_runs * s->n_kv_heads;
     }
     pool_run(c->pool, attn_task, &j, tasks);
 }
