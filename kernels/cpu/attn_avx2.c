@@ -46,6 +46,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
+    struct key_prefetch pf =
+        key_prefetch_start(kw, max_keys, k_cache, v_cache, 8 * (size_t)NV, F16 ? 2 : 4);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -56,6 +58,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             size_t *o = offs + c * CHUNK;
             int left = span - c * CHUNK;
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
+            key_prefetch_next(&pf, CHUNK);
             for (int r = 0; r < nr; r++) {
                 int row_left = rows[r].n_keys - j0 - c * CHUNK;
                 if (row_left <= 0) continue;

@@ -146,6 +146,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         for (int v = 0; v < NV; v++) _mm512_store_ps(st[r].acc + 16 * v, _mm512_setzero_ps());
     }
     size_t offs[SPAN];
+    struct key_prefetch pf =
+        key_prefetch_start(kw, max_keys, k_cache, v_cache, (size_t)hd, F16 ? 2 : 4);
     _Alignas(64) float kt[HD_MAX * CHUNK];
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
@@ -164,6 +166,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             int left = span - c * CHUNK;
             /* lanes past the span's last key re-read the chunk's first key; masked later */
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
+            key_prefetch_next(&pf, CHUNK);
             for (int v = 0; v < NV; v++) {
                 __m512 t[16];
                 for (int k = 0; k < CHUNK; k++) t[k] = load16(k_cache, o[k] + 16 * (size_t)v, F16);

@@ -67,4 +67,40 @@ static inline size_t key_next(struct key_walk *kw)
     return off;
 }
 
+/* Software prefetch of the K and V rows a set is about to read. A kv head's row is a third
+ * (SmolLM2) of each slot, so the keys a set walks are short runs at a stride that crosses a block
+ * every block_size keys: the hardware prefetchers keep too few lines in flight for that, and a
+ * batch-16 decode step read its KV at a quarter of the bandwidth its weights get. The walker runs
+ * ATTN_PF_KEYS ahead of the keys being scored (K and V both: V is read a span later, from L2). */
+#define ATTN_PF_KEYS 32
+
+struct key_prefetch {
+    struct key_walk kw;
+    int left;         /* keys not yet prefetched */
+    size_t row_bytes; /* bytes of one kv head's row: head_dim elements */
+    const char *k, *v;
+    size_t elem;
+};
+
+static inline void key_prefetch_next(struct key_prefetch *pf, int n)
+{
+    for (; n > 0 && pf->left > 0; n--, pf->left--) {
+        size_t at = key_next(&pf->kw) * pf->elem;
+        for (size_t b = 0; b < pf->row_bytes; b += 64) {
+            __builtin_prefetch(pf->k + at + b, 0, 2);
+            __builtin_prefetch(pf->v + at + b, 0, 2);
+        }
+    }
+}
+
+/* Starts a walker over the first n_keys keys of kw and prefetches its first ATTN_PF_KEYS. */
+static inline struct key_prefetch key_prefetch_start(struct key_walk kw, int n_keys,
+                                                     const void *k_cache, const void *v_cache,
+                                                     size_t head_dim, size_t elem)
+{
+    struct key_prefetch pf = {kw, n_keys, head_dim * elem, k_cache, v_cache, elem};
+    key_prefetch_next(&pf, ATTN_PF_KEYS);
+    return pf;
+}
+
 #endif
