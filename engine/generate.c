@@ -128,6 +128,14 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
     spec_drafter_init(&d, o->spec);
     struct spec_state st;
     spec_state_init(&st, kmax > 0 ? kmax : 1);
+    /* the cost policy's measurements: this run's forwards of n tokens, the draft model's */
+    bool by_cost = o->spec_policy == SPEC_POLICY_COST;
+    struct spec_cost tcost, dcost;
+    struct spec_rate rate;
+    spec_cost_init(&tcost);
+    spec_cost_init(&dcost);
+    spec_rate_init(&rate);
+    if (by_cost && o->draft) spec_model_time_into(o->draft, &dcost);
     while (produced < o->n_predict) {
         const float *l = logits + (size_t)r * (size_t)vocab;
         memcpy(row, l, (size_t)vocab * sizeof *row);
@@ -142,6 +150,7 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         bool stop = (on_token && on_token(ctx, t, l)) || produced == o->n_predict;
         if (settled || (stop && nd > 0)) {
             spec_state_update(&st, nd, acc, kmax);
+            spec_rate_update(&rate, nd, acc);
             if (o->spec_stats) {
                 o->spec_stats->drafts++;
                 o->spec_stats->drafted += nd;
@@ -154,9 +163,19 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
             continue;
         }
         /* t is new to the model: compute it, and a fresh draft after it */
-        int k = kmax > 0 ? spec_state_next_k(&st) : 0;
-        if (k > o->n_predict - produced - 1) k = o->n_predict - produced - 1;
-        if (k > kmax) k = kmax;
+        int k = kmax > 0 && !by_cost ? spec_state_next_k(&st) : 0;
+        int cap = kmax < o->n_predict - produced - 1 ? kmax : o->n_predict - produced - 1;
+        /* as the engine's scheduler: a one-token forward not timed for a while is timed again */
+        if (by_cost && cap > 0 && !spec_cost_stale(&tcost, 1)) {
+            struct spec_costs sc = {.target = &tcost,
+                                    .draft = o->draft ? &dcost : NULL,
+                                    .draft_prior = o->draft_prior,
+                                    .behind = n - 1 - dcomp,
+                                    .horizon = o->n_predict - produced};
+            struct spec_step one = {.n_tokens = 1, .out_tokens = 1};
+            k = spec_policy_next_k(&rate, &sc, &one, cap);
+        }
+        if (k > cap) k = cap;
         if (k > 0 && o->draft) {
             struct spec_model_seq q = {.tokens = seq,
                                        .n_tokens = n,
@@ -173,8 +192,11 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         }
         chunk[0] = t;
         r = acc = 0;
+        double t_fwd = now_s();
         if ((rc = run_chunk(m, s, chunk, n - 1, nd + 1, true, logits, err))) break;
+        spec_cost_record_step(&tcost, nd + 1, now_s() - t_fwd);
     }
+    if (by_cost && o->draft) spec_model_time_into(o->draft, NULL);
     free(seq);
     free(row);
     free(blocks);

@@ -12,6 +12,7 @@
 #include "sample.h"
 #include "spec.h"
 #include "spec_model.h"
+#include "spec_policy.h"
 
 struct gen_spec_stats {
     int drafts, drafted, accepted; /* drafts verified, tokens in them, tokens kept */
@@ -33,6 +34,13 @@ struct gen_opts {
     struct gen_spec_stats *spec_stats; /* filled when not NULL */
     /* SPEC_DRAFT: the draft model (spec_model.h), loaded with at least this run's KV blocks */
     struct spec_model *draft;
+    /* how long each draft is (spec_policy.h): SPEC_POLICY_COST (0) weighs the forwards' measured
+     * times against the acceptance, as the engine does; SPEC_POLICY_ACCEPTANCE uses acceptance
+     * alone (spec.h's spec_state) */
+    enum spec_policy spec_policy;
+    /* SPEC_POLICY_COST: a draft forward's cost relative to the target's until it is timed (the
+     * ratio of their weight bytes; 0: free) */
+    double draft_prior;
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../engine/chat.h"
 #include "../engine/engine.h"
@@ -345,7 +346,9 @@ int cli_generate(int argc, char **argv)
                           .spec = a.spec.mode,
                           .spec_k = spec_k,
                           .spec_stats = &ss,
-                          .draft = dm};
+                          .draft = dm,
+                          .spec_policy = a.spec.policy};
+    if (dm) go.draft_prior = (double)gguf_file_size(a.spec.draft_file) / (double)gguf_file_size(f);
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
@@ -368,9 +371,10 @@ int cli_generate(int argc, char **argv)
         double decode_s = total_s - g.t_first;
         fprintf(stderr,
                 "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens, decode "
-                "%.1f tok/s; %d threads\n",
+                "%.1f tok/s; %d threads (CPU)\n",
                 n_ids, g.t_first, (double)n_ids / g.t_first, g.produced,
-                g.produced > 1 ? (g.produced - 1) / decode_s : 0.0, a.threads ? (int)a.threads : 0);
+                g.produced > 1 ? (g.produced - 1) / decode_s : 0.0,
+                a.threads ? (int)a.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
         if (a.spec.mode != SPEC_OFF)
             fprintf(stderr,
                     "quern: spec %s: %d drafts, %d of %d drafted tokens accepted (mean accepted "

@@ -91,11 +91,20 @@ for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
   "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
   # shellcheck disable=SC2086
-  "$bin" generate --model "$model" --chat $s -n 40 --spec ngram --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
+  # (the acceptance policy drafts whatever the clock says; the default cost policy may not)
+  "$bin" generate --model "$model" --chat $s -n 40 --spec ngram --spec-policy acceptance --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
   if cmp -s "$tmp/a" "$tmp/b" && grep -qE "spec ngram: [0-9]+ drafts, [1-9][0-9]* of" "$tmp/err"; then
     echo "ok: --spec ngram $s: the text of --spec off, drafts accepted"
   else
     echo "FAIL: --spec ngram $s differs from --spec off or accepted nothing"; fails=$((fails + 1))
+    sed 's/^/    /' "$tmp/a" "$tmp/b" "$tmp/err" | head -20
+  fi
+  # shellcheck disable=SC2086
+  "$bin" generate --model "$model" --chat $s -n 40 --spec ngram --spec-policy cost --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
+  if cmp -s "$tmp/a" "$tmp/b" && grep -qE "spec ngram: [0-9]+ drafts" "$tmp/err"; then
+    echo "ok: --spec ngram --spec-policy cost $s: the text of --spec off"
+  else
+    echo "FAIL: --spec ngram --spec-policy cost $s differs from --spec off"; fails=$((fails + 1))
     sed 's/^/    /' "$tmp/a" "$tmp/b" "$tmp/err" | head -20
   fi
 done
@@ -109,7 +118,7 @@ for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
   "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
   # shellcheck disable=SC2086
-  "$bin" generate --model "$model" --chat $s -n 40 --draft-model "$tmp/draft.gguf" --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
+  "$bin" generate --model "$model" --chat $s -n 40 --draft-model "$tmp/draft.gguf" --spec-policy acceptance --prompt "$copy" >"$tmp/b" 2>"$tmp/err"
   if cmp -s "$tmp/a" "$tmp/b" && grep -qE "spec draft: [0-9]+ drafts, [1-9][0-9]* of" "$tmp/err"; then
     echo "ok: --spec draft $s: the text of --spec off, drafts accepted"
   else
