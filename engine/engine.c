@@ -845,9 +845,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         dmo.max_logits = o->max_seqs < 16 ? o->max_seqs : 16;
         if ((rc = spec_model_create(o->draft_file, tok, be, &dmo, &e->draft, err))) goto fail;
         spec_model_time_into(e->draft, &e->draft_cost);
-        /* a decode reads every weight once: until timed, the draft model's forward is guessed
-         * at the target's times the ratio of their files */
-        e->draft_prior = (double)gguf_file_size(o->draft_file) / (double)gguf_file_size(f);
+        e->draft_prior = spec_model_cost_prior(o->draft_file, f);
     }
     while (e->n_spare < e->spare_target) e->spare[e->n_spare++] = kv_block_alloc(e->pool);
     e->local.kv_blocks_total = blocks;

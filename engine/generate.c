@@ -149,8 +149,10 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         bool settled = nd > 0 && !kept;
         bool stop = (on_token && on_token(ctx, t, l)) || produced == o->n_predict;
         if (settled || (stop && nd > 0)) {
-            spec_state_update(&st, nd, acc, kmax);
-            spec_rate_update(&rate, nd, acc);
+            if (by_cost)
+                spec_rate_update(&rate, nd, acc);
+            else
+                spec_state_update(&st, nd, acc, kmax);
             if (o->spec_stats) {
                 o->spec_stats->drafts++;
                 o->spec_stats->drafted += nd;

@@ -38,8 +38,8 @@ struct gen_opts {
      * times against the acceptance, as the engine does; SPEC_POLICY_ACCEPTANCE uses acceptance
      * alone (spec.h's spec_state) */
     enum spec_policy spec_policy;
-    /* SPEC_POLICY_COST: a draft forward's cost relative to the target's until it is timed (the
-     * ratio of their weight bytes; 0: free) */
+    /* SPEC_POLICY_COST: a draft forward's cost relative to the target's until it is timed
+     * (spec_model_cost_prior; 0: free) */
     double draft_prior;
 };
 

@@ -243,3 +243,8 @@ int spec_model_draft(struct spec_model *m, struct spec_model_seq *seqs, int n, s
     }
     return 0;
 }
+
+double spec_model_cost_prior(const struct gguf_file *draft_file, const struct gguf_file *target)
+{
+    return (double)gguf_file_size(draft_file) / (double)gguf_file_size(target);
+}

@@ -49,6 +49,11 @@ struct spec_cost;
 /* From now on each of its forwards is timed into c (spec_policy.h; NULL: none). */
 void spec_model_time_into(struct spec_model *m, struct spec_cost *c);
 
+/* The cost policy's guess at a draft forward's cost relative to the target's until the draft
+ * model is timed (spec_costs.draft_prior): a decode reads every weight once, so the ratio of
+ * their files. */
+double spec_model_cost_prior(const struct gguf_file *draft_file, const struct gguf_file *target);
+
 /* QERR_INVALID unless draft_file's tokenizer has target_tok's vocabulary, token for token. */
 int spec_model_check_vocab(const struct gguf_file *draft_file, const struct tokenizer *target_tok,
                            struct qerr *err);

@@ -348,7 +348,7 @@ int cli_generate(int argc, char **argv)
                           .spec_stats = &ss,
                           .draft = dm,
                           .spec_policy = a.spec.policy};
-    if (dm) go.draft_prior = (double)gguf_file_size(a.spec.draft_file) / (double)gguf_file_size(f);
+    if (dm) go.draft_prior = spec_model_cost_prior(a.spec.draft_file, f);
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);
     char tail[16];
