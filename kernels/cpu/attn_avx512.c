@@ -176,7 +176,9 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             na = 0;
             for (int r = 0; r < nr; r++)
                 if (st[r].cnt > c * CHUNK) act[na++] = r;
-            /* blocks of RB consecutive active rows share each load; the rest go one by one */
+            /* blocks of RB consecutive active rows share each load, then one block of the 2-3
+             * left (a decode token's GQA heads: 3 rows for SmolLM2, whose dot products would
+             * otherwise each be one latency-bound fma chain); the rest go one by one */
             int i = 0;
             for (; i + RB <= na; i += RB) {
                 if (act[i + RB - 1] - act[i] == RB - 1)
@@ -184,6 +186,13 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 else
                     for (int u = 0; u < RB; u++)
                         score_rows(rows, st, vmax, act[i + u], 1, kt, hd, c, j0, scale);
+            }
+            if (na - i == 3 && act[i + 2] - act[i] == 2) {
+                score_rows(rows, st, vmax, act[i], 3, kt, hd, c, j0, scale);
+                i += 3;
+            } else if (na - i == 2 && act[i + 1] - act[i] == 1) {
+                score_rows(rows, st, vmax, act[i], 2, kt, hd, c, j0, scale);
+                i += 2;
             }
             for (; i < na; i++) score_rows(rows, st, vmax, act[i], 1, kt, hd, c, j0, scale);
         }
@@ -216,6 +225,13 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 pv_rows(st, act[i], RB, v_cache, offs, NV, F16);
             else
                 for (int u = 0; u < RB; u++) pv_rows(st, act[i + u], 1, v_cache, offs, NV, F16);
+        }
+        if (na - i == 3 && act[i + 2] - act[i] == 2) {
+            pv_rows(st, act[i], 3, v_cache, offs, NV, F16);
+            i += 3;
+        } else if (na - i == 2 && act[i + 1] - act[i] == 1) {
+            pv_rows(st, act[i], 2, v_cache, offs, NV, F16);
+            i += 2;
         }
         for (; i < na; i++) pv_rows(st, act[i], 1, v_cache, offs, NV, F16);
     }
