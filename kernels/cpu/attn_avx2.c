@@ -33,6 +33,68 @@ struct row_state {
     _Alignas(32) float p[SPAN];
 };
 
+/* Scores of chunk c for rows [r0, r0 + RB), each row as it would run alone: per key, q . k as
+ * mul then fma over the 8-lane slices in order, then the chunk's 8 keys summed by hsum8x8. A
+ * block converts each K element once for its RB rows. */
+TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m256 *vmax, int r0,
+                           const int RB, const void *k_cache, const size_t *o, int c, int j0,
+                           const int NV, const int F16, __m256 vscale)
+{
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 part[3][CHUNK];
+#pragma GCC unroll 8
+    for (int k = 0; k < CHUNK; k++) {
+        __m256 kv = load8(k_cache, o[k], F16);
+        for (int i = 0; i < RB; i++)
+            part[i][k] = _mm256_mul_ps(_mm256_loadu_ps(rows[r0 + i].q), kv);
+        for (int v = 1; v < NV; v++) {
+            kv = load8(k_cache, o[k] + 8 * (size_t)v, F16);
+            for (int i = 0; i < RB; i++)
+                part[i][k] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(rows[r0 + i].q + 8 * v), kv, part[i][k]);
+        }
+    }
+    for (int i = 0; i < RB; i++) {
+        int r = r0 + i, row_left = rows[r].n_keys - j0 - c * CHUNK;
+        __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part[i]), vscale),
+                                     first_lanes(row_left));
+        _mm256_store_ps(st[r].p + c * CHUNK, sv);
+        vmax[r] = _mm256_max_ps(vmax[r], sv);
+    }
+}
+
+/* p . V of chunk c for rows [r0, r0 + RB), which all read its first n keys: each row's partial
+ * sum adds the keys in order, as alone; a block converts each V element once for its rows. */
+TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
+                        const size_t *o, int c, int n, const int NV, const int F16)
+{
+    for (int v = 0; v < NV; v++) {
+        __m256 pa[3];
+        for (int i = 0; i < RB; i++) pa[i] = _mm256_load_ps(st[r0 + i].pa + 8 * v);
+        for (int k = 0; k < n; k++) {
+            __m256 vv = load8(v_cache, o[k] + 8 * (size_t)v, F16);
+            for (int i = 0; i < RB; i++)
+                pa[i] = _mm256_fmadd_ps(_mm256_set1_ps(st[r0 + i].p[c * CHUNK + k]), vv, pa[i]);
+        }
+        for (int i = 0; i < RB; i++) _mm256_store_ps(st[r0 + i].pa + 8 * v, pa[i]);
+    }
+}
+
+/* Keys of chunk c row r reads (0 when past its last). */
+static inline int chunk_keys(const struct attn_row *rows, int r, int c, int j0)
+{
+    int n = rows[r].n_keys - j0 - c * CHUNK;
+    return n <= 0 ? 0 : n < CHUNK ? n : CHUNK;
+}
+
+/* How many rows from r (at most 3) read the same keys of chunk c: a register block. */
+static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, int j0)
+{
+    int n = chunk_keys(rows, r, c, j0), b = 1;
+    while (b < 3 && r + b < nr && chunk_keys(rows, r + b, c, j0) == n) b++;
+    return b;
+}
+
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct key_walk kw, float scale,
                          const int NV, const int F16)
@@ -59,23 +121,19 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             int left = span - c * CHUNK;
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
             key_prefetch_next(&pf, CHUNK);
-            for (int r = 0; r < nr; r++) {
-                int row_left = rows[r].n_keys - j0 - c * CHUNK;
-                if (row_left <= 0) continue;
-                const float *qr = rows[r].q;
-                __m256 part[CHUNK];
-#pragma GCC unroll 8
-                for (int k = 0; k < CHUNK; k++) {
-                    part[k] = _mm256_mul_ps(_mm256_loadu_ps(qr), load8(k_cache, o[k], F16));
-                    for (int v = 1; v < NV; v++)
-                        part[k] =
-                            _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * v),
-                                            load8(k_cache, o[k] + 8 * (size_t)v, F16), part[k]);
+            for (int r = 0; r < nr;) {
+                if (!chunk_keys(rows, r, c, j0)) {
+                    r++;
+                    continue;
                 }
-                __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part), vscale),
-                                             first_lanes(row_left));
-                _mm256_store_ps(st[r].p + c * CHUNK, sv);
-                vmax[r] = _mm256_max_ps(vmax[r], sv);
+                int b = block_rows(rows, nr, r, c, j0);
+                if (b == 3)
+                    score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale);
+                else if (b == 2)
+                    score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale);
+                else
+                    score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale);
+                r += b;
             }
         }
         /* 2. maximum, rescale factor, weights */
@@ -101,18 +159,20 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         /* 3. p . V in key order */
         for (int c = 0; c < chunks; c++) {
             const size_t *o = offs + c * CHUNK;
-            for (int r = 0; r < nr; r++) {
-                int n = rows[r].n_keys - j0 - c * CHUNK;
-                if (n <= 0) continue;
-                n = n < CHUNK ? n : CHUNK;
-                const float *p = st[r].p + c * CHUNK;
-                for (int v = 0; v < NV; v++) {
-                    __m256 pa = _mm256_load_ps(st[r].pa + 8 * v);
-                    for (int k = 0; k < n; k++)
-                        pa = _mm256_fmadd_ps(_mm256_set1_ps(p[k]),
-                                             load8(v_cache, o[k] + 8 * (size_t)v, F16), pa);
-                    _mm256_store_ps(st[r].pa + 8 * v, pa);
+            for (int r = 0; r < nr;) {
+                int n = chunk_keys(rows, r, c, j0);
+                if (!n) {
+                    r++;
+                    continue;
                 }
+                int b = block_rows(rows, nr, r, c, j0);
+                if (b == 3)
+                    pv_rows(st, r, 3, v_cache, o, c, n, NV, F16);
+                else if (b == 2)
+                    pv_rows(st, r, 2, v_cache, o, c, n, NV, F16);
+                else
+                    pv_rows(st, r, 1, v_cache, o, c, n, NV, F16);
+                r += b;
             }
         }
         for (int r = 0; r < nr; r++) {
