@@ -54,6 +54,9 @@ void sampler_penalize(struct sampler *s, float *logits);
 int32_t sampler_sample(struct sampler *s, float *logits);
 /* Log-softmax of the unmodified logits at token: the log-probability a client sees. */
 float sample_logprob(const float *logits, int vocab, int32_t token);
+/* The lowest id of the largest of x[0..n) (NaNs never win; 0 when x[0] is NaN): greedy
+ * decoding's choice, the same on every run. */
+int32_t sample_argmax(const float *x, int n);
 /* Uniform double in [0, 1) from the sampler's stream. */
 double sampler_uniform(struct sampler *s);
 

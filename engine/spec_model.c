@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sample.h"
 #include "spec.h"
 #include "spec_policy.h"
 
@@ -121,15 +122,6 @@ int spec_model_create(const struct gguf_file *draft_file, const struct tokenizer
     return 0;
 }
 
-/* The lowest id of the largest logit: greedy, and the same on every run. */
-static int32_t argmax(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
-}
-
 /* Adds sequence i of the call to the forward being built (as batch sequence nb) if it is not
  * there yet; returns its batch index, or -1 when no row is left for it. */
 static int batch_seq_of(struct spec_model *m, int i, int *nb)
@@ -238,7 +230,7 @@ int spec_model_draft(struct spec_model *m, struct spec_model_seq *seqs, int n, s
             if ((rc = run_batch(m, seqs, nt, nb, nr, err))) return rc;
             for (int r = 0; r < nr; r++)
                 seqs[m->row_of[r]].out[round] =
-                    argmax(m->logits + (size_t)r * (size_t)m->vocab, m->vocab);
+                    sample_argmax(m->logits + (size_t)r * (size_t)m->vocab, m->vocab);
         }
     }
     return 0;

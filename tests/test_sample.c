@@ -3,6 +3,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,6 +135,40 @@ START_TEST(greedy_and_ties)
 }
 END_TEST
 
+/* The one-pass loop sample_argmax must agree with, on every input. */
+static int32_t argmax_one_pass(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+START_TEST(argmax_matches_one_pass)
+{
+    enum { N = 49152 + 7 };
+    float *x = malloc(N * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    uint64_t r = 0x1234567;
+    for (int rep = 0; rep < 400; rep++) {
+        /* lengths around the lane width and a real vocabulary; few distinct values, so ties */
+        int n = rep < 100 ? 1 + rep : rep < 390 ? 1 + (int)(r % 5000) : N - (rep % 3);
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005u + 1442695040888963407u;
+            x[i] = (float)((int)(r >> 33) % 9) - 4.0f;
+        }
+        if (rep % 5 == 1) x[(r >> 7) % (uint64_t)n] = NAN;    /* a NaN never wins */
+        if (rep % 7 == 2) x[0] = NAN;                         /* nor is it beaten */
+        if (rep % 11 == 3) x[(r >> 9) % (uint64_t)n] = -0.0f; /* signed zeros tie */
+        ck_assert_int_eq(sample_argmax(x, n), argmax_one_pass(x, n));
+    }
+    for (int i = 0; i < N; i++) x[i] = -1e30f;
+    x[N - 1] = 5;
+    ck_assert_int_eq(sample_argmax(x, N), N - 1); /* the last lane of the tail */
+    free(x);
+}
+END_TEST
+
 START_TEST(penalties_exact)
 {
     struct sample_params sp;
@@ -231,6 +266,7 @@ int main(void)
     tcase_add_test(tc, top_p);
     tcase_add_test(tc, min_p);
     tcase_add_test(tc, greedy_and_ties);
+    tcase_add_test(tc, argmax_matches_one_pass);
     tcase_add_test(tc, penalties_exact);
     tcase_add_test(tc, seed_reproducible);
     tcase_add_test(tc, params_validated);
