@@ -127,6 +127,77 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
     return 0;
 }
 
+/* The matmul kernel's own speed, apart from the weight stream and the pool: one thread, at most
+ * CACHED_ROWS rows of each shape (a weight of 0.4-1 MB, held in a 2 MB L2 after the first call),
+ * the fastest single call of many. On a shared machine this is the figure that repeats (the
+ * streamed table above moves by tens of percent between runs); the gap between the two is what
+ * the weight stream and the threads cost. */
+#define CACHED_ROWS 1536
+
+static int bench_matmuls_cached(const struct backend_cpu_opts *bo, const int *batches,
+                                int n_batches, double peak1)
+{
+    struct bench_rng rng = BENCH_RNG_INIT;
+    struct backend_cpu_opts o1 = *bo;
+    o1.n_threads = 1;
+    struct backend *be;
+    struct qerr err = {0};
+    if (backend_cpu_create(&o1, &be, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    int maxn = 0;
+    for (int i = 0; i < n_batches; i++) maxn = batches[i] > maxn ? batches[i] : maxn;
+    printf("\nmatmul kernel alone, %s, %s, 1 thread, at most %d rows held in cache, fastest call: "
+           "GFLOP/s, %% of one thread's peak (%.0f)\n",
+           cpu_isa_name(backend_cpu_isa(be)),
+           bo->precision == MATMUL_Q8 ? "Q8 activations" : "F32 activations", CACHED_ROWS, peak1);
+    printf("%-22s %5s %6s", "shape", "type", "rows");
+    for (int i = 0; i < n_batches; i++) printf("   n=%-4d GFLOP/s    %%", batches[i]);
+    printf("\n");
+    float *x = malloc((size_t)maxn * 1536 * sizeof *x);
+    float *y = malloc((size_t)maxn * CACHED_ROWS * sizeof *y);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        backend_destroy(be);
+        return 1;
+    }
+    for (size_t i = 0; i < (size_t)maxn * 1536; i++) x[i] = bench_rng_float(&rng);
+    int rc = 0;
+    for (size_t s = 0; s < sizeof model_shapes / sizeof model_shapes[0] && !rc; s++) {
+        const struct shape *sh = &model_shapes[s];
+        int64_t rows = sh->rows < CACHED_ROWS ? sh->rows : CACHED_ROWS;
+        struct bweight w = {.type = sh->type, .rows = rows, .cols = sh->cols};
+        w.host = bench_random_weights(&rng, sh->type, rows, sh->cols, 0.02f, 0.1f);
+        if (!w.host || be->ops->weight_prepare(be, &w, &err)) {
+            fprintf(stderr, "cannot prepare weight: %s\n", w.host ? err.msg : "out of memory");
+            free((void *)w.host);
+            rc = 1;
+            break;
+        }
+        printf("%-22s %5s %6lld", sh->name, qtype_name(sh->type), (long long)rows);
+        for (int i = 0; i < n_batches; i++) {
+            int n = batches[i];
+            double best = 1e30, t_end = bench_now_s() + 0.2;
+            for (int c = 0; c < 20 || bench_now_s() < t_end; c++) {
+                double t0 = bench_now_s();
+                be->ops->matmul(be, &w, x, n, y);
+                best = fmin(best, bench_now_s() - t0);
+            }
+            double gflops = 2.0 * (double)rows * (double)sh->cols * n / best / 1e9;
+            printf("   %7.1f %5.0f%%", gflops, 100.0 * gflops / peak1);
+        }
+        printf("\n");
+        be->ops->weight_release(be, &w);
+        free((void *)w.host);
+    }
+    free(x);
+    free(y);
+    backend_destroy(be);
+    return rc;
+}
+
 /* ---- other ops ---- */
 
 static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int n_batches)
@@ -405,6 +476,9 @@ int bench_kernels_main(int argc, char **argv)
         o.precision = precs[p];
         rc = bench_matmuls(&o, batches, n_batches, bwn,
                            o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32);
+        if (!rc)
+            rc = bench_matmuls_cached(&o, batches, n_batches,
+                                      bench_compute_peak(o.precision != MATMUL_Q8, 1));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
     for (int p = 0; p < n_prec && !rc && model; p++) {
