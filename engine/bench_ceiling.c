@@ -172,9 +172,14 @@ double bench_compute_peak(bool fma, int threads)
         return 0;
     void *(*loop)(void *) = avx512 ? peak_loop : peak_loop_avx2;
     double per_insn = avx512 ? (fma ? 32.0 : 128.0) : (fma ? 16.0 : 64.0);
-    const long iters = 4000000;
+    /* many short windows, the fastest kept: on a shared machine a short one is likelier to run
+     * undisturbed (3 windows of 4M iterations moved the one-thread int8 figure from 473 to 712
+     * GOP/s run to run). One thread runs in its own windows of ~0.1 ms, as the kernels' fastest
+     * calls are timed; more threads need windows long enough to hide starting them. */
+    const long iters = threads == 1 ? 50000 : 1000000;
+    const int reps = threads == 1 ? 200 : 12;
     double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         pthread_t th[64];
         struct peak_arg a[64];
         double t0 = bench_now_s();
