@@ -14,20 +14,12 @@
  * four partial sums by k mod 4, each summed over k in a fixed order; then
  * acc = fma(d, (p0 + p1) + (p2 + p3), acc), plus fma(m, sum(x of the block), acc) for Q4_1. */
 #include <immintrin.h>
-#include <string.h>
 
 #include "kern.h"
 
 #define TGT    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define TMAX   8 /* most tokens per tile */
-
-TGT INLINE __m512i bcast4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi32(v);
-}
 
 TGT void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s,
                             int32_t *sum)
@@ -70,6 +62,15 @@ TGT INLINE void load_block(const uint8_t *qs, enum qtype type, __m512i W[8])
         W[c] = _mm512_and_si512(v, m4);
         W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
+}
+
+/* acc + the dot products of W's 4-byte groups with the 4 bytes at p, broadcast. Written as
+ * asm so the broadcast is the instruction's own memory operand ({1to16}): one fused uop where
+ * the compiler emits a vpbroadcastd and a vpdpbusd. */
+TGT INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
 }
 
 /* The constant the unsigned weights carry: w = stored - offset. */
@@ -150,8 +151,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
             __m512i i0 = off ? _mm512_set1_epi32(-off * a->sum[tb]) : _mm512_setzero_si512();
             __m512i i1 = _mm512_setzero_si512();
             for (int c = 0; c < 8; c += 2) {
-                i0 = _mm512_dpbusd_epi32(i0, W[c], bcast4(xb + 4 * c));
-                i1 = _mm512_dpbusd_epi32(i1, W[c + 1], bcast4(xb + 4 * c + 4));
+                i0 = dpbusd_bcast(i0, W[c], xb + 4 * c);
+                i1 = dpbusd_bcast(i1, W[c + 1], xb + 4 * c + 4);
             }
             __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[tb]));
             acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[t]);
