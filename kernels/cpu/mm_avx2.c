@@ -126,11 +126,15 @@ TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 #define PF_DIST 16384
 #define PF_HINT 2
 
-INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs)
+/* Each of a group's two passes (row halves) prefetches half of a block's lines, so prefetches
+ * keep flowing through the second pass too, which reads only lines the first brought in. */
+INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs, int h)
 {
     const uint8_t *p = qs + PF_DIST;
     if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
-    for (size_t o = 0; o < w->quant_bytes; o += 64) __builtin_prefetch(p + o, 0, PF_HINT);
+    size_t half = w->quant_bytes / 2;
+    for (size_t o = (size_t)h * half; o < (size_t)(h + 1) * half; o += 64)
+        __builtin_prefetch(p + o, 0, PF_HINT);
 }
 
 INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
@@ -152,7 +156,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
-        if (h == 0) prefetch_ahead(w, qs);
+        prefetch_ahead(w, qs, h);
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
         __m256 mw = _mm256_setzero_ps();
         if (type == QTYPE_Q4_1)
@@ -253,7 +257,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
-        if (h == 0) prefetch_ahead(w, qs);
+        prefetch_ahead(w, qs, h);
         __m256 part[F32_TMAX][4];
         for (int t = 0; t < T; t++)
             for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
