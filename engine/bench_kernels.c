@@ -67,6 +67,16 @@ static double time_matmul(struct backend *be, struct bweight *ws, int copies, co
     return best;
 }
 
+/* Bytes of weight copies a streamed matmul rotates over: three times the last-level cache, at
+ * least 128 MiB. A fixed 128 MiB was four times a 32 MiB L3, but a 260 MiB one held most of it,
+ * and batch-1 figures came out above the DRAM bandwidth. */
+static size_t stream_bytes(void)
+{
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    size_t want = llc > 0 ? 3 * (size_t)llc : 0;
+    return want > ((size_t)128 << 20) ? want : (size_t)128 << 20;
+}
+
 static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, int n_batches,
                          double bw, double peak)
 {
@@ -91,8 +101,7 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
     for (size_t s = 0; s < sizeof model_shapes / sizeof model_shapes[0]; s++) {
         const struct shape *sh = &model_shapes[s];
         size_t bytes = qtype_row_bytes(sh->type, (size_t)sh->cols) * (size_t)sh->rows;
-        /* enough copies to stream ~128 MiB: four times the last-level cache here */
-        int copies = (int)((128u << 20) / bytes) + 1;
+        int copies = (int)(stream_bytes() / bytes) + 1;
         struct bweight *ws = calloc((size_t)copies, sizeof *ws);
         for (int c = 0; c < copies; c++) {
             ws[c] = (struct bweight){.type = sh->type, .rows = sh->rows, .cols = sh->cols};
