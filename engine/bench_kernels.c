@@ -10,7 +10,9 @@
  * 2. The matmul of each matrix shape of the default model (SmolLM2-135M: Q4_1 layers, Q8_0 tied
  *    output) at each batch size, through the backend's matmul op (so it includes activation
  *    quantization and the pool): GB/s of weights and GFLOP/s. Batch-1 runs rotate over enough
- *    copies of the weight to miss the last-level cache, as a decode does.
+ *    copies of the weight to miss the last-level cache, as a decode does. Then the kernel
+ *    alone: one thread, a slice of each shape held in cache, the fastest call of many: what
+ *    the kernel can do, apart from the weight stream and the pool.
  * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the model's sizes.
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
