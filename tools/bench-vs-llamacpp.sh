@@ -31,7 +31,8 @@
 #                              [--no-bw] [MODEL.gguf ...]
 # Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it),
 # IK_BIN (dir with ik_llama.cpp's llama-bench, run with -rtr 1 as a third column when present;
-# default third_party/ik_llama.cpp/build/bin, which tools/build-ikllama.sh makes).
+# default third_party/ik_llama.cpp/build/bin, which tools/build-ikllama.sh makes; its AVX2-only
+# build, IK_ISA=avx2, is build-avx2/bin: the peer of --isa avx2 on an AVX-512 machine).
 # Make the Q8_0/Q4_0 files first with tools/make-bench-models.sh.
 set -euo pipefail
 
@@ -363,6 +364,11 @@ echo "quern: git $quern_rev, binary built $quern_built, bench args '${quern_args
      "llama.cpp: build_commit ${llama_commit:-?} (third_party/llama.cpp/.llama-cpp-commit: $(cat "$ROOT/third_party/llama.cpp/.llama-cpp-commit" 2>/dev/null || echo '?'));" \
      "$("$ROOT/tools/cpu-info.sh"); quern kernels: $isas" \
      "(QUERN_CPU_ISA; native = the best this CPU has)"
+if [[ $peers == *ik* ]]; then
+    # which build: build/ is -march=native, build-avx2/ AVX2 only (IK_ISA=avx2 build-ikllama.sh)
+    echo
+    echo "ik_llama.cpp: $(cat "$IK_BIN/../../.ik-commit" 2>/dev/null | cut -c1-9), $IK_BIN"
+fi
 echo
 hdr="| type | threads | test |" sep="|---|---|---|"
 for i in $isas; do hdr+=" quern $i t/s |"; sep+="---|"; done

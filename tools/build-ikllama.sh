@@ -9,7 +9,12 @@
 # Then llama-bench alone is built (Release, native ISA, static, no curl): about 20 minutes on 2
 # cores. Binaries end up in third_party/ik_llama.cpp/build/bin/; the path is printed last.
 #
-#   IK_SRC=/path/to/ik_llama.cpp[.git] [IK_REF=commit] [JOBS=N] tools/build-ikllama.sh
+# IK_ISA=avx2 builds for AVX2 + FMA + F16C only (no AVX-512, no AVX-VNNI: what an AMD Zen 3
+# runs) into build-avx2/, the peer for quern's AVX2 path forced on an AVX-512 machine
+# (tools/bench-vs-llamacpp.sh --ik-isa avx2).
+#
+#   IK_SRC=/path/to/ik_llama.cpp[.git] [IK_REF=commit] [IK_ISA=native|avx2] [JOBS=N] \
+#       tools/build-ikllama.sh
 set -euo pipefail
 
 main() {
@@ -19,7 +24,19 @@ JOBS=${JOBS:-$(nproc)}
 : "${IK_SRC:?set IK_SRC to an ik_llama.cpp git directory or source tree}"
 REF=${IK_REF:-HEAD}
 
-if git -C "$IK_SRC" rev-parse --git-dir >/dev/null 2>&1; then
+IK_SRC=$(cd "$IK_SRC" && pwd)
+# A git directory is a repository's top (or a bare mirror), never a folder inside another
+# repository: third_party/ik_llama.cpp itself sits inside quern's checkout, and taking it for
+# a git directory would export quern over it.
+is_git_top() {
+    [[ $(git -C "$1" rev-parse --is-bare-repository 2>/dev/null) == true ]] ||
+        [[ $(git -C "$1" rev-parse --show-toplevel 2>/dev/null) == "$1" ]]
+}
+
+if [[ $IK_SRC == "$DEST" ]]; then
+    [[ -f $DEST/CMakeLists.txt ]] || { echo "build-ikllama: $DEST holds no source" >&2; exit 1; }
+    echo "== building the source already in $DEST" >&2
+elif is_git_top "$IK_SRC"; then
     commit=$(git -C "$IK_SRC" rev-parse "$REF^{commit}")
     if [[ "$(cat "$DEST/.ik-commit" 2>/dev/null)" != "$commit" ]]; then
         echo "== exporting ik_llama.cpp $commit" >&2
@@ -47,11 +64,26 @@ else
     exit 1
 fi
 commit=$(cat "$DEST/.ik-commit")
-echo "== ik_llama.cpp ${commit:0:9}" >&2
-cmake -S "$DEST" -B "$DEST/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+local build=build
+local -a isa=(-DGGML_NATIVE=ON)
+case ${IK_ISA:-native} in
+native) ;;
+avx2)
+    build=build-avx2
+    isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_AVXVNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+        -DGGML_AVX512_BF16=OFF)
+    ;;
+*)
+    echo "build-ikllama: IK_ISA must be native or avx2, not ${IK_ISA}" >&2
+    exit 2
+    ;;
+esac
+echo "== ik_llama.cpp ${commit:0:9} (${IK_ISA:-native})" >&2
+cmake -S "$DEST" -B "$DEST/$build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_COMMIT="${commit:0:9}" -DLLAMA_BUILD_NUMBER=0 >&2
-cmake --build "$DEST/build" --config Release -j "$JOBS" --target llama-bench >&2
-echo "$DEST/build/bin"
+cmake --build "$DEST/$build" --config Release -j "$JOBS" --target llama-bench >&2
+echo "$DEST/$build/bin"
 }
 main "$@"
