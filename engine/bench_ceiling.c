@@ -157,16 +157,16 @@ TGT256 static void *peak_loop_avx2(void *arg)
     return NULL;
 }
 
-const char *bench_int8_peak_insn(void)
+const char *bench_int8_peak_insn(bool avx512)
 {
-    if (__builtin_cpu_supports("avx512vnni")) return "vpdpbusd";
+    if (avx512 && __builtin_cpu_supports("avx512vnni")) return "vpdpbusd";
     if (__builtin_cpu_supports("avx2")) return "vpmaddubsw";
     return "-";
 }
 
-double bench_compute_peak(bool fma, int threads)
+double bench_compute_peak(bool fma, int threads, bool want_avx512)
 {
-    bool avx512 = __builtin_cpu_supports("avx512vnni");
+    bool avx512 = want_avx512 && __builtin_cpu_supports("avx512vnni");
     if ((!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) ||
         threads > 64 || threads < 1)
         return 0;

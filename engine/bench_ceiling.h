@@ -11,12 +11,15 @@
 double bench_read_bandwidth(int threads);
 /* Best GB/s of 3 single-thread memcpys of 256 MiB (bytes read; as many are written). */
 double bench_memcpy_bandwidth(void);
-/* Best G(FL)OP/s of 3 runs on `threads` threads of independent chains of one instruction:
- * fp32 FMA (AVX-512: 32 flops per instruction; AVX2: 16), or the int8 multiply-add the Q8
- * kernels use (AVX-512 VNNI vpdpbusd: 128 ops; AVX2 vpmaddubsw: 64 ops, counted as the Q8
- * matmul's GOP/s count them, 2 per multiply-add). 0 on a CPU with neither ISA. */
-double bench_compute_peak(bool fp32_fma, int threads);
-/* The instruction bench_compute_peak(false, ...) times here: "vpdpbusd", "vpmaddubsw" or "-". */
-const char *bench_int8_peak_insn(void);
+/* Best G(FL)OP/s of many windows on `threads` threads of independent chains of one
+ * instruction: fp32 FMA (AVX-512: 32 flops per instruction; AVX2: 16), or the int8
+ * multiply-add the Q8 kernels use (AVX-512 VNNI vpdpbusd: 128 ops; AVX2 vpmaddubsw: 64 ops,
+ * counted as the Q8 matmul's GOP/s count them, 2 per multiply-add). avx512: the AVX-512 loops
+ * where the CPU has them; false: the AVX2 ones, the ceiling of the AVX2 kernels on any CPU.
+ * 0 on a CPU with neither ISA. */
+double bench_compute_peak(bool fp32_fma, int threads, bool avx512);
+/* The instruction bench_compute_peak(false, ..., avx512) times here: "vpdpbusd", "vpmaddubsw"
+ * or "-". */
+const char *bench_int8_peak_insn(bool avx512);
 
 #endif

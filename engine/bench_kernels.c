@@ -6,7 +6,8 @@
  *
  * 1. Memory read bandwidth (a streaming read loop over 512 MiB, 1 thread and N threads) and
  *    memcpy bandwidth: the roofline every decode number is compared with; and the compute peak
- *    (fp32 FMA and int8 vpdpbusd chains on N threads), the roofline of large batches.
+ *    (fp32 FMA and int8 vpdpbusd or vpmaddubsw chains on N threads, of the ISA the kernels
+ *    run), the roofline of large batches.
  * 2. The matmul of each matrix shape of the default model (SmolLM2-135M: Q4_1 layers, Q8_0 tied
  *    output) at each batch size, through the backend's matmul op (so it includes activation
  *    quantization and the pool): GB/s of weights and GFLOP/s. Batch-1 runs rotate over enough
@@ -35,6 +36,13 @@
 #include "bench_util.h"
 
 /* ---- matmul ---- */
+
+/* Whether the kernels these options select are the AVX-512 ones: the ceiling to hold them to. */
+static bool opts_avx512(const struct backend_cpu_opts *bo)
+{
+    return bo->isa == CPU_ISA_AVX512 ||
+           (bo->isa == CPU_ISA_AUTO && cpu_isa_supported(CPU_ISA_AVX512));
+}
 
 struct shape {
     const char *name;
@@ -129,9 +137,10 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
         }
         free(ws);
     }
-    printf("(memory read bandwidth at %d thread(s): %.1f GB/s; compute peak %.0f %s)\n",
+    printf("(memory read bandwidth at %d thread(s): %.1f GB/s; compute peak %.0f %s%s)\n",
            bo->n_threads, bw, peak,
-           bo->precision == MATMUL_Q8 ? "GOP/s, int8 vpdpbusd" : "GFLOP/s, fp32 FMA");
+           bo->precision == MATMUL_Q8 ? "GOP/s, int8 " : "GFLOP/s, fp32 FMA",
+           bo->precision == MATMUL_Q8 ? bench_int8_peak_insn(opts_avx512(bo)) : "");
     free(x);
     free(y);
     backend_destroy(be);
@@ -373,8 +382,9 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
         /* one more prefill and one more decode run, each profiled */
         struct bench_ceilings c = {.read_gbs = bw,
                                    .peak_gops = peak,
-                                   .peak_what = bo->precision == MATMUL_Q8 ? bench_int8_peak_insn()
-                                                                           : "fp32 FMA"};
+                                   .peak_what = bo->precision == MATMUL_Q8
+                                                    ? bench_int8_peak_insn(opts_avx512(bo))
+                                                    : "fp32 FMA"};
         struct gen_opts o1 = o;
         o1.n_predict = 1;
         struct timing t = {0};
@@ -473,10 +483,11 @@ int bench_kernels_main(int argc, char **argv)
     printf("memory: read %.1f GB/s (1 thread), %.1f GB/s (%d threads); memcpy %.1f GB/s "
            "(1 thread)\n",
            bw1, bwn, bo.n_threads, cp);
-    double peak_fp32 = bench_compute_peak(true, bo.n_threads),
-           peak_int8 = bench_compute_peak(false, bo.n_threads);
+    bool wide = opts_avx512(&bo);
+    double peak_fp32 = bench_compute_peak(true, bo.n_threads, wide),
+           peak_int8 = bench_compute_peak(false, bo.n_threads, wide);
     printf("compute peak (%d threads): fp32 FMA %.0f GFLOP/s, int8 %s %.0f GOP/s\n", bo.n_threads,
-           peak_fp32, bench_int8_peak_insn(), peak_int8);
+           peak_fp32, bench_int8_peak_insn(wide), peak_int8);
 
     int rc = 0;
     enum matmul_precision precs[2] = {bo.precision, MATMUL_Q8};
@@ -489,7 +500,7 @@ int bench_kernels_main(int argc, char **argv)
                            o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32);
         if (!rc)
             rc = bench_matmuls_cached(&o, batches, n_batches,
-                                      bench_compute_peak(o.precision != MATMUL_Q8, 1));
+                                      bench_compute_peak(o.precision != MATMUL_Q8, 1, wide));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
     for (int p = 0; p < n_prec && !rc && model; p++) {

@@ -32,6 +32,7 @@
 #include "../engine/synth.h"
 #include "../engine/trace.h"
 #include "../kernels/backend_profile.h"
+#include "../kernels/cpu/backend_cpu.h"
 #include "cli.h"
 
 static void bench_usage(FILE *out)
@@ -448,8 +449,9 @@ static int profile_pp_tg(struct model *m, struct backend *prof, struct backend *
         int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         bool fp32 = a->precision == MATMUL_F32;
         c.read_gbs = bench_read_bandwidth(threads);
-        c.peak_gops = bench_compute_peak(fp32, threads);
-        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn();
+        bool avx512 = backend_cpu_isa(be) == CPU_ISA_AVX512; /* the kernels it runs */
+        c.peak_gops = bench_compute_peak(fp32, threads, avx512);
+        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn(avx512);
     }
     int rc = 0;
     if (a->pp > 0) {
