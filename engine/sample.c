@@ -121,12 +121,7 @@ void sampler_accept(struct sampler *s, int32_t token)
 
 int32_t sample_argmax(const float *x, int n)
 {
-    if (n < 2 * ARGMAX_LANES) {
-        int32_t best = 0;
-        for (int i = 1; i < n; i++)
-            if (x[i] > x[best]) best = i;
-        return best;
-    }
+    if (n <= 0) return 0;
     float m[ARGMAX_LANES];
     for (int j = 0; j < ARGMAX_LANES; j++) m[j] = x[0];
     int i = 0;
