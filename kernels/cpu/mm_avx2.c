@@ -208,11 +208,13 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
         for (int h = 0; h < 2; h++) {
             int t = t0;
             for (; t + 4 <= t1; t += 4) q8_tile(w, g, h, a, t, 4, type, y);
-            if (t + 2 <= t1) {
+            /* the rest in one pass over the weights (as mm_avx512.c) */
+            if (t + 3 == t1)
+                q8_tile(w, g, h, a, t, 3, type, y);
+            else if (t + 2 == t1)
                 q8_tile(w, g, h, a, t, 2, type, y);
-                t += 2;
-            }
-            if (t < t1) q8_tile(w, g, h, a, t, 1, type, y);
+            else if (t < t1)
+                q8_tile(w, g, h, a, t, 1, type, y);
         }
 }
 

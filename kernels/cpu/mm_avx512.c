@@ -3,7 +3,7 @@
  * Design: a register holds one 4-element slice of 16 rows (dword r = row r), so a vpdpbusd with 4
  * activation bytes broadcast to every dword adds 4 products to each of 16 rows' sums; 8 of them
  * cover a 32-block, and the block's 16 row scales are one vector. A tile is one group of 16 rows
- * by T tokens: the group's block is unpacked once and used for T tokens (T = 8, 4, 2, 1), so a
+ * by T tokens: the group's block is unpacked once and used for T tokens (T = 1..8), so a
  * prefill reads each weight block once per 8 tokens, and a decode (T = 1) streams the weights with
  * no horizontal sums. Every token keeps its own accumulators and runs the same instruction
  * sequence whatever T is, so a token's result does not depend on its neighbours in the batch.
@@ -166,19 +166,40 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
                           int t0, int t1, float *y, const enum qtype type)
 {
     prefetch_start(w, g0, g1);
-    for (int64_t g = g0; g < g1; g++) {
-        int t = t0;
-        for (; t + 8 <= t1; t += 8) q8_tile(w, g, a, t, 8, type, y);
-        if (t + 4 <= t1) {
-            q8_tile(w, g, a, t, 4, type, y);
-            t += 4;
+    for (int64_t g = g0; g < g1; g++)
+        for (int t = t0; t < t1;) {
+            /* one pass over the group's weights per TMAX tokens: a remainder of 3, 5, 6 or 7
+             * tokens is one tile, not 2-3 (each pass unpacks the weights again; a step that
+             * verifies a draft of k tokens has k + 1) */
+            int T = t1 - t < TMAX ? t1 - t : TMAX;
+            switch (T) {
+            case 8:
+                q8_tile(w, g, a, t, 8, type, y);
+                break;
+            case 7:
+                q8_tile(w, g, a, t, 7, type, y);
+                break;
+            case 6:
+                q8_tile(w, g, a, t, 6, type, y);
+                break;
+            case 5:
+                q8_tile(w, g, a, t, 5, type, y);
+                break;
+            case 4:
+                q8_tile(w, g, a, t, 4, type, y);
+                break;
+            case 3:
+                q8_tile(w, g, a, t, 3, type, y);
+                break;
+            case 2:
+                q8_tile(w, g, a, t, 2, type, y);
+                break;
+            default:
+                q8_tile(w, g, a, t, 1, type, y);
+                break;
+            }
+            t += T;
         }
-        if (t + 2 <= t1) {
-            q8_tile(w, g, a, t, 2, type, y);
-            t += 2;
-        }
-        if (t < t1) q8_tile(w, g, a, t, 1, type, y);
-    }
 }
 
 TGT void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
@@ -257,11 +278,13 @@ TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *x
     for (int64_t g = g0; g < g1; g++) {
         int t = t0;
         for (; t + 4 <= t1; t += 4) f32_tile(w, g, x, xs, t, 4, type, y);
-        if (t + 2 <= t1) {
+        /* the rest in one pass over the weights (as q8_groups) */
+        if (t + 3 == t1)
+            f32_tile(w, g, x, xs, t, 3, type, y);
+        else if (t + 2 == t1)
             f32_tile(w, g, x, xs, t, 2, type, y);
-            t += 2;
-        }
-        if (t < t1) f32_tile(w, g, x, xs, t, 1, type, y);
+        else if (t < t1)
+            f32_tile(w, g, x, xs, t, 1, type, y);
     }
 }
 
