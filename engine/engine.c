@@ -514,7 +514,7 @@ static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum f
     sched_spec_settle(e, i, kept);
     s->spec_accepted += accepted;
     spec_state_update(&s->spec_st, nd, accepted, e->spec_k);
-    spec_rate_update(&s->spec_rate, nd, accepted);
+    spec_rate_update(&s->spec_rate[s->spec_cls], nd, accepted);
     e->local.spec_drafts++;
     e->local.spec_draft_tokens += (uint64_t)nd;
     e->local.spec_accepted_tokens += (uint64_t)accepted;
@@ -919,7 +919,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
      * which masks, samples and reports from that position's own row, in order */
     s->spec = e->o.spec != SPEC_OFF && !r->no_spec;
     spec_state_init(&s->spec_st, e->spec_k);
-    spec_rate_init(&s->spec_rate);
+    spec_rates_init(s->spec_rate);
     detok_init(&s->detok);
     s->detok.skip_control = true; /* clients see text, not <|im_end|> */
     s->detok.keep_tool_markers = r->keep_tool_markers;

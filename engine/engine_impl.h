@@ -63,10 +63,13 @@ struct seq {
     uint64_t *premask;
     int premask_n;
     bool mask_ready;
-    bool spec;                  /* drafts for this sequence are verified (engine_opts.spec) */
-    struct spec_state spec_st;  /* SPEC_POLICY_ACCEPTANCE's */
-    struct spec_rate spec_rate; /* SPEC_POLICY_COST's */
-    int spec_accepted;          /* output tokens a draft had guessed (the final event's count) */
+    bool spec;                 /* drafts for this sequence are verified (engine_opts.spec) */
+    struct spec_state spec_st; /* SPEC_POLICY_ACCEPTANCE's */
+    /* SPEC_POLICY_COST's, one per class of draft (spec_match_class); spec_cls: the class of
+     * the draft being verified */
+    struct spec_rate spec_rate[SPEC_MATCH_CLASSES];
+    int spec_cls;
+    int spec_accepted;  /* output tokens a draft had guessed (the final event's count) */
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose

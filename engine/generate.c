@@ -131,10 +131,11 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
     /* the cost policy's measurements: this run's forwards of n tokens, the draft model's */
     bool by_cost = o->spec_policy == SPEC_POLICY_COST;
     struct spec_cost tcost, dcost;
-    struct spec_rate rate;
+    struct spec_rate rate[SPEC_MATCH_CLASSES];
+    int cls = 0; /* the class of the draft being verified */
     spec_cost_init(&tcost);
     spec_cost_init(&dcost);
-    spec_rate_init(&rate);
+    spec_rates_init(rate);
     if (by_cost && o->draft) spec_model_time_into(o->draft, &dcost);
     while (produced < o->n_predict) {
         const float *l = logits + (size_t)r * (size_t)vocab;
@@ -150,7 +151,7 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         bool stop = (on_token && on_token(ctx, t, l)) || produced == o->n_predict;
         if (settled || (stop && nd > 0)) {
             if (by_cost)
-                spec_rate_update(&rate, nd, acc);
+                spec_rate_update(&rate[cls], nd, acc);
             else
                 spec_state_update(&st, nd, acc, kmax);
             if (o->spec_stats) {
@@ -168,6 +169,7 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         int k = kmax > 0 && !by_cost ? spec_state_next_k(&st) : 0;
         int cap = kmax < o->n_predict - produced - 1 ? kmax : o->n_predict - produced - 1;
         /* as the engine's scheduler: a one-token forward not timed for a while is timed again */
+        int found = 0, match = 0;
         if (by_cost && cap > 0 && !spec_cost_stale(&tcost, 1)) {
             struct spec_costs sc = {.target = &tcost,
                                     .draft = o->draft ? &dcost : NULL,
@@ -175,7 +177,11 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
                                     .behind = n - 1 - dcomp,
                                     .horizon = o->n_predict - produced};
             struct spec_step one = {.n_tokens = 1, .out_tokens = 1};
-            k = spec_policy_next_k(&rate, &sc, &one, cap);
+            /* as the engine's scheduler: the n-gram draft first, its class, then k */
+            if (!o->draft) found = spec_draft(&d, seq, n, cap, chunk + 1, &match);
+            cls = spec_match_class(match);
+            if (o->draft || found > 0)
+                k = spec_policy_next_k(&rate[cls], &sc, &one, o->draft ? cap : found);
         }
         if (k > cap) k = cap;
         if (k > 0 && o->draft) {
@@ -190,7 +196,11 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
             if ((rc = spec_model_draft(o->draft, &q, 1, err))) break;
             nd = k;
         } else {
-            nd = k > 0 ? spec_draft(&d, seq, n, k, chunk + 1) : 0;
+            nd = k;
+            if (k > 0 && !by_cost) {
+                nd = spec_draft(&d, seq, n, k, chunk + 1, &match);
+                cls = spec_match_class(match);
+            }
         }
         chunk[0] = t;
         r = acc = 0;

@@ -304,12 +304,25 @@ static void plan_drafts(struct engine *e, int budget)
                                 .draft_prior = e->draft_prior,
                                 .behind = s->n_tokens - 1 - s->draft_computed,
                                 .horizon = s->max_tokens - s->n_generated};
-        if (by_cost && cap > 0) k = spec_policy_next_k(&s->spec_rate, &sc, &st, cap);
+        int32_t draft[SPEC_K_MAX];
+        int found = 0, match = 0;
+        if (by_cost && cap > 0) {
+            /* the n-gram draft first: what it rests on says how likely its tokens are kept,
+             * and its length bounds k (a draft model's guesses form class 0) */
+            if (!e->draft &&
+                (found = spec_draft(&e->drafter, s->tokens, s->n_tokens, cap, draft, &match)) <= 0)
+                continue;
+            s->spec_cls = spec_match_class(match);
+            k = spec_policy_next_k(&s->spec_rate[s->spec_cls], &sc, &st, e->draft ? cap : found);
+        }
         if (k > cap) k = cap;
         if (k <= 0) continue;
-        int32_t draft[SPEC_K_MAX];
         /* a draft model always proposes k: it runs below, once the slots are known */
-        int nd = e->draft ? k : spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft);
+        int nd = k;
+        if (!e->draft && !by_cost) {
+            nd = spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft, &match);
+            s->spec_cls = spec_match_class(match);
+        }
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;
         /* k <= block size: a draft reaches at most one block past the sequence's own */
         if (nd > 0 && first + nd > held) {
@@ -342,7 +355,7 @@ static void plan_drafts(struct engine *e, int budget)
                                                          .k = nd,
                                                          .out = p->tokens + p->draft_at[i]};
         budget -= nd;
-        spec_step_add(&st, &sc, spec_rate_accept(&s->spec_rate), nd);
+        spec_step_add(&st, &sc, spec_rate_accept(&s->spec_rate[s->spec_cls]), nd);
     }
     if (n_dm == 0) return;
     struct qerr err = {0};

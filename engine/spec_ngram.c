@@ -46,8 +46,15 @@ static int find_ngram(const int32_t *ctx, int len, int n)
     return -1;
 }
 
-int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out)
+int spec_match_class(int match)
 {
+    return match <= 0 ? 0 : match <= 3 ? match : match < 8 ? 4 : 5;
+}
+
+int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
+               int *match)
+{
+    if (match) *match = 0;
     if (d->mode != SPEC_NGRAM || k <= 0) return 0;
     if (k > SPEC_K_MAX) k = SPEC_K_MAX;
     for (int g = d->ngram_max; g >= d->ngram_min; g--) {
@@ -56,6 +63,12 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
         if (at < 0) continue;
         int from = at + g, m = n - from < k ? n - from : k;
         memcpy(out, ctx + from, (size_t)m * sizeof *out);
+        /* the match may reach further back than the g tokens searched for */
+        int len = g;
+        while (len < SPEC_MATCH_MAX && at - (len - g) > 0 &&
+               ctx[at - (len - g) - 1] == ctx[n - len - 1])
+            len++;
+        if (match) *match = len;
         return m;
     }
     return 0;

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "../quant/qerr.h"
+#include "spec.h"
 
 enum spec_policy {
     SPEC_POLICY_COST = 0,   /* k from measured costs and acceptance (default) */
@@ -83,6 +84,12 @@ struct spec_rate {
 };
 
 void spec_rate_init(struct spec_rate *r);
+/* spec_rate_init with the prior of drafts of class cls (spec_match_class): a draft model's
+ * (0) and a 2-token match's are even, a 1-token match's 1 in 4, longer ones' 2 in 3 up to
+ * 4 in 5; a sequence's own drafts take over within a few. */
+void spec_rate_init_class(struct spec_rate *r, int cls);
+/* spec_rate_init_class for every class of rates[SPEC_MATCH_CLASSES]. */
+void spec_rates_init(struct spec_rate *rates);
 double spec_rate_accept(const struct spec_rate *r);
 /* Records a verified draft of `drafted` tokens of which `accepted` were kept. */
 void spec_rate_update(struct spec_rate *r, int drafted, int accepted);

@@ -31,25 +31,46 @@ START_TEST(ngram_drafts_the_latest_longest_match)
     /* the last 4 tokens (1 2 3 4) occurred at 0 and at 6: the later one's continuation */
     int32_t a[] = {1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 6, 7, 8, 1, 2, 3, 4};
     int n = (int)(sizeof a / sizeof *a);
-    ck_assert_int_eq(spec_draft(&d, a, n, 3, out), 3);
+    int match = -1;
+    ck_assert_int_eq(spec_draft(&d, a, n, 3, out, &match), 3);
+    ck_assert_int_eq(match, 4); /* 9 before the occurrence, 8 before the tail */
     ck_assert_int_eq(out[0], 6);
     ck_assert_int_eq(out[1], 7);
     ck_assert_int_eq(out[2], 8);
     /* the continuation may run into the current tail, and stops at the end */
-    ck_assert_int_eq(spec_draft(&d, a, n, 16, out), 7);
+    ck_assert_int_eq(spec_draft(&d, a, n, 16, out, NULL), 7);
     ck_assert_int_eq(out[6], 4);
     /* longest first: "3 4" matches late (after 0 3 4), but "2 3 4" only early */
     int32_t b[] = {2, 3, 4, 50, 51, 0, 3, 4, 60, 2, 3, 4};
-    ck_assert_int_eq(spec_draft(&d, b, 12, 2, out), 2);
+    ck_assert_int_eq(spec_draft(&d, b, 12, 2, out, &match), 2);
+    ck_assert_int_eq(match, 3);
     ck_assert_int_eq(out[0], 50);
     ck_assert_int_eq(out[1], 51);
     /* a lone repeated token is not enough (n >= 2), nothing repeated: no draft */
     int32_t c[] = {7, 1, 2, 7};
-    ck_assert_int_eq(spec_draft(&d, c, 4, 4, out), 0);
-    ck_assert_int_eq(spec_draft(&d, a, 1, 4, out), 0);
-    ck_assert_int_eq(spec_draft(&d, a, n, 0, out), 0);
+    ck_assert_int_eq(spec_draft(&d, c, 4, 4, out, &match), 0);
+    ck_assert_int_eq(match, 0);
+    ck_assert_int_eq(spec_draft(&d, a, 1, 4, out, NULL), 0);
+    ck_assert_int_eq(spec_draft(&d, a, n, 0, out, NULL), 0);
+    /* the match is counted past the 4 tokens searched for, while the tokens before agree */
+    int32_t m6[] = {9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6};
+    ck_assert_int_eq(spec_draft(&d, m6, 15, 2, out, &match), 2);
+    ck_assert_int_eq(match, 6);
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(spec_match_class(match), 4);
+    ck_assert_int_eq(spec_match_class(0), 0);
+    ck_assert_int_eq(spec_match_class(1), 1);
+    ck_assert_int_eq(spec_match_class(3), 3);
+    ck_assert_int_eq(spec_match_class(8), 5);
+    ck_assert_int_eq(spec_match_class(SPEC_MATCH_MAX), 5);
+    /* a whole earlier copy: counted up to SPEC_MATCH_MAX */
+    int32_t rep[40];
+    for (int i = 0; i < 40; i++) rep[i] = i % 20;
+    ck_assert_int_eq(spec_draft(&d, rep, 40, 4, out, &match), 4);
+    ck_assert_int_eq(match, SPEC_MATCH_MAX);
+    ck_assert_int_eq(out[0], 0);
     spec_drafter_init(&d, SPEC_OFF);
-    ck_assert_int_eq(spec_draft(&d, a, n, 4, out), 0);
+    ck_assert_int_eq(spec_draft(&d, a, n, 4, out, &match), 0);
 
     enum spec_mode m;
     struct qerr err = {0};
@@ -346,7 +367,7 @@ static struct rig *rig_new(int budget)
     for (int i = 0; i < 3; i++) s->blocks[s->n_blocks++] = kv_block_alloc(e->pool);
     s->spec = true;
     spec_state_init(&s->spec_st, 4);
-    spec_rate_init(&s->spec_rate);
+    spec_rates_init(s->spec_rate);
     e->running[e->n_running++] = s;
     return g;
 }
@@ -479,7 +500,7 @@ static int rig_cost_draft(double base, double slope, int age)
         synth_costs(&e->spec_cost, base, slope, 8);
         for (int i = 1; i < age; i++) spec_cost_record_step(&e->spec_cost, 2, base + slope);
     }
-    spec_rate_update(&g->s.spec_rate, 4, 4);
+    spec_rate_update(&g->s.spec_rate[3], 4, 4); /* the class of the rig's draft: "1 2 3" */
     int n = sched_step_plan(e), nd = e->plan.n_draft[0];
     ck_assert_int_eq(n, 1 + nd);
     rig_settle(g, 0);
