@@ -1,8 +1,19 @@
 #!/usr/bin/env python3
 """bench-spec-vs-llamacpp.py: speculative decoding of quern vs llama.cpp's llama-server, batch 1.
 
-The same GGUF, the same prompts (a GPL-3 passage, then its first words again: the output copies
-its input), greedy, --ignore-eos, one request at a time, against each server in turn:
+The same GGUF, the same prompts, one request at a time. Two modes:
+
+--kinds (chat prompts from tools/spec-prompts.json: code-edit, summarize, extract, nomatch):
+every server is started once and the requests are interleaved (round by round, prompt by
+prompt, server by server, the servers' order turned by one each round), streamed, ending at EOS or -n tokens, greedy ('nomatch' samples at
+temperature 1, seed = prompt number, so there is nothing for a drafter to copy). Each request's
+decode is timed from its first streamed token to its last, in wall time and in the server's
+CPU time; the table gives, per kind and server, decode tokens per second (the median of the
+rounds' rates, each round summed over the kind's prompts), that over the same server's 'off',
+and the drafts kept.
+
+Default (no --kinds): a GPL-3 passage, then its first words again (the output copies its
+input), greedy, --ignore-eos, against each server in turn:
 
   quern serve --spec off | --spec ngram | --draft-model DRAFT
   llama-server (no speculation) | --spec-type ngram-simple | --spec-type draft-simple -md DRAFT
@@ -13,7 +24,11 @@ spins waiting for another) and by wall time; prints a markdown table of decode t
 second and per wall second, with each server's speculation counters where it reports them.
 
   tools/bench-spec-vs-llamacpp.py --model Q8.gguf --draft Q4.gguf [--requests 2] [-n 128]
-Env: QUERN (default build/server/quern), LLAMA_BIN (default third_party/llama.cpp/build/bin).
+  tools/bench-spec-vs-llamacpp.py --model M.gguf --kinds code-edit,summarize,extract,nomatch \
+      [--rounds 3] [-n 256] [--threads 2] [--only quern,llama]
+Env: QUERN (default build/server/quern), LLAMA_BIN (default third_party/llama.cpp/build/bin),
+QUERN_BASE (with --kinds: a second quern binary run with --spec ngram too, "quern-base", held
+against quern's own off: an A/B of two builds in one run).
 """
 import argparse
 import http.client
@@ -130,15 +145,152 @@ def ask(kind, port, text, n):
     return r.get("tokens_predicted", 0), t.get("draft_n"), t.get("draft_n_accepted")
 
 
+def load_kinds(path, kinds):
+    d = json.load(open(path, encoding="utf-8"))
+    out = []
+    for k in kinds:
+        if k not in d or not isinstance(d[k], list):
+            raise SystemExit(f"{path}: no prompt kind '{k}' (has {', '.join(x for x in d if x != 'about')})")
+        out += [(k, i, text) for i, text in enumerate(d[k])]
+    return out
+
+
+def stream_chat(kind, port, pid, text, n, temp, seed):
+    """One streamed chat request: (tokens, decode wall s, decode CPU s, accepted, drafted), the
+    decode measured from the first streamed token to the last."""
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": n,
+            "temperature": temp, "seed": seed, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if kind == "llama":
+        body["cache_prompt"] = False
+        body["n_predict"] = n
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/chat/completions", json.dumps(body),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"chat: HTTP {r.status}: {r.read()[:300]!r}")
+    t_first = t_last = cpu_first = None
+    chunks = tokens = 0
+    accepted = drafted = None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        ev = json.loads(data)
+        for ch in ev.get("choices") or []:
+            if (ch.get("delta") or {}).get("content"):
+                now = time.time()
+                if t_first is None:
+                    t_first, cpu_first = now, cpu_s(pid)
+                t_last = now
+                chunks += 1
+        u = ev.get("usage")
+        if u:
+            tokens = u.get("completion_tokens", tokens)
+            d = u.get("completion_tokens_details") or {}
+            accepted = d.get("accepted_prediction_tokens", accepted)
+        t = ev.get("timings")
+        if t:
+            tokens = t.get("predicted_n", tokens)
+            drafted = t.get("draft_n", drafted)
+            accepted = t.get("draft_n_accepted", accepted)
+    cpu_end = cpu_s(pid)
+    c.close()
+    if t_first is None:
+        return 0, 0.0, 0.0, accepted, drafted
+    tokens = tokens or chunks
+    return tokens, t_last - t_first, cpu_end - cpu_first, accepted, drafted
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def run_kinds(a, configs, quern_port_re):
+    work = load_kinds(a.prompts, a.kinds.split(","))
+    servers = []
+    try:
+        for name, cmd, kind in configs:
+            port = None if kind == "quern" else free_port()
+            full = cmd if kind == "quern" else cmd + ["--port", str(port)]
+            p, port = start(full, quern_port_re if kind == "quern" else None, port)
+            servers.append((name, kind, p, port))
+            stream_chat(kind, port, p.pid, work[0][2], 8, 0, 0)  # warm-up, not counted
+        # rates[(kind, server)] = per round (tokens - 1, wall, cpu); acc = accepted, drafted
+        per = {}
+        for rnd in range(a.rounds):
+            # the servers' order turns each round, so none always runs first or after another
+            order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
+            for pk, i, text in work:
+                temp = 1.0 if pk == "nomatch" else 0.0
+                for name, kind, p, port in order:
+                    tok, wall, cpu, ac, dr = stream_chat(kind, port, p.pid, text, a.n, temp, i)
+                    e = per.setdefault((pk, name), {"rounds": {}, "tokens": 0, "ac": 0, "dr": 0})
+                    r = e["rounds"].setdefault(rnd, [0, 0.0, 0.0])
+                    r[0] += max(tok - 1, 0)
+                    r[1] += wall
+                    r[2] += cpu
+                    e["tokens"] += tok
+                    e["ac"] += ac or 0
+                    e["dr"] += dr or 0
+            print(f"round {rnd + 1} of {a.rounds} done, load average {os.getloadavg()}",
+                  file=sys.stderr)
+    finally:
+        for _, _, p, _ in servers:
+            p.terminate()
+            p.wait(30)
+    print("| prompts | server | spec | output tokens | decode tok/s wall (rounds) | median | "
+          "vs its off | decode tok/CPU s (median) | vs its off | accepted / drafted |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for pk in a.kinds.split(","):
+        base = {}
+        for name, _, _ in configs:
+            e = per.get((pk, name))
+            if not e:
+                continue
+            rates = [r[0] / r[1] for r in e["rounds"].values() if r[1] > 0]
+            cpus = [r[0] / r[2] for r in e["rounds"].values() if r[2] > 0]
+            mw, mc = median(rates) if rates else 0, median(cpus) if cpus else 0
+            server, spec = name.split(" ", 1)
+            if spec == "off":
+                base[server] = (mw, mc)
+            bw, bc = base.get(server, base.get(server.split("-")[0], (0, 0)))
+            vs = f"{mw / bw:.2f}x" if bw and spec != "off" else ""
+            vc = f"{mc / bc:.2f}x" if bc and spec != "off" else ""
+            dr = e["dr"] if e["dr"] else "-"
+            print(f"| {pk} | {server} | {spec} | {e['tokens'] // a.rounds} | "
+                  f"{', '.join(f'{x:.1f}' for x in rates)} | {mw:.1f} | {vs} | {mc:.1f} | {vc} | "
+                  f"{e['ac'] // a.rounds} / {dr if dr == '-' else dr // a.rounds} |",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--draft", help="draft model (default mode: required)")
+    ap.add_argument("--kinds", default="",
+                    help="comma-separated prompt kinds of --prompts: code-edit,summarize,...")
+    ap.add_argument("--prompts", default=os.path.join(ROOT, "tools/spec-prompts.json"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-spec", default="ngram-simple",
+                    help="with --kinds: comma-separated llama-server --spec-type values")
     ap.add_argument("--requests", type=int, default=2)
-    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-n", type=int, default=None, help="tokens per request (128; --kinds: 256)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated names to run")
     a = ap.parse_args()
+    if not a.kinds and not a.draft:
+        ap.error("--draft is required without --kinds")
+    if a.n is None:
+        a.n = 256 if a.kinds else 128
     quern = os.environ.get("QUERN", os.path.join(ROOT, "build/server/quern"))
     llama = os.path.join(os.environ.get("LLAMA_BIN", os.path.join(ROOT,
                                                                   "third_party/llama.cpp/build/bin")),
@@ -156,6 +308,23 @@ def main():
                                          "--spec-draft-n-max", "8", "-td", t, "-tbd", t],
          "llama"),
     ]
+    if a.kinds:
+        configs = [("quern off", q + ["--spec", "off"], "quern"),
+                   ("quern ngram", q + ["--spec", "ngram"], "quern"),
+                   ("llama.cpp off", ll, "llama")]
+        configs += [(f"llama.cpp {t}", ll + ["--spec-type", t], "llama")
+                    for t in a.llama_spec.split(",") if t]
+        if a.draft:
+            configs.insert(2, ("quern draft", q + ["--draft-model", a.draft], "quern"))
+        if os.environ.get("QUERN_BASE"):  # another quern build, e.g. before a change: A/B
+            configs.insert(2, ("quern-base ngram", [os.environ["QUERN_BASE"]] + q[1:] +
+                               ["--spec", "ngram"], "quern"))
+        configs = [c for c in configs
+                   if not a.only or any(o in c[0] for o in a.only.split(","))]
+        print(f"load average before: {os.getloadavg()}", file=sys.stderr)
+        run_kinds(a, configs, r":(\d+) \(loading")
+        print(f"load average after: {os.getloadavg()}", file=sys.stderr)
+        return
     ps = prompts(a.requests)
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     print("| server | spec | tokens | CPU s | tok / CPU s | wall s | tok / wall s | "
