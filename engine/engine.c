@@ -812,7 +812,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_mutex_init(&e->gvocab_mu, NULL);
-    size_t slots = (size_t)o->max_queue + (size_t)o->max_seqs;
+    /* the queue, a request's further choices (joins_group), and running sequences that are
+     * preempted back into the queue */
+    size_t slots = (size_t)o->max_queue + ENGINE_MAX_GROUP - 1 + (size_t)o->max_seqs;
     e->incoming = calloc(slots, sizeof *e->incoming);
     e->waiting = calloc(slots, sizeof *e->waiting);
     e->running = calloc((size_t)o->max_seqs, sizeof *e->running);
@@ -1013,7 +1015,8 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
     if (e->draining || e->stop) {
         pthread_mutex_unlock(&e->mu);
         rc = qerr_set(err, QERR_FULL, "the server is draining and accepts no new requests");
-    } else if (e->n_incoming + e->n_waiting_pub >= e->o.max_queue) {
+    } else if (e->n_incoming + e->n_waiting_pub >=
+               e->o.max_queue + (r->joins_group ? ENGINE_MAX_GROUP - 1 : 0)) {
         pthread_mutex_unlock(&e->mu);
         rc = qerr_set(err, QERR_FULL, "the queue is full (%d waiting requests)", e->o.max_queue);
     } else {

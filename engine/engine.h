@@ -139,6 +139,11 @@ struct gen_request {
      * the final event (finish reason stop), and its KV blocks freed. */
     enum engine_pooling pooling;
     bool no_spec; /* never speculate for this request, whatever engine_opts.spec says */
+    /* A later choice of one client request (n > 1, or several prompts) whose first choice was
+     * just queued: it may take the queue's room beyond max_queue kept for such choices
+     * (ENGINE_MAX_GROUP - 1 of them), so that under overload a request of n choices is
+     * admitted whenever one of a single choice would be, not only when n places are free. */
+    bool joins_group;
 };
 
 struct token_logprob {
@@ -205,7 +210,11 @@ void engine_stop(struct engine *e);
  * request_release, and request_abort/request_next on them stay safe. */
 void engine_free(struct engine *e);
 
-/* Queues a request. QERR_FULL when the waiting queue is full; QERR_TOO_LONG when prompt +
+/* The most choices one client request queues (the first and those with joins_group). */
+#define ENGINE_MAX_GROUP 64
+
+/* Queues a request. QERR_FULL when the waiting queue is full (max_queue waiting; a request
+ * with joins_group: max_queue + ENGINE_MAX_GROUP - 1); QERR_TOO_LONG when prompt +
  * max_tokens exceed the context; QERR_INVALID when the prompt is empty or it could never fit
  * the KV pool (the message has both counts). *out is the caller's reference: release it with
  * request_release. */

@@ -25,6 +25,9 @@
 #include "api_structured.h"
 #include "oai_resp.h"
 
+/* every choice after a request's first may use the engine's room for them (joins_group) */
+_Static_assert(OAI_MAX_CHOICES <= ENGINE_MAX_GROUP, "a request's choices must fit the queue");
+
 struct choice {
     struct request *req; /* NULL once released */
     bool done;
@@ -542,6 +545,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
                                      .no_spec = r->no_spec,
+                                     /* one place in the queue for the whole request */
+                                     .joins_group = i > 0,
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
                                      .grammar = grammar,

@@ -554,6 +554,65 @@ START_TEST(back_pressure_and_after_free)
 }
 END_TEST
 
+/* A client request of several choices takes one place in the queue: its first choice needs a
+ * free place as a single request does, its further ones (joins_group) the room kept for them
+ * (ENGINE_MAX_GROUP - 1 past max_queue), so under overload it is admitted as often as a
+ * single-choice request. One sequence runs (paused by its unread events), max_queue 2. */
+START_TEST(a_request_of_many_choices_takes_one_queue_place)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 64;
+    o.max_seqs = 1;
+    o.max_queue = 2;
+    o.kv_blocks = 64;
+    o.max_unread = 4;
+    o.stall_timeout_s = 0;
+    struct engine *e = make_engine_opts(&o);
+    enum { N = 2 + ENGINE_MAX_GROUP };
+    struct request *q[N + 1] = {0};
+    struct gen_request r;
+    greedy_request(&r, text_ids, 20, 40);
+    q[0] = submit(e, &r); /* runs, then pauses: its events are not read */
+    struct engine_stats st;
+    for (int i = 0; i < 1000; i++) {
+        engine_get_stats(e, &st);
+        if (st.running == 1 && st.waiting == 0) break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    ck_assert_int_eq(st.running, 1);
+    struct qerr err = {0};
+    int n = 1;
+    ck_assert_int_eq(engine_submit(e, &r, &q[n++], &err), 0); /* a single choice: 1 waiting */
+    ck_assert_int_eq(engine_submit(e, &r, &q[n++], &err), 0); /* a first choice: 2 waiting */
+    r.joins_group = true;
+    /* its further choices fill the room kept for them, to max_queue + ENGINE_MAX_GROUP - 1 */
+    while (n < N)
+        ck_assert_msg(engine_submit(e, &r, &q[n++], &err) == 0, "choice %d: %s", n, err.msg);
+    ck_assert_int_eq(engine_submit(e, &r, &q[n], &err), QERR_FULL);
+    ck_assert_ptr_null(q[n]);
+    r.joins_group = false; /* a new request finds the queue full */
+    ck_assert_int_eq(engine_submit(e, &r, &q[n], &err), QERR_FULL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "queue is full"));
+    for (int i = 0; i < 1000; i++) { /* the engine thread publishes what it took in */
+        engine_get_stats(e, &st);
+        if (st.waiting == N - 1) break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    ck_assert_int_eq(st.waiting, N - 1);
+    ck_assert_int_eq(st.running, 1);
+    for (int i = 0; i < N; i++) {
+        request_abort(q[i]);
+        request_release(q[i]);
+    }
+    wait_idle(e, &st);
+    ck_assert_int_eq(st.running, 0);
+    ck_assert_int_eq(st.waiting, 0);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    engine_free(e);
+}
+END_TEST
+
 /* The live picture (engine_state.h) against the engine's own counts, on a state that holds
  * still: two requests paused by their unread events (max_seqs 2), a third waiting; then, all
  * aborted, an idle picture with every block free and the prompts' full blocks cached. */
@@ -810,6 +869,7 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     const TTest *tests[] = {pool_invariants_random,
+                            a_request_of_many_choices_takes_one_queue_place,
                             state_picture_matches_engine,
                             aborts_and_limits,
                             back_pressure_and_after_free,
