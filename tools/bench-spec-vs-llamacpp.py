@@ -322,6 +322,10 @@ def main():
         configs = [c for c in configs
                    if not a.only or any(o in c[0] for o in a.only.split(","))]
         print(f"load average before: {os.getloadavg()}", file=sys.stderr)
+        info = subprocess.run([os.path.join(ROOT, "tools/cpu-info.sh")], capture_output=True,
+                              text=True).stdout.strip()
+        print(f"{info}; {a.threads} thread(s) per server; {a.rounds} round(s); model "
+              f"{os.path.basename(a.model)}\n")
         run_kinds(a, configs, r":(\d+) \(loading")
         print(f"load average after: {os.getloadavg()}", file=sys.stderr)
         return
