@@ -168,8 +168,8 @@ static int decode_spec(struct model *m, const struct one_seq *s, const int32_t *
         /* t is new to the model: compute it, and a fresh draft after it */
         int k = kmax > 0 && !by_cost ? spec_state_next_k(&st) : 0;
         int cap = kmax < o->n_predict - produced - 1 ? kmax : o->n_predict - produced - 1;
-        /* as the engine's scheduler: a one-token forward not timed for a while is timed again */
         int found = 0, match = 0;
+        /* as the engine's scheduler: a one-token forward not timed for a while is timed again */
         if (by_cost && cap > 0 && !spec_cost_stale(&tcost, 1)) {
             struct spec_costs sc = {.target = &tcost,
                                     .draft = o->draft ? &dcost : NULL,

@@ -74,8 +74,7 @@ double spec_cost_step(const struct spec_cost *c, int n)
 
 void spec_rate_init(struct spec_rate *r)
 {
-    /* a prior of one kept and one missed token: a = 0.5 until the sequence's drafts say more */
-    *r = (struct spec_rate){.hits = 1, .misses = 1};
+    spec_rate_init_class(r, 0); /* one kept and one missed token: a = 0.5 */
 }
 
 void spec_rate_init_class(struct spec_rate *r, int cls)
