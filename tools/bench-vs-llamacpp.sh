@@ -29,7 +29,8 @@
 #   tools/bench-vs-llamacpp.sh [-r REPS] [--pp N] [--tg N] [-t "1 2"] [--rounds N]
 #                              [--idle-wait S] [--quern-args "ARGS"] [--isa "LIST"] [--raw DIR]
 #                              [--no-bw] [MODEL.gguf ...]
-# Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it),
+# Env: QUERN (quern binary), LLAMA_BIN (dir with llama-bench; tools/build-llamacpp.sh makes it;
+# its AVX2-only build, LLAMA_ISA=avx2, is build-avx2/bin: the peer of --isa avx2),
 # IK_BIN (dir with ik_llama.cpp's llama-bench, run with -rtr 1 as a third column when present;
 # default third_party/ik_llama.cpp/build/bin, which tools/build-ikllama.sh makes; its AVX2-only
 # build, IK_ISA=avx2, is build-avx2/bin: the peer of --isa avx2 on an AVX-512 machine).
