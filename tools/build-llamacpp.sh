@@ -74,9 +74,9 @@ echo "== llama.cpp ${COMMIT} (from llama-cpp-python $VER)" >&2
 # kernels that run. LLAMA_AMX=1 keeps -march=native anyway. LLAMA_ISA=avx2 builds for AVX2,
 # FMA, F16C and BMI2 only (an AMD Zen 3) into build-avx2/: the peer of quern's AVX2 path
 # forced on an AVX-512 machine (LLAMA_BIN=third_party/llama.cpp/build-avx2/bin).
-build=build
-isa_flags=(-DGGML_NATIVE=ON)
-cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+local build=build f on
+local -a isa_flags=(-DGGML_NATIVE=ON)
+local cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 case ${LLAMA_ISA:-native} in
 native)
     if [[ "$cpu_flags" == *" amx_int8 "* && "${LLAMA_AMX:-0}" != 1 ]]; then
