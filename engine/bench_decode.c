@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/backend_profile.h"
+
 #define BENCH_BS 16 /* KV block size, the engine's default */
 
 static double now_s(void)
@@ -40,7 +42,8 @@ double bench_decode_weight_bytes(const struct gguf_file *f)
 }
 
 int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, int batch, int ctx,
-                     int steps, uint64_t seed, struct decode_bench *out, struct qerr *err)
+                     int steps, uint64_t seed, struct backend *prof, struct decode_bench *out,
+                     struct qerr *err)
 {
     const struct model_opts *mo = model_get_opts(m);
     const struct model_config *cfg = model_get_config(m);
@@ -91,7 +94,10 @@ int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, i
     /* decode: two warm-up steps (they capture the step where the backend replays), then timed */
     double t_dec = 0;
     for (int s = -2; s < steps && !rc; s++) {
-        if (s == 0) t_dec = now_s();
+        if (s == 0) {
+            if (prof) backend_profile_reset(prof);
+            t_dec = now_s();
+        }
         for (int b = 0; b < batch; b++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             tok[b] = (int32_t)(x % (uint64_t)cfg->vocab);

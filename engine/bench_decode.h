@@ -28,8 +28,11 @@ void bench_decode_model_opts(int max_batch, int ctx, int steps, struct model_opt
  * gives rows, unless the output matrix is tied to it (no output.weight). */
 double bench_decode_weight_bytes(const struct gguf_file *f);
 
-/* Runs one measurement on m (loaded on be with bench_decode_model_opts for at least `batch`). */
+/* Runs one measurement on m (loaded on be with bench_decode_model_opts for at least `batch`).
+ * prof: NULL, or the profile wrapper (kernels/backend_profile.h) that be is or wraps, reset as the
+ * timed steps begin, so its rows afterwards are the decode steps alone. */
 int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, int batch, int ctx,
-                     int steps, uint64_t seed, struct decode_bench *out, struct qerr *err);
+                     int steps, uint64_t seed, struct backend *prof, struct decode_bench *out,
+                     struct qerr *err);
 
 #endif

@@ -63,7 +63,8 @@ static void bench_usage(FILE *out)
             "  --seed S              prompt generator seed (default 1)\n"
             "  --json                print one JSON object instead of a table\n"
             "  --profile             with --pp/--tg: then one prefill and T decode steps with\n"
-            "                        every op timed: a per-op table of each (docs/profiling.md)\n"
+            "                        every op timed: a per-op table of each (docs/profiling.md);\n"
+            "                        with --decode-batches: each batch's steps, every op timed\n"
             "  --trace FILE          with --requests: write the engine's steps and requests as a\n"
             "                        Chrome trace (Perfetto, chrome://tracing)\n"
             "  --grounded FILE       with --requests: prompts from FILE's text, each a passage\n"
@@ -380,12 +381,40 @@ static bool parse_batches(const char *text, struct bench_args *a)
     return a->n_decode > 0;
 }
 
+/* What --profile's tables hold each op to: on the CPU, the bandwidth and compute peak measured
+ * now on the backend's threads and kernels; elsewhere nothing (the columns show "-"). */
+static struct bench_ceilings profile_ceilings(struct backend *be, const struct bench_args *a)
+{
+    struct bench_ceilings c = {0};
+    if (!strcmp(be->ops->name, "cpu")) {
+        int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        bool fp32 = a->precision == MATMUL_F32;
+        c.read_gbs = bench_read_bandwidth(threads);
+        bool avx512 = backend_cpu_isa(be) == CPU_ISA_AVX512; /* the kernels it runs */
+        c.peak_gops = bench_compute_peak(fp32, threads, avx512);
+        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn(avx512);
+    }
+    return c;
+}
+
+/* --decode-batches: B sequences stepping together (engine/bench_decode.h), one row per B; with
+ * --profile, each row is followed by the per-op table of its timed steps. */
 static int run_decode_batches(const struct gguf_file *f, struct backend *be,
                               const struct bench_args *a, struct qerr *err)
 {
     int maxb = 0, ctx = a->pp > 0 ? (int)a->pp : 128, steps = a->tg > 0 ? (int)a->tg : 16;
     for (int i = 0; i < a->n_decode; i++)
         if (a->decode_batches[i] > maxb) maxb = a->decode_batches[i];
+    struct backend *prof = NULL, *inner = be;
+    struct bench_ceilings c = {0};
+    if (a->profile) {
+        if (a->grp->n > 1)
+            return qerr_set(err, QERR_UNSUPPORTED, "--profile times one rank's ops: not with --tp");
+        int prc = backend_profile_create(be, &prof, err);
+        if (prc) return prc;
+        be = prof;
+        c = profile_ceilings(inner, a);
+    }
     struct model_opts mo;
     bench_decode_model_opts(maxb, ctx, steps, &mo);
     mo.tp = a->grp->n;
@@ -393,7 +422,10 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
     mo.tp_comms = a->grp->comm;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
-    if (rc) return rc;
+    if (rc) {
+        backend_destroy(prof);
+        return rc;
+    }
     double wb = bench_decode_weight_bytes(f);
     if (a->json)
         printf("{\"context\": %d, \"steps\": %d, \"weight_bytes\": %.0f, \"decode\": [", ctx, steps,
@@ -403,8 +435,8 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
                "|---|---|---|---|---|---|\n");
     for (int i = 0; i < a->n_decode && !rc; i++) {
         struct decode_bench r;
-        rc = bench_decode_run(m, be, wb, a->decode_batches[i], ctx, steps, (uint64_t)a->seed, &r,
-                              err);
+        rc = bench_decode_run(m, be, wb, a->decode_batches[i], ctx, steps, (uint64_t)a->seed, prof,
+                              &r, err);
         if (rc) break;
         if (a->json)
             printf("%s{\"batch\": %d, \"step_s\": %.6f, \"tokens_per_s\": %.2f, "
@@ -413,10 +445,20 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
         else
             printf("| %d | %d | %.3f | %.1f | %.1f | %.2f |\n", r.batch, ctx, r.step_s * 1e3,
                    r.batch / r.step_s, r.read_bytes / 1e6, r.prefill_s);
+        if (prof && !a->json) {
+            char title[96];
+            snprintf(title, sizeof title, "decode, batch %d, context %d, %d steps", r.batch, ctx,
+                     steps);
+            bench_profile_print(stdout, title, prof, r.step_s, steps, &c);
+            if (i + 1 < a->n_decode)
+                printf("\n| batch | context | ms/step | tokens/s | MB read/step | prefill s |\n"
+                       "|---|---|---|---|---|---|\n");
+        }
         fflush(stdout);
     }
     if (a->json) printf("]}\n");
     model_free(m);
+    backend_destroy(prof);
     return rc;
 }
 
@@ -444,15 +486,7 @@ static int profile_pp_tg(struct model *m, struct backend *prof, struct backend *
                          const struct bench_args *a, const int32_t *prompt, struct gen_opts go,
                          struct qerr *err)
 {
-    struct bench_ceilings c = {0};
-    if (!strcmp(be->ops->name, "cpu")) {
-        int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        bool fp32 = a->precision == MATMUL_F32;
-        c.read_gbs = bench_read_bandwidth(threads);
-        bool avx512 = backend_cpu_isa(be) == CPU_ISA_AVX512; /* the kernels it runs */
-        c.peak_gops = bench_compute_peak(fp32, threads, avx512);
-        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn(avx512);
-    }
+    struct bench_ceilings c = profile_ceilings(be, a);
     int rc = 0;
     if (a->pp > 0) {
         go.n_predict = 1;

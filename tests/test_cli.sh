@@ -195,6 +195,17 @@ fi
 expect 0 '^\| matmul \| 576x576 Q4_1 \| 60\.0 \|' -- bench --model "$model" --device cpu --threads 2 \
   --pp 32 --tg 4 --reps 1 --profile
 expect 1 'not with --tp' -- bench --model "$model" --device cpu --pp 8 --tg 2 --tp 2 --profile
+# ... and per batch of --decode-batches, its timed steps alone (the JSON stays one object)
+expect 0 '^decode, batch 2, context 8, 2 steps: [0-9.]+ ms per step' -- bench --model "$model" \
+  --device cpu --threads 2 --decode-batches 2 --pp 8 --tg 2 --profile
+expect 0 '^\{"context": 8, "steps": 2, .*"decode": \[\{"batch": 2, ' -- bench \
+  --model "$model" --device cpu --decode-batches 2 --pp 8 --tg 2 --profile --json
+if python3 -c 'import json, sys; json.load(sys.stdin)' <"$tmp/out"; then
+  echo "ok: --decode-batches --profile --json prints JSON alone"
+else
+  echo "FAIL: --decode-batches --profile --json is not one JSON document"; fails=$((fails + 1))
+fi
+expect 1 'not with --tp' -- bench --model "$model" --device cpu --decode-batches 2 --tp 2 --profile
 
 # valgrind on the CPU path (--device cpu; the CUDA device probe is test_cuda_select's), with no
 # suppressions: quern links only the CUDA runtime (cuBLAS is opened only for its GEMM path)

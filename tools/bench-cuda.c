@@ -267,7 +267,7 @@ static void bench_decode_model(struct backend *be, const char *label, const stru
             if (prec == MATMUL_F32 && B > 1) continue;
             backend_cuda_set_precision(be, prec, NULL);
             struct decode_bench r;
-            if (bench_decode_run(m, be, wb, B, ctx, steps, bench_rng_next(&rng), &r, &err))
+            if (bench_decode_run(m, be, wb, B, ctx, steps, bench_rng_next(&rng), NULL, &r, &err))
                 die("decode", &err);
             check_status(be, "decode");
             const double roof = copy_gbps * 1e9 / r.read_bytes; /* steps per second */
