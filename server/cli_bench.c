@@ -381,6 +381,18 @@ static bool parse_batches(const char *text, struct bench_args *a)
     return a->n_decode > 0;
 }
 
+/* With --profile, *prof wraps be (kernels/backend_profile.h; the caller destroys it before be);
+ * otherwise it stays NULL. */
+static int profile_wrap(struct backend *be, const struct bench_args *a, struct backend **prof,
+                        struct qerr *err)
+{
+    *prof = NULL;
+    if (!a->profile) return 0;
+    if (a->grp->n > 1)
+        return qerr_set(err, QERR_UNSUPPORTED, "--profile times one rank's ops: not with --tp");
+    return backend_profile_create(be, prof, err);
+}
+
 /* What --profile's tables hold each op to: on the CPU, the bandwidth and compute peak measured
  * now on the backend's threads and kernels; elsewhere nothing (the columns show "-"). */
 static struct bench_ceilings profile_ceilings(struct backend *be, const struct bench_args *a)
@@ -405,15 +417,13 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
     int maxb = 0, ctx = a->pp > 0 ? (int)a->pp : 128, steps = a->tg > 0 ? (int)a->tg : 16;
     for (int i = 0; i < a->n_decode; i++)
         if (a->decode_batches[i] > maxb) maxb = a->decode_batches[i];
-    struct backend *prof = NULL, *inner = be;
+    struct backend *prof = NULL;
     struct bench_ceilings c = {0};
-    if (a->profile) {
-        if (a->grp->n > 1)
-            return qerr_set(err, QERR_UNSUPPORTED, "--profile times one rank's ops: not with --tp");
-        int prc = backend_profile_create(be, &prof, err);
-        if (prc) return prc;
+    int prc = profile_wrap(be, a, &prof, err);
+    if (prc) return prc;
+    if (prof) {
+        c = profile_ceilings(be, a);
         be = prof;
-        c = profile_ceilings(inner, a);
     }
     struct model_opts mo;
     bench_decode_model_opts(maxb, ctx, steps, &mo);
@@ -516,13 +526,9 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
                      struct qerr *err)
 {
     struct backend *prof = NULL, *inner = be;
-    if (a->profile) {
-        if (a->grp->n > 1)
-            return qerr_set(err, QERR_UNSUPPORTED, "--profile times one rank's ops: not with --tp");
-        int prc = backend_profile_create(be, &prof, err);
-        if (prc) return prc;
-        be = prof;
-    }
+    int prc = profile_wrap(be, a, &prof, err);
+    if (prc) return prc;
+    if (prof) be = prof;
     int bs = 16;
     long total = (a->pp > a->tg ? a->pp : a->tg) + 2;
     struct model_opts mo = {.max_batch_tokens = (int)(a->batch < a->pp ? a->batch : a->pp),
