@@ -109,8 +109,11 @@ enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL, CL
 /* Takes --spec, --spec-k, --spec-step-tokens or --spec-policy (`code`) with its argument; false
  * after a one-line error. */
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
-/* After the arguments: --spec draft without --draft-model, or --draft-model with another --spec,
- * is QERR_INVALID; with a draft model, opens its file (errors name the path). */
+/* After the arguments, a usage error (the caller exits 2): --spec draft without --draft-model,
+ * or --draft-model with another --spec; false after a one-line error. */
+bool cli_spec_check(const char *prog, struct cli_spec *s);
+/* The same check (QERR_INVALID), then, with a draft model, opens its file (errors name the
+ * path). */
 int cli_spec_open(struct cli_spec *s, struct qerr *err);
 void cli_spec_close(struct cli_spec *s);
 

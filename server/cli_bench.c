@@ -840,6 +840,7 @@ int cli_bench(int argc, char **argv)
         fprintf(stderr, "quern bench: --spec and --grounded apply to --requests runs\n");
         return EXIT_USAGE;
     }
+    if (!cli_spec_check("bench", &a.spec)) return EXIT_USAGE;
     if (a.pp < 0) a.pp = 0;
     if (a.tg < 0) a.tg = 0;
     struct qerr err = {0};

@@ -228,6 +228,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         fprintf(stderr, "quern generate: %s\n", err.msg);
         return EXIT_USAGE;
     }
+    if (!cli_spec_check("generate", &a->spec)) return EXIT_USAGE;
     return 0;
 }
 

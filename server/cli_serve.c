@@ -348,6 +348,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         fprintf(stderr, "quern serve: unexpected argument '%s'\n", argv[optind]);
         return EXIT_USAGE;
     }
+    if (!cli_spec_check("serve", &o->spec)) return EXIT_USAGE;
     if (o->max_conns_per_client < 0) o->max_conns_per_client = (o->max_connections + 1) / 2;
     o->model_path = cli_model_path(o->model_path);
     return 0;

@@ -40,7 +40,7 @@ bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec 
     return false;
 }
 
-int cli_spec_open(struct cli_spec *s, struct qerr *err)
+static int spec_combination(struct cli_spec *s, struct qerr *err)
 {
     if (s->draft_model && !s->mode_set) s->mode = SPEC_DRAFT;
     if (s->mode == SPEC_DRAFT && !s->draft_model)
@@ -48,8 +48,22 @@ int cli_spec_open(struct cli_spec *s, struct qerr *err)
     if (s->draft_model && s->mode != SPEC_DRAFT)
         return qerr_set(err, QERR_INVALID, "--draft-model drafts only with --spec draft, not %s",
                         spec_mode_name(s->mode));
-    if (!s->draft_model) return 0;
-    int rc = gguf_open(s->draft_model, &s->draft_file, err);
+    return 0;
+}
+
+bool cli_spec_check(const char *prog, struct cli_spec *s)
+{
+    struct qerr err = {0};
+    if (!spec_combination(s, &err)) return true;
+    fprintf(stderr, "quern %s: %s\n", prog, err.msg);
+    return false;
+}
+
+int cli_spec_open(struct cli_spec *s, struct qerr *err)
+{
+    int rc = spec_combination(s, err);
+    if (rc || !s->draft_model) return rc;
+    rc = gguf_open(s->draft_model, &s->draft_file, err);
     if (rc) qerr_wrap(err, "--draft-model %s", s->draft_model);
     return rc;
 }

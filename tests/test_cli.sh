@@ -112,8 +112,11 @@ done
 
 # --spec draft: the model quantized to Q4_0 drafting for itself gives the text of --spec off
 "$bin" quantize --in "$model" --out "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1
-expect 1 "--spec draft needs --draft-model PATH" -- generate --model "$model" --prompt hi --spec draft
-expect 1 "--draft-model drafts only with --spec draft, not ngram" -- generate --model "$model" --prompt hi --spec ngram --draft-model "$tmp/draft.gguf"
+# a --spec/--draft-model combination that cannot work is a usage error, before any model loads
+expect 2 "--spec draft needs --draft-model PATH" -- generate --model "$model" --prompt hi --spec draft
+expect 2 "--draft-model drafts only with --spec draft, not ngram" -- generate --model "$model" --prompt hi --spec ngram --draft-model "$tmp/draft.gguf"
+expect 2 "quern serve: --spec draft needs --draft-model PATH" -- serve --model "$model" --spec draft
+expect 2 "quern bench: --draft-model drafts only with --spec draft, not off" -- bench --model "$model" --requests 1 --input-len 4 --output-len 2 --spec off --draft-model "$tmp/draft.gguf"
 expect 1 "--draft-model $tmp/nothing.gguf: " -- generate --model "$model" --prompt hi --draft-model "$tmp/nothing.gguf"
 for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
