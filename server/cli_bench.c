@@ -522,6 +522,50 @@ static int profile_pp_tg(struct model *m, struct backend *prof, struct backend *
     return rc;
 }
 
+/* The CPU pool's waits over one phase (pp or tg) of the timed reps (kernels/cpu/threadpool.h):
+ * how long the calling thread waited at the end of each job for the other threads' last tasks,
+ * the tail that equal work split over unequal threads leaves, and how soon workers joined. */
+struct phase_pool {
+    bool on; /* a CPU backend with more than one thread */
+    struct pool_stats sum;
+    double seconds;
+    long steps;
+};
+
+static void phase_pool_begin(struct backend *inner, const struct phase_pool *ph)
+{
+    if (ph->on) backend_cpu_pool_count(inner, true);
+}
+
+static void phase_pool_end(struct backend *inner, struct phase_pool *ph, double seconds, long steps)
+{
+    if (!ph->on) return;
+    struct pool_stats s;
+    backend_cpu_pool_stats(inner, &s);
+    backend_cpu_pool_count(inner, false);
+    ph->sum.jobs += s.jobs;
+    ph->sum.tasks += s.tasks;
+    ph->sum.caller_tasks += s.caller_tasks;
+    ph->sum.wait_s += s.wait_s;
+    ph->sum.joins += s.joins;
+    ph->sum.join_s += s.join_s;
+    ph->seconds += seconds;
+    ph->steps += steps;
+}
+
+static void phase_pool_print(const char *test, long n, const struct phase_pool *ph)
+{
+    const struct pool_stats *s = &ph->sum;
+    if (!ph->on || ph->steps <= 0 || s->jobs <= 0 || ph->seconds <= 0) return;
+    printf("pool, %s%ld: %.1f jobs a step; the caller ran %.1f %% of their tasks, then waited "
+           "for the other threads' last ones %.1f %% of the time (%.0f us a step); a worker "
+           "took its first task of a job %.2f us after it was published (mean of %ld)\n",
+           test, n, (double)s->jobs / (double)ph->steps,
+           100.0 * (double)s->caller_tasks / (double)(s->tasks > 0 ? s->tasks : 1),
+           100.0 * s->wait_s / ph->seconds, s->wait_s / (double)ph->steps * 1e6,
+           s->joins > 0 ? s->join_s / (double)s->joins * 1e6 : 0.0, s->joins);
+}
+
 static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct bench_args *a,
                      struct qerr *err)
 {
@@ -560,18 +604,29 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
     struct gen_opts go = {.prefill_chunk = mo.max_batch_tokens};
     sample_params_default(&go.sample);
     go.sample.temperature = 0;
+    bool pool_on = !strcmp(inner->ops->name, "cpu") && a->grp->n == 1;
+    struct phase_pool pp_pool = {.on = pool_on}, tg_pool = {.on = pool_on};
     for (long r = -1; r < a->reps && !rc; r++) { /* r = -1 warms up */
         if (a->pp > 0) {
             go.n_predict = 1;
+            if (r >= 0) phase_pool_begin(inner, &pp_pool);
             double t0 = now_s();
             rc = generate_run(m, prompt, (size_t)a->pp, &go, stop_after_first, NULL, err);
-            if (r >= 0) pp[r] = (double)a->pp / (now_s() - t0);
+            if (r >= 0) {
+                pp[r] = (double)a->pp / (now_s() - t0);
+                phase_pool_end(inner, &pp_pool, now_s() - t0,
+                               (a->pp + go.prefill_chunk - 1) / go.prefill_chunk);
+            }
         }
         if (a->tg > 0 && !rc) {
             go.n_predict = (int)a->tg + 1; /* the first token comes from the 1-token prompt */
+            if (r >= 0) phase_pool_begin(inner, &tg_pool);
             double t0 = now_s();
             rc = generate_run(m, prompt, 1, &go, NULL, NULL, err);
-            if (r >= 0) tg[r] = (double)(a->tg + 1) / (now_s() - t0);
+            if (r >= 0) {
+                tg[r] = (double)(a->tg + 1) / (now_s() - t0);
+                phase_pool_end(inner, &tg_pool, now_s() - t0, a->tg + 1);
+            }
         }
     }
     if (!rc) {
@@ -587,6 +642,8 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
             printf("| test | t/s |\n|---|---|\n");
             if (a->pp > 0) printf("| pp%ld | %.2f ± %.2f |\n", a->pp, ppm, pps);
             if (a->tg > 0) printf("| tg%ld | %.2f ± %.2f |\n", a->tg, tgm, tgs);
+            phase_pool_print("pp", a->pp, &pp_pool);
+            phase_pool_print("tg", a->tg, &tg_pool);
         }
     }
     if (!rc && prof) rc = profile_pp_tg(m, prof, inner, a, prompt, go, err);

@@ -155,6 +155,8 @@ backend_line cpu 'cpu, f32 activations, f16 KV$' --precision f32 --kv-type f16
 expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2
 expect 2 "--type 'q5_k'" -- bench --synthetic smollm2-135m --type q5_k --pp 8 --tg 2
 expect 0 '\| tg4 \|' -- bench --synthetic smollm2-135m --type q4_1 --pp 16 --tg 4 --reps 1 --device cpu
+# with two threads, how long the caller waited at the jobs' ends (threadpool.h, pool_stats)
+expect 0 '^pool, tg4: [1-9][0-9]*\.[0-9] jobs a step; the caller ran [0-9.]+ % of their tasks, then waited .* [0-9.]+ % of the time' -- bench --model "$model" --pp 16 --tg 4 --reps 1 --threads 2 --device cpu
 # B sequences decoding together through the forward (engine/bench_decode.h)
 expect 0 '^\| 3 \| 20 \| [0-9.]+ \| [0-9.]+ \|' -- bench --model "$model" --decode-batches 1,3 --pp 20 --tg 3 --device cpu
 expect 0 '"decode": \[\{"batch": 2, .*"tokens_per_s": [1-9]' -- bench --model "$model" --decode-batches 2 --pp 8 --tg 2 --device cpu --json

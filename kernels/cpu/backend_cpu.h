@@ -6,6 +6,7 @@
 #include <stdbool.h>
 
 #include "../backend.h"
+#include "threadpool.h"
 
 /* The instruction set the CPU kernels use. AUTO picks the best the CPU reports (CPUID); asking
  * for an ISA the CPU lacks is an error. (backend_select.c applies $QUERN_CPU_ISA.) */
@@ -27,6 +28,11 @@ struct backend_cpu_opts {
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);
 /* The ISA a CPU backend resolved at create (never CPU_ISA_AUTO). */
 enum cpu_isa backend_cpu_isa(const struct backend *be);
+
+/* The backend's thread pool counts its jobs' waits (threadpool.h, pool_stats) while on;
+ * backend_cpu_pool_stats reads them and returns the pool's thread count. */
+void backend_cpu_pool_count(struct backend *be, bool on);
+int backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
 
 /* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
 bool cpu_isa_supported(enum cpu_isa isa);

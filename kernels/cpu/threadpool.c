@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -60,20 +61,39 @@ struct threadpool {
     atomic_bool stop;
     _Alignas(LINE) atomic_int done; /* finished tasks of the current job */
     _Alignas(LINE) atomic_int sleepers;
+    /* pool_stats: the caller's fields are its own; workers add to the atomics. on and
+     * published (the job's publication time) are written before the job word (seq_cst) and read
+     * after a claim of that job, which its publication orders before them. */
+    _Alignas(LINE) _Atomic long joins;
+    _Atomic uint64_t join_ns;
+    atomic_bool stats_on;
+    uint64_t published;
+    struct pool_stats stats;
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static unsigned job_of(uint64_t w)
 {
     return (unsigned)(w >> JOB_SHIFT);
 }
 
-/* Claims and runs tasks of whatever job is current until it is drained. */
-static void run_tasks(struct threadpool *p, int worker)
+/* Claims and runs tasks of whatever job is current until it is drained; returns how many. */
+static int run_tasks(struct threadpool *p, int worker)
 {
-    for (;;) {
+    for (int ran = 0;; ran++) {
         uint64_t w = atomic_fetch_add_explicit(&p->word, 1, memory_order_acq_rel);
         uint64_t n = (w >> N_SHIFT) & FIELD_MASK, idx = w & FIELD_MASK;
-        if (idx >= n) return;
+        if (idx >= n) return ran;
+        if (ran == 0 && worker > 0 && atomic_load_explicit(&p->stats_on, memory_order_relaxed)) {
+            atomic_fetch_add_explicit(&p->join_ns, now_ns() - p->published, memory_order_relaxed);
+            atomic_fetch_add_explicit(&p->joins, 1, memory_order_relaxed);
+        }
         p->fn(p->ctx, (int)idx, worker);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
@@ -115,6 +135,9 @@ int pool_create(int n_threads, struct threadpool **out, struct qerr *err)
     atomic_init(&p->stop, false);
     atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);
+    atomic_init(&p->joins, 0);
+    atomic_init(&p->join_ns, 0);
+    atomic_init(&p->stats_on, false);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
@@ -175,13 +198,16 @@ void pool_run(struct threadpool *p, pool_fn fn, void *ctx, int n_tasks)
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    bool counting = atomic_load_explicit(&p->stats_on, memory_order_relaxed);
+    if (counting) p->published = now_ns();
     publish(p, (uint64_t)n_tasks); /* seq_cst: releases the fields, orders the read below */
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
-    run_tasks(p, 0);
+    int mine = run_tasks(p, 0);
+    uint64_t own_done = counting ? now_ns() : 0;
     /* the others finish the tasks they claimed; if one was preempted mid-task (more threads
      * than free cores), give it the core rather than spinning out our time slice */
     for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; spins++) {
@@ -190,4 +216,27 @@ void pool_run(struct threadpool *p, pool_fn fn, void *ctx, int n_tasks)
         else
             sched_yield();
     }
+    if (counting) {
+        p->stats.jobs++;
+        p->stats.tasks += n_tasks;
+        p->stats.caller_tasks += mine;
+        p->stats.wait_s += (double)(now_ns() - own_done) * 1e-9;
+    }
+}
+
+void pool_stats_count(struct threadpool *p, bool on)
+{
+    if (on) {
+        p->stats = (struct pool_stats){0};
+        atomic_store(&p->joins, 0);
+        atomic_store(&p->join_ns, 0);
+    }
+    atomic_store(&p->stats_on, on);
+}
+
+void pool_stats_read(const struct threadpool *p, struct pool_stats *out)
+{
+    *out = p->stats;
+    out->joins = atomic_load(&p->joins);
+    out->join_s = (double)atomic_load(&p->join_ns) * 1e-9;
 }
