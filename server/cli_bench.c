@@ -526,7 +526,7 @@ static int profile_pp_tg(struct model *m, struct backend *prof, struct backend *
  * how long the calling thread waited at the end of each job for the other threads' last tasks,
  * the tail that equal work split over unequal threads leaves, and how soon workers joined. */
 struct phase_pool {
-    bool on; /* a CPU backend with more than one thread */
+    bool on; /* a CPU backend, one rank (a one-thread pool shares no job: nothing printed) */
     struct pool_stats sum;
     double seconds;
     long steps;
@@ -612,9 +612,10 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
             if (r >= 0) phase_pool_begin(inner, &pp_pool);
             double t0 = now_s();
             rc = generate_run(m, prompt, (size_t)a->pp, &go, stop_after_first, NULL, err);
+            double dt = now_s() - t0;
             if (r >= 0) {
-                pp[r] = (double)a->pp / (now_s() - t0);
-                phase_pool_end(inner, &pp_pool, now_s() - t0,
+                pp[r] = (double)a->pp / dt;
+                phase_pool_end(inner, &pp_pool, dt,
                                (a->pp + go.prefill_chunk - 1) / go.prefill_chunk);
             }
         }
@@ -623,9 +624,10 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
             if (r >= 0) phase_pool_begin(inner, &tg_pool);
             double t0 = now_s();
             rc = generate_run(m, prompt, 1, &go, NULL, NULL, err);
+            double dt = now_s() - t0;
             if (r >= 0) {
-                tg[r] = (double)(a->tg + 1) / (now_s() - t0);
-                phase_pool_end(inner, &tg_pool, now_s() - t0, a->tg + 1);
+                tg[r] = (double)(a->tg + 1) / dt;
+                phase_pool_end(inner, &tg_pool, dt, a->tg + 1);
             }
         }
     }

@@ -190,9 +190,7 @@ void backend_cpu_pool_count(struct backend *be, bool on)
     pool_stats_count(((struct cpu_ctx *)be->ctx)->pool, on);
 }
 
-int backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out)
+void backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out)
 {
-    const struct cpu_ctx *c = be->ctx;
-    pool_stats_read(c->pool, out);
-    return c->n_threads;
+    pool_stats_read(((const struct cpu_ctx *)be->ctx)->pool, out);
 }

@@ -30,9 +30,9 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
 enum cpu_isa backend_cpu_isa(const struct backend *be);
 
 /* The backend's thread pool counts its jobs' waits (threadpool.h, pool_stats) while on;
- * backend_cpu_pool_stats reads them and returns the pool's thread count. */
+ * backend_cpu_pool_stats reads the counts. */
 void backend_cpu_pool_count(struct backend *be, bool on);
-int backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
+void backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
 
 /* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
 bool cpu_isa_supported(enum cpu_isa isa);
