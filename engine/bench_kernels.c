@@ -8,13 +8,14 @@
  *    memcpy bandwidth: the roofline every decode number is compared with; and the compute peak
  *    (fp32 FMA and int8 vpdpbusd or vpmaddubsw chains on N threads, of the ISA the kernels
  *    run), the roofline of large batches.
- * 2. The matmul of each matrix shape of the default model (SmolLM2-135M: Q4_1 layers, Q8_0 tied
- *    output) at each batch size, through the backend's matmul op (so it includes activation
- *    quantization and the pool): GB/s of weights and GFLOP/s. Batch-1 runs rotate over enough
- *    copies of the weight to miss the last-level cache, as a decode does. Then the kernel
- *    alone: one thread, a slice of each shape held in cache, the fastest call of many: what
- *    the kernel can do, apart from the weight stream and the pool.
- * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the model's sizes.
+ * 2. The matmul of each matrix shape at each batch size, through the backend's matmul op (so it
+ *    includes activation quantization and the pool): GB/s of weights and GFLOP/s. The shapes
+ *    are the model's: with --model, that file's first layer and output matrix in their own
+ *    types; else the default model's (SmolLM2-135M: Q4_1 layers, Q8_0 tied output). Batch-1
+ *    runs rotate over enough copies of the weight to miss the last-level cache, as a decode
+ *    does. Then the kernel alone: one thread, a slice of each shape held in cache, the fastest
+ *    call of many: what the kernel can do, apart from the weight stream and the pool.
+ * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the default model's sizes.
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
 #include <immintrin.h>
@@ -28,6 +29,7 @@
 #include <unistd.h>
 
 #include "generate.h"
+#include "gguf.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "bench_kernels.h"
 #include "../kernels/backend_profile.h"
@@ -45,16 +47,63 @@ static bool opts_avx512(const struct backend_cpu_opts *bo)
 }
 
 struct shape {
-    const char *name;
+    char name[48];
     int64_t rows, cols;
     enum qtype type;
 };
 
-static const struct shape model_shapes[] = {
+#define N_SHAPES 5
+
+/* The default model's (SmolLM2-135M Q4_1, tied Q8_0 output), timed when no --model is given. */
+static const struct shape default_shapes[N_SHAPES] = {
     {"attn_q/o 576x576", 576, 576, QTYPE_Q4_1},      {"attn_k/v 192x576", 192, 576, QTYPE_Q4_1},
     {"ffn_gate/up 1536x576", 1536, 576, QTYPE_Q4_1}, {"ffn_down 576x1536", 576, 1536, QTYPE_Q4_1},
     {"output 49152x576", 49152, 576, QTYPE_Q8_0},
 };
+
+/* A model's own shapes: its first layer's q, k, gate and down projections (o, v and up have the
+ * shapes of q, k and gate in a Llama) and its output matrix (the token embedding when tied), each
+ * in the type the file stores it in. So a Q8_0 file's table times the Q8_0 kernels it runs. */
+static int shapes_from_model(const char *path, struct shape out[N_SHAPES])
+{
+    static const char *const tensors[N_SHAPES] = {"blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                  "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
+                                                  "output.weight"};
+    static const char *const labels[N_SHAPES] = {"attn_q/o", "attn_k/v", "ffn_gate/up", "ffn_down",
+                                                 "output"};
+    struct gguf_file *f;
+    struct qerr err = {0};
+    if (gguf_open(path, &f, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    int rc = 0;
+    for (int i = 0; i < N_SHAPES && !rc; i++) {
+        const struct gguf_tensor *t = gguf_tensor_find(f, tensors[i]);
+        if (!t && i == N_SHAPES - 1) t = gguf_tensor_find(f, "token_embd.weight");
+        if (!t || t->n_dims != 2) {
+            fprintf(stderr, "%s: no 2-d tensor %s to time\n", path, tensors[i]);
+            rc = 1;
+            break;
+        }
+        out[i] =
+            (struct shape){.rows = (int64_t)t->ne[1], .cols = (int64_t)t->ne[0], .type = t->type};
+        snprintf(out[i].name, sizeof out[i].name, "%s %lldx%lld", labels[i], (long long)out[i].rows,
+                 (long long)out[i].cols);
+    }
+    gguf_close(f);
+    return rc;
+}
+
+/* The largest rows and cols among the shapes: the activation and output buffers' sizes. */
+static void shapes_extent(const struct shape *shapes, int64_t *rows, int64_t *cols)
+{
+    *rows = *cols = 0;
+    for (int s = 0; s < N_SHAPES; s++) {
+        *rows = shapes[s].rows > *rows ? shapes[s].rows : *rows;
+        *cols = shapes[s].cols > *cols ? shapes[s].cols : *cols;
+    }
+}
 
 /* Seconds per matmul call: the fastest of 5 windows of at least min_s / 5 each, each rotating
  * over `copies` prepared copies of the weight. The fastest window is the one least disturbed by
@@ -87,8 +136,8 @@ static size_t stream_bytes(void)
     return want > ((size_t)128 << 20) ? want : (size_t)128 << 20;
 }
 
-static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, int n_batches,
-                         double bw, double peak)
+static int bench_matmuls(const struct backend_cpu_opts *bo, const struct shape *shapes,
+                         const int *batches, int n_batches, double bw, double peak)
 {
     struct bench_rng rng = BENCH_RNG_INIT;
     struct backend *be;
@@ -105,11 +154,19 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
     printf("%-22s %5s", "shape", "type");
     for (int i = 0; i < n_batches; i++) printf("   n=%-4d GB/s GFLOP/s", batches[i]);
     printf("\n");
-    float *x = malloc((size_t)maxn * 1536 * sizeof *x);
-    float *y = malloc((size_t)maxn * 49152 * sizeof *y);
-    for (size_t i = 0; i < (size_t)maxn * 1536; i++) x[i] = bench_rng_float(&rng);
-    for (size_t s = 0; s < sizeof model_shapes / sizeof model_shapes[0]; s++) {
-        const struct shape *sh = &model_shapes[s];
+    int64_t max_rows, max_cols;
+    shapes_extent(shapes, &max_rows, &max_cols);
+    float *x = malloc((size_t)maxn * (size_t)max_cols * sizeof *x);
+    float *y = malloc((size_t)maxn * (size_t)max_rows * sizeof *y);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        backend_destroy(be);
+        return 1;
+    }
+    for (size_t i = 0; i < (size_t)maxn * (size_t)max_cols; i++) x[i] = bench_rng_float(&rng);
+    for (int s = 0; s < N_SHAPES; s++) {
+        const struct shape *sh = &shapes[s];
         size_t bytes = qtype_row_bytes(sh->type, (size_t)sh->cols) * (size_t)sh->rows;
         int copies = (int)(stream_bytes() / bytes) + 1;
         struct bweight *ws = calloc((size_t)copies, sizeof *ws);
@@ -154,8 +211,8 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const int *batches, 
  * the weight stream and the threads cost. */
 #define CACHED_ROWS 1536
 
-static int bench_matmuls_cached(const struct backend_cpu_opts *bo, const int *batches,
-                                int n_batches, double peak1)
+static int bench_matmuls_cached(const struct backend_cpu_opts *bo, const struct shape *shapes,
+                                const int *batches, int n_batches, double peak1)
 {
     struct bench_rng rng = BENCH_RNG_INIT;
     struct backend_cpu_opts o1 = *bo;
@@ -175,7 +232,9 @@ static int bench_matmuls_cached(const struct backend_cpu_opts *bo, const int *ba
     printf("%-22s %5s %6s", "shape", "type", "rows");
     for (int i = 0; i < n_batches; i++) printf("   n=%-4d GFLOP/s    %%", batches[i]);
     printf("\n");
-    float *x = malloc((size_t)maxn * 1536 * sizeof *x);
+    int64_t max_rows, max_cols;
+    shapes_extent(shapes, &max_rows, &max_cols);
+    float *x = malloc((size_t)maxn * (size_t)max_cols * sizeof *x);
     float *y = malloc((size_t)maxn * CACHED_ROWS * sizeof *y);
     if (!x || !y) {
         free(x);
@@ -183,11 +242,15 @@ static int bench_matmuls_cached(const struct backend_cpu_opts *bo, const int *ba
         backend_destroy(be);
         return 1;
     }
-    for (size_t i = 0; i < (size_t)maxn * 1536; i++) x[i] = bench_rng_float(&rng);
+    for (size_t i = 0; i < (size_t)maxn * (size_t)max_cols; i++) x[i] = bench_rng_float(&rng);
     int rc = 0;
-    for (size_t s = 0; s < sizeof model_shapes / sizeof model_shapes[0] && !rc; s++) {
-        const struct shape *sh = &model_shapes[s];
-        int64_t rows = sh->rows < CACHED_ROWS ? sh->rows : CACHED_ROWS;
+    for (int s = 0; s < N_SHAPES && !rc; s++) {
+        const struct shape *sh = &shapes[s];
+        /* at most a MiB of weight, so a larger model's wide rows stay in the L2 too */
+        int64_t fit = (int64_t)(((size_t)1 << 20) / qtype_row_bytes(sh->type, (size_t)sh->cols));
+        fit = fit < 16 ? 16 : fit / 16 * 16;
+        int64_t cap = fit < CACHED_ROWS ? fit : CACHED_ROWS;
+        int64_t rows = sh->rows < cap ? sh->rows : cap;
         struct bweight w = {.type = sh->type, .rows = rows, .cols = sh->cols};
         w.host = bench_random_weights(&rng, sh->type, rows, sh->cols, 0.02f, 0.1f);
         if (!w.host || be->ops->weight_prepare(be, &w, &err)) {
@@ -423,7 +486,9 @@ static void usage(void)
 {
     fprintf(stderr, "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avx512]\n"
                     "         [--precision f32|q8|both] [--batches 1,8,64,512] [--no-kernels]\n"
-                    "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n");
+                    "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n"
+                    "  --isa: default $QUERN_CPU_ISA, else the best the CPU has; --model: the\n"
+                    "  matmul tables time that file's own shapes and types\n");
 }
 
 int bench_kernels_main(int argc, char **argv)
@@ -431,6 +496,7 @@ int bench_kernels_main(int argc, char **argv)
     struct backend_cpu_opts bo = {.n_threads = 0, .precision = MATMUL_F32, .isa = CPU_ISA_AUTO};
     const char *model = NULL;
     int pp = 512, tg = 64, both = 1, kernels = 1, profile = 0;
+    bool isa_given = false;
     int batches[16] = {1, 8, 64, 512}, n_batches = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -441,6 +507,7 @@ int bench_kernels_main(int argc, char **argv)
             int isa = cpu_isa_parse(v);
             if (isa < 0) return usage(), 2;
             bo.isa = (enum cpu_isa)isa;
+            isa_given = true;
             i++;
         } else if (!strcmp(a, "--precision") && v) {
             both = !strcmp(v, "both");
@@ -476,6 +543,19 @@ int bench_kernels_main(int argc, char **argv)
     }
     if (bo.n_threads <= 0) bo.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (pp < 16 || tg < 2 || n_batches < 1) return usage(), 2;
+    /* as every other command: $QUERN_CPU_ISA picks the kernels unless --isa did */
+    const char *env_isa = getenv("QUERN_CPU_ISA");
+    if (!isa_given && env_isa && *env_isa) {
+        int isa = cpu_isa_parse(env_isa);
+        if (isa < 0) {
+            fprintf(stderr, "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto\n", env_isa);
+            return 2;
+        }
+        bo.isa = (enum cpu_isa)isa;
+    }
+    struct shape shapes[N_SHAPES];
+    memcpy(shapes, default_shapes, sizeof shapes);
+    if (model && kernels && shapes_from_model(model, shapes)) return 1;
 
     double bw1 = bench_read_bandwidth(1), bwn = bench_read_bandwidth(bo.n_threads);
     double cp = bench_memcpy_bandwidth();
@@ -496,10 +576,10 @@ int bench_kernels_main(int argc, char **argv)
     for (int p = 0; p < n_prec && !rc && kernels; p++) {
         struct backend_cpu_opts o = bo;
         o.precision = precs[p];
-        rc = bench_matmuls(&o, batches, n_batches, bwn,
+        rc = bench_matmuls(&o, shapes, batches, n_batches, bwn,
                            o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32);
         if (!rc)
-            rc = bench_matmuls_cached(&o, batches, n_batches,
+            rc = bench_matmuls_cached(&o, shapes, batches, n_batches,
                                       bench_compute_peak(o.precision != MATMUL_Q8, 1, wide));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);

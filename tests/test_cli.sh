@@ -118,6 +118,16 @@ expect 2 "--draft-model drafts only with --spec draft, not ngram" -- generate --
 expect 2 "quern serve: --spec draft needs --draft-model PATH" -- serve --model "$model" --spec draft
 expect 2 "quern bench: --draft-model drafts only with --spec draft, not off" -- bench --model "$model" --requests 1 --input-len 4 --output-len 2 --spec off --draft-model "$tmp/draft.gguf"
 expect 1 "--draft-model $tmp/nothing.gguf: " -- generate --model "$model" --prompt hi --draft-model "$tmp/nothing.gguf"
+# bench --kernels times the model's own shapes in its own types (the Q4_0 copy's layers, where
+# the default table has Q4_1) with the kernels $QUERN_CPU_ISA names, as every other command does
+kisa=native
+if grep -qw avx2 /proc/cpuinfo; then kisa=avx2; fi
+QUERN_CPU_ISA=${kisa/native/auto} expect 0 'attn_q/o 576x576 +Q4_0 ' -- bench --kernels --threads 1 --precision q8 \
+  --batches 1 --model "$tmp/draft.gguf" --pp 16 --tg 2
+if [ "$kisa" = avx2 ] && ! grep -q '^matmul, avx2, Q8 activations' "$tmp/out"; then
+  echo "FAIL: bench --kernels did not take QUERN_CPU_ISA=avx2"; fails=$((fails + 1))
+fi
+QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avx512 or auto' -- bench --kernels
 for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
   "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
