@@ -601,7 +601,8 @@ START_TEST(fp16_kv_cache)
     free(h);
     free(href);
 
-    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}, {6, 2, 32, 0}};
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1},  {8, 2, 128, 1},
+                          {6, 2, 32, 0}, {16, 2, 64, 0}, {12, 4, 128, 0}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         int nt = 1 + (int)(tu_rnd() % 40);
         struct attn_case c;
@@ -615,7 +616,7 @@ START_TEST(fp16_kv_cache)
             c.kc[j] = fp16_to_f32(k16[j]); /* the float cache holds the same values */
             c.vc[j] = fp16_to_f32(v16[j]);
         }
-        float *want = malloc(c.q_len * 4), *got = malloc(c.q_len * 4);
+        float *want = malloc(c.q_len * 4), *got = malloc(c.q_len * 4), *all = malloc(c.q_len * 4);
         for (int t = 0; t < nt; t++)
             for (int hh = 0; hh < c.s.n_heads; hh++) {
                 ref_attention_one(want, c.q, c.kc, c.vc, &c.b, &c.s, t, hh);
@@ -634,11 +635,25 @@ START_TEST(fp16_kv_cache)
                           "%s attention_f16, heads %d/%d hd %d: [%zu] %.8g vs %.8g",
                           cpu_isa_name(all_isas[i]), c.s.n_heads, c.s.n_kv_heads, c.s.head_dim, at,
                           got[at], want[at]);
+            /* kv head -1, every head in one pass over whole slots: the same bits, both caches */
+            for (int f16 = 0; f16 < 2; f16++) {
+                memset(all, 0xff, c.q_len * 4);
+                if (f16)
+                    k->attention_f16(all, c.q, k16, v16, &c.b, &c.s, 0, nt, -1);
+                else
+                    k->attention(all, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, -1);
+                ck_assert_msg(!tu_bits_differ(all, want, c.q_len, &at),
+                              "%s attention%s, every kv head at once, heads %d/%d hd %d: [%zu] "
+                              "%.8g vs %.8g",
+                              cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", c.s.n_heads,
+                              c.s.n_kv_heads, c.s.head_dim, at, all[at], want[at]);
+            }
         }
         free(k16);
         free(v16);
         free(want);
         free(got);
+        free(all);
         attn_case_free(&c);
     }
 

@@ -41,14 +41,15 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
                            const int NV, const int F16, __m256 vscale)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const size_t col = rows[r0].col; /* the block's kv head */
     __m256 part[3][CHUNK];
 #pragma GCC unroll 8
     for (int k = 0; k < CHUNK; k++) {
-        __m256 kv = load8(k_cache, o[k], F16);
+        __m256 kv = load8(k_cache, o[k] + col, F16);
         for (int i = 0; i < RB; i++)
             part[i][k] = _mm256_mul_ps(_mm256_loadu_ps(rows[r0 + i].q), kv);
         for (int v = 1; v < NV; v++) {
-            kv = load8(k_cache, o[k] + 8 * (size_t)v, F16);
+            kv = load8(k_cache, o[k] + col + 8 * (size_t)v, F16);
             for (int i = 0; i < RB; i++)
                 part[i][k] =
                     _mm256_fmadd_ps(_mm256_loadu_ps(rows[r0 + i].q + 8 * v), kv, part[i][k]);
@@ -66,13 +67,13 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
 /* p . V of chunk c for rows [r0, r0 + RB), which all read its first n keys: each row's partial
  * sum adds the keys in order, as alone; a block converts each V element once for its rows. */
 TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
-                        const size_t *o, int c, int n, const int NV, const int F16)
+                        const size_t *o, size_t col, int c, int n, const int NV, const int F16)
 {
     for (int v = 0; v < NV; v++) {
         __m256 pa[3];
         for (int i = 0; i < RB; i++) pa[i] = _mm256_load_ps(st[r0 + i].pa + 8 * v);
         for (int k = 0; k < n; k++) {
-            __m256 vv = load8(v_cache, o[k] + 8 * (size_t)v, F16);
+            __m256 vv = load8(v_cache, o[k] + col + 8 * (size_t)v, F16);
             for (int i = 0; i < RB; i++)
                 pa[i] = _mm256_fmadd_ps(_mm256_set1_ps(st[r0 + i].p[c * CHUNK + k]), vv, pa[i]);
         }
@@ -87,17 +88,23 @@ static inline int chunk_keys(const struct attn_row *rows, int r, int c, int j0)
     return n <= 0 ? 0 : n < CHUNK ? n : CHUNK;
 }
 
-/* How many rows from r (at most 3) read the same keys of chunk c: a register block. */
+/* How many rows from r (at most 3, of one kv head) read the same keys of chunk c: a register
+ * block. */
 static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, int j0)
 {
     int n = chunk_keys(rows, r, c, j0), b = 1;
-    while (b < 3 && r + b < nr && chunk_keys(rows, r + b, c, j0) == n) b++;
+    while (b < 3 && r + b < nr && rows[r + b].col == rows[r].col &&
+           chunk_keys(rows, r + b, c, j0) == n)
+        b++;
     return b;
 }
 
+/* One set: kw walks its sequence's slots (column 0: each row adds its kv head's), pf_kw the
+ * part of each slot the prefetch walker fetches, pf_elems elements from pf_kw's column on. */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
-                         const void *k_cache, const void *v_cache, struct key_walk kw, float scale,
-                         const int NV, const int F16)
+                         const void *k_cache, const void *v_cache, struct key_walk kw,
+                         struct key_walk pf_kw, size_t pf_elems, float scale, const int NV,
+                         const int F16)
 {
     int max_keys = 0;
     for (int r = 0; r < nr; r++) {
@@ -109,7 +116,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(kw, max_keys, k_cache, v_cache, 8 * (size_t)NV, F16 ? 2 : 4);
+        key_prefetch_start(pf_kw, max_keys, k_cache, v_cache, pf_elems, F16 ? 2 : 4);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -167,11 +174,11 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 }
                 int b = block_rows(rows, nr, r, c, j0);
                 if (b == 3)
-                    pv_rows(st, r, 3, v_cache, o, c, n, NV, F16);
+                    pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, F16);
                 else if (b == 2)
-                    pv_rows(st, r, 2, v_cache, o, c, n, NV, F16);
+                    pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, F16);
                 else
-                    pv_rows(st, r, 1, v_cache, o, c, n, NV, F16);
+                    pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, F16);
                 r += b;
             }
         }
@@ -192,34 +199,43 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-/* Tokens [t0, t1) x the heads of kv head kvh over a float (F16 0) or fp16 cache. */
+/* Tokens [t0, t1) x the heads of kv head kvh (-1: every kv head) over a float (F16 0) or fp16
+ * cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                              int kvh, const int F16)
 {
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
-    if (hd != 64 && hd != 128) {
-        for (int t = t0; t < t1; t++)
-            for (int g = 0; g < group; g++)
-                if (F16)
-                    ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
-                else
-                    ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
-        return;
-    }
-    struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = kvh};
-    struct attn_row rows[ATTN_ROWS];
-    struct row_state st[ATTN_ROWS];
-    int seq = -1, nr;
-    while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
-        struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
-                              .bs = b->block_size,
-                              .row = (size_t)s->n_kv_heads * (size_t)hd,
-                              .col = (size_t)kvh * (size_t)hd};
-        if (hd == 64)
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8, F16);
-        else
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 16, F16);
+    /* kv head -1 in one pass where a token's heads fit a set, else head by head */
+    bool all = kvh < 0 && attn_all_heads_fit(s) && (hd == 64 || hd == 128);
+    int h0 = kvh < 0 ? 0 : kvh, h1 = all ? h0 + 1 : kvh < 0 ? s->n_kv_heads : kvh + 1;
+    for (int h = h0; h < h1; h++) {
+        if (hd != 64 && hd != 128) {
+            for (int t = t0; t < t1; t++)
+                for (int g = 0; g < group; g++)
+                    if (F16)
+                        ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h * group + g);
+                    else
+                        ref_attention_one(out, q, k_cache, v_cache, b, s, t, h * group + g);
+            continue;
+        }
+        struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = all ? -1 : h};
+        struct attn_row rows[ATTN_ROWS];
+        struct row_state st[ATTN_ROWS];
+        size_t slot = (size_t)s->n_kv_heads * (size_t)hd;
+        int seq = -1, nr;
+        while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
+            struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
+                                  .bs = b->block_size,
+                                  .row = slot};
+            struct key_walk pf_kw = kw;
+            pf_kw.col = all ? 0 : (size_t)h * (size_t)hd;
+            size_t pf_elems = all ? slot : (size_t)hd;
+            if (hd == 64)
+                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 8, F16);
+            else
+                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 16, F16);
+        }
     }
 }
 

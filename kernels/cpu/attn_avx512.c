@@ -70,7 +70,7 @@ TGT INLINE __m512 sum16x16(const __m512 v[16])
 
 /* Scores of chunk c for rows [r0, r0 + RB): key k's products with the row, q[d] K[d] summed over
  * d of each residue mod 16 (d, d + 16, ... in order), then the 16 residues by sum16x16; scaled,
- * lanes past a row's last key -inf. Each K row is loaded once for the RB rows. */
+ * lanes past a row's last key -inf. Each K row is loaded once for the RB rows (of one kv head). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, const int NV,
                            const int F16, int c, int j0, float scale)
@@ -78,7 +78,8 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
     __m512 v[4][CHUNK];
     for (int k = 0; k < CHUNK; k++) {
         __m512 kv[8];
-        for (int j = 0; j < NV; j++) kv[j] = load16(k_cache, o[k] + 16 * (size_t)j, F16);
+        for (int j = 0; j < NV; j++)
+            kv[j] = load16(k_cache, o[k] + rows[r0].col + 16 * (size_t)j, F16);
         for (int i = 0; i < RB; i++) {
             const float *q = rows[r0 + i].q;
             __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
@@ -99,7 +100,7 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
  * serves RB rows), the rest run row by row; each row sums its keys in order into its own
  * accumulator, then acc = acc * corr + that sum. */
 TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
-                        const size_t *offs, const int NV, const int F16)
+                        const size_t *offs, size_t col, const int NV, const int F16)
 {
     int common = SPAN;
     for (int i = 0; i < RB; i++) common = st[r0 + i].cnt < common ? st[r0 + i].cnt : common;
@@ -108,7 +109,7 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
         for (int v = 0; v < NV; v++) a[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < common; k++) {
         __m512 vv[8];
-        for (int v = 0; v < NV; v++) vv[v] = load16(v_cache, offs[k] + 16 * (size_t)v, F16);
+        for (int v = 0; v < NV; v++) vv[v] = load16(v_cache, offs[k] + col + 16 * (size_t)v, F16);
         for (int i = 0; i < RB; i++) {
             __m512 p = _mm512_set1_ps(st[r0 + i].p[k]);
             for (int v = 0; v < NV; v++) a[i][v] = _mm512_fmadd_ps(p, vv[v], a[i][v]);
@@ -119,8 +120,8 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
         for (int k = common; k < sr->cnt; k++) {
             __m512 p = _mm512_set1_ps(sr->p[k]);
             for (int v = 0; v < NV; v++)
-                a[i][v] =
-                    _mm512_fmadd_ps(p, load16(v_cache, offs[k] + 16 * (size_t)v, F16), a[i][v]);
+                a[i][v] = _mm512_fmadd_ps(p, load16(v_cache, offs[k] + col + 16 * (size_t)v, F16),
+                                          a[i][v]);
         }
         __m512 vc = _mm512_set1_ps(sr->corr);
         for (int v = 0; v < NV; v++)
@@ -129,11 +130,13 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
     }
 }
 
+/* One set: kw walks its sequence's slots (column 0: each row adds its kv head's), pf_kw the
+ * part of each slot the prefetch walker fetches, pf_elems elements from pf_kw's column on. */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
-                         const void *k_cache, const void *v_cache, struct key_walk kw, float scale,
-                         const int NV, const int F16)
+                         const void *k_cache, const void *v_cache, struct key_walk kw,
+                         struct key_walk pf_kw, size_t pf_elems, float scale, const int NV,
+                         const int F16)
 {
-    const int hd = 16 * NV;
     const int RB = NV == 4 ? 4 : 2; /* rows per register block: RB * NV accumulators */
     int max_keys = 0;
     for (int r = 0; r < nr; r++) {
@@ -144,13 +147,13 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(kw, max_keys, k_cache, v_cache, (size_t)hd, F16 ? 2 : 4);
+        key_prefetch_start(pf_kw, max_keys, k_cache, v_cache, pf_elems, F16 ? 2 : 4);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
         __m512 vmax[ATTN_ROWS];
         /* rows still reading keys here: the set's rows are in order of position, mostly */
-        int act[ATTN_ROWS], na = 0;
+        int act[ATTN_ROWS], na = 0, bstart[ATTN_ROWS], blen[ATTN_ROWS], nb;
         for (int r = 0; r < nr; r++) {
             vmax[r] = _mm512_set1_ps(-INFINITY);
             int cnt = rows[r].n_keys - j0;
@@ -166,27 +169,20 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             na = 0;
             for (int r = 0; r < nr; r++)
                 if (st[r].cnt > c * CHUNK) act[na++] = r;
-            /* blocks of RB consecutive active rows share each load, then one block of the 2-3
-             * left (a decode token's GQA heads: 3 rows for SmolLM2, whose dot products would
-             * otherwise each be one latency-bound fma chain); the rest go one by one */
-            int i = 0;
-            for (; i + RB <= na; i += RB) {
-                if (act[i + RB - 1] - act[i] == RB - 1)
-                    score_rows(rows, st, vmax, act[i], RB, k_cache, o, NV, F16, c, j0, scale);
+            /* blocks of up to RB consecutive active rows of one kv head share each load (a
+             * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
+             * each be one latency-bound fma chain) */
+            nb = attn_blocks(rows, act, na, RB, bstart, blen);
+            for (int i = 0; i < nb; i++) {
+                if (blen[i] == 4)
+                    score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale);
+                else if (blen[i] == 3)
+                    score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale);
+                else if (blen[i] == 2)
+                    score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale);
                 else
-                    for (int u = 0; u < RB; u++)
-                        score_rows(rows, st, vmax, act[i + u], 1, k_cache, o, NV, F16, c, j0,
-                                   scale);
+                    score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale);
             }
-            if (na - i == 3 && act[i + 2] - act[i] == 2) {
-                score_rows(rows, st, vmax, act[i], 3, k_cache, o, NV, F16, c, j0, scale);
-                i += 3;
-            } else if (na - i == 2 && act[i + 1] - act[i] == 1) {
-                score_rows(rows, st, vmax, act[i], 2, k_cache, o, NV, F16, c, j0, scale);
-                i += 2;
-            }
-            for (; i < na; i++)
-                score_rows(rows, st, vmax, act[i], 1, k_cache, o, NV, F16, c, j0, scale);
         }
         /* 2. maximum, rescale factor, weights */
         for (int r = 0; r < nr; r++) {
@@ -211,21 +207,18 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         na = 0;
         for (int r = 0; r < nr; r++)
             if (st[r].cnt) act[na++] = r;
-        int i = 0;
-        for (; i + RB <= na; i += RB) {
-            if (act[i + RB - 1] - act[i] == RB - 1)
-                pv_rows(st, act[i], RB, v_cache, offs, NV, F16);
+        nb = attn_blocks(rows, act, na, RB, bstart, blen);
+        for (int i = 0; i < nb; i++) {
+            size_t col = rows[bstart[i]].col;
+            if (blen[i] == 4)
+                pv_rows(st, bstart[i], 4, v_cache, offs, col, NV, F16);
+            else if (blen[i] == 3)
+                pv_rows(st, bstart[i], 3, v_cache, offs, col, NV, F16);
+            else if (blen[i] == 2)
+                pv_rows(st, bstart[i], 2, v_cache, offs, col, NV, F16);
             else
-                for (int u = 0; u < RB; u++) pv_rows(st, act[i + u], 1, v_cache, offs, NV, F16);
+                pv_rows(st, bstart[i], 1, v_cache, offs, col, NV, F16);
         }
-        if (na - i == 3 && act[i + 2] - act[i] == 2) {
-            pv_rows(st, act[i], 3, v_cache, offs, NV, F16);
-            i += 3;
-        } else if (na - i == 2 && act[i + 1] - act[i] == 1) {
-            pv_rows(st, act[i], 2, v_cache, offs, NV, F16);
-            i += 2;
-        }
-        for (; i < na; i++) pv_rows(st, act[i], 1, v_cache, offs, NV, F16);
     }
     for (int r = 0; r < nr; r++) {
         __m512 vl = _mm512_set1_ps(st[r].l);
@@ -235,35 +228,44 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-/* Tokens [t0, t1) x the heads of kv head kvh over a float (F16 0) or fp16 cache. */
+/* Tokens [t0, t1) x the heads of kv head kvh (-1: every kv head) over a float (F16 0) or fp16
+ * cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                              int kvh, const int F16)
 {
     int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
-    if (hd != 64 && hd != 128) {
-        for (int t = t0; t < t1; t++)
-            for (int g = 0; g < group; g++) {
-                if (F16)
-                    ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
-                else
-                    ref_attention_one(out, q, k_cache, v_cache, b, s, t, kvh * group + g);
-            }
-        return;
-    }
-    struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = kvh};
-    struct attn_row rows[ATTN_ROWS];
-    struct row_state st[ATTN_ROWS];
-    int seq = -1, nr;
-    while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
-        struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
-                              .bs = b->block_size,
-                              .row = (size_t)s->n_kv_heads * (size_t)hd,
-                              .col = (size_t)kvh * (size_t)hd};
-        if (hd == 64)
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 4, F16);
-        else
-            attn_set(rows, nr, st, k_cache, v_cache, kw, s->scale, 8, F16);
+    /* kv head -1 in one pass where a token's heads fit a set, else head by head */
+    bool all = kvh < 0 && attn_all_heads_fit(s) && (hd == 64 || hd == 128);
+    int h0 = kvh < 0 ? 0 : kvh, h1 = all ? h0 + 1 : kvh < 0 ? s->n_kv_heads : kvh + 1;
+    for (int h = h0; h < h1; h++) {
+        if (hd != 64 && hd != 128) {
+            for (int t = t0; t < t1; t++)
+                for (int g = 0; g < group; g++) {
+                    if (F16)
+                        ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h * group + g);
+                    else
+                        ref_attention_one(out, q, k_cache, v_cache, b, s, t, h * group + g);
+                }
+            continue;
+        }
+        struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = all ? -1 : h};
+        struct attn_row rows[ATTN_ROWS];
+        struct row_state st[ATTN_ROWS];
+        size_t slot = (size_t)s->n_kv_heads * (size_t)hd;
+        int seq = -1, nr;
+        while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
+            struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
+                                  .bs = b->block_size,
+                                  .row = slot};
+            struct key_walk pf_kw = kw;
+            pf_kw.col = all ? 0 : (size_t)h * (size_t)hd;
+            size_t pf_elems = all ? slot : (size_t)hd;
+            if (hd == 64)
+                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 4, F16);
+            else
+                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 8, F16);
+        }
     }
 }
 

@@ -43,8 +43,9 @@ struct cpu_kernels {
      * rope_table in cpu_ops.c): x[2i] = x[2i] c - x[2i+1] s, x[2i+1] = x[2i+1] c + x[2i] s. */
     void (*rope)(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
-    /* Tokens [t0, t1) of the batch x the query heads of kv head kvh, each as
-     * ref_attention_one. */
+    /* Tokens [t0, t1) of the batch x the query heads of kv head kvh (-1: of every kv head, the
+     * tokens' KV slots read whole, once), each as ref_attention_one; a row's result is the
+     * same bits whichever kvh the call names. */
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int kvh);
