@@ -99,13 +99,12 @@ static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, 
     return b;
 }
 
-/* One set: kw walks its sequence's slots (column 0: each row adds its kv head's), pf_kw the
- * part of each slot the prefetch walker fetches, pf_elems elements from pf_kw's column on. */
+/* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
-                         const void *k_cache, const void *v_cache, struct key_walk kw,
-                         struct key_walk pf_kw, size_t pf_elems, float scale, const int NV,
-                         const int F16)
+                         const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
+                         const int NV, const int F16)
 {
+    struct key_walk kw = w.kw;
     int max_keys = 0;
     for (int r = 0; r < nr; r++) {
         max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
@@ -116,7 +115,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(pf_kw, max_keys, k_cache, v_cache, pf_elems, F16 ? 2 : 4);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -205,36 +204,24 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                              int kvh, const int F16)
 {
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
-    /* kv head -1 in one pass where a token's heads fit a set, else head by head */
-    bool all = kvh < 0 && attn_all_heads_fit(s) && (hd == 64 || hd == 128);
-    int h0 = kvh < 0 ? 0 : kvh, h1 = all ? h0 + 1 : kvh < 0 ? s->n_kv_heads : kvh + 1;
-    for (int h = h0; h < h1; h++) {
-        if (hd != 64 && hd != 128) {
-            for (int t = t0; t < t1; t++)
-                for (int g = 0; g < group; g++)
-                    if (F16)
-                        ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h * group + g);
-                    else
-                        ref_attention_one(out, q, k_cache, v_cache, b, s, t, h * group + g);
-            continue;
-        }
-        struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = all ? -1 : h};
+    int hd = s->head_dim;
+    if (hd != 64 && hd != 128) {
+        attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, kvh, F16);
+        return;
+    }
+    struct attn_heads hs = attn_heads_of(s, kvh);
+    for (int h = hs.h0; h < hs.h1; h++) {
+        int walk = hs.all ? -1 : h;
+        struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = walk};
         struct attn_row rows[ATTN_ROWS];
         struct row_state st[ATTN_ROWS];
-        size_t slot = (size_t)s->n_kv_heads * (size_t)hd;
         int seq = -1, nr;
         while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
-            struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
-                                  .bs = b->block_size,
-                                  .row = slot};
-            struct key_walk pf_kw = kw;
-            pf_kw.col = all ? 0 : (size_t)h * (size_t)hd;
-            size_t pf_elems = all ? slot : (size_t)hd;
+            struct attn_walks w = attn_walks_of(b, s, seq, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 8, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, kw, pf_kw, pf_elems, s->scale, 16, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, F16);
         }
     }
 }

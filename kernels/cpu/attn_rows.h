@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "../backend.h"
+#include "ref.h"
 
 #define ATTN_ROWS 12
 
@@ -68,6 +69,36 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         }
     }
     return nr;
+}
+
+/* The kv heads a SIMD kernel call walks, h0 to h1: kv head -1 in one pass (all set: every head's
+ * rows in each set) where a token's heads fit a set, else head by head. */
+struct attn_heads {
+    bool all;
+    int h0, h1;
+};
+
+static inline struct attn_heads attn_heads_of(const struct attn_shape *s, int kvh)
+{
+    bool all = kvh < 0 && attn_all_heads_fit(s);
+    int h0 = kvh < 0 ? 0 : kvh;
+    return (struct attn_heads){all, h0, all ? h0 + 1 : kvh < 0 ? s->n_kv_heads : kvh + 1};
+}
+
+/* Tokens [t0, t1) x the query heads of kv head kvh (-1: every head) by the reference, over a
+ * float (F16 0) or fp16 cache: the head sizes the SIMD kernels have no tiles for. */
+static inline void attn_ref_heads(float *out, const float *q, const void *k_cache,
+                                  const void *v_cache, const struct attn_batch *b,
+                                  const struct attn_shape *s, int t0, int t1, int kvh, int F16)
+{
+    int group = s->n_heads / s->n_kv_heads, h0 = kvh < 0 ? 0 : kvh * group,
+        h1 = kvh < 0 ? s->n_heads : h0 + group;
+    for (int t = t0; t < t1; t++)
+        for (int h = h0; h < h1; h++)
+            if (F16)
+                ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h);
+            else
+                ref_attention_one(out, q, k_cache, v_cache, b, s, t, h);
 }
 
 /* Cuts the active rows act[0, na) into register blocks: runs of consecutive rows of one kv head,
@@ -143,6 +174,26 @@ static inline struct key_prefetch key_prefetch_start(struct key_walk kw, int n_k
     struct key_prefetch pf = {kw, n_keys, elems * elem, k_cache, v_cache, elem};
     key_prefetch_next(&pf, ATTN_PF_KEYS);
     return pf;
+}
+
+/* The walks of one set of sequence seq: kw over its slots (column 0: each row adds its kv
+ * head's), pf over what the prefetch walker fetches, pf_elems elements a key from pf's column:
+ * the whole slot for kv head -1, else head kvh's row. */
+struct attn_walks {
+    struct key_walk kw, pf;
+    size_t pf_elems;
+};
+
+static inline struct attn_walks attn_walks_of(const struct attn_batch *b,
+                                              const struct attn_shape *s, int seq, int kvh)
+{
+    size_t hd = (size_t)s->head_dim, slot = (size_t)s->n_kv_heads * hd;
+    struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
+                          .bs = b->block_size,
+                          .row = slot};
+    struct attn_walks w = {kw, kw, kvh < 0 ? slot : hd};
+    w.pf.col = kvh < 0 ? 0 : (size_t)kvh * hd;
+    return w;
 }
 
 #endif

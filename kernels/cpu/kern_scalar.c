@@ -1,5 +1,6 @@
 /* The scalar table: the reference kernels, plus the few row-level helpers the backend's drivers
  * need in a form the SIMD files also provide. */
+#include "attn_rows.h"
 #include "kern.h"
 
 void scalar_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum)
@@ -48,22 +49,14 @@ void scalar_attention(float *out, const float *q, const float *k_cache, const fl
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int kvh)
 {
-    /* kv head -1: every head of the tokens */
-    int group = s->n_heads / s->n_kv_heads, h0 = kvh < 0 ? 0 : kvh * group,
-        h1 = kvh < 0 ? s->n_heads : h0 + group;
-    for (int t = t0; t < t1; t++)
-        for (int h = h0; h < h1; h++) ref_attention_one(out, q, k_cache, v_cache, b, s, t, h);
+    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 0);
 }
 
 void scalar_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int kvh)
 {
-    /* kv head -1: every head of the tokens */
-    int group = s->n_heads / s->n_kv_heads, h0 = kvh < 0 ? 0 : kvh * group,
-        h1 = kvh < 0 ? s->n_heads : h0 + group;
-    for (int t = t0; t < t1; t++)
-        for (int h = h0; h < h1; h++) ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h);
+    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 1);
 }
 
 void scalar_to_fp16(const float *x, uint16_t *out, size_t n)
