@@ -302,8 +302,8 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
         tasks = n_runs * s->n_kv_heads;
         /* A decode batch of sequences enough to even out the threads: a task per sequence,
          * which reads its KV slots whole, every kv head in one pass (attn_rows.h), where a kv
-         * head's row alone is a strided third of each slot. Batch 16 at context 128, 2
-         * threads: attention 0.76x the time (median of 6 alternating pairs). Not for a prefill
+         * head's row alone is a strided third of each slot. 16 sequences at context 128, their
+         * KV beyond the L2: attention 0.79-0.86x the time, same bits. Not for a prefill
          * run, whose tokens share each K and V read within a kv head, nor a small batch, whose
          * KV the caches still hold: a span of three heads' V no longer fits the L1. */
         if (n_runs == b->n_tokens && n_runs >= 2 * pool_threads(c->pool)) {
