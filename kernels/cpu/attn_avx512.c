@@ -2,18 +2,21 @@
  *
  * DESIGN. For one row (token, head) the keys run in spans of SPAN at fixed positions (0..127,
  * 128..255, ...), and each span in three passes:
- *   1. scores, CHUNK keys at a time: the chunk of K is transposed (kt[d] = element d of the 16
- *      keys), so a row's 16 scores are one vector: sum over d of q[d] * kt[d] (even d and odd d
- *      in two sums, added), scaled, -inf past the row's last key;
+ *   1. scores, CHUNK keys at a time: each key's K row times q, summed by residue of d mod 16
+ *      (a vector per key), then the chunk's 16 keys reduced by one shuffle-and-add tree
+ *      (sum16x16) into one vector of 16 scores, scaled, -inf past the row's last key;
  *   2. the span maximum, the row's new running maximum m, corr = exp(m_old - m), and the
  *      weights p = exp(s - m) (one vector exp per chunk), summed into l;
  *   3. p . V summed over the span's keys in order, then out = out * corr + that sum.
  * Only the rescale waits on the previous span. A set of rows (attn_rows.h: the GQA heads of a kv
  * head for a few consecutive tokens of one sequence) shares the work that does not depend on the
- * row: each K chunk is transposed once per kv head, and the dot products and p . V are
- * register-blocked over 2-4 rows of one kv head, so each K and V load serves several rows. Blocking
- * only interleaves independent rows; a row's own arithmetic, in order, is the same in any set, on
- * any thread. */
+ * row: the dot products and p . V are register-blocked over 2-4 rows, so each K and V load
+ * serves several rows. Blocking only interleaves independent rows; a row's own arithmetic, in
+ * order, is the same in any set, on any thread. (Scores once came from each chunk of K
+ * transposed in registers; the reduction tree costs fewer shuffles and stages nothing in
+ * memory: attention alone, 16 sequences at context 160 read as whole slots, 0.79-0.81x the time
+ * with their KV in the L2, 0.86x beyond it. It sums in another order, so the logits moved in
+ * their last bits; test_structured had to learn that a sampled string may run to max_tokens.) */
 #include <math.h>
 
 #include "attn_rows.h"
@@ -22,39 +25,13 @@
 
 #define TGT    TGT512
 #define INLINE INLINE512
-#define CHUNK  16  /* keys per transpose-and-add tree */
+#define CHUNK  16  /* keys per reduction tree: one vector of scores */
 #define SPAN   128 /* keys between two rescalings; its V (32 KiB at head size 64) stays in L1 */
 #define HD_MAX 128
 
 static inline __mmask16 first_lanes(int n)
 {
     return n >= CHUNK ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
-/* 16 rows of 16 floats, transposed in registers */
-TGT INLINE void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
 }
 
 /* 16 elements of a K or V cache of floats, or of fp16 values (widened exactly) */
@@ -73,27 +50,49 @@ struct row_state {
     _Alignas(64) float p[SPAN]; /* scores, then weights, of the current span */
 };
 
-/* Scores of chunk c for rows [r0, r0 + RB): s = (sum over even d of q[d] K[d] + sum over odd d)
- * * scale, lanes past a row's last key -inf. kt is the chunk transposed: kt[d] = the 16 keys'
- * element d. */
-TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
-                           const int RB, const float *kt, int hd, int c, int j0, float scale)
+/* Lane k of the result: the sum of v[k]'s 16 lanes. A fixed tree (pairs within 128-bit lanes,
+ * then across them), the same for every row. */
+TGT INLINE __m512 sum16x16(const __m512 v[16])
 {
-    __m512 s0[4], s1[4];
-    for (int i = 0; i < RB; i++) s0[i] = s1[i] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 2) {
-        __m512 k0 = _mm512_load_ps(kt + 16 * d), k1 = _mm512_load_ps(kt + 16 * (d + 1));
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+}
+
+/* Scores of chunk c for rows [r0, r0 + RB): key k's products with the row, q[d] K[d] summed over
+ * d of each residue mod 16 (d, d + 16, ... in order), then the 16 residues by sum16x16; scaled,
+ * lanes past a row's last key -inf. Each K row is loaded once for the RB rows (of one kv head). */
+TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
+                           const int RB, const void *k_cache, const size_t *o, const int NV,
+                           const int F16, int c, int j0, float scale)
+{
+    __m512 v[4][CHUNK];
+    for (int k = 0; k < CHUNK; k++) {
+        __m512 kv[8];
+        for (int j = 0; j < NV; j++)
+            kv[j] = load16(k_cache, o[k] + rows[r0].col + 16 * (size_t)j, F16);
         for (int i = 0; i < RB; i++) {
             const float *q = rows[r0 + i].q;
-            s0[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), k0, s0[i]);
-            s1[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), k1, s1[i]);
+            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
+            for (int j = 1; j < NV; j++) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kv[j], a);
+            v[i][k] = a;
         }
     }
     for (int i = 0; i < RB; i++) {
         int r = r0 + i, left = rows[r].n_keys - j0 - c * CHUNK;
-        __m512 sv =
-            _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), first_lanes(left),
-                               _mm512_mul_ps(_mm512_add_ps(s0[i], s1[i]), _mm512_set1_ps(scale)));
+        __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), first_lanes(left),
+                                       _mm512_mul_ps(sum16x16(v[i]), _mm512_set1_ps(scale)));
         _mm512_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm512_max_ps(vmax[r], sv);
     }
@@ -150,8 +149,6 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     size_t offs[SPAN];
     struct key_prefetch pf =
         key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4);
-    _Alignas(64) float kt[HD_MAX * CHUNK];
-    const int hd = 16 * NV;
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -163,7 +160,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             int cnt = rows[r].n_keys - j0;
             st[r].cnt = cnt <= 0 ? 0 : cnt < SPAN ? cnt : SPAN;
         }
-        /* 1. scores: transpose the chunk's K, then register-blocked dot products */
+        /* 1. scores: register-blocked dot products, one reduction tree per chunk and row */
         for (int c = 0; c < chunks; c++) {
             size_t *o = offs + c * CHUNK;
             int left = span - c * CHUNK;
@@ -177,27 +174,15 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
              * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
              * each be one latency-bound fma chain) */
             nb = attn_blocks(rows, act, na, RB, bstart, blen);
-            size_t kt_col = SIZE_MAX; /* the kv head whose K kt holds */
             for (int i = 0; i < nb; i++) {
-                size_t col = rows[bstart[i]].col;
-                if (col != kt_col) {
-                    for (int v = 0; v < NV; v++) {
-                        __m512 t[16];
-                        for (int k = 0; k < CHUNK; k++)
-                            t[k] = load16(k_cache, o[k] + col + 16 * (size_t)v, F16);
-                        transpose16(t);
-                        for (int u = 0; u < 16; u++) _mm512_store_ps(kt + (16 * v + u) * 16, t[u]);
-                    }
-                    kt_col = col;
-                }
                 if (blen[i] == 4)
-                    score_rows(rows, st, vmax, bstart[i], 4, kt, hd, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale);
                 else if (blen[i] == 3)
-                    score_rows(rows, st, vmax, bstart[i], 3, kt, hd, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale);
                 else if (blen[i] == 2)
-                    score_rows(rows, st, vmax, bstart[i], 2, kt, hd, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale);
                 else
-                    score_rows(rows, st, vmax, bstart[i], 1, kt, hd, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale);
             }
         }
         /* 2. maximum, rescale factor, weights */
