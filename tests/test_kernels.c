@@ -627,27 +627,39 @@ START_TEST(fp16_kv_cache)
         for (int i = 0; i < N_ISAS; i++) {
             if (!cpu_isa_supported(all_isas[i])) continue;
             const struct cpu_kernels *k = cpu_kernels_for(all_isas[i]);
+            int group = c.s.n_heads / c.s.n_kv_heads;
             for (int kvh = 0; kvh < c.s.n_kv_heads; kvh++) {
-                k->attention(want, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, kvh);
-                k->attention_f16(got, c.q, k16, v16, &c.b, &c.s, 0, nt, kvh);
+                int h0 = kvh * group, h1 = h0 + group;
+                k->attention(want, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, h0, h1);
+                k->attention_f16(got, c.q, k16, v16, &c.b, &c.s, 0, nt, h0, h1);
             }
             ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at),
                           "%s attention_f16, heads %d/%d hd %d: [%zu] %.8g vs %.8g",
                           cpu_isa_name(all_isas[i]), c.s.n_heads, c.s.n_kv_heads, c.s.head_dim, at,
                           got[at], want[at]);
-            /* kv head -1, every head in one pass over whole slots: the same bits, both caches */
-            for (int f16 = 0; f16 < 2; f16++) {
-                memset(all, 0xff, c.q_len * 4);
-                if (f16)
-                    k->attention_f16(all, c.q, k16, v16, &c.b, &c.s, 0, nt, -1);
-                else
-                    k->attention(all, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, -1);
-                ck_assert_msg(!tu_bits_differ(all, want, c.q_len, &at),
-                              "%s attention%s, every kv head at once, heads %d/%d hd %d: [%zu] "
-                              "%.8g vs %.8g",
-                              cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", c.s.n_heads,
-                              c.s.n_kv_heads, c.s.head_dim, at, all[at], want[at]);
-            }
+            /* every head in one pass over whole slots, and the heads cut in three ranges
+             * anywhere (kv heads' groups split between calls): the same bits, both caches */
+            for (int f16 = 0; f16 < 2; f16++)
+                for (int cut = 0; cut < 2; cut++) {
+                    int a = 1 + (int)(tu_rnd() % (unsigned)(c.s.n_heads - 1));
+                    int bnd = 1 + (int)(tu_rnd() % (unsigned)(c.s.n_heads - 1));
+                    int e[4] = {0, a < bnd ? a : bnd, a < bnd ? bnd : a, c.s.n_heads};
+                    if (!cut) e[1] = e[2] = c.s.n_heads;
+                    memset(all, 0xff, c.q_len * 4);
+                    for (int r = 0; r < 3; r++) {
+                        if (e[r] == e[r + 1]) continue;
+                        if (f16)
+                            k->attention_f16(all, c.q, k16, v16, &c.b, &c.s, 0, nt, e[r], e[r + 1]);
+                        else
+                            k->attention(all, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, e[r], e[r + 1]);
+                    }
+                    ck_assert_msg(!tu_bits_differ(all, want, c.q_len, &at),
+                                  "%s attention%s, heads [0,%d) [%d,%d) [%d,%d), heads %d/%d hd "
+                                  "%d: [%zu] %.8g vs %.8g",
+                                  cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", e[1], e[1], e[2],
+                                  e[2], e[3], c.s.n_heads, c.s.n_kv_heads, c.s.head_dim, at,
+                                  all[at], want[at]);
+                }
         }
         free(k16);
         free(v16);

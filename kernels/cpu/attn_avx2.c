@@ -198,26 +198,25 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-/* Tokens [t0, t1) x the heads of kv head kvh (-1: every kv head) over a float (F16 0) or fp16
- * cache. */
+/* Tokens [t0, t1) x query heads [h0, h1) over a float (F16 0) or fp16 cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int kvh, const int F16)
+                             int h0, int h1, const int F16)
 {
     int hd = s->head_dim;
     if (hd != 64 && hd != 128) {
-        attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, kvh, F16);
+        attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16);
         return;
     }
-    struct attn_heads hs = attn_heads_of(s, kvh);
-    for (int h = hs.h0; h < hs.h1; h++) {
-        int walk = hs.all ? -1 : h;
-        struct attn_sets it = {.t = t0, .g = 0, .t1 = t1, .kvh = walk};
+    struct attn_heads hs = attn_heads_of(s, h0, h1);
+    for (int kvh = hs.kvh0; kvh < hs.kvh1; kvh++) {
+        int walk = hs.all ? -1 : kvh;
+        struct attn_sets it = attn_sets_of(s, hs, t0, t1, walk);
         struct attn_row rows[ATTN_ROWS];
         struct row_state st[ATTN_ROWS];
         int seq = -1, nr;
         while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
-            struct attn_walks w = attn_walks_of(b, s, seq, walk);
+            struct attn_walks w = attn_walks_of(b, s, seq, hs, walk);
             if (hd == 64)
                 attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16);
             else
@@ -228,14 +227,14 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
 
 TGT void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                        int kvh)
+                        int h0, int h1)
 {
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 0);
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0);
 }
 
 TGT void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                             const uint16_t *v_cache, const struct attn_batch *b,
-                            const struct attn_shape *s, int t0, int t1, int kvh)
+                            const struct attn_shape *s, int t0, int t1, int h0, int h1)
 {
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, kvh, 1);
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1);
 }

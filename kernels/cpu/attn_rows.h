@@ -1,13 +1,15 @@
 /* attn_rows: how the SIMD attention kernels walk a batch and a sequence's keys.
  *
- * A kernel call covers tokens [t0, t1) of the batch and the query heads of one kv head. It cuts
- * them into sets of at most ATTN_ROWS (token, head) rows of one sequence, so a set reads each
- * K and V row once for all its rows (GQA heads and neighbouring prefill tokens). Or, kv head -1,
- * every head of the tokens, one token per set: a set then reads whole KV slots (all kv heads of
- * a key), one contiguous run per block, where a kv head's row alone is a strided third of each
- * slot that the hardware prefetchers follow poorly (a decode batch's KV read 1.3-1.8x faster
- * this way in a read-only test). Every row still runs its own arithmetic, step for step as it
- * would alone: which set a row lands in never changes its result. */
+ * A kernel call covers tokens [t0, t1) of the batch and query heads [h0, h1). Kv head by kv
+ * head, it cuts them into sets of at most ATTN_ROWS (token, head) rows of one sequence, so a set
+ * reads each K and V row once for all its rows (GQA heads and neighbouring prefill tokens). Or,
+ * when the call covers every head, one token per set: a set then reads whole KV slots (all kv
+ * heads of a key), one contiguous run per block, where a kv head's row alone is a strided third
+ * of each slot that the hardware prefetchers follow poorly (a decode batch's KV read 1.3-1.8x
+ * faster this way in a read-only test). A range that cuts a kv head's group (a token's heads
+ * split between threads) takes that group's heads in the range. Every row still runs its own
+ * arithmetic, step for step as it would alone: which set a row lands in never changes its
+ * result. */
 #ifndef QUERN_ATTN_ROWS_H
 #define QUERN_ATTN_ROWS_H
 
@@ -29,14 +31,9 @@ struct attn_row {
 
 struct attn_sets {
     int t, g;    /* next token and head within the kv group */
-    int t1, kvh; /* kvh -1: every head of a token, one token per set */
+    int t1, kvh; /* kvh -1: the heads [g0, g1) of a token, one token per set */
+    int g0, g1;  /* kvh >= 0: the group's heads [g0, g1) */
 };
-
-/* Whether one token's heads fit one set: what kv head -1 needs of a model. */
-static inline bool attn_all_heads_fit(const struct attn_shape *s)
-{
-    return s->n_heads <= ATTN_ROWS;
-}
 
 /* Fills rows with the next set (one sequence, at most ATTN_ROWS rows) and returns its size, or 0
  * when the range is done; *seq is the set's sequence. */
@@ -49,7 +46,7 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
     if (it->kvh < 0) {
         if (it->t >= it->t1) return 0;
         *seq = b->seq[it->t];
-        for (int h = 0; h < s->n_heads; h++) {
+        for (int h = it->g0; h < it->g1; h++) {
             size_t at = ((size_t)it->t * (size_t)s->n_heads + (size_t)h) * hd;
             rows[nr++] =
                 (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)(h / group) * hd};
@@ -63,36 +60,48 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         size_t h = (size_t)it->kvh * (size_t)group + (size_t)it->g;
         size_t at = ((size_t)it->t * (size_t)s->n_heads + h) * hd;
         rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hd};
-        if (++it->g == group) {
-            it->g = 0;
+        if (++it->g == it->g1) {
+            it->g = it->g0;
             it->t++;
         }
     }
     return nr;
 }
 
-/* The kv heads a SIMD kernel call walks, h0 to h1: kv head -1 in one pass (all set: every head's
- * rows in each set) where a token's heads fit a set, else head by head. */
+/* How a SIMD kernel call walks query heads [h0, h1): in one pass (all: the range's rows of a
+ * token in each set, its kv heads' columns of each slot read together) when the range spans kv
+ * heads and fits a set, else kv head by kv head, kvh0 to kvh1, each over its heads in the
+ * range. */
 struct attn_heads {
     bool all;
+    int kvh0, kvh1;
     int h0, h1;
 };
 
-static inline struct attn_heads attn_heads_of(const struct attn_shape *s, int kvh)
+static inline struct attn_heads attn_heads_of(const struct attn_shape *s, int h0, int h1)
 {
-    bool all = kvh < 0 && attn_all_heads_fit(s);
-    int h0 = kvh < 0 ? 0 : kvh;
-    return (struct attn_heads){all, h0, all ? h0 + 1 : kvh < 0 ? s->n_kv_heads : kvh + 1};
+    int group = s->n_heads / s->n_kv_heads, k0 = h0 / group, k1 = (h1 + group - 1) / group;
+    bool all = k1 - k0 > 1 && h1 - h0 <= ATTN_ROWS;
+    return (struct attn_heads){all, k0, all ? k0 + 1 : k1, h0, h1};
 }
 
-/* Tokens [t0, t1) x the query heads of kv head kvh (-1: every head) by the reference, over a
- * float (F16 0) or fp16 cache: the head sizes the SIMD kernels have no tiles for. */
+/* The sets of kv head kvh's pass (-1: the one pass of hs.all) over tokens [t0, t1). */
+static inline struct attn_sets attn_sets_of(const struct attn_shape *s, struct attn_heads hs,
+                                            int t0, int t1, int kvh)
+{
+    if (kvh < 0) return (struct attn_sets){.t = t0, .t1 = t1, .kvh = -1, .g0 = hs.h0, .g1 = hs.h1};
+    int group = s->n_heads / s->n_kv_heads, base = kvh * group;
+    int g0 = hs.h0 > base ? hs.h0 - base : 0, g1 = hs.h1 - base < group ? hs.h1 - base : group;
+    return (struct attn_sets){.t = t0, .g = g0, .t1 = t1, .kvh = kvh, .g0 = g0, .g1 = g1};
+}
+
+/* Tokens [t0, t1) x query heads [h0, h1) by the reference, over a float (F16 0) or fp16 cache:
+ * the head sizes the SIMD kernels have no tiles for. */
 static inline void attn_ref_heads(float *out, const float *q, const void *k_cache,
                                   const void *v_cache, const struct attn_batch *b,
-                                  const struct attn_shape *s, int t0, int t1, int kvh, int F16)
+                                  const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                                  int F16)
 {
-    int group = s->n_heads / s->n_kv_heads, h0 = kvh < 0 ? 0 : kvh * group,
-        h1 = kvh < 0 ? s->n_heads : h0 + group;
     for (int t = t0; t < t1; t++)
         for (int h = h0; h < h1; h++)
             if (F16)
@@ -178,21 +187,24 @@ static inline struct key_prefetch key_prefetch_start(struct key_walk kw, int n_k
 
 /* The walks of one set of sequence seq: kw over its slots (column 0: each row adds its kv
  * head's), pf over what the prefetch walker fetches, pf_elems elements a key from pf's column:
- * the whole slot for kv head -1, else head kvh's row. */
+ * for kv head -1 the columns of hs's kv heads, else head kvh's row. */
 struct attn_walks {
     struct key_walk kw, pf;
     size_t pf_elems;
 };
 
 static inline struct attn_walks attn_walks_of(const struct attn_batch *b,
-                                              const struct attn_shape *s, int seq, int kvh)
+                                              const struct attn_shape *s, int seq,
+                                              struct attn_heads hs, int kvh)
 {
     size_t hd = (size_t)s->head_dim, slot = (size_t)s->n_kv_heads * hd;
     struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
                           .bs = b->block_size,
                           .row = slot};
-    struct attn_walks w = {kw, kw, kvh < 0 ? slot : hd};
-    w.pf.col = kvh < 0 ? 0 : (size_t)kvh * hd;
+    int group = s->n_heads / s->n_kv_heads, k0 = kvh < 0 ? hs.h0 / group : kvh,
+        k1 = kvh < 0 ? (hs.h1 + group - 1) / group : kvh + 1;
+    struct attn_walks w = {kw, kw, (size_t)(k1 - k0) * hd};
+    w.pf.col = (size_t)k0 * hd;
     return w;
 }
 

@@ -43,17 +43,17 @@ struct cpu_kernels {
      * rope_table in cpu_ops.c): x[2i] = x[2i] c - x[2i+1] s, x[2i+1] = x[2i+1] c + x[2i] s. */
     void (*rope)(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
-    /* Tokens [t0, t1) of the batch x the query heads of kv head kvh (-1: of every kv head, the
-     * tokens' KV slots read whole, once), each as ref_attention_one; a row's result is the
-     * same bits whichever kvh the call names. */
+    /* Tokens [t0, t1) of the batch x query heads [h0, h1) (all of them: the tokens' KV slots
+     * read whole, once; else kv head by kv head), each as ref_attention_one; a row's result is
+     * the same bits whichever range the call names. */
     void (*attention)(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                      int kvh);
+                      int h0, int h1);
     /* The same over an fp16 cache: each element read is widened to float (exactly), then the
      * arithmetic of attention: bit-identical to attention on a float cache of those values. */
     void (*attention_f16)(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
-                          const struct attn_shape *s, int t0, int t1, int kvh);
+                          const struct attn_shape *s, int t0, int t1, int h0, int h1);
     /* out[i] = x[i] rounded to fp16, nearest even (as f32_to_fp16; the fp16 KV cache's write). */
     void (*to_fp16)(const float *x, uint16_t *out, size_t n);
 };
@@ -75,10 +75,10 @@ void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *
 void scalar_to_fp16(const float *x, uint16_t *out, size_t n);
 void scalar_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
-                          const struct attn_shape *s, int t0, int t1, int kvh);
+                          const struct attn_shape *s, int t0, int t1, int h0, int h1);
 void scalar_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                      int kvh);
+                      int h0, int h1);
 
 /* AVX2 + FMA + F16C */
 void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -97,10 +97,10 @@ void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs
 void avx2_to_fp16(const float *x, uint16_t *out, size_t n);
 void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                         const uint16_t *v_cache, const struct attn_batch *b,
-                        const struct attn_shape *s, int t0, int t1, int kvh);
+                        const struct attn_shape *s, int t0, int t1, int h0, int h1);
 void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                    const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                    int kvh);
+                    const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,
+                    int h1);
 
 /* AVX-512 F/BW/VL/VNNI */
 void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -119,9 +119,9 @@ void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *
 void avx512_to_fp16(const float *x, uint16_t *out, size_t n);
 void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
-                          const struct attn_shape *s, int t0, int t1, int kvh);
+                          const struct attn_shape *s, int t0, int t1, int h0, int h1);
 void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                      int kvh);
+                      int h0, int h1);
 
 #endif
