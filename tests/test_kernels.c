@@ -569,6 +569,64 @@ START_TEST(attention_matches_reference)
 }
 END_TEST
 
+/* A prompt chunk's tokens of one kv head run in sets of up to ATTN_ROWS rows (48: 16 tokens of
+ * SmolLM2's 3 GQA heads), register-blocked and sharing each K and V read: every token's rows
+ * must have the bits they have alone (a decode step's set of one token's heads), on both caches,
+ * at sizes below, at and past a set's size. */
+START_TEST(attention_prompt_sets_match_one_token)
+{
+    tu_seed(0x5e75);
+    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}, {16, 1, 64}};
+    const int sizes[] = {5, 16, 17, 40};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            int nt = sizes[si];
+            struct attn_case c;
+            attn_case_make(&c, nt, cfg[ci][0], cfg[ci][1], cfg[ci][2], true);
+            size_t kv_len = (size_t)c.b.n_seqs * (size_t)c.b.max_blocks * (size_t)c.b.block_size *
+                            (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim;
+            uint16_t *k16 = malloc(kv_len * 2), *v16 = malloc(kv_len * 2);
+            for (size_t j = 0; j < kv_len; j++) {
+                k16[j] = f32_to_fp16(c.kc[j]);
+                v16[j] = f32_to_fp16(c.vc[j]);
+            }
+            float *set = malloc(c.q_len * 4), *one = malloc(c.q_len * 4);
+            int group = c.s.n_heads / c.s.n_kv_heads;
+            for (int i = 0; i < N_ISAS; i++) {
+                if (!cpu_isa_supported(all_isas[i])) continue;
+                const struct cpu_kernels *k = cpu_kernels_for(all_isas[i]);
+                for (int f16 = 0; f16 < 2; f16++) {
+                    memset(set, 0xff, c.q_len * 4);
+                    memset(one, 0xfe, c.q_len * 4);
+                    for (int kvh = 0; kvh < c.s.n_kv_heads; kvh++) {
+                        int h0 = kvh * group, h1 = h0 + group;
+                        if (f16)
+                            k->attention_f16(set, c.q, k16, v16, &c.b, &c.s, 0, nt, h0, h1);
+                        else
+                            k->attention(set, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, h0, h1);
+                        for (int t = 0; t < nt; t++)
+                            if (f16)
+                                k->attention_f16(one, c.q, k16, v16, &c.b, &c.s, t, t + 1, h0, h1);
+                            else
+                                k->attention(one, c.q, c.kc, c.vc, &c.b, &c.s, t, t + 1, h0, h1);
+                    }
+                    size_t at;
+                    ck_assert_msg(!tu_bits_differ(set, one, c.q_len, &at),
+                                  "%s attention%s, %d prompt tokens, heads %d/%d hd %d: [%zu] "
+                                  "%.8g in the set vs %.8g alone",
+                                  cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", nt, c.s.n_heads,
+                                  c.s.n_kv_heads, c.s.head_dim, at, set[at], one[at]);
+                }
+            }
+            free(k16);
+            free(v16);
+            free(set);
+            free(one);
+            attn_case_free(&c);
+        }
+}
+END_TEST
+
 /* An fp16 KV cache: to_fp16 rounds as f32_to_fp16 on every ISA (ties, subnormals, overflow,
  * infinities); attention_f16 over fp16 values gives the bits attention gives over the same
  * values widened to float, on every ISA and in the reference; the backend with kv_f16 reports
@@ -786,6 +844,7 @@ int main(void)
     tcase_add_test(tc, large_batch_ops_thread_invariant);
     tcase_add_test(tc, rope_matches_reference_exactly);
     tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, attention_prompt_sets_match_one_token);
     tcase_add_test(tc, fp16_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);
     suite_add_tcase(s, tc);

@@ -20,7 +20,9 @@
 #include "../backend.h"
 #include "ref.h"
 
-#define ATTN_ROWS 12
+#define ATTN_ROWS 48
+/* the most rows of a token's every-head pass (attn_heads_of) */
+#define ATTN_ALL_ROWS 12
 
 struct attn_row {
     const float *q; /* [head_dim] */
@@ -81,7 +83,7 @@ struct attn_heads {
 static inline struct attn_heads attn_heads_of(const struct attn_shape *s, int h0, int h1)
 {
     int group = s->n_heads / s->n_kv_heads, k0 = h0 / group, k1 = (h1 + group - 1) / group;
-    bool all = k1 - k0 > 1 && h1 - h0 <= ATTN_ROWS;
+    bool all = k1 - k0 > 1 && h1 - h0 <= ATTN_ALL_ROWS;
     return (struct attn_heads){all, k0, all ? k0 + 1 : k1, h0, h1};
 }
 

@@ -232,14 +232,20 @@ struct attn_job {
     const void *k_cache, *v_cache;
     const struct attn_batch *b;
     const struct attn_shape *s;
-    const struct attn_run *runs; /* NULL: task i covers tokens [i * ATTN_TOKENS, ...) */
+    const struct attn_run *runs; /* NULL: task i covers tokens [i * run_tokens, ...) */
+    int run_tokens;
     int pieces; /* query head ranges per run: n_kv_heads (a kv head's group each), 1 (every
                    head, the KV slots read whole) or another cut of the heads */
 };
 
 /* tokens per attention task: with the GQA heads of one kv head, a set of rows that shares
- * every K and V read (see attn_rows.h) */
-#define ATTN_TOKENS 4
+ * every K and V read (see attn_rows.h). A prompt long enough to give every thread two tasks of
+ * ATTN_TOKENS_LONG takes those: a set of 16 tokens (48 rows for SmolLM2) reads its keys once
+ * where four sets of 4 read them four times; a 512-token prefill's attention 0.85x the time
+ * (2 threads, 4 alternating rounds). A short one (a draft being verified) keeps tasks enough
+ * for the threads. */
+#define ATTN_TOKENS      4
+#define ATTN_TOKENS_LONG 16
 /* runs the task list is built for; a batch with more (a long multi-sequence prefill) has tasks
  * enough that fixed groups of ATTN_TOKENS balance the pool */
 #define ATTN_RUNS_MAX 256
@@ -253,8 +259,8 @@ static void attn_task(void *arg, int task, int worker)
         t0 = j->runs[task / j->pieces].t0;
         t1 = j->runs[task / j->pieces].t1;
     } else {
-        t0 = task / j->pieces * ATTN_TOKENS;
-        t1 = t0 + ATTN_TOKENS < j->b->n_tokens ? t0 + ATTN_TOKENS : j->b->n_tokens;
+        t0 = task / j->pieces * j->run_tokens;
+        t1 = t0 + j->run_tokens < j->b->n_tokens ? t0 + j->run_tokens : j->b->n_tokens;
     }
     int h0 = piece * n_heads / j->pieces, h1 = (piece + 1) * n_heads / j->pieces;
     if (j->f16)
@@ -273,13 +279,13 @@ static int attn_run_costlier(const void *a, const void *b)
  * contexts start first and the short ones fill in behind them); 0 when there are more than
  * ATTN_RUNS_MAX. A decode batch is one run per sequence: grouping tokens of different
  * sequences shares no reads and only makes the tasks uneven. */
-static int attn_runs(const struct attn_batch *b, struct attn_run *runs)
+static int attn_runs(const struct attn_batch *b, int run_tokens, struct attn_run *runs)
 {
     int n = 0;
     for (int t = 0; t < b->n_tokens;) {
         if (n == ATTN_RUNS_MAX) return 0;
         struct attn_run r = {.t0 = t};
-        for (; t < b->n_tokens && t - r.t0 < ATTN_TOKENS && b->seq[t] == b->seq[r.t0]; t++)
+        for (; t < b->n_tokens && t - r.t0 < run_tokens && b->seq[t] == b->seq[r.t0]; t++)
             r.cost += (int64_t)b->pos[t] + 1;
         r.t1 = t;
         runs[n++] = r;
@@ -305,16 +311,28 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
                    const void *v_cache, const struct attn_batch *b, const struct attn_shape *s)
 {
     struct cpu_ctx *c = ctx_of(be);
-    struct attn_job j = {c->k, c->kv_f16, out, q, k_cache, v_cache, b, s, NULL, s->n_kv_heads};
-    int tasks = (b->n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS * s->n_kv_heads;
+    int threads = pool_threads(c->pool);
+    struct attn_job j = {.k = c->k,
+                         .f16 = c->kv_f16,
+                         .out = out,
+                         .q = q,
+                         .k_cache = k_cache,
+                         .v_cache = v_cache,
+                         .b = b,
+                         .s = s,
+                         .run_tokens = ATTN_TOKENS_LONG,
+                         .pieces = s->n_kv_heads};
     int64_t keys = 0;
     for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
     if (keys * s->n_heads < PAR_KEYS) {
+        int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
         for (int t = 0; t < tasks; t++) attn_task(&j, t, 0);
         return;
     }
+    if (b->n_tokens < 2 * threads * ATTN_TOKENS_LONG) j.run_tokens = ATTN_TOKENS;
+    int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
     struct attn_run runs[ATTN_RUNS_MAX];
-    int n_runs = attn_runs(b, runs);
+    int n_runs = attn_runs(b, j.run_tokens, runs);
     if (n_runs) {
         j.runs = runs;
         tasks = n_runs * s->n_kv_heads;
@@ -324,7 +342,6 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
          * KV beyond the L2: attention 0.79-0.86x the time, same bits. Not for a prefill
          * run, whose tokens share each K and V read within a kv head, nor a small batch, whose
          * KV the caches still hold: a span of three heads' V no longer fits the L1. */
-        int threads = pool_threads(c->pool);
         if (n_runs == b->n_tokens && n_runs >= 2 * threads)
             j.pieces = 1;
         else if (n_runs == b->n_tokens && tasks % threads)
