@@ -518,6 +518,22 @@ static void attn_case_free(struct attn_case *c)
     free(c->q);
 }
 
+/* fp16 copies of c's caches (*k16, *v16, freed by the caller), the float caches rounded to the
+ * same values. */
+static void attn_case_fp16(struct attn_case *c, uint16_t **k16, uint16_t **v16)
+{
+    size_t kv_len = (size_t)c->b.n_seqs * (size_t)c->b.max_blocks * (size_t)c->b.block_size *
+                    (size_t)c->s.n_kv_heads * (size_t)c->s.head_dim;
+    *k16 = malloc(kv_len * 2);
+    *v16 = malloc(kv_len * 2);
+    for (size_t j = 0; j < kv_len; j++) {
+        (*k16)[j] = f32_to_fp16(c->kc[j]);
+        (*v16)[j] = f32_to_fp16(c->vc[j]);
+        c->kc[j] = fp16_to_f32((*k16)[j]); /* the float cache holds the same values */
+        c->vc[j] = fp16_to_f32((*v16)[j]);
+    }
+}
+
 START_TEST(attention_matches_reference)
 {
     tu_seed(0xa77e);
@@ -583,13 +599,8 @@ START_TEST(attention_prompt_sets_match_one_token)
             int nt = sizes[si];
             struct attn_case c;
             attn_case_make(&c, nt, cfg[ci][0], cfg[ci][1], cfg[ci][2], true);
-            size_t kv_len = (size_t)c.b.n_seqs * (size_t)c.b.max_blocks * (size_t)c.b.block_size *
-                            (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim;
-            uint16_t *k16 = malloc(kv_len * 2), *v16 = malloc(kv_len * 2);
-            for (size_t j = 0; j < kv_len; j++) {
-                k16[j] = f32_to_fp16(c.kc[j]);
-                v16[j] = f32_to_fp16(c.vc[j]);
-            }
+            uint16_t *k16, *v16;
+            attn_case_fp16(&c, &k16, &v16);
             float *set = malloc(c.q_len * 4), *one = malloc(c.q_len * 4);
             int group = c.s.n_heads / c.s.n_kv_heads;
             for (int i = 0; i < N_ISAS; i++) {
@@ -665,15 +676,8 @@ START_TEST(fp16_kv_cache)
         int nt = 1 + (int)(tu_rnd() % 40);
         struct attn_case c;
         attn_case_make(&c, nt, cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3]);
-        size_t kv_len = (size_t)c.b.n_seqs * (size_t)c.b.max_blocks * (size_t)c.b.block_size *
-                        (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim;
-        uint16_t *k16 = malloc(kv_len * 2), *v16 = malloc(kv_len * 2);
-        for (size_t j = 0; j < kv_len; j++) {
-            k16[j] = f32_to_fp16(c.kc[j]);
-            v16[j] = f32_to_fp16(c.vc[j]);
-            c.kc[j] = fp16_to_f32(k16[j]); /* the float cache holds the same values */
-            c.vc[j] = fp16_to_f32(v16[j]);
-        }
+        uint16_t *k16, *v16;
+        attn_case_fp16(&c, &k16, &v16);
         float *want = malloc(c.q_len * 4), *got = malloc(c.q_len * 4), *all = malloc(c.q_len * 4);
         for (int t = 0; t < nt; t++)
             for (int hh = 0; hh < c.s.n_heads; hh++) {
