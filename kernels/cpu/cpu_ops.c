@@ -247,7 +247,7 @@ struct attn_job {
 #define ATTN_TOKENS      4
 #define ATTN_TOKENS_LONG 16
 /* runs the task list is built for; a batch with more (a long multi-sequence prefill) has tasks
- * enough that fixed groups of ATTN_TOKENS balance the pool */
+ * enough that fixed groups of run_tokens balance the pool */
 #define ATTN_RUNS_MAX 256
 
 static void attn_task(void *arg, int task, int worker)
