@@ -22,12 +22,16 @@
 #define PREP_TOKENS      8  /* tokens per activation-prep task */
 #define PREP_PARALLEL    16 /* tokens from which the prep itself runs on the pool */
 #define TASKS_PER_THREAD 4
-/* A single token's matmul (batch-1 decode) is a pure weight stream: each task restarts one (its
- * prefetch ramps up again), so it gets fewer, longer tasks. Measured, Q8/Q4_0/Q4_1 tg128 at 2
- * threads, 4 interleaved rounds on a quiet Zen 4: 2 tasks a thread 163/221/197 tok/s against
- * 152/202/179 with 4 (1 a thread: level with 4 on Q8_0, +17 % on Q4_0, and no slack for a
- * preempted thread). */
-#define TASKS_PER_THREAD_1TOK 2
+/* A few tokens' matmul (a decode batch of 1-8, a draft being verified) is mostly a weight stream:
+ * each task restarts one (its prefetch ramps up again), so it gets fewer, longer tasks. Measured
+ * at 2 threads: one token, Q8/Q4_0/Q4_1 tg128, 4 interleaved rounds on a quiet Zen 4: 2 tasks a
+ * thread 163/221/197 tok/s against 152/202/179 with 4 (1 a thread: level with 4 on Q8_0, +17 %
+ * on Q4_0, and no slack for a preempted thread); 2-8 tokens, `--decode-batches 2,4,8,16` on the
+ * AMX Xeon, 8 rounds of three builds, medians: 2 a thread 0.93/0.96/0.97x the step time of 4 at
+ * batch 2/4/8 and 1.00x at 16, where a prefill of 64-256 tokens ran 4-7 % slower with 2 (there
+ * the threads' balance counts more than the stream's restarts). */
+#define TASKS_PER_THREAD_FEW 2
+#define FEW_TOKENS           8
 
 static size_t align64(size_t n)
 {
@@ -210,7 +214,7 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
         }
         j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
         int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
-        int per = cnt == 1 ? TASKS_PER_THREAD_1TOK : TASKS_PER_THREAD;
+        int per = cnt <= FEW_TOKENS ? TASKS_PER_THREAD_FEW : TASKS_PER_THREAD;
         int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * per : 1;
         int64_t upt = (all_units * tok_tasks + target - 1) / target;
         int tasks = 0;
