@@ -200,11 +200,89 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                    acc[t]);
 }
 
+/* One token against both 8-row halves of a group in one pass (a decode's GEMV): each 4-byte
+ * broadcast of the token serves both halves, and the group's weights are walked once. Per half
+ * the integer sums are the same exact values and the float steps per block those of q8_tile.
+ * The kernel alone, one thread, 1536x576: 1.1-1.5x q8_tile's GB/s with the weight in cache,
+ * 1.04-1.13x streamed from DRAM. */
+TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8act *a, int t,
+                              const enum qtype type, float *y)
+{
+    const int64_t nb = w->nb;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80),
+                  m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc = qpack_scales(w, g, b);
+        const uint8_t *qs = qpack_quants(w, g, b);
+        prefetch_ahead(w, qs, 0);
+        prefetch_ahead(w, qs, 1);
+        size_t tb = (size_t)t * (size_t)nb + (size_t)b;
+        const int8_t *xb = a->q + (size_t)t * (size_t)a->cols + (size_t)b * QK;
+        __m256i s0, s1;
+        if (type == QTYPE_Q8_0) {
+            s0 = _mm256_setzero_si256();
+            s1 = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i x = bcast4(xb + 4 * c);
+                __m256i w0 =
+                    _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c)), flip);
+                __m256i w1 =
+                    _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c + 32)), flip);
+                __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(x, w0));
+                __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(x, w1));
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
+            }
+        } else {
+            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3 */
+            __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i xl = bcast4(xb + 4 * c), xh = bcast4(xb + 16 + 4 * c);
+                __m256i v0 = _mm256_load_si256((const __m256i *)(qs + 64 * c));
+                __m256i v1 = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32));
+                __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
+                __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_and_si256(v0, m4), xl));
+                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_and_si256(v1, m4), xl));
+                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(h0, xh));
+                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(h1, xh));
+            }
+            s0 = _mm256_madd_epi16(p0, ones);
+            s1 = _mm256_madd_epi16(p1, ones);
+            if (type == QTYPE_Q4_0) {
+                __m256i o = _mm256_set1_epi32(-type_offset(type) * a->sum[tb]);
+                s0 = _mm256_add_epi32(s0, o);
+                s1 = _mm256_add_epi32(s1, o);
+            }
+        }
+        __m256 dx = _mm256_set1_ps(a->d[tb]);
+        __m256 d0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
+        __m256 d1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + HALF)));
+        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), _mm256_cvtepi32_ps(s1), acc1);
+        if (type == QTYPE_Q4_1) {
+            __m256 xs = _mm256_set1_ps(a->s[tb]);
+            const uint16_t *m = sc + QPACK_ROWS;
+            acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)m)), xs, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(m + HALF))), xs,
+                                   acc1);
+        }
+    }
+    float *yt = y + (size_t)t * (size_t)w->rows;
+    store_half(yt, g * QPACK_ROWS, HALF, acc0);
+    store_half(yt, g * QPACK_ROWS + HALF, HALF, acc1);
+}
+
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                           int t0, int t1, float *y, const enum qtype type)
 {
     prefetch_start(w, g0, g1);
-    for (int64_t g = g0; g < g1; g++)
+    for (int64_t g = g0; g < g1; g++) {
+        if (t1 - t0 == 1 && half_rows(w, g, 1) == HALF) {
+            q8_gemv_group(w, g, a, t0, type, y);
+            continue;
+        }
         for (int h = 0; h < 2; h++) {
             int t = t0;
             for (; t + 4 <= t1; t += 4) q8_tile(w, g, h, a, t, 4, type, y);
@@ -216,6 +294,7 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
             else if (t < t1)
                 q8_tile(w, g, h, a, t, 1, type, y);
         }
+    }
 }
 
 TGT void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
