@@ -324,13 +324,14 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
                          .pieces = s->n_kv_heads};
     int64_t keys = 0;
     for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
-    if (keys * s->n_heads < PAR_KEYS) {
-        int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
+    bool serial = keys * s->n_heads < PAR_KEYS;
+    /* alone, a thread takes the longest sets; on the pool only where each thread gets two */
+    if (!serial && b->n_tokens < 2 * threads * ATTN_TOKENS_LONG) j.run_tokens = ATTN_TOKENS;
+    int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
+    if (serial) {
         for (int t = 0; t < tasks; t++) attn_task(&j, t, 0);
         return;
     }
-    if (b->n_tokens < 2 * threads * ATTN_TOKENS_LONG) j.run_tokens = ATTN_TOKENS;
-    int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
     struct attn_run runs[ATTN_RUNS_MAX];
     int n_runs = attn_runs(b, j.run_tokens, runs);
     if (n_runs) {
