@@ -7,10 +7,10 @@
  *   float weight types:  k->matmul_float (4 x 4 register tiles over rows x tokens)
  *   scalar ISA:  the reference kernels, split the same way
  * The tokens run in chunks that fit the scratch (normally all at once); the work of a chunk is
- * cut into (row groups x up to 64 tokens) tasks, about four per thread, claimed dynamically.
- * A task never splits a dot product, so neither the cut nor the thread count changes a value.
- * cpu_matmul_shared runs weights that read the same input (q, k, v; gate, up) as one job: the
- * activations are prepared once and one pool job (one wait) covers all of them. */
+ * cut into (row groups x up to 64 tokens) tasks, about four per thread (two for up to FEW_TOKENS),
+ * claimed dynamically. A task never splits a dot product, so neither the cut nor the thread count
+ * changes a value. cpu_matmul_shared runs weights that read the same input (q, k, v; gate, up) as
+ * one job: the activations are prepared once and one pool job (one wait) covers all of them. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
