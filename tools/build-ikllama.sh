@@ -6,8 +6,11 @@
 # (a clone, or a bare mirror such as the tool library's fetch of github:ikawrakow/ik_llama.cpp)
 # or an unpacked source tree (blobs a mirror lacks are skipped and named). A git directory is exported at IK_REF (default HEAD) into
 # third_party/ik_llama.cpp (git-ignored), with the commit in .ik-commit; a tree is copied there.
-# Then llama-bench alone is built (Release, native ISA, static, no curl): about 20 minutes on 2
-# cores. Binaries end up in third_party/ik_llama.cpp/build/bin/; the path is printed last.
+# Then llama-bench alone is built (Release, native ISA, static, no curl; flash attention for
+# f16, q8_0 and q6_0 K/V only, as llama-bench's default f16 cache needs: with the 4-bit K/V
+# types too the build had reached 8 % after 7 minutes): 23 minutes on a 2-core Zen 3 next to a
+# llama.cpp build. Binaries end up in third_party/ik_llama.cpp/build/bin/; the path is printed
+# last.
 #
 # IK_ISA=avx2 builds for AVX2 + FMA + F16C only (no AVX-512, no AVX-VNNI: what an AMD Zen 3
 # runs) into build-avx2/, the peer for quern's AVX2 path forced on an AVX-512 machine
@@ -81,7 +84,7 @@ avx2)
 esac
 echo "== ik_llama.cpp ${commit:0:9} (${IK_ISA:-native})" >&2
 cmake -S "$DEST" -B "$DEST/$build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_IQK_FA_ALL_QUANTS=OFF \
     -DLLAMA_BUILD_COMMIT="${commit:0:9}" -DLLAMA_BUILD_NUMBER=0 >&2
 cmake --build "$DEST/$build" --config Release -j "$JOBS" --target llama-bench >&2
 echo "$DEST/$build/bin"

@@ -144,55 +144,87 @@ INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
     for (size_t o = 0; o < len && o < PF_DIST; o += 64) __builtin_prefetch(p + o, 0, PF_HINT);
 }
 
+/* An empty asm that takes v in a register: gcc may not move v's sum past it. Integer adds are
+ * associative, and gcc would otherwise regroup a tile's chunk sums into a tree whose products,
+ * all live at once, spill (a reordering that changes no bit but doubles the stack traffic). */
+TGT INLINE void keep_order(__m256i *v)
+{
+    __asm__("" : "+x"(*v));
+}
+
+/* T tokens against half h of group g. The token loop sits inside the loop over a block's 4-byte
+ * chunks: each chunk's weight registers are made once and used by every token while only the
+ * tokens' partial sums stay live (T int16/int32 sums and T float accumulators: 14 of the 16 ymm
+ * registers at T = 4). Holding all 8 of a block's weight registers across the tokens instead
+ * (16 for Q8_0, with the signs) spilled them and the accumulators to the stack every block. The
+ * integer sums are exact, so the new order of their terms changes no bit. */
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
                         const int T, const enum qtype type, float *y)
 {
     int valid = half_rows(w, g, h);
     if (!valid) return;
     const int64_t nb = w->nb;
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const size_t cols = (size_t)a->cols;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80),
+                  m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[TMAX];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
-        const uint8_t *qs = qpack_quants(w, g, b);
-        prefetch_ahead(w, qs, h);
-        __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
-        __m256 mw = _mm256_setzero_ps();
-        if (type == QTYPE_Q4_1)
-            mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
-        __m256i W[8], S[8];
-        if (type == QTYPE_Q8_0)
+        const uint8_t *qs = qpack_quants(w, g, b) + 32 * h;
+        prefetch_ahead(w, qpack_quants(w, g, b), h);
+        const int8_t *xb = a->q + (size_t)t0 * cols + (size_t)b * QK;
+        __m256i isum[TMAX];
+        if (type == QTYPE_Q8_0) {
+            for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
-                S[c] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h)),
-                                        flip);
-                W[c] = _mm256_abs_epi8(S[c]);
+                __m256i sw =
+                    _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c)), flip);
+                __m256i aw = _mm256_abs_epi8(sw);
+                for (int t = 0; t < T; t++) {
+                    __m256i p = _mm256_maddubs_epi16(
+                        aw, _mm256_sign_epi8(bcast4(xb + (size_t)t * cols + 4 * c), sw));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
+                    keep_order(&isum[t]);
+                }
             }
-        else
-            load_nibbles(qs, h, W);
+        } else {
+            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3 */
+            __m256i p[TMAX];
+            for (int t = 0; t < T; t++) p[t] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_load_si256((const __m256i *)(qs + 64 * c));
+                __m256i lo = _mm256_and_si256(v, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xt = xb + (size_t)t * cols;
+                    p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(lo, bcast4(xt + 4 * c)));
+                    p[t] =
+                        _mm256_add_epi16(p[t], _mm256_maddubs_epi16(hi, bcast4(xt + 16 + 4 * c)));
+                    keep_order(&p[t]);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                isum[t] = _mm256_madd_epi16(p[t], ones);
+                if (type == QTYPE_Q4_0) {
+                    size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                    isum[t] = _mm256_add_epi32(isum[t],
+                                               _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
+                }
+            }
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
         for (int t = 0; t < T; t++) {
             size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-            const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
-            __m256i isum;
-            if (type == QTYPE_Q8_0) {
-                isum = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c++) {
-                    __m256i p =
-                        _mm256_maddubs_epi16(W[c], _mm256_sign_epi8(bcast4(xb + 4 * c), S[c]));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
-                }
-            } else {
-                __m256i p = _mm256_maddubs_epi16(W[0], bcast4(xb));
-                for (int c = 1; c < 8; c++)
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[c], bcast4(xb + 4 * c)));
-                isum = _mm256_madd_epi16(p, ones);
-                if (type == QTYPE_Q4_0)
-                    isum =
-                        _mm256_add_epi32(isum, _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
-            }
             __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[tb]));
-            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
-            if (type == QTYPE_Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[tb]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
+        if (type == QTYPE_Q4_1) {
+            __m256 mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
+            for (int t = 0; t < T; t++) {
+                size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+                acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[tb]), acc[t]);
+            }
         }
     }
     for (int t = 0; t < T; t++)
