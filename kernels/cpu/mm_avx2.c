@@ -146,7 +146,8 @@ INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
 
 /* An empty asm that takes v in a register: gcc may not move v's sum past it. Integer adds are
  * associative, and gcc would otherwise regroup a tile's chunk sums into a tree whose products,
- * all live at once, spill (a reordering that changes no bit but doubles the stack traffic). */
+ * all live at once, spill (a reordering that changes no bit but put the T = 4 loop's products on
+ * the stack). */
 TGT INLINE void keep_order(__m256i *v)
 {
     __asm__("" : "+x"(*v));
