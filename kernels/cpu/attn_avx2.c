@@ -11,6 +11,16 @@
 #define CHUNK  8
 #define SPAN   128
 #define HD_MAX 128
+/* The prefetch walker here runs one chunk ahead and issues PF_LINES line pairs at each key of a
+ * block's scores, a chunk's keys' worth in all (a 3-row block's 8 keys times 3 blocks cover a
+ * chunk of SmolLM2's whole KV slots, 6 lines each of K and V), what the blocks leave at the
+ * chunk's end. A decode batch's
+ * attention over KV from DRAM (16 sequences, context 160, 30 layers' KV, one thread, Zen 3):
+ * 76-91 ns a key, against 120-142 with the whole chunk's 96 lines issued at once 32 keys ahead
+ * (the miss buffers fill and the arithmetic waits behind them) and a floor of 66 ns a key at
+ * this machine's one-thread read bandwidth. */
+#define PF_AHEAD 8
+#define PF_LINES 2
 
 TGT INLINE __m256 first_lanes(int n)
 {
@@ -35,25 +45,31 @@ struct row_state {
 
 /* Scores of chunk c for rows [r0, r0 + RB), each row as it would run alone: per key, q . k as
  * mul then fma over the 8-lane slices in order, then the chunk's 8 keys summed by hsum8x8. A
- * block converts each K element once for its RB rows. */
+ * block converts each K element once for its RB rows. The q pointers pass through an empty asm
+ * at each key: left loop-invariant, gcc held the 24 q slices of a 3-row block in registers and
+ * spilled the converted K instead (stack traffic on every key). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m256 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, int c, int j0,
-                           const int NV, const int F16, __m256 vscale)
+                           const int NV, const int F16, __m256 vscale, struct key_prefetch *pf)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const size_t col = rows[r0].col; /* the block's kv head */
     __m256 part[3][CHUNK];
-#pragma GCC unroll 8
     for (int k = 0; k < CHUNK; k++) {
-        __m256 kv = load8(k_cache, o[k] + col, F16);
-        for (int i = 0; i < RB; i++)
-            part[i][k] = _mm256_mul_ps(_mm256_loadu_ps(rows[r0 + i].q), kv);
+        const float *q[3];
+        for (int i = 0; i < RB; i++) {
+            q[i] = rows[r0 + i].q;
+            __asm__("" : "+r"(q[i]));
+        }
+        __m256 kv = load8(k_cache, o[k] + col, F16), a[3];
+        for (int i = 0; i < RB; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(q[i]), kv);
         for (int v = 1; v < NV; v++) {
             kv = load8(k_cache, o[k] + col + 8 * (size_t)v, F16);
             for (int i = 0; i < RB; i++)
-                part[i][k] =
-                    _mm256_fmadd_ps(_mm256_loadu_ps(rows[r0 + i].q + 8 * v), kv, part[i][k]);
+                a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + 8 * v), kv, a[i]);
         }
+        for (int i = 0; i < RB; i++) part[i][k] = a[i];
+        key_prefetch_lines(pf, PF_LINES);
     }
     for (int i = 0; i < RB; i++) {
         int r = r0 + i, row_left = rows[r].n_keys - j0 - c * CHUNK;
@@ -65,19 +81,27 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
 }
 
 /* p . V of chunk c for rows [r0, r0 + RB), which all read its first n keys: each row's partial
- * sum adds the keys in order, as alone; a block converts each V element once for its rows. */
+ * sum adds the keys in order, as alone; a block converts each V element once for its rows. Four
+ * 8-lane slices at a time: 12 independent sums for 3 rows, where one slice at a time left 3
+ * chains of dependent fmas (latency, not the fma ports, set the pace). */
 TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
                         const size_t *o, size_t col, int c, int n, const int NV, const int F16)
 {
-    for (int v = 0; v < NV; v++) {
-        __m256 pa[3];
-        for (int i = 0; i < RB; i++) pa[i] = _mm256_load_ps(st[r0 + i].pa + 8 * v);
+    enum { SL = 4 };
+    for (int v0 = 0; v0 < NV; v0 += SL) {
+        __m256 pa[3][SL];
+        for (int i = 0; i < RB; i++)
+            for (int u = 0; u < SL; u++) pa[i][u] = _mm256_load_ps(st[r0 + i].pa + 8 * (v0 + u));
         for (int k = 0; k < n; k++) {
-            __m256 vv = load8(v_cache, o[k] + col + 8 * (size_t)v, F16);
-            for (int i = 0; i < RB; i++)
-                pa[i] = _mm256_fmadd_ps(_mm256_set1_ps(st[r0 + i].p[c * CHUNK + k]), vv, pa[i]);
+            __m256 w[3];
+            for (int i = 0; i < RB; i++) w[i] = _mm256_set1_ps(st[r0 + i].p[c * CHUNK + k]);
+            for (int u = 0; u < SL; u++) {
+                __m256 vv = load8(v_cache, o[k] + col + 8 * (size_t)(v0 + u), F16);
+                for (int i = 0; i < RB; i++) pa[i][u] = _mm256_fmadd_ps(w[i], vv, pa[i][u]);
+            }
         }
-        for (int i = 0; i < RB; i++) _mm256_store_ps(st[r0 + i].pa + 8 * v, pa[i]);
+        for (int i = 0; i < RB; i++)
+            for (int u = 0; u < SL; u++) _mm256_store_ps(st[r0 + i].pa + 8 * (v0 + u), pa[i][u]);
     }
 }
 
@@ -115,7 +139,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD);
+    const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -126,7 +151,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             size_t *o = offs + c * CHUNK;
             int left = span - c * CHUNK;
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
-            key_prefetch_next(&pf, CHUNK);
+            pf.budget = CHUNK * pf_key_lines;
             for (int r = 0; r < nr;) {
                 if (!chunk_keys(rows, r, c, j0)) {
                     r++;
@@ -134,13 +159,15 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 }
                 int b = block_rows(rows, nr, r, c, j0);
                 if (b == 3)
-                    score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale);
+                    score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale, &pf);
                 else if (b == 2)
-                    score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale);
+                    score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale, &pf);
                 else
-                    score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale);
+                    score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale, &pf);
                 r += b;
             }
+            /* what the blocks left of this chunk's keys */
+            key_prefetch_lines(&pf, pf.budget);
         }
         /* 2. maximum, rescale factor, weights */
         for (int r = 0; r < nr; r++) {

@@ -148,7 +148,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, ATTN_PF_KEYS);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;

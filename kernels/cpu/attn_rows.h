@@ -154,7 +154,9 @@ static inline size_t key_next(struct key_walk *kw)
  * (SmolLM2) of each slot, so the keys a set walks are short runs at a stride that crosses a block
  * every block_size keys: the hardware prefetchers keep too few lines in flight for that, and a
  * batch-16 decode step read its KV at a quarter of the bandwidth its weights get. The walker runs
- * ATTN_PF_KEYS ahead of the keys being scored (K and V both: V is read a span later, from L2). */
+ * ATTN_PF_KEYS ahead of the keys being scored (K and V both: V is read a span later, from L2);
+ * the AVX2 kernel's walker, spread line by line through its scoring loop, runs a chunk ahead
+ * (attn_avx2.c). */
 #define ATTN_PF_KEYS 32
 
 struct key_prefetch {
@@ -163,6 +165,8 @@ struct key_prefetch {
     size_t row_bytes; /* bytes per key: one kv head's row, or (kv head -1) the whole slot */
     const char *k, *v;
     size_t elem;
+    size_t at, in_row; /* key_prefetch_lines: the key being fetched, the bytes of it done */
+    int budget;        /* line pairs key_prefetch_lines may still issue (set per chunk) */
 };
 
 static inline void key_prefetch_next(struct key_prefetch *pf, int n)
@@ -176,14 +180,33 @@ static inline void key_prefetch_next(struct key_prefetch *pf, int n)
     }
 }
 
+/* The walker's next n line pairs (a K line and its V line), key after key, at most its budget:
+ * spread through a scoring loop, where a whole chunk's rows at once (96 lines for SmolLM2's 8
+ * keys) filled the miss buffers and stalled the arithmetic behind them. */
+static inline void key_prefetch_lines(struct key_prefetch *pf, int n)
+{
+    n = n < pf->budget ? n : pf->budget;
+    pf->budget -= n;
+    for (; n > 0 && pf->left > 0; n--) {
+        if (!pf->in_row) pf->at = key_next(&pf->kw) * pf->elem;
+        __builtin_prefetch(pf->k + pf->at + pf->in_row, 0, 2);
+        __builtin_prefetch(pf->v + pf->at + pf->in_row, 0, 2);
+        pf->in_row += 64;
+        if (pf->in_row >= pf->row_bytes) {
+            pf->in_row = 0;
+            pf->left--;
+        }
+    }
+}
+
 /* Starts a walker over the first n_keys keys of kw, fetching elems elements of each from kw's
- * column on, and prefetches its first ATTN_PF_KEYS. */
+ * column on, and prefetches its first `ahead` keys. */
 static inline struct key_prefetch key_prefetch_start(struct key_walk kw, int n_keys,
                                                      const void *k_cache, const void *v_cache,
-                                                     size_t elems, size_t elem)
+                                                     size_t elems, size_t elem, int ahead)
 {
-    struct key_prefetch pf = {kw, n_keys, elems * elem, k_cache, v_cache, elem};
-    key_prefetch_next(&pf, ATTN_PF_KEYS);
+    struct key_prefetch pf = {kw, n_keys, elems * elem, k_cache, v_cache, elem, 0, 0, 0};
+    key_prefetch_next(&pf, ahead);
     return pf;
 }
 
