@@ -15,7 +15,8 @@
  *    runs rotate over enough copies of the weight to miss the last-level cache, as a decode
  *    does. Then the kernel alone: one thread, a slice of each shape held in cache, the fastest
  *    call of many: what the kernel can do, apart from the weight stream and the pool.
- * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the default model's sizes.
+ * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the default model's sizes, and the
+ *    attention of a decode batch over an fp16 KV cache (from DRAM and cached).
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
 #include <immintrin.h>
@@ -373,6 +374,89 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     return 0;
 }
 
+/* A decode batch's attention over an fp16 KV cache as the engine lays it out: 16 sequences at
+ * context 160 (SmolLM2's 9/3 heads x 64), KV slots in 16-slot blocks handed out in a shuffled
+ * order, through the backend's attention op on the pool. With 30 layers' KV rotated the KV
+ * comes from DRAM, as in a decode step; with one layer's it stays in the caches. */
+static int bench_decode_attention(const struct backend_cpu_opts *bo)
+{
+    enum { SEQS = 16, CTX = 160, BS = 16, LAYERS = 30, HEADS = 9, KVH = 3, HD = 64 };
+    const int mb = CTX / BS, nblk = SEQS * mb;
+    const size_t slot = (size_t)KVH * HD, per_layer = (size_t)nblk * BS * slot;
+    struct backend_cpu_opts o = *bo;
+    o.kv_f16 = true;
+    struct backend *be;
+    struct qerr err = {0};
+    if (backend_cpu_create(&o, &be, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    struct bench_rng rng = BENCH_RNG_INIT;
+    uint16_t *kc = malloc(per_layer * LAYERS * sizeof *kc),
+             *vc = malloc(per_layer * LAYERS * sizeof *vc);
+    float *q = malloc((size_t)SEQS * HEADS * HD * sizeof *q),
+          *out = malloc((size_t)SEQS * HEADS * HD * sizeof *out);
+    int32_t table[SEQS * CTX / BS], pos[SEQS], seq[SEQS], slots[SEQS];
+    if (!kc || !vc || !q || !out) {
+        fprintf(stderr, "bench: out of memory for the decode attention\n");
+        free(kc);
+        free(vc);
+        free(q);
+        free(out);
+        backend_destroy(be);
+        return 1;
+    }
+    for (size_t i = 0; i < per_layer * LAYERS; i++) {
+        kc[i] = f32_to_fp16(bench_rng_float(&rng));
+        vc[i] = f32_to_fp16(bench_rng_float(&rng));
+    }
+    for (int i = 0; i < SEQS * HEADS * HD; i++) q[i] = bench_rng_float(&rng);
+    for (int i = 0; i < nblk; i++) table[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        int j = (int)(bench_rng_next(&rng) % (uint64_t)(i + 1)), t = table[i];
+        table[i] = table[j];
+        table[j] = t;
+    }
+    for (int t = 0; t < SEQS; t++) {
+        pos[t] = CTX - 1;
+        seq[t] = t;
+        slots[t] = table[t * mb + (CTX - 1) / BS] * BS + (CTX - 1) % BS;
+    }
+    struct attn_batch b = {SEQS, pos, seq, slots, SEQS, table, mb, BS};
+    struct attn_shape s = {HEADS, KVH, HD, 0.125f};
+    printf("\nattention of a decode batch, fp16 KV, %d thread(s): %d sequences x context %d, %d/%d "
+           "heads x %d, shuffled %d-slot blocks; fastest of 5 windows\n",
+           bo->n_threads, SEQS, CTX, HEADS, KVH, HD, BS);
+    printf("%-32s %12s %12s %12s\n", "KV", "us/layer", "ns/key", "KV GB/s");
+    static const int layer_counts[2] = {LAYERS, 1};
+    for (int li = 0; li < 2; li++) {
+        int layers = layer_counts[li];
+        double best = 1e30;
+        for (int win = 0; win < 5; win++) {
+            int calls = 0;
+            double t0 = bench_now_s(), dt;
+            do {
+                for (int l = 0; l < layers; l++)
+                    be->ops->attention(be, out, q, kc + per_layer * (size_t)l,
+                                       vc + per_layer * (size_t)l, &b, &s);
+                calls += layers;
+                dt = bench_now_s() - t0;
+            } while (dt < 0.05);
+            best = fmin(best, dt / calls);
+        }
+        double kv_bytes = 2.0 * SEQS * CTX * (double)slot * sizeof(uint16_t);
+        printf("%-32s %12.1f %12.1f %12.2f\n",
+               layers > 1 ? "30 layers' KV (from DRAM)" : "one layer's KV (cached)", best * 1e6,
+               best * 1e9 / (SEQS * CTX), kv_bytes / best / 1e9);
+    }
+    free(kc);
+    free(vc);
+    free(q);
+    free(out);
+    backend_destroy(be);
+    return 0;
+}
+
 /* ---- the model ---- */
 
 struct timing {
@@ -583,6 +667,7 @@ int bench_kernels_main(int argc, char **argv)
                                       bench_compute_peak(o.precision != MATMUL_Q8, 1, wide));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
+    if (!rc && kernels) rc = bench_decode_attention(&bo);
     for (int p = 0; p < n_prec && !rc && model; p++) {
         struct backend_cpu_opts o = bo;
         o.precision = precs[p];

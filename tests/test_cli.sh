@@ -127,6 +127,9 @@ QUERN_CPU_ISA=${kisa/native/auto} expect 0 'attn_q/o 576x576 +Q4_0 ' -- bench --
 if [ "$kisa" = avx2 ] && ! grep -q '^matmul, avx2, Q8 activations' "$tmp/out"; then
   echo "FAIL: bench --kernels did not take QUERN_CPU_ISA=avx2"; fails=$((fails + 1))
 fi
+if ! grep -Eq "^30 layers' KV \(from DRAM\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/out"; then
+  echo "FAIL: bench --kernels printed no decode-batch attention row"; fails=$((fails + 1))
+fi
 QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avx512 or auto' -- bench --kernels
 for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
