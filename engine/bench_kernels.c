@@ -429,6 +429,7 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo)
            bo->n_threads, SEQS, CTX, HEADS, KVH, HD, BS);
     printf("%-32s %12s %12s %12s\n", "KV", "us/layer", "ns/key", "KV GB/s");
     static const int layer_counts[2] = {LAYERS, 1};
+    const double kv_bytes = 2.0 * SEQS * CTX * (double)slot * sizeof(uint16_t); /* K and V */
     for (int li = 0; li < 2; li++) {
         int layers = layer_counts[li];
         double best = 1e30;
@@ -444,7 +445,6 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo)
             } while (dt < 0.05);
             best = fmin(best, dt / calls);
         }
-        double kv_bytes = 2.0 * SEQS * CTX * (double)slot * sizeof(uint16_t);
         printf("%-32s %12.1f %12.1f %12.2f\n",
                layers > 1 ? "30 layers' KV (from DRAM)" : "one layer's KV (cached)", best * 1e6,
                best * 1e9 / (SEQS * CTX), kv_bytes / best / 1e9);

@@ -14,11 +14,10 @@
 /* The prefetch walker here runs one chunk ahead and issues PF_LINES line pairs at each key of a
  * block's scores, a chunk's keys' worth in all (a 3-row block's 8 keys times 3 blocks cover a
  * chunk of SmolLM2's whole KV slots, 6 lines each of K and V), what the blocks leave at the
- * chunk's end. A decode batch's
- * attention over KV from DRAM (16 sequences, context 160, 30 layers' KV, one thread, Zen 3):
- * 76-91 ns a key, against 120-142 with the whole chunk's 96 lines issued at once 32 keys ahead
- * (the miss buffers fill and the arithmetic waits behind them) and a floor of 66 ns a key at
- * this machine's one-thread read bandwidth. */
+ * chunk's end. A decode batch's attention over KV from DRAM (16 sequences, context 160, 30
+ * layers' KV, one thread, Zen 3): 76-99 ns a key, against 120-162 with the whole chunk's 96
+ * lines issued at once 32 keys ahead (the miss buffers fill and the arithmetic waits behind
+ * them) and a floor of 66 ns a key at this machine's one-thread read bandwidth. */
 #define PF_AHEAD 8
 #define PF_LINES 2
 
