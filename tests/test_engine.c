@@ -20,6 +20,12 @@ static struct backend *be;
 static int32_t *text_ids; /* the whole text, tokenized */
 static size_t n_text;
 
+/* The polls below wait for the engine thread in 10 ms ticks, up to two minutes: they end as
+ * soon as it gets there, and a sanitized engine beside another suite on two cores took over
+ * 10 s to prefill two 40-token prompts and decode four tokens (state_picture_matches_engine
+ * failed so in CI with a 10 s wait). */
+enum { WAIT_TICKS = 12000 };
+
 static void setup_once(void)
 {
     tb_model_open(&file, &tok, &be, &text_ids, &n_text);
@@ -64,10 +70,10 @@ static struct engine *make_pausing_engine(double stall_timeout_s)
     return make_engine_opts(&o);
 }
 
-/* Waits (up to 10 s) until the engine has published a step with nothing left to do. */
+/* Waits (up to WAIT_TICKS) until the engine has published a step with nothing left to do. */
 static void wait_idle(struct engine *e, struct engine_stats *st)
 {
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < WAIT_TICKS; i++) {
         engine_get_stats(e, st);
         if (st->running == 0 && st->waiting == 0 && st->kv_blocks_used == 0) return;
         struct timespec ts = {0, 10000000};
@@ -509,7 +515,7 @@ START_TEST(back_pressure_and_after_free)
     greedy_request(&r, text_ids, 8, 40);
     struct request *q = submit(e, &r);
     struct engine_stats st = {0};
-    for (int i = 0; i < 500 && st.paused == 0; i++) {
+    for (int i = 0; i < WAIT_TICKS && st.paused == 0; i++) {
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
         engine_get_stats(e, &st);
@@ -524,7 +530,7 @@ START_TEST(back_pressure_and_after_free)
     /* reading makes room: it goes on, and pauses again 4 events later */
     struct req_event ev;
     for (int i = 0; i < 4; i++) ck_assert_int_eq(request_next(q, &ev, 5000), 0);
-    for (int i = 0; i < 500 && st.generation_tokens < gen + 4; i++) {
+    for (int i = 0; i < WAIT_TICKS && st.generation_tokens < gen + 4; i++) {
         nanosleep(&(struct timespec){0, 10000000}, NULL);
         engine_get_stats(e, &st);
     }
@@ -575,7 +581,7 @@ START_TEST(a_request_of_many_choices_takes_one_queue_place)
     greedy_request(&r, text_ids, 20, 40);
     q[0] = submit(e, &r); /* runs, then pauses: its events are not read */
     struct engine_stats st;
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < WAIT_TICKS; i++) {
         engine_get_stats(e, &st);
         if (st.running == 1 && st.waiting == 0) break;
         nanosleep(&(struct timespec){0, 10000000}, NULL);
@@ -594,7 +600,7 @@ START_TEST(a_request_of_many_choices_takes_one_queue_place)
     r.joins_group = false; /* a new request finds the queue full */
     ck_assert_int_eq(engine_submit(e, &r, &q[n], &err), QERR_FULL);
     ck_assert_ptr_nonnull(strstr(err.msg, "queue is full"));
-    for (int i = 0; i < 1000; i++) { /* the engine thread publishes what it took in */
+    for (int i = 0; i < WAIT_TICKS; i++) { /* the engine thread publishes what it took in */
         engine_get_stats(e, &st);
         if (st.waiting == N - 1) break;
         nanosleep(&(struct timespec){0, 10000000}, NULL);
@@ -634,7 +640,7 @@ START_TEST(state_picture_matches_engine)
         q[i] = submit(e, &r);
     }
     int paused = 0;
-    for (int i = 0; i < 1000 && paused < 2; i++) {
+    for (int i = 0; i < WAIT_TICKS && paused < 2; i++) {
         nanosleep(&(struct timespec){0, 10000000}, NULL);
         engine_get_state(e, st);
         paused = 0;
@@ -677,7 +683,7 @@ START_TEST(state_picture_matches_engine)
         request_abort(q[i]);
         request_release(q[i]);
     }
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < WAIT_TICKS; i++) {
         engine_get_state(e, st);
         if (st->n_running == 0 && st->n_waiting == 0 && st->kv_used == 0) break;
         nanosleep(&(struct timespec){0, 10000000}, NULL);
