@@ -233,7 +233,7 @@ def test_slow_loris(d):
           (json_body(out) or {}).get("error", {}).get("code") == "request_timeout",
           "a body short of its Content-Length is answered 408 (JSON) at --request-timeout",
           f"{took} {out[:300]}")
-    check(wait_until(lambda: any(" 408 " in l for l in d.lines), 5),
+    check(wait_until(lambda: any(" 408 " in l for l in d.lines), 5 * SLOW),
           "the cut request is logged as 408")
 
 
@@ -423,7 +423,7 @@ def test_abort_accounting(d):
     c.sock.shutdown(socket.SHUT_RDWR)
     c.close()
     fail = 'quern_request_failure_total{finished_reason="abort"}'
-    check(wait_until(lambda: d.metrics().get(fail, 0) >= before.get(fail, 0) + 1, 15),
+    check(wait_until(lambda: d.metrics().get(fail, 0) >= before.get(fail, 0) + 1, 15 * SLOW),
           "an aborted stream counts in quern_request_failure_total{abort}")
     after = d.metrics()
     check('quern_request_success_total{finished_reason="abort"}' not in after,
@@ -444,9 +444,9 @@ def test_trace_on_sigusr1():
         for _ in range(3):
             st, _, _ = d.post("/v1/completions", {"prompt": "Hello there", "max_tokens": 4})
             check(st == 200, "trace: a request is served")
-        check(wait_until(lambda: kv_idle(d), 10), "trace: the engine is idle")
+        check(wait_until(lambda: kv_idle(d), 10 * SLOW), "trace: the engine is idle")
         d.proc.send_signal(signal.SIGUSR1)
-        check(wait_until(lambda: any("trace written" in l for l in d.lines), 10),
+        check(wait_until(lambda: any("trace written" in l for l in d.lines), 10 * SLOW),
               "SIGUSR1 writes the trace and the daemon goes on")
         r = subprocess.run([sys.executable, checker, path, "3"], capture_output=True, text=True)
         check(r.returncode == 0, "the SIGUSR1 trace holds together", r.stdout + r.stderr)

@@ -459,7 +459,7 @@ def test_disconnect(d):
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
               str(len(body)).encode() + b"\r\n\r\n" + body)
-    check(wait_until(lambda: d.metrics().get("quern_requests_running", 0) >= 1, 10),
+    check(wait_until(lambda: d.metrics().get("quern_requests_running", 0) >= 1, 30),
           "the long non-streamed request started")
     s.close()
     check(wait_until(lambda: kv_idle(d) and d.metrics()[abort] >= before[abort] + 2),
