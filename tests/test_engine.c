@@ -26,6 +26,15 @@ static size_t n_text;
  * failed so in CI with a 10 s wait). */
 enum { WAIT_TICKS = 12000 };
 
+/* Runs `refresh` (which reads the engine's published stats or state) until `done` holds or
+ * WAIT_TICKS have passed; the caller asserts `done` after it, so a timeout fails there. */
+#define POLL_UNTIL(refresh, done)                                                                  \
+    for (int poll_tick_ = 0; poll_tick_ < WAIT_TICKS; poll_tick_++) {                              \
+        refresh;                                                                                   \
+        if (done) break;                                                                           \
+        nanosleep(&(struct timespec){0, 10000000}, NULL);                                          \
+    }
+
 static void setup_once(void)
 {
     tb_model_open(&file, &tok, &be, &text_ids, &n_text);
@@ -73,12 +82,8 @@ static struct engine *make_pausing_engine(double stall_timeout_s)
 /* Waits (up to WAIT_TICKS) until the engine has published a step with nothing left to do. */
 static void wait_idle(struct engine *e, struct engine_stats *st)
 {
-    for (int i = 0; i < WAIT_TICKS; i++) {
-        engine_get_stats(e, st);
-        if (st->running == 0 && st->waiting == 0 && st->kv_blocks_used == 0) return;
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+    POLL_UNTIL(engine_get_stats(e, st),
+               st->running == 0 && st->waiting == 0 && st->kv_blocks_used == 0);
 }
 
 struct result {
@@ -515,11 +520,7 @@ START_TEST(back_pressure_and_after_free)
     greedy_request(&r, text_ids, 8, 40);
     struct request *q = submit(e, &r);
     struct engine_stats st = {0};
-    for (int i = 0; i < WAIT_TICKS && st.paused == 0; i++) {
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-        engine_get_stats(e, &st);
-    }
+    POLL_UNTIL(engine_get_stats(e, &st), st.paused != 0);
     ck_assert_int_eq(st.paused, 1);
     uint64_t gen = st.generation_tokens;
     ck_assert_uint_le(gen, 5); /* 4 unread events, the 5th token's maybe on its way */
@@ -530,10 +531,7 @@ START_TEST(back_pressure_and_after_free)
     /* reading makes room: it goes on, and pauses again 4 events later */
     struct req_event ev;
     for (int i = 0; i < 4; i++) ck_assert_int_eq(request_next(q, &ev, 5000), 0);
-    for (int i = 0; i < WAIT_TICKS && st.generation_tokens < gen + 4; i++) {
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-        engine_get_stats(e, &st);
-    }
+    POLL_UNTIL(engine_get_stats(e, &st), st.generation_tokens >= gen + 4);
     ck_assert_uint_ge(st.generation_tokens, gen + 4);
     /* left unread: aborted after stall_timeout_s, blocks freed */
     wait_idle(e, &st);
@@ -581,11 +579,7 @@ START_TEST(a_request_of_many_choices_takes_one_queue_place)
     greedy_request(&r, text_ids, 20, 40);
     q[0] = submit(e, &r); /* runs, then pauses: its events are not read */
     struct engine_stats st;
-    for (int i = 0; i < WAIT_TICKS; i++) {
-        engine_get_stats(e, &st);
-        if (st.running == 1 && st.waiting == 0) break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    POLL_UNTIL(engine_get_stats(e, &st), st.running == 1 && st.waiting == 0);
     ck_assert_int_eq(st.running, 1);
     struct qerr err = {0};
     int n = 1;
@@ -600,11 +594,8 @@ START_TEST(a_request_of_many_choices_takes_one_queue_place)
     r.joins_group = false; /* a new request finds the queue full */
     ck_assert_int_eq(engine_submit(e, &r, &q[n], &err), QERR_FULL);
     ck_assert_ptr_nonnull(strstr(err.msg, "queue is full"));
-    for (int i = 0; i < WAIT_TICKS; i++) { /* the engine thread publishes what it took in */
-        engine_get_stats(e, &st);
-        if (st.waiting == N - 1) break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    /* the engine thread publishes what it took in */
+    POLL_UNTIL(engine_get_stats(e, &st), st.waiting == N - 1);
     ck_assert_int_eq(st.waiting, N - 1);
     ck_assert_int_eq(st.running, 1);
     for (int i = 0; i < N; i++) {
@@ -640,12 +631,13 @@ START_TEST(state_picture_matches_engine)
         q[i] = submit(e, &r);
     }
     int paused = 0;
-    for (int i = 0; i < WAIT_TICKS && paused < 2; i++) {
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-        engine_get_state(e, st);
-        paused = 0;
-        for (int j = 0; j < st->n_reqs; j++) paused += st->reqs[j].paused;
-    }
+    POLL_UNTIL(
+        {
+            engine_get_state(e, st);
+            paused = 0;
+            for (int j = 0; j < st->n_reqs; j++) paused += st->reqs[j].paused;
+        },
+        paused >= 2);
     ck_assert_int_eq(paused, 2);
     ck_assert_int_eq(st->n_running, 2);
     ck_assert_int_eq(st->n_waiting, 1);
@@ -683,11 +675,8 @@ START_TEST(state_picture_matches_engine)
         request_abort(q[i]);
         request_release(q[i]);
     }
-    for (int i = 0; i < WAIT_TICKS; i++) {
-        engine_get_state(e, st);
-        if (st->n_running == 0 && st->n_waiting == 0 && st->kv_used == 0) break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    POLL_UNTIL(engine_get_state(e, st),
+               st->n_running == 0 && st->n_waiting == 0 && st->kv_used == 0);
     ck_assert_int_eq(st->n_reqs, 0);
     ck_assert_int_eq(st->kv_used, 0);
     /* the two prompts' 2 full blocks each stay cached, free */
