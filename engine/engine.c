@@ -519,6 +519,11 @@ static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum f
     e->local.spec_draft_tokens += (uint64_t)nd;
     e->local.spec_accepted_tokens += (uint64_t)accepted;
     e->local.spec_accepted_hist[accepted]++;
+    if (s->spec_cls == SPEC_CLASS_GRAMMAR) {
+        e->local.spec_grammar_drafts++;
+        e->local.spec_grammar_draft_tokens += (uint64_t)nd;
+        e->local.spec_grammar_accepted_tokens += (uint64_t)accepted;
+    }
     return why;
 }
 

@@ -194,6 +194,9 @@ struct engine_stats {
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_hist[SPEC_K_MAX + 1];
     uint64_t spec_draft_errors; /* steps whose draft model failed (they verified no drafts) */
+    /* of the drafts: those spelling the bytes a grammar forced next, their tokens and how many
+     * of those were accepted */
+    uint64_t spec_grammar_drafts, spec_grammar_draft_tokens, spec_grammar_accepted_tokens;
 };
 
 struct engine;

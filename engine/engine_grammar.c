@@ -15,6 +15,7 @@
  * for another reason, are computed just before their sampling, as before. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine_impl.h"
 
@@ -87,6 +88,46 @@ int seq_constrain_accept(struct engine *e, struct seq *s, int32_t t)
     if (!grammar_matcher_accept(s->gm, t, &q)) return 0;
     snprintf(s->error, sizeof s->error, "structured output: %.170s", q.msg);
     return -1;
+}
+
+/* The longest prefix of s[0..n) that does not end inside a UTF-8 character. */
+static int utf8_whole(const char *s, int n)
+{
+    int i = n;
+    while (i > 0 && i > n - 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) i--;
+    if (i == 0) return 0;
+    unsigned char lead = (unsigned char)s[i - 1];
+    int want = lead < 0x80 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 0;
+    return n - (i - 1) >= want ? n : i - 1;
+}
+
+int seq_grammar_draft(struct engine *e, struct seq *s, int32_t *draft, int n, int cap, int *cls)
+{
+    struct qerr q = {0};
+    struct grammar_vocab *v;
+    if (!s->gm && (gvocab(e, &v, &q) || grammar_matcher_create(s->grammar, v, &s->gm, &q)))
+        return n; /* verification meets the same error and reports it */
+    if (n > cap) n = cap;
+    n = grammar_matcher_allowed_run(s->gm, draft, n);
+    /* a JSON Schema's property names, its '":', an enum value once it is told apart: the
+     * model cannot write anything else there, so the tokens that spell them are kept unless
+     * it splits the bytes otherwise */
+    char forced[96];
+    int nb = utf8_whole(forced, grammar_matcher_forced(s->gm, forced, (int)sizeof forced));
+    if (nb <= 0 || cap <= 0) return n;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (tokenizer_encode(e->tok, forced, (size_t)nb, false, false, &ids, &n_ids, &q)) return n;
+    int nf = n_ids < (size_t)cap ? (int)n_ids : cap;
+    nf = grammar_matcher_allowed_run(s->gm, ids, nf);
+    bool ngram_has_them = n >= nf && !memcmp(draft, ids, (size_t)nf * sizeof *ids);
+    if (nf > 0 && !ngram_has_them) {
+        memcpy(draft, ids, (size_t)nf * sizeof *ids);
+        n = nf;
+        *cls = SPEC_CLASS_GRAMMAR;
+    }
+    free(ids);
+    return n;
 }
 
 /* ---- masks computed while the forward runs ---- */

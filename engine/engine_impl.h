@@ -190,6 +190,12 @@ bool seq_backlogged(const struct seq *s);
 int seq_constrain(struct engine *e, struct seq *s, float *row);
 /* Moves s's grammar past its sampled token t; non-zero (s->error set) when it cannot. */
 int seq_constrain_accept(struct engine *e, struct seq *s, int32_t t);
+/* Speculation under s's grammar (sched.c's pass D): given the n-gram drafter's draft[0..n),
+ * returns the length of the draft to verify, at most cap: the tokens spelling the bytes the
+ * grammar forces next (written to draft, *cls set to SPEC_CLASS_GRAMMAR) unless the n-gram
+ * draft already begins with them, else the n-gram draft cut where the grammar stops allowing
+ * it. Only tokens are guessed: verification decides as for any draft. */
+int seq_grammar_draft(struct engine *e, struct seq *s, int32_t *draft, int n, int cap, int *cls);
 /* The masks of this step's constrained sequences, computed while its forward runs: begin
  * before model_forward (lists them; ENGINE_MASK_THREAD starts the helper on them), the hook
  * goes in model_batch.while_running (ENGINE_MASK_LAUNCH), end after model_forward (waits for

@@ -82,6 +82,16 @@ bool grammar_matcher_accepting(const struct grammar_matcher *m);
 /* Accepting, and no byte can follow: only end-of-generation remains. */
 bool grammar_matcher_done(const struct grammar_matcher *m);
 bool grammar_vocab_is_eog(const struct grammar_vocab *v, int32_t t);
+/* The bytes every continuation of the output must begin with, at most cap of them: while the
+ * output is not a whole string of the grammar and exactly one byte can follow, that byte (a
+ * JSON Schema's property name and its '":', an enum value once it is told apart). Returns how
+ * many were written (0: the next byte is free, or the output may end here). The position is
+ * unchanged. Speculation drafts the tokens that spell them. */
+int grammar_matcher_forced(struct grammar_matcher *m, char *out, int cap);
+/* How many of toks[0..n) the grammar allows one after another from the matcher's position, as
+ * grammar_matcher_accept would take them (an end-of-generation token ends the run); the
+ * position is unchanged. */
+int grammar_matcher_allowed_run(struct grammar_matcher *m, const int32_t *toks, int n);
 
 /* Fills g's token-mask cache for every state (a trie walk each), so masks are lookups from the
  * first step on; skipped (0) when g has more than max_states states. Only while no other thread

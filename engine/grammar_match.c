@@ -40,6 +40,7 @@ struct grammar_matcher {
     struct grammar *g;
     const struct grammar_vocab *v;
     struct gset cur, tmp, a, b;
+    struct gset probe; /* grammar_matcher_allowed_run's position between tokens */
     struct gstack work[4 * GRAMMAR_MAX_STACKS];
     int32_t *scratch_st; /* [max_len + 1] trie walk */
     uint8_t *scratch_ex;
@@ -343,6 +344,52 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t t, struct qerr *er
     }
     if (!v->bytes[t]) return qerr_set(err, QERR_INVALID, "token %d has no text", t);
     return grammar_matcher_accept_bytes(m, v->bytes[t], v->len[t], err);
+}
+
+int grammar_matcher_forced(struct grammar_matcher *m, char *out, int cap)
+{
+    const struct grammar *g = m->g;
+    const struct gset *cur = &m->cur;
+    struct gset *bufs[2] = {&m->a, &m->b};
+    int n = 0;
+    while (n < cap && !cur->accept && cur->n > 0) {
+        int only = -1;
+        for (int c = 0; c < 256; c++) {
+            bool live = false;
+            for (int i = 0; i < cur->n && !live; i++) {
+                const struct gstack *x = &cur->st[i];
+                live = g->next[(size_t)x->s[x->n - 1] * 256 + c] >= 0;
+            }
+            if (!live) continue;
+            if (only >= 0) return n; /* a second byte: the output is free here */
+            only = c;
+        }
+        if (only < 0) break;
+        struct gset *nx = bufs[n & 1];
+        if (step_byte(m, cur, (uint8_t)only, nx) < 0 || (nx->n == 0 && !nx->accept)) break;
+        out[n++] = (char)only;
+        cur = nx;
+    }
+    return n;
+}
+
+int grammar_matcher_allowed_run(struct grammar_matcher *m, const int32_t *toks, int n)
+{
+    const struct grammar_vocab *v = m->v;
+    const struct gset *cur = &m->cur;
+    for (int i = 0; i < n; i++) {
+        int32_t t = toks[i];
+        if (t < 0 || t >= v->vocab) return i;
+        if (grammar_vocab_is_eog(v, t)) return cur->accept ? i + 1 : i; /* nothing follows it */
+        if (!v->bytes[t] ||
+            (v->n_marker && !m->g->tool_markers && ((v->marker[t / 64] >> (t % 64)) & 1)))
+            return i;
+        struct gset *res;
+        if (!walk_bytes(m, cur, v->bytes[t], v->len[t], &res)) return i;
+        m->probe = *res;
+        cur = &m->probe;
+    }
+    return n;
 }
 
 int grammar_precompute(struct grammar *g, const struct grammar_vocab *v, int max_states,

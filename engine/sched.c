@@ -309,10 +309,13 @@ static void plan_drafts(struct engine *e, int budget)
         if (by_cost && cap > 0) {
             /* the n-gram draft first: what it rests on says how likely its tokens are kept,
              * and its length bounds k (a draft model's guesses form class 0) */
-            if (!e->draft &&
-                (found = spec_draft(&e->drafter, s->tokens, s->n_tokens, cap, draft, &match)) <= 0)
-                continue;
-            s->spec_cls = spec_match_class(match);
+            s->spec_cls = 0;
+            if (!e->draft) {
+                found = spec_draft(&e->drafter, s->tokens, s->n_tokens, cap, draft, &match);
+                s->spec_cls = spec_match_class(match);
+                if (s->grammar) found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
+                if (found <= 0) continue;
+            }
             k = spec_policy_next_k(&s->spec_rate[s->spec_cls], &sc, &st, e->draft ? cap : found);
         }
         if (k > cap) k = cap;
@@ -322,6 +325,7 @@ static void plan_drafts(struct engine *e, int budget)
         if (!e->draft && !by_cost) {
             nd = spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft, &match);
             s->spec_cls = spec_match_class(match);
+            if (s->grammar) nd = seq_grammar_draft(e, s, draft, nd, k, &s->spec_cls);
         }
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;
         /* k <= block size: a draft reaches at most one block past the sequence's own */

@@ -54,8 +54,11 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
  * by that far more than by sequence (the default model on grounded prompts: the first token
  * of a draft found by a 1-token match is kept about a quarter of the time, by a match of 8 or
  * more nineteen times in twenty). Class 0: a draft model's guesses; 1, 2, 3: n-gram drafts
- * resting on that many tokens; 4: 4 to 7; 5: 8 or more. */
-#define SPEC_MATCH_CLASSES 6
+ * resting on that many tokens; 4: 4 to 7; 5: 8 or more; 6 below. */
+#define SPEC_MATCH_CLASSES 7
+/* Class 6: the tokens that spell the bytes a grammar forces next (engine_grammar.c): kept
+ * unless the model splits those bytes into other tokens. */
+#define SPEC_CLASS_GRAMMAR 6
 /* The class of a draft resting on match tokens (0 for a draft model's: match 0). */
 int spec_match_class(int match);
 

@@ -408,6 +408,116 @@ START_TEST(mask_exact)
 }
 END_TEST
 
+/* A matcher that has taken the bytes of prefix. */
+static struct grammar_matcher *matcher_at(struct grammar *g, const char *prefix)
+{
+    load_vocab();
+    struct grammar_matcher *m;
+    struct qerr err = {0};
+    ck_assert(grammar_matcher_create(g, vocab, &m, &err) == 0);
+    ck_assert_msg(grammar_matcher_accept_bytes(m, prefix, strlen(prefix), &err) == 0, "'%s': %s",
+                  prefix, err.msg);
+    return m;
+}
+
+/* grammar_matcher_forced after prefix gives want, and agrees with a brute-force check of all
+ * 256 bytes at each of its positions: exactly one byte can follow, and the output is not yet
+ * whole (or, at its end, not so). */
+static void check_forced(struct grammar *g, const char *prefix, const char *want)
+{
+    struct grammar_matcher *m = matcher_at(g, prefix);
+    char got[64];
+    int n = grammar_matcher_forced(m, got, (int)sizeof got);
+    ck_assert_msg(n == (int)strlen(want) && !memcmp(got, want, (size_t)n),
+                  "after '%s': forced '%.*s', want '%s'", prefix, n, got, want);
+    for (int i = 0; i <= n; i++) {
+        char at[256];
+        snprintf(at, sizeof at, "%s%.*s", prefix, i, got);
+        int can = 0;
+        for (int c = 1; c < 256; c++) { /* (NUL never appears in these grammars) */
+            struct grammar_matcher *x = matcher_at(g, at);
+            struct qerr err = {0};
+            char b = (char)c;
+            can += grammar_matcher_accept_bytes(x, &b, 1, &err) == 0;
+            grammar_matcher_free(x);
+        }
+        struct grammar_matcher *x = matcher_at(g, at);
+        bool one = can == 1 && !grammar_matcher_accepting(x);
+        grammar_matcher_free(x);
+        ck_assert_msg(one == (i < n), "after '%s': %d bytes can follow", at, can);
+    }
+    /* the matcher did not move: the same again */
+    char again[64];
+    ck_assert_int_eq(grammar_matcher_forced(m, again, (int)sizeof again), n);
+    ck_assert(!memcmp(again, got, (size_t)n));
+    grammar_matcher_free(m);
+}
+
+/* What speculation drafts under a grammar: the bytes it forces next, and how far a run of
+ * tokens stays allowed. */
+START_TEST(forced_bytes_and_allowed_runs)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":"
+        "8},\"n\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":300},\"tag\":{\"enum\":["
+        "\"alpha\",\"beta\"]}},\"required\":[\"name\",\"n\",\"tag\"]}");
+    check_forced(g, "", "{\"name\":");
+    check_forced(g, "{\"name\":", "");         /* a space or the string: free */
+    check_forced(g, "{\"name\":\"abc", "");    /* more of the string, or its end */
+    check_forced(g, "{\"name\":\"abc\"", ","); /* then a space or '"': free */
+    check_forced(g, "{\"name\":\"abc\", ", "\"n\":");
+    check_forced(g, "{\"name\":\"abc\",\"n\":3", "");
+    check_forced(g, "{\"name\":\"abc\",\"n\":300", ",");
+    check_forced(g, "{\"name\":\"abc\",\"n\":300,\"tag\":\"", "");
+    check_forced(g, "{\"name\":\"abc\",\"n\":300,\"tag\":\"b", "eta\"}");
+    check_forced(g, "{\"name\":\"abc\",\"n\":300,\"tag\":\"beta\"}", ""); /* whole */
+
+    /* a run of tokens: all of a whole output and its end, none past a byte the grammar refuses */
+    static const char whole[] = "{\"name\":\"abc\", \"n\": 12, \"tag\":\"alpha\"}";
+    int32_t *ids;
+    size_t n;
+    struct qerr err = {0};
+    ck_assert(tokenizer_encode(tok, whole, strlen(whole), false, false, &ids, &n, &err) == 0);
+    ids = realloc(ids, (n + 2) * sizeof *ids);
+    ids[n] = tokenizer_eos(tok);
+    ids[n + 1] = ids[0];
+    struct grammar_matcher *m = matcher_at(g, "");
+    ck_assert_int_eq(grammar_matcher_allowed_run(m, ids, (int)n), (int)n);
+    ck_assert_int_eq(grammar_matcher_allowed_run(m, ids, (int)n + 2), (int)n + 1);
+    ck_assert_int_eq(grammar_matcher_allowed_run(m, ids + 1, 1), 0); /* not at the start */
+    int32_t *bad;
+    size_t nb;
+    static const char early[] = "{\"name\":\"abc\"}";
+    ck_assert(tokenizer_encode(tok, early, strlen(early), false, false, &bad, &nb, &err) == 0);
+    size_t ok = 0, bytes = 0; /* the tokens that end before the '}' */
+    char tb_buf[64];
+    while (ok < nb) {
+        size_t tb = (size_t)tokenizer_token_bytes(tok, bad[ok], tb_buf, sizeof tb_buf);
+        if (bytes + tb > strlen(early) - 1) break;
+        bytes += tb;
+        ok++;
+    }
+    ck_assert_uint_lt(ok, nb);
+    ck_assert_int_eq(grammar_matcher_allowed_run(m, bad, (int)nb), (int)ok);
+    /* the position did not move */
+    char f[16];
+    ck_assert_int_eq(grammar_matcher_forced(m, f, (int)sizeof f), 8);
+    grammar_matcher_free(m);
+    free(ids);
+    free(bad);
+    grammar_unref(g);
+
+    g = compile_ok(GRAMMAR_CHOICE, "[\"apple\",\"apricot\",\"banana\"]");
+    check_forced(g, "", "");
+    check_forced(g, "a", "p");
+    check_forced(g, "apr", "icot");
+    check_forced(g, "b", "anana");
+    check_forced(g, "apricot", "");
+    grammar_unref(g);
+}
+END_TEST
+
 /* The tool-call grammar in each chat format: Llama 3's JSON, Mistral's [TOOL_CALLS] list (with
  * and without its space) and its [ARGS] spelling; required, parallel and auto. */
 START_TEST(tool_calls_formats)
@@ -727,6 +837,7 @@ static Suite *suite(void)
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, cache_lru);
     tcase_add_test(tc, mask_exact);
+    tcase_add_test(tc, forced_bytes_and_allowed_runs);
     tcase_add_test(tc, mask_dead_end_and_done);
     tcase_add_test(tc, dead_ends_pruned);
     tcase_add_test(tc, schema_properties_counts);

@@ -730,7 +730,22 @@ def test_speculation(plain):
         check(texts.get(0) == ref["choices"][0]["text"] and usage and
               usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0,
               "streamed: the same text, the usage chunk counts accepted tokens", usage)
+        # structured output: the tokens spelling what the schema forces are drafted
+        schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                                   "founded": {"type": "integer"}},
+                  "required": ["city", "founded"]}
+        chat = {"messages": [{"role": "user", "content": "Name a city and its founding year."}],
+                "max_tokens": 40, "temperature": 0,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "c", "schema": schema}}}
+        _, _, ja = plain.post("/v1/chat/completions", chat)
+        st, _, jb = d.post("/v1/chat/completions", chat)
         m = d.metrics()
+        check(st == 200 and jb["choices"][0]["message"]["content"] ==
+              ja["choices"][0]["message"]["content"] and
+              m.get("quern_spec_decode_grammar_accepted_tokens_total", 0) > 0,
+              "spec ngram under a JSON Schema: plain decoding's text; forced tokens drafted, kept",
+              f"{jb} vs {ja}; {m.get('quern_spec_decode_grammar_draft_tokens_total')} forced")
         drafts = m.get("quern_spec_decode_num_drafts_total", 0)
         check(drafts > 0 and m.get("quern_spec_decode_num_accepted_tokens_total", 0) > 0 and
               m.get("quern_spec_decode_accepted_tokens_per_draft_count") == drafts and

@@ -792,11 +792,12 @@ START_TEST(ngram_output_equals_plain_decoding)
 }
 END_TEST
 
-/* Logprobs and a grammar (a regex the copied text fits, so drafts are kept) come out of a
+/* Logprobs and grammars (a regex the copied text fits, so drafts are kept; a JSON Schema,
+ * whose property names and enum values are drafted as the grammar forces them) come out of a
  * speculating engine exactly as from plain decoding; a request that opts out gets no drafts. */
 START_TEST(logprobs_grammar_and_opt_out)
 {
-    enum { N = 4 };
+    enum { N = 5 };
     static struct req_case c[N];
     static struct result plain[N], spec[N];
     int n_out = tu_sanitized() ? 16 : 32;
@@ -806,22 +807,52 @@ START_TEST(logprobs_grammar_and_opt_out)
     c[1].r.sample.temperature = 0.8f;
     c[1].r.sample.seed = 9;
     c[3].r.no_spec = true; /* case 0 without logprobs: its drafts would be kept */
-    struct engine *e = make_engine(SPEC_OFF, 256, 4, 64, 16);
+    struct engine *e = make_engine(SPEC_OFF, 256, 5, 64, 16);
     struct grammar *g;
     struct qerr err = {0};
     const char *re = "[^<>{}]+";
     ck_assert_msg(engine_grammar(e, GRAMMAR_REGEX, re, strlen(re), &g, &err) == 0, "%s", err.msg);
     c[2].r.grammar = g;
+    static const char schema[] =
+        "{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"license\",\"software\","
+        "\"other\"]},\"free\":{\"type\":\"boolean\"},\"year\":{\"type\":\"integer\"}},"
+        "\"required\":[\"kind\",\"free\",\"year\"]}";
+    struct grammar *js;
+    ck_assert_msg(engine_grammar(e, GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &js, &err) == 0,
+                  "%s", err.msg);
+    /* what a client asking for structured output sends: a chat turn */
+    static const char chat[] =
+        "<|im_start|>user\nDescribe the GNU GPL as a JSON object: its kind, whether it is free, "
+        "and the year of its version 3.<|im_end|>\n<|im_start|>assistant\n";
+    int32_t *ids;
+    size_t n_ids;
+    ck_assert(tokenizer_encode(tok, chat, strlen(chat), false, true, &ids, &n_ids, &err) == 0);
+    ck_assert_uint_le(n_ids, sizeof c[4].prompt / sizeof c[4].prompt[0]);
+    memcpy(c[4].prompt, ids, n_ids * sizeof *ids);
+    free(ids);
+    c[4].n_prompt = c[4].r.n_prompt = n_ids;
+    c[4].r.grammar = js;
+    c[4].r.ignore_eos = false;
+    c[4].r.max_tokens = 40;
     run_all(e, c, N, plain);
     engine_free(e);
-    e = make_engine(SPEC_NGRAM, 256, 4, 64, 16);
+    e = make_engine(SPEC_NGRAM, 256, 5, 64, 16);
     run_all(e, c, N, spec);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
     engine_free(e);
     grammar_unref(g);
-    check_same(plain, spec, N, "logprobs, grammar, opt-out");
+    grammar_unref(js);
+    printf("spec under a JSON Schema: '%.*s', %llu of %llu forced draft tokens accepted\n",
+           (int)spec[4].text_len, spec[4].text, (unsigned long long)st.spec_grammar_accepted_tokens,
+           (unsigned long long)st.spec_grammar_draft_tokens);
+    check_same(plain, spec, N, "logprobs, grammars, opt-out");
     ck_assert_int_gt(spec[0].final.accepted_tokens, 0);
     ck_assert_int_gt(spec[2].final.accepted_tokens, 0);
     ck_assert_int_eq(spec[3].final.accepted_tokens, 0);
+    ck_assert_int_eq(spec[4].final.finish, FINISH_STOP); /* a whole object, then EOS */
+    ck_assert_uint_gt(st.spec_grammar_accepted_tokens, 0);
+    ck_assert_int_ge(spec[4].final.accepted_tokens, (int)st.spec_grammar_accepted_tokens);
 }
 END_TEST
 
@@ -1051,11 +1082,12 @@ int main(void)
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
-    tcase_add_test(tc, ngram_output_equals_plain_decoding);
-    tcase_add_test(tc, logprobs_grammar_and_opt_out);
-    tcase_add_test(tc, draft_model_proposes_its_greedy_continuation);
-    tcase_add_test(tc, draft_model_output_equals_plain_decoding);
-    tcase_add_test(tc, draft_model_is_refused_without_the_same_vocabulary);
+    const TTest *tests[] = {ngram_output_equals_plain_decoding, logprobs_grammar_and_opt_out,
+                            draft_model_proposes_its_greedy_continuation,
+                            draft_model_output_equals_plain_decoding,
+                            draft_model_is_refused_without_the_same_vocabulary};
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (tu_selected(tests[i]->name)) tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

@@ -3,7 +3,8 @@
 
 The same GGUF, the same prompts, one request at a time. Two modes:
 
---kinds (chat prompts from tools/spec-prompts.json: code-edit, summarize, extract, nomatch):
+--kinds (chat prompts from tools/spec-prompts.json: code-edit, summarize, extract, extract-json
+(under a JSON Schema, sent as response_format), nomatch):
 every server is started once and the requests are interleaved (round by round, prompt by
 prompt, server by server, the servers' order turned by one each round), streamed, ending at EOS or -n tokens, greedy ('nomatch' samples at
 temperature 1, seed = prompt number, so there is nothing for a drafter to copy). Each request's
@@ -151,16 +152,24 @@ def load_kinds(path, kinds):
     for k in kinds:
         if k not in d or not isinstance(d[k], list):
             raise SystemExit(f"{path}: no prompt kind '{k}' (has {', '.join(x for x in d if x != 'about')})")
-        out += [(k, i, text) for i, text in enumerate(d[k])]
+        # an entry is a prompt, or {"text", "json_schema"}: the answer under that schema
+        out += [(k, i, e) if isinstance(e, str) else (k, i, (e["text"], e["json_schema"]))
+                for i, e in enumerate(d[k])]
     return out
 
 
 def stream_chat(kind, port, pid, text, n, temp, seed):
     """One streamed chat request: (tokens, decode wall s, decode CPU s, accepted, drafted), the
     decode measured from the first streamed token to the last."""
+    schema = None
+    if isinstance(text, tuple):
+        text, schema = text
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": n,
             "temperature": temp, "seed": seed, "stream": True,
             "stream_options": {"include_usage": True}}
+    if schema:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "answer", "schema": schema}}
     if kind == "llama":
         body["cache_prompt"] = False
         body["n_predict"] = n

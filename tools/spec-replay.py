@@ -44,6 +44,17 @@ def post(port, path, body):
     raise RuntimeError("the server did not answer")
 
 
+def prompt_of(entry):
+    """A prompt of tools/spec-prompts.json: a string, or {"text", "json_schema"}."""
+    if isinstance(entry, dict):
+        return entry["text"], entry.get("json_schema")
+    return entry, None
+
+
+def response_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
 def answers(model, kinds):
     quern = os.environ.get("QUERN", os.path.join(ROOT, "build/server/quern"))
     p = subprocess.Popen([quern, "serve", "--model", model, "--port", "0"],
@@ -59,10 +70,13 @@ def answers(model, kinds):
     out = []
     try:
         for kind in kinds:
-            for i, text in enumerate(prompts[kind]):
+            for i, entry in enumerate(prompts[kind]):
+                text, schema = prompt_of(entry)
                 msgs = [{"role": "user", "content": text}]
-                r = post(port, "/v1/chat/completions",
-                         {"messages": msgs, "max_tokens": 256, "temperature": 0})
+                body = {"messages": msgs, "max_tokens": 256, "temperature": 0}
+                if schema:
+                    body["response_format"] = response_format(schema)
+                r = post(port, "/v1/chat/completions", body)
                 answer = r["choices"][0]["message"]["content"]
                 ctx = post(port, "/tokenize", {"messages": msgs, "add_generation_prompt": True})
                 ids = post(port, "/tokenize", {"prompt": answer, "add_special_tokens": False})
