@@ -52,7 +52,9 @@ static int rx_node(struct rxp *p, int kind)
 
 static int rx_fail(struct rxp *p, const char *what)
 {
-    gb_fail(p->b, QERR_UNSUPPORTED, "regex '%.80s': %s at offset %zu", p->s, what, p->i);
+    /* the text is p->n bytes, not a C string (fuzz_grammar read past it) */
+    gb_fail(p->b, QERR_UNSUPPORTED, "regex '%.*s': %s at offset %zu", (int)(p->n < 80 ? p->n : 80),
+            p->s, what, p->i);
     return -1;
 }
 

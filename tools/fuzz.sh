@@ -2,7 +2,7 @@
 # Runs the libFuzzer targets of tests/fuzz (issue 20) in build-fuzz/, a clang build with ASan,
 # UBSan and coverage instrumentation, configured and built here when needed.
 #
-#   tools/fuzz.sh TARGET SECONDS   one target (gguf, oai, tokenizer, detok, chat, http_head, or
+#   tools/fuzz.sh TARGET SECONDS   one target (gguf, oai, tokenizer, detok, chat, grammar, http_head, or
 #                                  all: each in turn) for SECONDS each, growing its corpus in
 #                                  build-fuzz/fuzz-corpus/TARGET from tests/fuzz/corpus/TARGET
 #   tools/fuzz.sh --check SECONDS  what tools/test.sh runs: every target over its committed
@@ -14,7 +14,7 @@
 # the fuzzers never take more than one core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS=(gguf oai tokenizer detok chat http_head)
+TARGETS=(gguf oai tokenizer detok chat grammar http_head)
 usage() { echo "usage: tools/fuzz.sh TARGET|all SECONDS | --check SECONDS" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 mode=run

@@ -208,6 +208,23 @@ def http_seeds():
         put("http_head", h)
 
 
+def grammar_seeds():
+    """fuzz_grammar: kind (mod 6; bit 7: the real vocabulary), the grammar, NUL, walk bytes."""
+    walk = bytes((i * 37 + 11) % 256 for i in range(96))
+    schemas = json.load(open(os.path.join(HERE, "..", "structured_schemas.json"), encoding="utf-8"))
+    for case in schemas[::7]:
+        put("grammar", b"\x00" + json.dumps(case["schema"]).encode() + b"\0" + walk)
+    gbnf = (b'root ::= obj\nobj ::= "{" (pair ("," pair)*)? "}"\n'
+            b'pair ::= str ":" val\nval ::= str | [0-9]+ | obj | "[" val{0,3} "]"\n'
+            b'str ::= "\\"" [^"\\\\]* "\\"" # strings\n')
+    tools = (b'{"tools":[{"name":"f","parameters":{"type":"object","properties":{"x":{'
+             b'"type":"integer"}},"required":["x"]}},{"name":"g"}],"parallel":true}')
+    for kind, text in [(1, b""), (2, rb"[a-z]{2,5}@(ab|cd)\.com"), (2, rb"(\d+,)*\d+"),
+                       (3, b'["apple","apricot","banana"]'), (4, tools), (5, gbnf)]:
+        put("grammar", bytes([kind]) + text + b"\0" + walk)
+        put("grammar", bytes([kind | 0x80]) + text + b"\0" + walk)
+
+
 def main():
     model = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
         "QUERN_MODEL", os.path.join(HERE, "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -216,6 +233,7 @@ def main():
     detok_seeds()
     chat_seeds(model)
     http_seeds()
+    grammar_seeds()
 
 
 if __name__ == "__main__":
