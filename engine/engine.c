@@ -215,6 +215,7 @@ static void seq_free(struct seq *s)
     free(s->tokens);
     free(s->blocks);
     for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
+    free(s->logit_bias);
     sampler_free(&s->sampler);
     free(s->hold);
     free(s->pool_sum);
@@ -377,6 +378,8 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     double t0 = e->o.trace ? engine_now() : 0;
     *sampled = -1;
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
+    for (int i = 0; i < s->n_logit_bias; i++)
+        e->work[s->logit_bias[i].token] += s->logit_bias[i].bias;
     if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
     *sampled = t;
@@ -938,6 +941,15 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         }
         s->n_stop_strings++;
     }
+    if (r->n_logit_bias > 0) {
+        s->logit_bias = malloc((size_t)r->n_logit_bias * sizeof *s->logit_bias);
+        if (!s->logit_bias) {
+            seq_free(s);
+            return qerr_set(err, QERR_NOMEM, "out of memory");
+        }
+        memcpy(s->logit_bias, r->logit_bias, (size_t)r->n_logit_bias * sizeof *s->logit_bias);
+        s->n_logit_bias = r->n_logit_bias;
+    }
     s->t_submit = engine_now();
     *out = s;
     return 0;
@@ -973,6 +985,17 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
     for (int i = 0; i < r->n_stop_strings; i++)
         if (!r->stop_strings[i] || !*r->stop_strings[i] || strlen(r->stop_strings[i]) > 200)
             return qerr_set(err, QERR_INVALID, "stop: strings must have 1..200 bytes");
+    if (r->n_logit_bias < 0 || r->n_logit_bias > ENGINE_MAX_LOGIT_BIAS ||
+        (r->n_logit_bias > 0 && !r->logit_bias))
+        return qerr_set(err, QERR_INVALID, "logit_bias: at most %d tokens", ENGINE_MAX_LOGIT_BIAS);
+    for (int i = 0; i < r->n_logit_bias; i++) {
+        if (r->logit_bias[i].token < 0 || r->logit_bias[i].token >= e->vocab)
+            return qerr_set(err, QERR_INVALID, "logit_bias: token id %d is not in [0, %d)",
+                            r->logit_bias[i].token, e->vocab);
+        if (!isfinite(r->logit_bias[i].bias))
+            return qerr_set(err, QERR_INVALID, "logit_bias: the bias of token %d is not finite",
+                            r->logit_bias[i].token);
+    }
     if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
         return qerr_set(err, QERR_INVALID, "top_logprobs: %d not in 0..%d", r->top_logprobs,
                         ENGINE_MAX_TOP_LOGPROBS);

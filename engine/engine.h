@@ -109,6 +109,13 @@ enum engine_pooling {
 
 #define ENGINE_MAX_STOPS        8
 #define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_LOGIT_BIAS   1024
+
+/* OpenAI's logit_bias: bias is added to token's logit before sampling. */
+struct logit_bias {
+    int32_t token;
+    float bias;
+};
 
 struct gen_request {
     const int32_t *prompt; /* copied by engine_submit */
@@ -121,6 +128,11 @@ struct gen_request {
     int n_stop_strings;
     const char *stop_strings[ENGINE_MAX_STOPS]; /* copied; matched on the detokenized text */
     int top_logprobs; /* -1: no logprobs; 0: the chosen token's; N: and the top N */
+    /* Added to these tokens' logits before the grammar mask and the sampler (greedy decoding
+     * too); the logprobs a client sees stay the model's own, as vLLM's do. Copied; at most
+     * ENGINE_MAX_LOGIT_BIAS, ids in the vocabulary, biases finite. */
+    const struct logit_bias *logit_bias;
+    int n_logit_bias;
     /* NULL, or the grammar the output must follow (engine_submit takes its own reference):
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */

@@ -49,6 +49,8 @@ struct seq {
     int32_t stop_ids[ENGINE_MAX_STOPS];
     int n_stop_strings;
     char *stop_strings[ENGINE_MAX_STOPS];
+    struct logit_bias *logit_bias; /* [n_logit_bias], owned */
+    int n_logit_bias;
     int top_logprobs;
     struct sampler sampler;
     struct detok detok;

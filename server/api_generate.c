@@ -549,6 +549,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .joins_group = i > 0,
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
+                                     .logit_bias = r->logit_bias,
+                                     .n_logit_bias = r->n_logit_bias,
                                      .grammar = grammar,
                                      .keep_tool_markers = g->tools,
                                      .prompt_logprobs = prompt_top >= 0,

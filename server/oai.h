@@ -102,6 +102,8 @@ struct oai_request {
     bool no_spec; /* "speculative": false: no speculative decoding for this request */
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
+    struct logit_bias *logit_bias; /* owned; [n_logit_bias] */
+    int n_logit_bias;
     bool base64;                /* embeddings: encoding_format "base64" */
     const char *instructions;   /* responses: the system text (in the tree), or NULL */
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */

@@ -3,8 +3,10 @@
  * string the engine or tokenizer receives can carry invalid bytes; cJSON's nesting limit (1000)
  * bounds the recursion on hostile input. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,6 +311,38 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
     return 0;
 }
 
+/* OpenAI's {"token id": bias from -100 to 100}; the engine checks the ids against the model. */
+static int parse_logit_bias(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    const cJSON *lb = field(root, "logit_bias");
+    if (!lb || cJSON_IsNull(lb)) return 0;
+    if (!cJSON_IsObject(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object, not %s", json_type(lb));
+    int n = cJSON_GetArraySize(lb);
+    if (n > ENGINE_MAX_LOGIT_BIAS)
+        return bad(e, "logit_bias", "'logit_bias' may hold at most %d tokens, not %d",
+                   ENGINE_MAX_LOGIT_BIAS, n);
+    if (n == 0) return 0;
+    if (!(r->logit_bias = malloc((size_t)n * sizeof *r->logit_bias))) return oom(e);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb)
+    {
+        const char *key = it->string;
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || id > INT32_MAX || !(key[0] >= '0' && key[0] <= '9'))
+            return bad(e, "logit_bias",
+                       "'logit_bias' keys must be token ids (decimal integers), not '%.40s'", key);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return bad(e, "logit_bias",
+                       "'logit_bias' values must be numbers from -100 to 100 (token %.40s)", key);
+        r->logit_bias[r->n_logit_bias++] =
+            (struct logit_bias){.token = (int32_t)id, .bias = (float)it->valuedouble};
+    }
+    return 0;
+}
+
 /* The sampling and generation fields common to completions and chat. */
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
@@ -364,11 +398,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if (rc && r->stream)
         return bad(e, "prompt_logprobs", "'prompt_logprobs' is not supported with 'stream'");
     if ((rc = parse_stop(root, r, e))) return rc;
-    const cJSON *lb = field(root, "logit_bias");
-    if (lb && !(cJSON_IsObject(lb) && !lb->child))
-        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "logit_bias",
-                             "'logit_bias' is not supported");
-    return 0;
+    return parse_logit_bias(root, r, e);
 }
 
 static int parse_completion(const cJSON *root, struct oai_request *r, struct oai_error *e)
@@ -766,6 +796,7 @@ void oai_request_free(struct oai_request *r)
     free(r->tokens);
     free(r->constraint.text);
     free(r->tools);
+    free(r->logit_bias);
     cJSON_Delete(r->root);
     *r = (struct oai_request){.kind = r->kind, .constraint = {.kind = -1}};
 }

@@ -258,6 +258,43 @@ def test_completion(d):
           "chat usage.prompt_tokens equals the tokenizer's count", f"{t.get('count')}")
 
 
+def test_logit_bias(d):
+    prompt = "The capital of France is"
+    base = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 1}
+    st, _, plain = d.post("/v1/completions", base)
+    check(st == 200, "logit_bias: the plain completion", plain)
+    if st != 200:
+        return
+    # +100 makes a token the greedy choice everywhere; the logprobs stay the model's own
+    st, _, z = d.post("/tokenize", {"prompt": " zebra"})
+    zebra = z["tokens"][-1]
+    st, _, piece = d.post("/detokenize", {"tokens": [zebra]})
+    st, _, r = d.post("/v1/completions", dict(base, logit_bias={str(zebra): 100}))
+    lp = r["choices"][0]["logprobs"]["token_logprobs"] if st == 200 else []
+    check(st == 200 and r["choices"][0]["text"] == piece["prompt"] * 5 and lp[0] < -2,
+          "logit_bias +100: every token is that one, its logprob the model's (unbiased)", r)
+    # -100 bans the plain greedy first token
+    st, _, first = d.post("/tokenize", {"prompt": plain["choices"][0]["logprobs"]["tokens"][0]})
+    if len(first["tokens"]) == 1:
+        st, _, r = d.post("/v1/completions", dict(base, logit_bias={str(first["tokens"][0]): -100}))
+        check(st == 200 and r["choices"][0]["logprobs"]["tokens"][0] !=
+              plain["choices"][0]["logprobs"]["tokens"][0], "logit_bias -100 bans a token", r)
+    # chat, streamed, with a bias of 0 and a small one: the plain text
+    body = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8,
+            "temperature": 0, "stream": True}
+    texts, _, _, _, _ = collect(d, "/v1/chat/completions", body)
+    texts_b, _, _, _, _ = collect(d, "/v1/chat/completions",
+                                  dict(body, logit_bias={"0": 0, str(zebra): 0.01}))
+    check(texts == texts_b, "logit_bias of 0 and 0.01 (chat, streamed): the same text",
+          f"{texts} vs {texts_b}")
+    st, _, r = d.post("/v1/completions", dict(base, logit_bias={"1000000": 5}))
+    check(st == 400 and "logit_bias" in r["error"]["message"],
+          "logit_bias: a token id past the vocabulary is a 400 that says so", r)
+    st, _, r = d.post("/v1/completions", dict(base, logit_bias={"5": 200}))
+    check(st == 400 and r["error"]["param"] == "logit_bias", "logit_bias: 200 is out of range",
+          r)
+
+
 def test_streaming(d):
     for path, body in (
         ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8,
@@ -718,6 +755,15 @@ def test_speculation(plain):
         _, _, b = d.post("/v1/completions", seeded)
         check(a["choices"][0]["text"] == b["choices"][0]["text"],
               "spec ngram: seeded sampling gives plain decoding's text", f"{a} vs {b}")
+        # a biased request: verification samples through the same bias, so drafts of the
+        # banned token are refused and the text is still plain decoding's
+        _, _, t = plain.post("/tokenize", {"prompt": ref["choices"][0]["text"]})
+        biased = dict(body, logit_bias={str(t["tokens"][3]): -100, str(t["tokens"][8]): 2})
+        _, _, ba = plain.post("/v1/completions", biased)
+        st, _, bb = d.post("/v1/completions", biased)
+        check(st == 200 and ba["choices"][0]["text"] == bb["choices"][0]["text"] and
+              ba["choices"][0]["text"] != ref["choices"][0]["text"],
+              "spec ngram with logit_bias: plain decoding's (changed) text", f"{ba} vs {bb}")
         st, _, o = d.post("/v1/completions", dict(body, speculative=False))
         check(st == 200 and o["choices"][0]["text"] == ref["choices"][0]["text"] and
               o["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
@@ -806,7 +852,7 @@ def main():
     d = Daemon("--api-key", KEY, "--served-model-name", "smol", "--precision", "f32")
     only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
     try:
-        for t in (test_basics, test_completion, test_streaming, test_n_and_stop, test_errors,
+        for t in (test_basics, test_completion, test_logit_bias, test_streaming, test_n_and_stop, test_errors,
                   test_concurrent, test_disconnect, test_chat_special_tokens, test_curl,
                   test_sdk):
             if only and not any(o in t.__name__ for o in only.split(",")):

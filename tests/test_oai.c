@@ -300,12 +300,44 @@ START_TEST(prompt_forms)
     sbuf_puts(&b, "]}");
     expect_bad(OAI_COMPLETION, b.p, 400, "prompt");
     sbuf_free(&b);
-    /* fill-in-the-middle and logit bias are refused clearly; empty ones are harmless */
+    /* fill-in-the-middle is refused clearly; an empty suffix is harmless */
     expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"end\"}", 400, "suffix");
-    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":10}}", 400, "logit_bias");
     ck_assert_int_eq(
         parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"\",\"logit_bias\":{}}", &r, &e), 0);
+    ck_assert_int_eq(r.n_logit_bias, 0);
     oai_request_free(&r);
+    /* logit_bias: token ids as keys, -100..100 as values (the engine checks ids against the
+     * model) */
+    ck_assert_int_eq(parse(OAI_CHAT,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"logit_bias\":{\"5\":10,\"49151\":-100,\"0\":0.5}}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.n_logit_bias, 3);
+    ck_assert_int_eq(r.logit_bias[0].token, 5);
+    ck_assert_float_eq(r.logit_bias[0].bias, 10.0f);
+    ck_assert_int_eq(r.logit_bias[1].token, 49151);
+    ck_assert_float_eq(r.logit_bias[1].bias, -100.0f);
+    ck_assert_float_eq(r.logit_bias[2].bias, 0.5f);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":null}", &r, &e), 0);
+    oai_request_free(&r);
+    static const char *const bad_bias[] = {
+        "[[5,10]]",       "{\"abc\":1}",   "{\"-1\":1}",          "{\"+5\":1}",
+        "{\"5x\":1}",     "{\"\":1}",      "{\"99999999999\":1}", "{\"5\":101}",
+        "{\"5\":-100.5}", "{\"5\":\"1\"}", "{\"5\":null}",        "\"5\""};
+    for (size_t i = 0; i < sizeof bad_bias / sizeof bad_bias[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"logit_bias\":%s}", bad_bias[i]);
+        expect_bad(OAI_COMPLETION, body, 400, "logit_bias");
+    }
+    struct sbuf lb = {0};
+    sbuf_puts(&lb, "{\"prompt\":\"x\",\"logit_bias\":{");
+    for (int i = 0; i <= ENGINE_MAX_LOGIT_BIAS; i++)
+        sbuf_printf(&lb, "%s\"%d\":1", i ? "," : "", i);
+    sbuf_puts(&lb, "}}");
+    expect_bad(OAI_COMPLETION, lb.p, 400, "logit_bias");
+    sbuf_free(&lb);
 }
 END_TEST
 
