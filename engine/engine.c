@@ -339,6 +339,15 @@ static bool is_stop_token(const struct engine *e, const struct seq *s, int32_t t
     return false;
 }
 
+/* min_tokens: end of generation and the stop ids cannot be sampled yet. */
+static void hold_off_stops(const struct engine *e, const struct seq *s, float *logits)
+{
+    if (!s->ignore_eos)
+        for (int t = 0; t < e->vocab; t++)
+            if (tokenizer_is_eog(e->tok, t)) logits[t] = -INFINITY;
+    for (int i = 0; i < s->n_stop_ids; i++) logits[s->stop_ids[i]] = -INFINITY;
+}
+
 /* The n most likely tokens of a logits row with their log-probabilities, most likely first. */
 void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev)
 {
@@ -380,6 +389,8 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
     for (int i = 0; i < s->n_logit_bias; i++)
         e->work[s->logit_bias[i].token] += s->logit_bias[i].bias;
+    if (s->n_generated < s->min_tokens && !(s->gm && grammar_matcher_done(s->gm)))
+        hold_off_stops(e, s, e->work);
     if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
     int32_t t = sampler_sample(&s->sampler, e->work);
     *sampled = t;
@@ -913,6 +924,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->n_tokens = s->n_prompt = (int)r->n_prompt;
     for (size_t i = 0; i < r->n_prompt; i++) sampler_accept(&s->sampler, r->prompt[i]);
     s->max_tokens = r->max_tokens;
+    s->min_tokens = r->min_tokens;
     s->ignore_eos = r->ignore_eos;
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
@@ -978,6 +990,13 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
                         "prompt (%zu tokens) + max_tokens (%d) needs %zu KV blocks; the pool has "
                         "%d",
                         r->n_prompt, r->max_tokens, need, avail);
+    if (r->min_tokens < 0 || r->min_tokens > r->max_tokens)
+        return qerr_set(err, QERR_INVALID, "min_tokens: %d is not in 0..max_tokens (%d)",
+                        r->min_tokens, r->max_tokens);
+    for (int i = 0; i < r->n_stop_ids && i < ENGINE_MAX_STOPS; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= e->vocab)
+            return qerr_set(err, QERR_INVALID, "stop_token_ids: token id %d is not in [0, %d)",
+                            r->stop_ids[i], e->vocab);
     if (r->n_stop_ids < 0 || r->n_stop_ids > ENGINE_MAX_STOPS || r->n_stop_strings < 0 ||
         r->n_stop_strings > ENGINE_MAX_STOPS)
         return qerr_set(err, QERR_INVALID, "stop: at most %d stop strings and %d stop ids",

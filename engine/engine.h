@@ -121,7 +121,11 @@ struct gen_request {
     const int32_t *prompt; /* copied by engine_submit */
     size_t n_prompt;
     struct sample_params sample;
-    int max_tokens;  /* >= 0; 0 generates nothing (prompt-only: echo/logprobs of the prompt) */
+    int max_tokens; /* >= 0; 0 generates nothing (prompt-only: echo/logprobs of the prompt) */
+    /* vLLM's min_tokens (0..max_tokens): end-of-generation and the stop ids cannot be sampled
+     * before this many tokens are out (stop strings still end the output); not where a grammar
+     * allows nothing but the end */
+    int min_tokens;
     bool ignore_eos; /* do not stop on end-of-generation tokens */
     int n_stop_ids;
     int32_t stop_ids[ENGINE_MAX_STOPS];

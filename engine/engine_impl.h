@@ -50,6 +50,7 @@ struct seq {
     int n_stop_strings;
     char *stop_strings[ENGINE_MAX_STOPS];
     struct logit_bias *logit_bias; /* [n_logit_bias], owned */
+    int min_tokens;
     int n_logit_bias;
     int top_logprobs;
     struct sampler sampler;

@@ -549,6 +549,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .joins_group = i > 0,
                                      .n_stop_strings = r->n_stop,
                                      .top_logprobs = r->logprobs,
+                                     .min_tokens = r->min_tokens,
+                                     .n_stop_ids = r->n_stop_ids,
                                      .logit_bias = r->logit_bias,
                                      .n_logit_bias = r->n_logit_bias,
                                      .grammar = grammar,
@@ -557,6 +559,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .prompt_top_logprobs = prompt_top > 0 ? prompt_top : 0};
             gr.sample.seed = seed + (uint64_t)j;
             for (int k = 0; k < r->n_stop; k++) gr.stop_strings[k] = r->stop[k];
+            memcpy(gr.stop_ids, r->stop_ids, sizeof gr.stop_ids);
             struct qerr q = {0};
             g->ch[i].prompt = p;
             if (serve_submit(s, &gr, &g->ch[i].req, &q)) {

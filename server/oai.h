@@ -104,6 +104,9 @@ struct oai_request {
     const char *stop[ENGINE_MAX_STOPS];
     struct logit_bias *logit_bias; /* owned; [n_logit_bias] */
     int n_logit_bias;
+    int min_tokens; /* vLLM's: no end of generation or stop id before this many tokens */
+    int n_stop_ids; /* vLLM's stop_token_ids */
+    int32_t stop_ids[ENGINE_MAX_STOPS];
     bool base64;                /* embeddings: encoding_format "base64" */
     const char *instructions;   /* responses: the system text (in the tree), or NULL */
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */

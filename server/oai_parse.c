@@ -398,6 +398,23 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if (rc && r->stream)
         return bad(e, "prompt_logprobs", "'prompt_logprobs' is not supported with 'stream'");
     if ((rc = parse_stop(root, r, e))) return rc;
+    /* vLLM's: the engine checks min_tokens against max_tokens and the ids against the model */
+    long long mn;
+    if ((rc = get_int(root, "min_tokens", 0, 1e9, &mn, e)) < 0) return rc;
+    if (rc) r->min_tokens = (int)mn;
+    const cJSON *ids = field(root, "stop_token_ids"), *x;
+    if (ids && !cJSON_IsNull(ids)) {
+        if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > ENGINE_MAX_STOPS)
+            return bad(e, "stop_token_ids",
+                       "'stop_token_ids' must be a list of at most %d token ids", ENGINE_MAX_STOPS);
+        cJSON_ArrayForEach(x, ids)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+                !(x->valuedouble >= 0 && x->valuedouble <= INT32_MAX))
+                return bad(e, "stop_token_ids", "'stop_token_ids' must hold only token ids");
+            r->stop_ids[r->n_stop_ids++] = (int32_t)x->valuedouble;
+        }
+    }
     return parse_logit_bias(root, r, e);
 }
 

@@ -295,6 +295,35 @@ def test_logit_bias(d):
           r)
 
 
+def test_min_tokens_and_stop_ids(d):
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0, "max_tokens": 60}
+    st, _, plain = d.post("/v1/chat/completions", body)
+    n = plain["usage"]["completion_tokens"] if st == 200 else 0
+    check(st == 200 and plain["choices"][0]["finish_reason"] == "stop" and n < 40,
+          "min_tokens: the plain answer ends early at end of generation", plain)
+    st, _, r = d.post("/v1/chat/completions", dict(body, min_tokens=n + 10))
+    check(st == 200 and r["usage"]["completion_tokens"] >= n + 10 and
+          r["choices"][0]["message"]["content"].startswith(
+              plain["choices"][0]["message"]["content"].rstrip(".")),
+          "min_tokens: no end of generation before that many tokens", r)
+    # a stop id: the output ends at it (the id is sampled, counted, not shown)
+    text = plain["choices"][0]["message"]["content"]
+    st, _, t = d.post("/tokenize", {"prompt": text})
+    stop_id = t["tokens"][2]
+    st, _, r = d.post("/v1/chat/completions", dict(body, stop_token_ids=[stop_id]))
+    got = r["choices"][0]["message"]["content"] if st == 200 else ""
+    check(st == 200 and r["choices"][0]["finish_reason"] == "stop" and
+          r["usage"]["completion_tokens"] == 3 and text.startswith(got) and len(got) < len(text),
+          "stop_token_ids: the output stops at that token", r)
+    st, _, r = d.post("/v1/chat/completions", dict(body, stop_token_ids=[stop_id], min_tokens=4))
+    check(st == 200 and r["usage"]["completion_tokens"] >= 4,
+          "min_tokens holds a stop id back too", r)
+    st, _, r = d.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5})
+    check(st == 400 and "min_tokens" in r["error"]["message"],
+          "min_tokens over max_tokens: a 400 that says so", r)
+
+
 def test_streaming(d):
     for path, body in (
         ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8,
@@ -852,7 +881,8 @@ def main():
     d = Daemon("--api-key", KEY, "--served-model-name", "smol", "--precision", "f32")
     only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
     try:
-        for t in (test_basics, test_completion, test_logit_bias, test_streaming, test_n_and_stop, test_errors,
+        for t in (test_basics, test_completion, test_logit_bias, test_min_tokens_and_stop_ids,
+                  test_streaming, test_n_and_stop, test_errors,
                   test_concurrent, test_disconnect, test_chat_special_tokens, test_curl,
                   test_sdk):
             if only and not any(o in t.__name__ for o in only.split(",")):

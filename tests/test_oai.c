@@ -331,6 +331,23 @@ START_TEST(prompt_forms)
         snprintf(body, sizeof body, "{\"prompt\":\"x\",\"logit_bias\":%s}", bad_bias[i]);
         expect_bad(OAI_COMPLETION, body, 400, "logit_bias");
     }
+    /* vLLM's min_tokens and stop_token_ids */
+    ck_assert_int_eq(parse(OAI_COMPLETION,
+                           "{\"prompt\":\"x\",\"min_tokens\":4,\"stop_token_ids\":[2,49151]}", &r,
+                           &e),
+                     0);
+    ck_assert_int_eq(r.min_tokens, 4);
+    ck_assert_int_eq(r.n_stop_ids, 2);
+    ck_assert_int_eq(r.stop_ids[1], 49151);
+    oai_request_free(&r);
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"min_tokens\":-1}", 400, "min_tokens");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"min_tokens\":1.5}", 400, "min_tokens");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop_token_ids\":5}", 400, "stop_token_ids");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop_token_ids\":[-1]}", 400, "stop_token_ids");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop_token_ids\":[\"2\"]}", 400,
+               "stop_token_ids");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop_token_ids\":[1,2,3,4,5,6,7,8,9]}", 400,
+               "stop_token_ids");
     struct sbuf lb = {0};
     sbuf_puts(&lb, "{\"prompt\":\"x\",\"logit_bias\":{");
     for (int i = 0; i <= ENGINE_MAX_LOGIT_BIAS; i++)
