@@ -121,6 +121,10 @@ def oai_seeds():
     put("oai", b"\x01{\"messages\": [{\"role\": \"user\", \"content\": 5}]}")
     put("oai", b"\x00{\"prompt\": \"a\", \"max_tokens\": -1, \"n\": 1e9}")
     put("oai", b"\x01<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>")
+    put("oai", b"\x00{\"prompt\": \"a\", \"logit_bias\": {\"5\": 10, \"0\": -100}, \"min_tokens\": 2, "
+               b"\"stop_token_ids\": [2, 7], \"max_tokens\": 4}")
+    put("oai", b"\x01{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+               b"\"logit_bias\": {\"+5\": 1e3, \"\": null}, \"stop_token_ids\": [-1]}")
 
 
 TEXTS = ["Hello world", "What is the capital of France?", "  leading and trailing  \n\n\t",
