@@ -289,6 +289,29 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
         int32_t top = x->s[x->n - 1];
         struct gmask_entry *e = entry(m, top);
         if (!e) return -1;
+        struct gset single; /* {x} alone: its alternatives are the other stacks */
+        single.n = 1;
+        single.accept = false;
+        single.st[0] = *x;
+        if (x->n > GRAMMAR_MAX_DEPTH / 2) {
+            /* the state's cached set was made with room for every call a token makes; near
+             * the depth cap some no longer fit (fuzz_grammar: a space after 14 nested objects
+             * was allowed, then refused), so each candidate is walked from this stack */
+            for (int w = 0; w < v->words; w++) {
+                uint64_t cand = e->bits ? e->bits[w] : 0;
+                for (int k = 0; !e->bits && k < e->n_acc; k++)
+                    if (e->acc[k] / 64 == w) cand |= 1ull << (e->acc[k] % 64);
+                for (int k = 0; k < e->n_unc; k++)
+                    if (e->unc[k] / 64 == w) cand |= 1ull << (e->unc[k] % 64);
+                for (uint64_t y = cand & ~mask[w]; y; y &= y - 1) {
+                    int32_t t = w * 64 + __builtin_ctzll(y);
+                    struct gset *res;
+                    if (walk_bytes(m, &single, v->bytes[t], v->len[t], &res))
+                        mask[w] |= 1ull << (t % 64);
+                }
+            }
+            continue;
+        }
         bool again = false;
         for (int k = 0; k < n_done && !again; k++) again = done_tops[k] == top;
         if (!again) {
@@ -299,10 +322,6 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
                 for (int k = 0; k < e->n_acc; k++) mask[e->acc[k] / 64] |= 1ull << (e->acc[k] % 64);
         }
         if (!e->n_unc) continue;
-        struct gset single; /* {x} alone: its alternatives are the other stacks */
-        single.n = 1;
-        single.accept = false;
-        single.st[0] = *x;
         for (int k = 0; k < e->n_unc; k++) {
             int32_t t = e->unc[k];
             if (mask[t / 64] >> (t % 64) & 1) continue;
