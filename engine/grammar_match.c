@@ -278,6 +278,15 @@ bool grammar_matcher_done(const struct grammar_matcher *m)
     return m->cur.accept && m->cur.n == 0;
 }
 
+/* Sets token t in mask when the stack set x (one stack) can take its bytes. */
+static void allow_if_walks(struct grammar_matcher *m, const struct gset *x, int32_t t,
+                           uint64_t *mask)
+{
+    if (mask[t / 64] >> (t % 64) & 1) return;
+    struct gset *res;
+    if (walk_bytes(m, x, m->v->bytes[t], m->v->len[t], &res)) mask[t / 64] |= 1ull << (t % 64);
+}
+
 int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
 {
     const struct grammar_vocab *v = m->v;
@@ -297,19 +306,12 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
             /* the state's cached set was made with room for every call a token makes; near
              * the depth cap some no longer fit (fuzz_grammar: a space after 14 nested objects
              * was allowed, then refused), so each candidate is walked from this stack */
-            for (int w = 0; w < v->words; w++) {
-                uint64_t cand = e->bits ? e->bits[w] : 0;
-                for (int k = 0; !e->bits && k < e->n_acc; k++)
-                    if (e->acc[k] / 64 == w) cand |= 1ull << (e->acc[k] % 64);
-                for (int k = 0; k < e->n_unc; k++)
-                    if (e->unc[k] / 64 == w) cand |= 1ull << (e->unc[k] % 64);
-                for (uint64_t y = cand & ~mask[w]; y; y &= y - 1) {
-                    int32_t t = w * 64 + __builtin_ctzll(y);
-                    struct gset *res;
-                    if (walk_bytes(m, &single, v->bytes[t], v->len[t], &res))
-                        mask[w] |= 1ull << (t % 64);
-                }
-            }
+            for (int w = 0; e->bits && w < v->words; w++)
+                for (uint64_t y = e->bits[w]; y; y &= y - 1)
+                    allow_if_walks(m, &single, w * 64 + __builtin_ctzll(y), mask);
+            for (int k = 0; !e->bits && k < e->n_acc; k++)
+                allow_if_walks(m, &single, e->acc[k], mask);
+            for (int k = 0; k < e->n_unc; k++) allow_if_walks(m, &single, e->unc[k], mask);
             continue;
         }
         bool again = false;
@@ -321,14 +323,7 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *mask)
             else
                 for (int k = 0; k < e->n_acc; k++) mask[e->acc[k] / 64] |= 1ull << (e->acc[k] % 64);
         }
-        if (!e->n_unc) continue;
-        for (int k = 0; k < e->n_unc; k++) {
-            int32_t t = e->unc[k];
-            if (mask[t / 64] >> (t % 64) & 1) continue;
-            struct gset *res;
-            if (walk_bytes(m, &single, v->bytes[t], v->len[t], &res))
-                mask[t / 64] |= 1ull << (t % 64);
-        }
+        for (int k = 0; k < e->n_unc; k++) allow_if_walks(m, &single, e->unc[k], mask);
     }
     if (v->n_marker && !m->g->tool_markers)
         for (int w = 0; w < v->words; w++) mask[w] &= ~v->marker[w];
