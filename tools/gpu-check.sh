@@ -94,12 +94,14 @@ if ls build-debs/*.deb >/dev/null 2>&1; then
     fi
   done
   LIBD=$PREFIX/usr/lib/x86_64-linux-gnu
-  sed -i "s|^prefix=/usr\$|prefix=$PREFIX/usr|" "$LIBD"/pkgconfig/*.pc
+  # most .pc files derive their paths from prefix=/usr; libcjson's names /usr/... outright
+  sed -i -E "s@^(prefix|libdir|includedir)=/usr(/|\$)@\1=$PREFIX/usr\2@" "$LIBD"/pkgconfig/*.pc
   # libmicrohttpd's .pc names gnutls for static links only; without the gnutls .pc pkg-config
   # refuses it, and the server (its only user) is not built here
   sed -i '/^Requires.private:/d' "$LIBD"/pkgconfig/libmicrohttpd.pc
   export PKG_CONFIG_PATH=$LIBD/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$LIBD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$LIBD${LIBRARY_PATH:+:$LIBRARY_PATH}
   export C_INCLUDE_PATH=$PREFIX/usr/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
   if ! command -v pkg-config >/dev/null && [ -x "$PREFIX/usr/bin/pkgconf" ]; then
     export PKG_CONFIG=$PREFIX/usr/bin/pkgconf
