@@ -2,6 +2,7 @@
  * ceilings. Every number is printed beside the roofline it is bounded by.
  *
  *   quern-bench-cuda [--device N] [--quick] [--only copy,gemv,gemm,decode] [--model M.gguf]
+ *                    [--profile]
  *
  * 1. copy    device-to-device cudaMemcpy over 2 x 2 GiB, bytes read + written per second: the
  *            bandwidth ceiling every GEMV and decode number is compared with.
@@ -21,6 +22,10 @@
  *            graphs and their padding as in serving, logits copied to the host every step);
  *            tokens/s against the roofline (weight + KV bytes per step / copy bandwidth).
  *    --model runs the real file the same way.
+ *    --profile then times every op of the llama3-8b decode steps at batch 1 and 64 apart
+ *            (kernels/backend_profile.h: each op synchronized, no graph replay, so the step is
+ *            slower than the table above), one table per batch, each op against the copy
+ *            bandwidth: where a step's time goes.
  * Exits 77 when no CUDA device is usable. */
 #include <math.h>
 #include <stdbool.h>
@@ -33,6 +38,8 @@
 #include "../engine/synth.h"
 #include "../kernels/cuda/backend_cuda.h"
 #include "../engine/bench_decode.h"
+#include "../engine/bench_profile.h"
+#include "../kernels/backend_profile.h"
 #include "../engine/bench_util.h"
 
 static void die(const char *what, const struct qerr *err)
@@ -285,16 +292,48 @@ static void bench_decode_model(struct backend *be, const char *label, const stru
     model_free(m);
 }
 
+/* --profile: the decode steps of f once more, every op timed apart (int8 activations). */
+static void profile_decode_model(struct backend *be, const char *label, const struct gguf_file *f)
+{
+    struct qerr err = {0};
+    struct backend *prof;
+    if (backend_profile_create(be, &prof, &err)) die("profile", &err);
+    const int ctx = 128, steps = 8, batches[] = {1, 64};
+    struct model_opts mo;
+    bench_decode_model_opts(64, ctx, steps, &mo);
+    struct model *m;
+    if (model_load(f, prof, &mo, &m, &err)) die("model_load (profiled)", &err);
+    const double wb = bench_decode_weight_bytes(f);
+    const struct bench_ceilings c = {.read_gbs = copy_gbps};
+    struct bench_rng rng = BENCH_RNG_INIT;
+    for (int bi = 0; bi < 2; bi++) {
+        struct decode_bench r;
+        if (bench_decode_run(m, prof, wb, batches[bi], ctx, steps, bench_rng_next(&rng), prof, &r,
+                             &err))
+            die("profiled decode", &err);
+        check_status(be, "profiled decode");
+        char title[160];
+        snprintf(title, sizeof title,
+                 "%s, batch %d, int8 activations: per-op profile (each op synchronized, no "
+                 "graphs; %.2f ms/step)",
+                 label, batches[bi], r.step_s * 1e3);
+        bench_profile_print(stdout, title, prof, r.step_s, steps, &c);
+        fflush(stdout);
+    }
+    model_free(m);
+    backend_destroy(prof);
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: quern-bench-cuda [--device N] [--quick] "
-                    "[--only copy,gemv,gemm,decode] [--model M.gguf]\n");
+                    "[--only copy,gemv,gemm,decode] [--model M.gguf] [--profile]\n");
 }
 
 int main(int argc, char **argv)
 {
     int device = 0;
-    bool quick = false;
+    bool quick = false, profile = false;
     const char *only = "copy,gemv,gemm,decode", *model = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -306,6 +345,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (!strcmp(a, "--model") && v)
             model = argv[++i];
+        else if (!strcmp(a, "--profile"))
+            profile = true;
         else {
             usage();
             return 2;
@@ -341,6 +382,7 @@ int main(int argc, char **argv)
             snprintf(label, sizeof label, "%s %s (synthetic)", synth[i].name,
                      qtype_name(synth[i].type));
             bench_decode_model(be, label, f, quick);
+            if (profile && i == 0) profile_decode_model(be, label, f);
             gguf_close(f);
         }
         if (model) {

@@ -14,19 +14,23 @@
 #      tests/test_model_cuda.c: fp16 KV, MMA GEMM, graphs, batch invariance in passes; these
 #      need models/SmolLM2-135M-Instruct.Q4_1.gguf, there or joined from build-model-a/b, see
 #      tools/gpu-debs.sh --model); test_tp over NCCL when the machine has 2 GPUs or more
-#   5. benchmark: tools/bench-cuda.c (copy bandwidth, GEMV GB/s, GEMM TFLOP/s, synthetic decode)
+#   5. benchmark: tools/bench-cuda.c (copy bandwidth, GEMV GB/s, GEMM TFLOP/s, synthetic decode
+#      and its per-op profile)
 #   6. baselines in the same run: torch.matmul bf16 on the GEMM shapes, and Hugging Face
 #      transformers generating with a Llama-3-8B-shaped random bf16 model at batch 1, 8 and 64
 #
-# Device tool call (from the repository root here):
-#   tools/gpu-debs.sh            # once, on the development machine
-#   run(command: "bash tools/gpu-check.sh", carry: ["build-debs"], timeout_s: 560)
+# Device tool calls (from the repository root here; the model is over the 64 MiB one call carries,
+# so its halves travel in two calls to one warm machine, the second within its 30 s of warmth):
+#   tools/gpu-debs.sh --model    # once, on the development machine
+#   run(command: "true", carry: ["build-debs", "build-model-a"], timeout_s: 60)
+#   run(command: "bash tools/gpu-check.sh", carry: ["build-debs", "build-model-b"], timeout_s: 560)
 # Everything is also written to $OUT (the tool's return folder) when it is set, else
 # build-gpu/out: gpu-check.md (all tables), build.log, tests.log, bench.md, torch.md.
 #
 # Environment: GPU_CHECK_BUDGET (seconds, default 470: every step's timeout is cut to fit),
-# GPU_CHECK_QUICK=1 (bench --quick), GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_SANITIZER=1 (the op tests
-# once more under compute-sanitizer memcheck, when the budget allows).
+# GPU_CHECK_QUICK=1 (bench --quick), GPU_CHECK_BENCH_ARGS (more bench arguments),
+# GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_SANITIZER=1 (the op tests once more under compute-sanitizer
+# memcheck, when the budget allows).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -205,8 +209,12 @@ if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/nul
 fi
 
 # ---- 5. benchmark ----
-BENCH_ARGS=()
+# --profile: the per-op table of the 8B decode step (where its time goes); GPU_CHECK_BENCH_ARGS
+# adds more (--only decode: a rerun that needs only the decode tables)
+BENCH_ARGS=(--profile)
 [ "${GPU_CHECK_QUICK:-0}" = 1 ] && BENCH_ARGS+=(--quick)
+# shellcheck disable=SC2206 # word splitting wanted: several arguments
+[ -n "${GPU_CHECK_BENCH_ARGS:-}" ] && BENCH_ARGS+=(${GPU_CHECK_BENCH_ARGS})
 [ -f "$MODEL" ] && BENCH_ARGS+=(--model "$MODEL")
 timeout "$(tmo 200)" build-gpu/tools/quern-bench-cuda "${BENCH_ARGS[@]}" >"$OUTD/bench.md" 2>&1
 rc=$?
