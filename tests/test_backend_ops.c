@@ -661,24 +661,30 @@ END_TEST
 /* ---- attention ---- */
 
 /* n tokens over 3 sequences of up to 40 blocks of 16 positions, a shuffled block table; random
- * tokens of random sequences (decode), or consecutive positions of one sequence (prefill). */
+ * tokens of random sequences (decode), or consecutive positions of one sequence (prefill 1) or of
+ * two, one after the other (prefill 2: tiles that span both). Over an fp32 cache, then over the
+ * default fp16 cache (_i 1: its values widened for the reference; head dims that are multiples
+ * of 8 up to 128 take the staged kernel). */
 START_TEST(attention_matches_reference)
 {
-    tu_seed(0xa77e);
+    const bool kv16 = _i == 1;
+    tu_seed(kv16 ? 0xa77f : 0xa77e);
+    struct backend *gpu_kv = kv16 ? gpu_kv16 : gpu;
     /* a split scratch of 64 KiB holds 1 to 9 tokens' partials of these shapes: passes */
     struct backend *small = NULL, *tiny = NULL;
     struct qerr err = {0};
     struct backend_cuda_opts so = {
-        .device = 0, .batch_invariant = true, .kv_f32 = true, .attn_scratch_bytes = 64 << 10};
+        .device = 0, .batch_invariant = true, .kv_f32 = !kv16, .attn_scratch_bytes = 64 << 10};
     ck_assert_msg(backend_cuda_create(&so, &small, &err) == 0, "%s", err.msg);
     so.attn_scratch_bytes = 4 << 10; /* not one token of the 32-head shape */
     ck_assert_msg(backend_cuda_create(&so, &tiny, &err) == 0, "%s", err.msg);
     /* heads, kv heads, head dim, prefill, blocks per sequence (x 16 positions): contexts past
      * 256 positions take the split path, 3200 positions up to 13 splits */
-    const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},  {32, 8, 128, 0, 40},
-                          {8, 2, 128, 1, 40}, {6, 2, 32, 0, 40},  {2, 1, 64, 1, 40},
-                          {16, 1, 64, 1, 40}, {4, 4, 256, 0, 40}, {2, 2, 10, 0, 40},
-                          {3, 1, 512, 1, 40}, {4, 2, 128, 0, 200}};
+    const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},   {32, 8, 128, 0, 40},
+                          {8, 2, 128, 1, 40}, {6, 2, 32, 0, 40},   {2, 1, 64, 1, 40},
+                          {16, 1, 64, 1, 40}, {4, 4, 256, 0, 40},  {2, 2, 10, 0, 40},
+                          {3, 1, 512, 1, 40}, {4, 2, 128, 0, 200}, {8, 2, 128, 2, 40},
+                          {9, 3, 64, 2, 40}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int heads = cfg[ci][0], kvh = cfg[ci][1], hd = cfg[ci][2];
         const bool prefill = cfg[ci][3];
@@ -703,8 +709,9 @@ START_TEST(attention_matches_reference)
             pos[t] = (int32_t)(tu_rnd() % (max_blocks * bs));
             if (t % 5 == 0) pos[t] = t % 3;
             if (prefill) {
-                seq[t] = 1;
-                pos[t] = base + t;
+                const bool second = cfg[ci][3] == 2 && t >= n / 2;
+                seq[t] = second ? 2 : 1;
+                pos[t] = base + (second ? t - n / 2 : t);
             }
             slot[t] = table[seq[t] * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
         }
@@ -712,6 +719,17 @@ START_TEST(attention_matches_reference)
         float *kc = malloc(kv * 4), *vc = malloc(kv * 4);
         tu_fill(kc, kv, 2.0f);
         tu_fill(vc, kv, 1.0f);
+        uint16_t *kh = NULL, *vh = NULL;
+        if (kv16) { /* the cache as fp16, the reference on its values */
+            kh = malloc(kv * 2);
+            vh = malloc(kv * 2);
+            for (size_t i = 0; i < kv; i++) {
+                kh[i] = f32_to_fp16(kc[i]);
+                vh[i] = f32_to_fp16(vc[i]);
+                kc[i] = fp16_to_f32(kh[i]);
+                vc[i] = fp16_to_f32(vh[i]);
+            }
+        }
         size_t qn = (size_t)n * (size_t)heads * (size_t)hd, row = (size_t)heads * (size_t)hd;
         float *q = malloc(qn * 4), *ref = malloc(qn * 4), *o = malloc(qn * 4);
         float *one = malloc(row * 4);
@@ -721,20 +739,21 @@ START_TEST(attention_matches_reference)
             for (int h = 0; h < heads; h++) ref_attention_one(ref, q, kc, vc, &hb, &s, t, h);
         double vmax = 0;
         for (size_t k = 0; k < kv; k++) vmax = fmax(vmax, fabs(vc[k]));
-        int32_t *dpos = dev_upload(gpu, pos, (size_t)n * 4);
-        int32_t *dseq = dev_upload(gpu, seq, (size_t)n * 4);
-        int32_t *dslot = dev_upload(gpu, slot, (size_t)n * 4);
-        int32_t *dtab = dev_upload(gpu, table, (size_t)n_blocks * 4);
-        float *dkc = dev_upload(gpu, kc, kv * 4), *dvc = dev_upload(gpu, vc, kv * 4);
-        float *dq = dev_upload(gpu, q, qn * 4), *dout = dev_alloc(gpu, qn * 4);
+        int32_t *dpos = dev_upload(gpu_kv, pos, (size_t)n * 4);
+        int32_t *dseq = dev_upload(gpu_kv, seq, (size_t)n * 4);
+        int32_t *dslot = dev_upload(gpu_kv, slot, (size_t)n * 4);
+        int32_t *dtab = dev_upload(gpu_kv, table, (size_t)n_blocks * 4);
+        void *dkc = kv16 ? dev_upload(gpu_kv, kh, kv * 2) : dev_upload(gpu_kv, kc, kv * 4);
+        void *dvc = kv16 ? dev_upload(gpu_kv, vh, kv * 2) : dev_upload(gpu_kv, vc, kv * 4);
+        float *dq = dev_upload(gpu_kv, q, qn * 4), *dout = dev_alloc(gpu_kv, qn * 4);
         struct attn_batch b = {n, dpos, dseq, dslot, n_seqs, dtab, max_blocks, bs};
-        dev_poison(gpu, dout, qn * 4);
-        gpu->ops->attention(gpu, dout, dq, dkc, dvc, &b, &s);
-        dev_read(gpu, o, dout, qn * 4);
+        dev_poison(gpu_kv, dout, qn * 4);
+        gpu_kv->ops->attention(gpu_kv, dout, dq, dkc, dvc, &b, &s);
+        dev_read(gpu_kv, o, dout, qn * 4);
         for (size_t k = 0; k < qn; k++)
             ck_assert_msg(fabs(o[k] - ref[k]) <= 1e-5 * vmax,
-                          "attention heads %d/%d hd %d%s: [%zu] %.8g vs %.8g", heads, kvh, hd,
-                          prefill ? " prefill" : "", k, o[k], ref[k]);
+                          "attention heads %d/%d hd %d%s%s: [%zu] %.8g vs %.8g", heads, kvh, hd,
+                          prefill ? " prefill" : "", kv16 ? " fp16 cache" : "", k, o[k], ref[k]);
         /* each token alone: the same bits */
         for (int t = 0; t < n; t++) {
             struct attn_batch b1 = b;
@@ -742,15 +761,16 @@ START_TEST(attention_matches_reference)
             b1.pos = dpos + t;
             b1.seq = dseq + t;
             b1.slot = dslot + t;
-            dev_poison(gpu, dout, row * 4);
-            gpu->ops->attention(gpu, dout, dq + (size_t)t * row, dkc, dvc, &b1, &s);
-            dev_read(gpu, one, dout, row * 4);
+            dev_poison(gpu_kv, dout, row * 4);
+            gpu_kv->ops->attention(gpu_kv, dout, dq + (size_t)t * row, dkc, dvc, &b1, &s);
+            dev_read(gpu_kv, one, dout, row * 4);
             size_t at;
             ck_assert_msg(!tu_bits_differ(one, o + (size_t)t * row, row, &at),
-                          "attention hd %d: token %d alone differs at %zu", hd, t, at);
+                          "attention hd %d%s: token %d alone differs at %zu", hd,
+                          kv16 ? " fp16 cache" : "", t, at);
         }
         /* the whole batch in passes of the tokens whose partials fit: the same bits */
-        dev_poison(gpu, dout, qn * 4);
+        dev_poison(gpu_kv, dout, qn * 4);
         small->ops->attention(small, dout, dq, dkc, dvc, &b, &s);
         dev_read(small, ref, dout, qn * 4);
         size_t at;
@@ -763,7 +783,7 @@ START_TEST(attention_matches_reference)
             ck_assert_msg(strstr(err.msg, "scratch") != NULL, "%s", err.msg);
         }
         void *bufs[] = {dpos, dseq, dslot, dtab, dkc, dvc, dq, dout};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu, bufs[i]);
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu_kv, bufs[i]);
         free(pos);
         free(seq);
         free(slot);
@@ -774,6 +794,8 @@ START_TEST(attention_matches_reference)
         free(ref);
         free(o);
         free(one);
+        free(kh);
+        free(vh);
     }
     backend_destroy(small);
     backend_destroy(tiny);
@@ -828,7 +850,7 @@ int main(void)
     tcase_add_test(tc, rmsnorm_add_silu_match_reference);
     tcase_add_test(tc, rope_matches_reference);
     tcase_add_test(tc, embed_get_rows_kv_write_exact);
-    tcase_add_test(tc, attention_matches_reference);
+    tcase_add_loop_test(tc, attention_matches_reference, 0, 2);
     tcase_add_test(tc, step_replay_equals_direct);
     tcase_add_test(tc, kv_f16_cache);
     suite_add_tcase(s, tc);

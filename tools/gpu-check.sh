@@ -30,7 +30,7 @@
 # Environment: GPU_CHECK_BUDGET (seconds, default 470: every step's timeout is cut to fit),
 # GPU_CHECK_QUICK=1 (bench --quick), GPU_CHECK_BENCH_ARGS (more bench arguments),
 # GPU_CHECK_SKIP_TORCH=1, GPU_CHECK_SANITIZER=1 (the op tests once more under compute-sanitizer
-# memcheck, when the budget allows).
+# memcheck, and racecheck, when the budget allows).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -206,6 +206,16 @@ if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/nul
   rc=$?
   result "compute-sanitizer memcheck (ops)" \
     "$([ $rc = 0 ] && echo clean || echo "rc $rc: $(grep -m3 -E 'Invalid|ERROR' "$OUTD/sanitizer.log")")"
+fi
+
+# racecheck: shared-memory hazards (the staged attention kernel's per-warp buffers)
+if [ "${GPU_CHECK_SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
+  [ "$(left)" -gt 240 ]; then
+  QUERN_MODEL=/nonexistent timeout "$(tmo 120)" compute-sanitizer --tool racecheck \
+    --error-exitcode 9 build-gpu/tests/test_backend_ops >"$OUTD/racecheck.log" 2>&1
+  rc=$?
+  result "compute-sanitizer racecheck (ops)" \
+    "$([ $rc = 0 ] && echo clean || echo "rc $rc: $(grep -m3 -E 'hazard|Race|ERROR' "$OUTD/racecheck.log")")"
 fi
 
 # ---- 5. benchmark ----

@@ -23,12 +23,23 @@
  * The cache is fp16 by default (backend_cuda_opts.kv_f32 keeps fp32): each element is widened
  * to fp32 as it is read, so the arithmetic is the fp32 kernel's on the rounded values.
  *
+ * Staged fp16 path (attention_staged_kernel: fp16 cache, head dim a multiple of 8 up to 128, the
+ * serving case): a warp first copies its chunk's 32 K rows into shared memory with 16-byte loads,
+ * a row per half-warp (coalesced, every load of the chunk in flight at once), then lane l dots q
+ * with row l from there; the V rows follow through the same buffer. The first H200 run
+ * (docs/benchmarks.md) showed the direct path at ~30x the bytes' time: lane l reading its own K
+ * row 2 bytes at a time touches 32 rows per load instruction, and the V loop waited on memory for
+ * each of its 32 positions in turn. The staged kernel does each query's arithmetic in exactly
+ * the direct kernel's order (the dot in d order, the same online-softmax steps, V rows folded in
+ * position order per dimension, the same warp merge), so its results are the direct kernel's bit
+ * for bit, and batch invariance holds as before.
+ *
  * Prefill: a batch of at least ATT_TILE_MIN_TOKENS tokens (head dim <= 128) runs tiles of
  * ATT_TILE consecutive tokens per block, walked chunk by chunk together so the K/V rows that
  * neighbouring queries of one sequence share come from L1; a query's arithmetic is the same as
  * alone, so the tiling is invisible in the results (the conformance test compares bits). The
- * tile does not stage K/V in shared memory: at 32 positions x 128 dims x 2 x 4 warps it would not
- * fit the static 48 KiB. */
+ * direct tile reads K/V from global memory; the staged kernel tiles the same way and stages each
+ * chunk once for the queries of the tile that share a sequence. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -206,6 +217,201 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
+/* ---- the staged fp16 kernel ---- */
+
+/* A staged row of up to 128 halves as words, + 1: row l starts at bank l, so 32 lanes reading
+ * word w of their own rows hit 32 banks. */
+#define ATT_STAGE_DPL   4 /* head dims per lane: up to 128 */
+#define ATT_STAGE_WORDS (ATT_STAGE_DPL * 16 + 1)
+
+/* Rows c0 .. hs (at most 32) of one sequence's K or V for kv head kvh into buf (row r = position
+ * c0 + r): 16-byte loads, hd / 8 per row, a half-warp per row of 128 dims. Every lane runs the
+ * same trip count (shuffles). hd % 8 == 0. */
+__device__ __forceinline__ void att_stage_rows(uint32_t (*buf)[ATT_STAGE_WORDS],
+                                               const __half *cache, const int32_t *tbl, int c0,
+                                               int hs, int bs, int kv_dim, int kvh, int hd,
+                                               int lane)
+{
+    const int j = c0 + lane;
+    const int64_t my_slot = j <= hs ? (int64_t)tbl[j / bs] * bs + j % bs : 0;
+    const int pieces = hd / 8;
+    __syncwarp(); /* every lane is done with what the buffer held */
+    for (int p = lane; p < 32 * pieces; p += 32) {
+        const int r = p / pieces, u = p - r * pieces;
+        const int64_t sr = __shfl_sync(0xffffffffu, my_slot, r);
+        if (c0 + r <= hs) {
+            const uint4 v = *(const uint4 *)(cache + sr * kv_dim + (int64_t)kvh * hd + u * 8);
+            uint32_t *dst = &buf[r][u * 4];
+            dst[0] = v.x;
+            dst[1] = v.y;
+            dst[2] = v.z;
+            dst[3] = v.w;
+        }
+    }
+    __syncwarp();
+}
+
+/* attention_kernel<__half, TQ, ATT_STAGE_DPL> with each warp's K and V rows staged in shared
+ * memory. Per chunk, the tile's queries are taken in runs that share a sequence (a prefill tile
+ * spans at most a few): K rows staged once per run (up to the run's furthest position), every
+ * query of the run scored, then its V rows staged and folded into every query of the run. */
+template <int TQ>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention_staged_kernel(float *out, const float *q, const __half *kc, const __half *vc,
+                            const int32_t *pos, const int32_t *seq, const int32_t *table,
+                            int n_tokens, int max_blocks, int bs, int n_heads, int n_kv_heads,
+                            int hd, float scale, float *part)
+{
+    constexpr int DPL = ATT_STAGE_DPL;
+    __shared__ float q_s[TQ][DPL * 32];
+    __shared__ float acc_s[ATT_WARPS][DPL * 32];
+    __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
+    __shared__ uint32_t rows_s[ATT_WARPS][32][ATT_STAGE_WORDS];
+    const int t0 = blockIdx.x * TQ, h = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kv_dim = n_kv_heads * hd;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int lo = split * ATT_SPLIT;
+    int hi[TQ], n_split[TQ], hi_max = -1;
+    const int32_t *tbl[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        hi[i] = -1;
+        n_split[i] = 1;
+        tbl[i] = table;
+        if (t0 + i >= n_tokens) continue;
+        const int p = pos[t0 + i];
+        n_split[i] = p / ATT_SPLIT + 1;
+        if (split >= n_split[i]) continue;
+        hi[i] = min(p, lo + ATT_SPLIT - 1);
+        tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
+        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
+    }
+    if (hi_max < 0) return;
+    /* run[i]: the first query of i's sequence in the tile; run_hi[i]: that run's last key */
+    int run[TQ], run_hi[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        run[i] = i;
+        run_hi[i] = hi[i];
+#pragma unroll
+        for (int i2 = 0; i2 < TQ; i2++)
+            if (hi[i] >= 0 && hi[i2] >= 0 && tbl[i2] == tbl[i]) {
+                if (i2 < run[i]) run[i] = i2;
+                if (hi[i2] > run_hi[i]) run_hi[i] = hi[i2];
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        if (hi[i] < 0) continue;
+        const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
+    }
+    __syncthreads();
+
+    float m[TQ], l[TQ], acc[TQ][DPL], pl[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+        pl[i] = 0;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) acc[i][k] = 0;
+    }
+    uint32_t(*buf)[ATT_STAGE_WORDS] = rows_s[warp];
+    const uint32_t *mine = buf[lane];
+
+    for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+#pragma unroll
+        for (int r = 0; r < TQ; r++) {
+            /* the run led by query r (warp-uniform conditions throughout) */
+            if (run[r] != r || hi[r] < 0 || c0 > run_hi[r]) continue;
+            const int hs = min(c0 + 31, run_hi[r]);
+            att_stage_rows(buf, kc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
+#pragma unroll
+            for (int i = 0; i < TQ; i++) {
+                if (run[i] != r || hi[i] < 0 || c0 > hi[i]) continue;
+                const int j = c0 + lane;
+                const bool valid = j <= hi[i];
+                float sc = -INFINITY;
+                if (valid) {
+                    float dot = 0;
+                    for (int w = 0; w < hd / 2; w++) {
+                        const uint32_t kw = mine[w];
+                        dot = fmaf(q_s[i][2 * w], fp16_bits_to_f32(kw), dot);
+                        dot = fmaf(q_s[i][2 * w + 1], fp16_bits_to_f32(kw >> 16), dot);
+                    }
+                    sc = dot * scale;
+                }
+                const float cmax = warp_max(sc);
+                const float m_new = fmaxf(m[i], cmax);
+                const float corr = expf(m[i] - m_new);
+                pl[i] = valid ? expf(sc - m_new) : 0.0f;
+                l[i] = l[i] * corr + warp_sum(pl[i]);
+#pragma unroll
+                for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
+                m[i] = m_new;
+            }
+            att_stage_rows(buf, vc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
+            const int cnt_run = hs - c0 + 1;
+            for (int jj = 0; jj < cnt_run; jj++) {
+                const uint32_t *vrow = buf[jj];
+#pragma unroll
+                for (int i = 0; i < TQ; i++) {
+                    if (run[i] != r || hi[i] < 0 || c0 + jj > hi[i]) continue;
+                    const float pj = __shfl_sync(0xffffffffu, pl[i], jj);
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) {
+                        const int d = lane + 32 * k;
+                        if (d < hd)
+                            acc[i][k] = fmaf(pj, fp16_bits_to_f32(vrow[d >> 1] >> (16 * (d & 1))),
+                                             acc[i][k]);
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        if (hi[i] < 0) continue;
+        const int t = t0 + i;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + 32 * k;
+            if (d < hd) acc_s[warp][d] = acc[i][k];
+        }
+        if (lane == 0) {
+            m_s[warp] = m[i];
+            l_s[warp] = l[i];
+        }
+        __syncthreads();
+        float mt = m_s[0];
+        for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+        float den = 0, f[ATT_WARPS];
+        for (int w = 0; w < ATT_WARPS; w++) {
+            f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt);
+            den = fmaf(l_s[w], f[w], den);
+        }
+        const bool whole = n_split[i] == 1;
+        float *dst =
+            whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
+                  : part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
+                               ((size_t)hd + 2);
+        if (!whole && threadIdx.x == 0) {
+            dst[0] = mt;
+            dst[1] = den;
+        }
+        if (!whole) dst += 2;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float num = 0;
+            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+            dst[d] = whole ? num / den : num;
+        }
+        __syncthreads();
+    }
+}
+
 /* Merges the splits of the tokens that have more than one, in split order. */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_reduce_kernel(float *out, const float *part, const int32_t *pos, int n_heads, int hd,
@@ -231,12 +437,34 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
+/* The staged kernel: an fp16 cache whose rows are whole 16-byte pieces (hd % 8 == 0), up to 128
+ * dims. */
+static bool att_staged(const float *, const struct attn_shape *)
+{
+    return false;
+}
+
+static bool att_staged(const __half *, const struct attn_shape *s)
+{
+    return s->head_dim % 8 == 0 && s->head_dim <= 32 * ATT_STAGE_DPL;
+}
+
 template <typename T>
 static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, float *out, const float *q,
                              const T *kc, const T *vc, const struct attn_batch *b,
                              const struct attn_shape *s)
 {
-    if (tiled)
+    if (att_staged(kc, s) && tiled)
+        attention_staged_kernel<ATT_TILE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
+            b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
+            s->scale, c->att_part);
+    else if (att_staged(kc, s))
+        attention_staged_kernel<1><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
+            b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
+            s->scale, c->att_part);
+    else if (tiled)
         attention_kernel<T, ATT_TILE, ATT_TILE_DPL><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
             b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);

@@ -229,6 +229,12 @@ inline void __syncthreads()
     emu_barrier_wait(&emu.block_bar, emu.block.x);
 }
 
+/* A barrier over the calling lane's warp (every lane of it must arrive, as for a shuffle). */
+inline void __syncwarp(unsigned = 0xffffffffu)
+{
+    emu_barrier_wait(&emu.warp_bar[threadIdx.x / 32], 32);
+}
+
 /* One barrier per shuffle: rounds alternate between two slot arrays. A lane can write the array
  * of round g again (round g + 2) only after every lane reached round g + 1's barrier, that is
  * after every lane read round g's values. */
