@@ -50,6 +50,10 @@
 #define ATT_TILE            8  /* queries per block in tiled (prefill) launches */
 #define ATT_TILE_DPL        4  /* their head dimension: up to 128 */
 #define ATT_TILE_MIN_TOKENS 32 /* batches from which the tiled launch is used */
+/* Blocks a launch aims at (132 SMs x 8 blocks x 2): a grid sized by the longest context in the
+ * batch gives a batch of short sequences beside one long one a block per (token, head, split of
+ * the long one), nearly all of them with nothing to do. */
+#define ATT_TARGET_BLOCKS 2048
 
 /* A cache element widened to fp32 (exact for fp16). */
 __device__ __forceinline__ float kv_load(const float *p)
@@ -82,138 +86,143 @@ template <typename T, int TQ, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(float *out, const float *q, const T *kc, const T *vc, const int32_t *pos,
                      const int32_t *seq, const int32_t *table, int n_tokens, int max_blocks, int bs,
-                     int n_heads, int n_kv_heads, int hd, float scale, float *part)
+                     int n_heads, int n_kv_heads, int hd, float scale, float *part, int max_splits)
 {
     __shared__ float q_s[TQ][DPL * 32];
     __shared__ float acc_s[ATT_WARPS][DPL * 32];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
-    const int t0 = blockIdx.x * TQ, h = blockIdx.y, split = blockIdx.z;
+    const int t0 = blockIdx.x * TQ, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
-    const int lo = split * ATT_SPLIT;
-    /* per query: its last key in this split, or -1 when the split is past its position */
-    int hi[TQ], n_split[TQ], hi_max = -1;
-    const int32_t *tbl[TQ];
-#pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        hi[i] = -1;
-        n_split[i] = 1;
-        tbl[i] = table;
-        if (t0 + i >= n_tokens) continue;
-        const int p = pos[t0 + i];
-        n_split[i] = p / ATT_SPLIT + 1;
-        if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
-        hi[i] = min(p, lo + ATT_SPLIT - 1);
-        tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
-        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
-    }
-    if (hi_max < 0) return; /* the same for the whole block */
-#pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        if (hi[i] < 0) continue;
-        const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
-    }
-    __syncthreads();
-
-    const bool vec = (hd & 3) == 0;
-    float m[TQ], l[TQ], acc[TQ][DPL];
-#pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) acc[i][k] = 0;
-    }
-
-    for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+    /* the splits z, z + gridDim.z, ...: a launch of many tokens needs no more blocks than fill
+     * the GPU, and which block computes a split changes nothing in it */
+    for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
+        const int lo = split * ATT_SPLIT;
+        /* per query: its last key in this split, or -1 when the split is past its position */
+        int hi[TQ], n_split[TQ], hi_max = -1;
+        const int32_t *tbl[TQ];
 #pragma unroll
         for (int i = 0; i < TQ; i++) {
-            if (c0 > hi[i]) continue; /* the same for the whole warp */
-            const int j = c0 + lane;
-            const bool valid = j <= hi[i];
-            int64_t slot = 0;
-            float sc = -INFINITY;
-            if (valid) {
-                slot = (int64_t)tbl[i][j / bs] * bs + j % bs;
-                const T *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
-                float dot = 0;
-                if (vec) {
-                    for (int d = 0; d < hd; d += 4) {
-                        float4 k4 = kv_load4(kj + d);
-                        dot = fmaf(q_s[i][d], k4.x, dot);
-                        dot = fmaf(q_s[i][d + 1], k4.y, dot);
-                        dot = fmaf(q_s[i][d + 2], k4.z, dot);
-                        dot = fmaf(q_s[i][d + 3], k4.w, dot);
-                    }
-                } else {
-                    for (int d = 0; d < hd; d++) dot = fmaf(q_s[i][d], kv_load(kj + d), dot);
-                }
-                sc = dot * scale;
-            }
-            const float cmax = warp_max(sc);
-            const float m_new = fmaxf(m[i], cmax);
-            const float corr = expf(m[i] - m_new); /* 0 for the first chunk (m = -inf) */
-            const float pl = valid ? expf(sc - m_new) : 0.0f;
-            l[i] = l[i] * corr + warp_sum(pl);
-#pragma unroll
-            for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
-            const int cnt = min(32, hi[i] - c0 + 1);
-            for (int jj = 0; jj < cnt; jj++) {
-                const float pj = __shfl_sync(0xffffffffu, pl, jj);
-                const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
-                const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
-#pragma unroll
-                for (int k = 0; k < DPL; k++) {
-                    const int d = lane + 32 * k;
-                    if (d < hd) acc[i][k] = fmaf(pj, kv_load(vj + d), acc[i][k]);
-                }
-            }
-            m[i] = m_new;
+            hi[i] = -1;
+            n_split[i] = 1;
+            tbl[i] = table;
+            if (t0 + i >= n_tokens) continue;
+            const int p = pos[t0 + i];
+            n_split[i] = p / ATT_SPLIT + 1;
+            if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
+            hi[i] = min(p, lo + ATT_SPLIT - 1);
+            tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
+            hi_max = hi[i] > hi_max ? hi[i] : hi_max;
         }
-    }
-
-    /* per query, merge the warps' partials in warp order */
+        if (hi_max < 0) break; /* the same for the whole block, and for later splits */
 #pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        if (hi[i] < 0) continue; /* the same for the whole block */
-        const int t = t0 + i;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            const int d = lane + 32 * k;
-            if (d < hd) acc_s[warp][d] = acc[i][k];
-        }
-        if (lane == 0) {
-            m_s[warp] = m[i];
-            l_s[warp] = l[i];
+        for (int i = 0; i < TQ; i++) {
+            if (hi[i] < 0) continue;
+            const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
         }
         __syncthreads();
-        float mt = m_s[0];
-        for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
-        float den = 0, f[ATT_WARPS];
-        for (int w = 0; w < ATT_WARPS; w++) {
-            f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
-            den = fmaf(l_s[w], f[w], den);
+
+        const bool vec = (hd & 3) == 0;
+        float m[TQ], l[TQ], acc[TQ][DPL];
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0;
+#pragma unroll
+            for (int k = 0; k < DPL; k++) acc[i][k] = 0;
         }
-        /* one split: the output; several: part[(t, h, split)] = max, sum, then hd unnormalized
-         * outputs, relative to mt, for attention_reduce_kernel */
-        const bool whole = n_split[i] == 1;
-        float *dst =
-            whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
-                  : part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
-                               ((size_t)hd + 2);
-        if (!whole && threadIdx.x == 0) {
-            dst[0] = mt;
-            dst[1] = den;
+
+        for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+#pragma unroll
+            for (int i = 0; i < TQ; i++) {
+                if (c0 > hi[i]) continue; /* the same for the whole warp */
+                const int j = c0 + lane;
+                const bool valid = j <= hi[i];
+                int64_t slot = 0;
+                float sc = -INFINITY;
+                if (valid) {
+                    slot = (int64_t)tbl[i][j / bs] * bs + j % bs;
+                    const T *kj = kc + slot * kv_dim + (int64_t)kvh * hd;
+                    float dot = 0;
+                    if (vec) {
+                        for (int d = 0; d < hd; d += 4) {
+                            float4 k4 = kv_load4(kj + d);
+                            dot = fmaf(q_s[i][d], k4.x, dot);
+                            dot = fmaf(q_s[i][d + 1], k4.y, dot);
+                            dot = fmaf(q_s[i][d + 2], k4.z, dot);
+                            dot = fmaf(q_s[i][d + 3], k4.w, dot);
+                        }
+                    } else {
+                        for (int d = 0; d < hd; d++) dot = fmaf(q_s[i][d], kv_load(kj + d), dot);
+                    }
+                    sc = dot * scale;
+                }
+                const float cmax = warp_max(sc);
+                const float m_new = fmaxf(m[i], cmax);
+                const float corr = expf(m[i] - m_new); /* 0 for the first chunk (m = -inf) */
+                const float pl = valid ? expf(sc - m_new) : 0.0f;
+                l[i] = l[i] * corr + warp_sum(pl);
+#pragma unroll
+                for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
+                const int cnt = min(32, hi[i] - c0 + 1);
+                for (int jj = 0; jj < cnt; jj++) {
+                    const float pj = __shfl_sync(0xffffffffu, pl, jj);
+                    const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
+                    const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
+#pragma unroll
+                    for (int k = 0; k < DPL; k++) {
+                        const int d = lane + 32 * k;
+                        if (d < hd) acc[i][k] = fmaf(pj, kv_load(vj + d), acc[i][k]);
+                    }
+                }
+                m[i] = m_new;
+            }
         }
-        if (!whole) dst += 2;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float num = 0;
-            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-            dst[d] = whole ? num / den : num;
+
+        /* per query, merge the warps' partials in warp order */
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            if (hi[i] < 0) continue; /* the same for the whole block */
+            const int t = t0 + i;
+#pragma unroll
+            for (int k = 0; k < DPL; k++) {
+                const int d = lane + 32 * k;
+                if (d < hd) acc_s[warp][d] = acc[i][k];
+            }
+            if (lane == 0) {
+                m_s[warp] = m[i];
+                l_s[warp] = l[i];
+            }
+            __syncthreads();
+            float mt = m_s[0];
+            for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+            float den = 0, f[ATT_WARPS];
+            for (int w = 0; w < ATT_WARPS; w++) {
+                f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
+                den = fmaf(l_s[w], f[w], den);
+            }
+            /* one split: the output; several: part[(t, h, split)] = max, sum, then hd unnormalized
+             * outputs, relative to mt, for attention_reduce_kernel */
+            const bool whole = n_split[i] == 1;
+            float *dst =
+                whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
+                      : part + (((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits +
+                                (size_t)split) *
+                                   ((size_t)hd + 2);
+            if (!whole && threadIdx.x == 0) {
+                dst[0] = mt;
+                dst[1] = den;
+            }
+            if (!whole) dst += 2;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                float num = 0;
+                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+                dst[d] = whole ? num / den : num;
+            }
+            __syncthreads(); /* acc_s and m_s are the next query's */
         }
-        __syncthreads(); /* acc_s and m_s are the next query's */
     }
 }
 
@@ -260,155 +269,161 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_staged_kernel(float *out, const float *q, const __half *kc, const __half *vc,
                             const int32_t *pos, const int32_t *seq, const int32_t *table,
                             int n_tokens, int max_blocks, int bs, int n_heads, int n_kv_heads,
-                            int hd, float scale, float *part)
+                            int hd, float scale, float *part, int max_splits)
 {
     constexpr int DPL = ATT_STAGE_DPL;
     __shared__ float q_s[TQ][DPL * 32];
     __shared__ float acc_s[ATT_WARPS][DPL * 32];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
     __shared__ uint32_t rows_s[ATT_WARPS][32][ATT_STAGE_WORDS];
-    const int t0 = blockIdx.x * TQ, h = blockIdx.y, split = blockIdx.z;
+    const int t0 = blockIdx.x * TQ, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
-    const int lo = split * ATT_SPLIT;
-    int hi[TQ], n_split[TQ], hi_max = -1;
-    const int32_t *tbl[TQ];
+    /* the splits z, z + gridDim.z, ...: a launch of many tokens needs no more blocks than fill
+     * the GPU, and which block computes a split changes nothing in it */
+    for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
+        const int lo = split * ATT_SPLIT;
+        int hi[TQ], n_split[TQ], hi_max = -1;
+        const int32_t *tbl[TQ];
 #pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        hi[i] = -1;
-        n_split[i] = 1;
-        tbl[i] = table;
-        if (t0 + i >= n_tokens) continue;
-        const int p = pos[t0 + i];
-        n_split[i] = p / ATT_SPLIT + 1;
-        if (split >= n_split[i]) continue;
-        hi[i] = min(p, lo + ATT_SPLIT - 1);
-        tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
-        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
-    }
-    if (hi_max < 0) return;
-    /* run[i]: the first query of i's sequence in the tile; run_hi[i]: that run's last key */
-    int run[TQ], run_hi[TQ];
+        for (int i = 0; i < TQ; i++) {
+            hi[i] = -1;
+            n_split[i] = 1;
+            tbl[i] = table;
+            if (t0 + i >= n_tokens) continue;
+            const int p = pos[t0 + i];
+            n_split[i] = p / ATT_SPLIT + 1;
+            if (split >= n_split[i]) continue;
+            hi[i] = min(p, lo + ATT_SPLIT - 1);
+            tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
+            hi_max = hi[i] > hi_max ? hi[i] : hi_max;
+        }
+        if (hi_max < 0) break; /* the same for the whole block, and for later splits */
+        /* run[i]: the first query of i's sequence in the tile; run_hi[i]: that run's last key */
+        int run[TQ], run_hi[TQ];
 #pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        run[i] = i;
-        run_hi[i] = hi[i];
+        for (int i = 0; i < TQ; i++) {
+            run[i] = i;
+            run_hi[i] = hi[i];
 #pragma unroll
-        for (int i2 = 0; i2 < TQ; i2++)
-            if (hi[i] >= 0 && hi[i2] >= 0 && tbl[i2] == tbl[i]) {
-                if (i2 < run[i]) run[i] = i2;
-                if (hi[i2] > run_hi[i]) run_hi[i] = hi[i2];
-            }
-    }
-#pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        if (hi[i] < 0) continue;
-        const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
-    }
-    __syncthreads();
-
-    float m[TQ], l[TQ], acc[TQ][DPL], pl[TQ];
-#pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0;
-        pl[i] = 0;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) acc[i][k] = 0;
-    }
-    uint32_t(*buf)[ATT_STAGE_WORDS] = rows_s[warp];
-    const uint32_t *mine = buf[lane];
-
-    for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
-#pragma unroll
-        for (int r = 0; r < TQ; r++) {
-            /* the run led by query r (warp-uniform conditions throughout) */
-            if (run[r] != r || hi[r] < 0 || c0 > run_hi[r]) continue;
-            const int hs = min(c0 + 31, run_hi[r]);
-            att_stage_rows(buf, kc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
-#pragma unroll
-            for (int i = 0; i < TQ; i++) {
-                if (run[i] != r || hi[i] < 0 || c0 > hi[i]) continue;
-                const int j = c0 + lane;
-                const bool valid = j <= hi[i];
-                float sc = -INFINITY;
-                if (valid) {
-                    float dot = 0;
-                    for (int w = 0; w < hd / 2; w++) {
-                        const uint32_t kw = mine[w];
-                        dot = fmaf(q_s[i][2 * w], fp16_bits_to_f32(kw), dot);
-                        dot = fmaf(q_s[i][2 * w + 1], fp16_bits_to_f32(kw >> 16), dot);
-                    }
-                    sc = dot * scale;
+            for (int i2 = 0; i2 < TQ; i2++)
+                if (hi[i] >= 0 && hi[i2] >= 0 && tbl[i2] == tbl[i]) {
+                    if (i2 < run[i]) run[i] = i2;
+                    if (hi[i2] > run_hi[i]) run_hi[i] = hi[i2];
                 }
-                const float cmax = warp_max(sc);
-                const float m_new = fmaxf(m[i], cmax);
-                const float corr = expf(m[i] - m_new);
-                pl[i] = valid ? expf(sc - m_new) : 0.0f;
-                l[i] = l[i] * corr + warp_sum(pl[i]);
+        }
 #pragma unroll
-                for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
-                m[i] = m_new;
-            }
-            att_stage_rows(buf, vc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
-            const int cnt_run = hs - c0 + 1;
-            for (int jj = 0; jj < cnt_run; jj++) {
-                const uint32_t *vrow = buf[jj];
+        for (int i = 0; i < TQ; i++) {
+            if (hi[i] < 0) continue;
+            const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
+        }
+        __syncthreads();
+
+        float m[TQ], l[TQ], acc[TQ][DPL], pl[TQ];
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0;
+            pl[i] = 0;
+#pragma unroll
+            for (int k = 0; k < DPL; k++) acc[i][k] = 0;
+        }
+        uint32_t(*buf)[ATT_STAGE_WORDS] = rows_s[warp];
+        const uint32_t *mine = buf[lane];
+
+        for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+#pragma unroll
+            for (int r = 0; r < TQ; r++) {
+                /* the run led by query r (warp-uniform conditions throughout) */
+                if (run[r] != r || hi[r] < 0 || c0 > run_hi[r]) continue;
+                const int hs = min(c0 + 31, run_hi[r]);
+                att_stage_rows(buf, kc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
 #pragma unroll
                 for (int i = 0; i < TQ; i++) {
-                    if (run[i] != r || hi[i] < 0 || c0 + jj > hi[i]) continue;
-                    const float pj = __shfl_sync(0xffffffffu, pl[i], jj);
+                    if (run[i] != r || hi[i] < 0 || c0 > hi[i]) continue;
+                    const int j = c0 + lane;
+                    const bool valid = j <= hi[i];
+                    float sc = -INFINITY;
+                    if (valid) {
+                        float dot = 0;
+                        for (int w = 0; w < hd / 2; w++) {
+                            const uint32_t kw = mine[w];
+                            dot = fmaf(q_s[i][2 * w], fp16_bits_to_f32(kw), dot);
+                            dot = fmaf(q_s[i][2 * w + 1], fp16_bits_to_f32(kw >> 16), dot);
+                        }
+                        sc = dot * scale;
+                    }
+                    const float cmax = warp_max(sc);
+                    const float m_new = fmaxf(m[i], cmax);
+                    const float corr = expf(m[i] - m_new);
+                    pl[i] = valid ? expf(sc - m_new) : 0.0f;
+                    l[i] = l[i] * corr + warp_sum(pl[i]);
 #pragma unroll
-                    for (int k = 0; k < DPL; k++) {
-                        const int d = lane + 32 * k;
-                        if (d < hd)
-                            acc[i][k] = fmaf(pj, fp16_bits_to_f32(vrow[d >> 1] >> (16 * (d & 1))),
-                                             acc[i][k]);
+                    for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
+                    m[i] = m_new;
+                }
+                att_stage_rows(buf, vc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
+                const int cnt_run = hs - c0 + 1;
+                for (int jj = 0; jj < cnt_run; jj++) {
+                    const uint32_t *vrow = buf[jj];
+#pragma unroll
+                    for (int i = 0; i < TQ; i++) {
+                        if (run[i] != r || hi[i] < 0 || c0 + jj > hi[i]) continue;
+                        const float pj = __shfl_sync(0xffffffffu, pl[i], jj);
+#pragma unroll
+                        for (int k = 0; k < DPL; k++) {
+                            const int d = lane + 32 * k;
+                            if (d < hd)
+                                acc[i][k] =
+                                    fmaf(pj, fp16_bits_to_f32(vrow[d >> 1] >> (16 * (d & 1))),
+                                         acc[i][k]);
+                        }
                     }
                 }
             }
         }
-    }
 
 #pragma unroll
-    for (int i = 0; i < TQ; i++) {
-        if (hi[i] < 0) continue;
-        const int t = t0 + i;
+        for (int i = 0; i < TQ; i++) {
+            if (hi[i] < 0) continue;
+            const int t = t0 + i;
 #pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            const int d = lane + 32 * k;
-            if (d < hd) acc_s[warp][d] = acc[i][k];
+            for (int k = 0; k < DPL; k++) {
+                const int d = lane + 32 * k;
+                if (d < hd) acc_s[warp][d] = acc[i][k];
+            }
+            if (lane == 0) {
+                m_s[warp] = m[i];
+                l_s[warp] = l[i];
+            }
+            __syncthreads();
+            float mt = m_s[0];
+            for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+            float den = 0, f[ATT_WARPS];
+            for (int w = 0; w < ATT_WARPS; w++) {
+                f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt);
+                den = fmaf(l_s[w], f[w], den);
+            }
+            const bool whole = n_split[i] == 1;
+            float *dst =
+                whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
+                      : part + (((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits +
+                                (size_t)split) *
+                                   ((size_t)hd + 2);
+            if (!whole && threadIdx.x == 0) {
+                dst[0] = mt;
+                dst[1] = den;
+            }
+            if (!whole) dst += 2;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                float num = 0;
+                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+                dst[d] = whole ? num / den : num;
+            }
+            __syncthreads();
         }
-        if (lane == 0) {
-            m_s[warp] = m[i];
-            l_s[warp] = l[i];
-        }
-        __syncthreads();
-        float mt = m_s[0];
-        for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
-        float den = 0, f[ATT_WARPS];
-        for (int w = 0; w < ATT_WARPS; w++) {
-            f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt);
-            den = fmaf(l_s[w], f[w], den);
-        }
-        const bool whole = n_split[i] == 1;
-        float *dst =
-            whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
-                  : part + (((size_t)t * (size_t)n_heads + (size_t)h) * gridDim.z + (size_t)split) *
-                               ((size_t)hd + 2);
-        if (!whole && threadIdx.x == 0) {
-            dst[0] = mt;
-            dst[1] = den;
-        }
-        if (!whole) dst += 2;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float num = 0;
-            for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-            dst[d] = whole ? num / den : num;
-        }
-        __syncthreads();
     }
 }
 
@@ -450,28 +465,30 @@ static bool att_staged(const __half *, const struct attn_shape *s)
 }
 
 template <typename T>
-static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, float *out, const float *q,
-                             const T *kc, const T *vc, const struct attn_batch *b,
+static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, int max_splits, float *out,
+                             const float *q, const T *kc, const T *vc, const struct attn_batch *b,
                              const struct attn_shape *s)
 {
     if (att_staged(kc, s) && tiled)
         attention_staged_kernel<ATT_TILE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, c->att_part);
+            s->scale, c->att_part, max_splits);
     else if (att_staged(kc, s))
         attention_staged_kernel<1><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, c->att_part);
+            s->scale, c->att_part, max_splits);
     else if (tiled)
         attention_kernel<T, ATT_TILE, ATT_TILE_DPL><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part,
+            max_splits);
     else
         attention_kernel<T, 1, ATT_DIMS_PER_LANE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part);
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part,
+            max_splits);
 }
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
@@ -513,9 +530,13 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
         }
         if (fit < (size_t)pass) pass = (int)fit;
     }
-    /* tiles of ATT_TILE tokens when a batch is big enough to fill the GPU with them (prefill);
-     * one token per block otherwise. A token's result is the same either way. */
-    const bool tiled = s->head_dim <= 32 * ATT_TILE_DPL && b->n_tokens >= ATT_TILE_MIN_TOKENS;
+    /* tiles of ATT_TILE tokens when a batch is big enough to fill the GPU with them and its
+     * sequences have several tokens each (prefill), so a tile's queries share K/V rows; one
+     * token per block otherwise: a decode batch of 64 sequences tiled ran 8 sequences one after
+     * another in each of 256 blocks, 11x slower on the H200 than 2048 blocks of one token
+     * (docs/benchmarks.md). A token's result is the same either way. */
+    const bool tiled = s->head_dim <= 32 * ATT_TILE_DPL && b->n_tokens >= ATT_TILE_MIN_TOKENS &&
+                       b->n_tokens >= ATT_TILE / 2 * b->n_seqs;
     const int tq = tiled ? ATT_TILE : 1;
     const size_t row = (size_t)s->n_heads * (size_t)s->head_dim;
     for (int t0 = 0; t0 < b->n_tokens; t0 += pass) {
@@ -526,12 +547,17 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
         pb.seq = b->seq + t0;
         float *o = out + (size_t)t0 * row;
         const float *qp = q + (size_t)t0 * row;
-        dim3 grid((unsigned)((nt + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)max_splits);
+        /* splits per block: as many blocks as fill the GPU (ATT_TARGET_BLOCKS), never more
+         * than the splits a token can have; a block takes splits z, z + grid.z, ... */
+        const int64_t tiles = (int64_t)((nt + tq - 1) / tq) * s->n_heads;
+        int64_t gz = (ATT_TARGET_BLOCKS + tiles - 1) / tiles;
+        if (gz > max_splits) gz = max_splits;
+        dim3 grid((unsigned)((nt + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)gz);
         if (c->kv_f16)
-            launch_attention<__half>(c, tiled, grid, o, qp, (const __half *)k_cache,
+            launch_attention<__half>(c, tiled, grid, max_splits, o, qp, (const __half *)k_cache,
                                      (const __half *)v_cache, &pb, s);
         else
-            launch_attention<float>(c, tiled, grid, o, qp, (const float *)k_cache,
+            launch_attention<float>(c, tiled, grid, max_splits, o, qp, (const float *)k_cache,
                                     (const float *)v_cache, &pb, s);
         CUDA_LAUNCHED(c, "attention_kernel");
         if (max_splits > 1) {
