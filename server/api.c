@@ -44,6 +44,18 @@ void api_error(const struct oai_error *e, struct req_log *log, struct http_resp 
     }
 }
 
+int api_parse(enum oai_kind kind, const struct http_req *rq, struct oai_request *r,
+              struct http_resp *out)
+{
+    struct oai_error e = {0};
+    if (oai_parse(kind, rq->body, rq->body_len, r, &e)) {
+        api_error(&e, rq->log, out);
+        return -1;
+    }
+    if (rq->log) snprintf(rq->log->ignored, sizeof rq->log->ignored, "%s", r->ignored);
+    return 0;
+}
+
 static void json_reply(struct http_resp *out, int status, char *body)
 {
     if (!body) {
@@ -219,10 +231,7 @@ void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *
     if (!ready(s, rq->log, out)) return;
     struct oai_request r;
     struct oai_error e = {0};
-    if (oai_parse(OAI_TOKENIZE, rq->body, rq->body_len, &r, &e)) {
-        api_error(&e, rq->log, out);
-        return;
-    }
+    if (api_parse(OAI_TOKENIZE, rq, &r, out)) return;
     int32_t *ids = NULL;
     size_t n = 0;
     struct qerr q = {0};
@@ -248,10 +257,7 @@ void api_detokenize(struct serve *s, const struct http_req *rq, struct http_resp
     if (!ready(s, rq->log, out)) return;
     struct oai_request r;
     struct oai_error e = {0};
-    if (oai_parse(OAI_DETOKENIZE, rq->body, rq->body_len, &r, &e)) {
-        api_error(&e, rq->log, out);
-        return;
-    }
+    if (api_parse(OAI_DETOKENIZE, rq, &r, out)) return;
     for (size_t i = 0; i < r.n_tokens; i++) {
         if (r.tokens[i] >= s->vocab) {
             oai_error_set(&e, 400, "invalid_request_error", "invalid_value", "tokens",

@@ -36,6 +36,10 @@ void api_webui(struct serve *s, const struct http_req *rq, struct http_resp *out
 
 /* Fills out with the error's JSON body and status, and the log's error reason. */
 void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out);
+/* oai_parse of rq's body as kind: 0, with the members the endpoint ignores noted in rq's log;
+ * else the error response is in out (api_error) and r holds nothing. */
+int api_parse(enum oai_kind kind, const struct http_req *rq, struct oai_request *r,
+              struct http_resp *out);
 
 /* Shared by api.c and api_generate.c. */
 /* A request's "model" (NULL: not given) against the served names: *name is the served name it

@@ -163,10 +163,7 @@ void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp
     if (!api_ready(s, rq->log, out)) return;
     struct oai_request r;
     struct oai_error e = {0};
-    if (oai_parse(OAI_EMBEDDING, rq->body, rq->body_len, &r, &e)) {
-        api_error(&e, rq->log, out);
-        return;
-    }
+    if (api_parse(OAI_EMBEDDING, rq, &r, out)) return;
     const char *model;
     struct embed_job j = {.s = s, .rq = rq, .n = r.n_prompts};
     int rc = api_model_check(s, r.model, &model, &e);

@@ -637,12 +637,9 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
     struct oai_request r;
     struct oai_error e = {0};
     nvtx_push("http: parse");
-    int parsed = oai_parse(kind, rq->body, rq->body_len, &r, &e);
+    int parsed = api_parse(kind, rq, &r, out);
     nvtx_pop();
-    if (parsed) {
-        api_error(&e, rq->log, out);
-        return;
-    }
+    if (parsed) return;
     struct gen *g = NULL;
     nvtx_push("http: tokenize and submit");
     int start_failed = api_tools_prepare(s, &r, &e) || gen_start(s, rq, &r, &g, &e);

@@ -620,17 +620,19 @@ static void log_line(struct serve *s, const struct conn *c, int status, double t
         fprintf(stderr,
                 "{\"ts\":\"%s\",\"id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
                 "\"prompt_tokens\":%d,\"completion_tokens\":%d,\"cached_tokens\":%d,"
-                "\"ttft_ms\":%s,\"total_ms\":%.1f,\"finish\":%s%s%s}\n",
+                "\"ttft_ms\":%s,\"total_ms\":%.1f,\"finish\":%s%s%s%s%s%s}\n",
                 ts, c->log.id, c->method, c->path, status, c->log.prompt_tokens,
                 c->log.completion_tokens, c->log.cached_tokens, c->log.ttft_ms >= 0 ? ttft : "null",
                 total_ms, c->log.finish ? "\"" : "", c->log.finish ? finish : "null",
-                c->log.finish ? "\"" : "");
+                c->log.finish ? "\"" : "", c->log.ignored[0] ? ",\"ignored\":\"" : "",
+                c->log.ignored, c->log.ignored[0] ? "\"" : "");
     } else {
         fprintf(stderr,
                 "quern: req %s %s %s %d prompt=%d output=%d cached=%d ttft_ms=%s total_ms=%.1f "
-                "finish=%s\n",
+                "finish=%s%s%s\n",
                 c->log.id, c->method, c->path, status, c->log.prompt_tokens,
-                c->log.completion_tokens, c->log.cached_tokens, ttft, total_ms, finish);
+                c->log.completion_tokens, c->log.cached_tokens, ttft, total_ms, finish,
+                c->log.ignored[0] ? " ignored=" : "", c->log.ignored);
     }
 }
 

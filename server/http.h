@@ -22,6 +22,7 @@ struct req_log {
     bool has_error;
     enum metrics_error error;
     bool disconnected; /* the client went away before the answer was complete */
+    char ignored[128]; /* the request's members the endpoint ignored (oai_request.ignored) */
 };
 
 struct http_req {

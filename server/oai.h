@@ -72,10 +72,16 @@ struct oai_tool {
     const struct cJSON *function; /* the "function" object as sent (rendered into the prompt) */
 };
 
+#define OAI_IGNORED_MAX 128
+
 struct oai_request {
     enum oai_kind kind;
     struct cJSON *root; /* owned */
     const char *model;  /* NULL when not given */
+    /* The top-level members the endpoint does not read (accepted, with no effect), comma
+     * separated in request order for the log: names of [A-Za-z0-9_.-] up to 40 characters,
+     * others counted ("+2"), "..." when the list does not fit. "" when none. */
+    char ignored[OAI_IGNORED_MAX];
 
     /* completions, tokenize, embeddings ("input"): one or more prompts */
     struct oai_prompt *prompts; /* owned */

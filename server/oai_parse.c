@@ -14,6 +14,7 @@
 #include "../engine/utf8.h"
 #include "json_oom.h"
 #include "oai.h"
+#include "oai_json.h"
 
 int oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
                   const char *param, const char *fmt, ...)
@@ -49,13 +50,6 @@ static int oom(struct oai_error *e)
     return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-/* The member named key, or NULL when absent or null. */
-static const cJSON *field(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 static const char *json_type(const cJSON *v)
 {
     if (cJSON_IsBool(v)) return "a boolean";
@@ -70,7 +64,7 @@ static const char *json_type(const cJSON *v)
 static int get_num(const cJSON *obj, const char *key, double lo, bool lo_open, double hi,
                    bool hi_open, double *out, struct oai_error *e)
 {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = oai_field(obj, key);
     if (!v) return 0;
     if (!cJSON_IsNumber(v)) return bad(e, key, "'%s' must be a number, not %s", key, json_type(v));
     double d = v->valuedouble;
@@ -84,7 +78,7 @@ static int get_num(const cJSON *obj, const char *key, double lo, bool lo_open, d
 static int get_int(const cJSON *obj, const char *key, double lo, double hi, long long *out,
                    struct oai_error *e)
 {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = oai_field(obj, key);
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return bad(e, key, "'%s' must be an integer, not %s", key,
@@ -98,7 +92,7 @@ static int get_int(const cJSON *obj, const char *key, double lo, double hi, long
 
 static int get_bool(const cJSON *obj, const char *key, bool *out, struct oai_error *e)
 {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = oai_field(obj, key);
     if (!v) return 0;
     if (!cJSON_IsBool(v)) return bad(e, key, "'%s' must be a boolean, not %s", key, json_type(v));
     *out = cJSON_IsTrue(v);
@@ -107,7 +101,7 @@ static int get_bool(const cJSON *obj, const char *key, bool *out, struct oai_err
 
 static int get_str(const cJSON *obj, const char *key, const char **out, struct oai_error *e)
 {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = oai_field(obj, key);
     if (!v) return 0;
     if (!cJSON_IsString(v)) return bad(e, key, "'%s' must be a string, not %s", key, json_type(v));
     *out = v->valuestring;
@@ -150,7 +144,7 @@ static bool is_id_list(const cJSON *arr)
 static int parse_prompt(const cJSON *root, const char *name, size_t max, struct oai_request *r,
                         struct oai_error *e)
 {
-    const cJSON *p = field(root, name);
+    const cJSON *p = oai_field(root, name);
     if (!p) return bad(e, name, "'%s' is required", name);
     size_t cnt = 1;
     if (cJSON_IsArray(p) && !is_id_list(p)) {
@@ -245,7 +239,7 @@ static int parse_content(const cJSON *c, size_t i, const char **out, char **owne
 
 static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *m = field(root, "messages");
+    const cJSON *m = oai_field(root, "messages");
     if (!m) return bad(e, "messages", "'messages' is required");
     if (!cJSON_IsArray(m))
         return bad(e, "messages", "'messages' must be a list, not %s", json_type(m));
@@ -274,7 +268,7 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
             continue;
         }
         snprintf(param, sizeof param, "messages[%zu].role", i);
-        const cJSON *role = field(x, "role");
+        const cJSON *role = oai_field(x, "role");
         if (!role || !cJSON_IsString(role)) return bad(e, param, "'%s' must be a string", param);
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system";
@@ -282,7 +276,7 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
             return bad(e, param, "'%s' is '%.40s'; it must be system, user or assistant", param,
                        role->valuestring);
         r->msgs[i].role = rs;
-        int rc = parse_content(field(x, "content"), i, &r->msgs[i].content, &r->owned[i], e);
+        int rc = parse_content(oai_field(x, "content"), i, &r->msgs[i].content, &r->owned[i], e);
         if (rc) return rc;
         i++;
     }
@@ -291,7 +285,7 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
 
 static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *s = field(root, "stop");
+    const cJSON *s = oai_field(root, "stop");
     if (!s) return 0;
     if (cJSON_IsString(s)) {
         if (*s->valuestring) r->stop[r->n_stop++] = s->valuestring;
@@ -314,7 +308,7 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
 /* OpenAI's {"token id": bias from -100 to 100}; the engine checks the ids against the model. */
 static int parse_logit_bias(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *lb = field(root, "logit_bias");
+    const cJSON *lb = oai_field(root, "logit_bias");
     if (!lb || cJSON_IsNull(lb)) return 0;
     if (!cJSON_IsObject(lb))
         return bad(e, "logit_bias", "'logit_bias' must be an object, not %s", json_type(lb));
@@ -372,7 +366,8 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_int(root, "n", 1, OAI_MAX_CHOICES, &l, e)) < 0) return rc;
     if (rc) r->n = (int)l;
     /* max_completion_tokens (the newer name) wins over max_tokens when both are given */
-    const char *mt = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const char *mt =
+        oai_field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if ((rc = get_int(root, mt, r->kind == OAI_CHAT ? 1 : 0, 1e9, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, e)) < 0) return rc;
@@ -380,7 +375,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;
     r->no_spec = !spec;
     if ((rc = get_bool(root, "stream", &r->stream, e)) < 0) return rc;
-    const cJSON *so = field(root, "stream_options");
+    const cJSON *so = oai_field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so))
             return bad(e, "stream_options", "'stream_options' must be an object, not %s",
@@ -402,7 +397,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     long long mn;
     if ((rc = get_int(root, "min_tokens", 0, 1e9, &mn, e)) < 0) return rc;
     if (rc) r->min_tokens = (int)mn;
-    const cJSON *ids = field(root, "stop_token_ids"), *x;
+    const cJSON *ids = oai_field(root, "stop_token_ids"), *x;
     if (ids && !cJSON_IsNull(ids)) {
         if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > ENGINE_MAX_STOPS)
             return bad(e, "stop_token_ids",
@@ -427,7 +422,7 @@ static int parse_completion(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_bool(root, "echo", &r->echo, e)) < 0) return rc;
     if ((rc = get_int(root, "logprobs", 0, OAI_MAX_LOGPROBS, &l, e)) < 0) return rc;
     if (rc) r->logprobs = (int)l;
-    const cJSON *suffix = field(root, "suffix");
+    const cJSON *suffix = oai_field(root, "suffix");
     if (suffix && !(cJSON_IsString(suffix) && !*suffix->valuestring))
         return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "suffix",
                              "'suffix' (fill-in-the-middle) is not supported by this server");
@@ -459,8 +454,8 @@ static int parse_tokenize(const cJSON *root, struct oai_request *r, struct oai_e
     if ((rc = get_str(root, "model", &model, e)) < 0) return rc;
     if ((rc = get_bool(root, "add_generation_prompt", &r->add_generation_prompt, e)) < 0) return rc;
     if ((rc = get_bool(root, "add_special_tokens", &r->add_special, e)) < 0) return rc;
-    if (field(root, "messages")) return parse_messages(root, r, e);
-    const cJSON *p = field(root, "prompt");
+    if (oai_field(root, "messages")) return parse_messages(root, r, e);
+    const cJSON *p = oai_field(root, "prompt");
     if (!p || !cJSON_IsString(p))
         return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");
     r->prompts = calloc(1, sizeof *r->prompts);
@@ -485,7 +480,7 @@ static int parse_embedding(const cJSON *root, struct oai_request *r, struct oai_
                    "\"%.40s\"",
                    fmt);
     r->base64 = fmt && !strcmp(fmt, "base64");
-    if (field(root, "dimensions"))
+    if (oai_field(root, "dimensions"))
         return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "dimensions",
                              "'dimensions' is not supported: this model's embeddings have a fixed "
                              "size (its hidden size); leave it out");
@@ -587,7 +582,7 @@ static int resp_function_output(const cJSON *x, cJSON *msgs, const char *param, 
  * ({"type":"function","name"}) rewritten in the tree in the chat form oai_parse_tools reads. */
 static int resp_tools(cJSON *root, struct oai_error *e)
 {
-    const cJSON *tools = field(root, "tools");
+    const cJSON *tools = oai_field(root, "tools");
     if (tools && cJSON_IsArray(tools)) {
         cJSON *chat = cJSON_CreateArray();
         const cJSON *t;
@@ -617,9 +612,9 @@ static int resp_tools(cJSON *root, struct oai_error *e)
         }
         cJSON_ReplaceItemInObjectCaseSensitive(root, "tools", chat);
     }
-    const cJSON *choice = field(root, "tool_choice");
+    const cJSON *choice = oai_field(root, "tool_choice");
     const char *name = NULL;
-    if (choice && cJSON_IsObject(choice) && !field(choice, "function")) {
+    if (choice && cJSON_IsObject(choice) && !oai_field(choice, "function")) {
         if (get_str(choice, "name", &name, e) < 0 || !name)
             return bad(e, "tool_choice", "'tool_choice' must be a string or name a function");
         cJSON *c = cJSON_CreateObject(), *fn;
@@ -650,9 +645,9 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
     if ((rc = get_bool(root, "store", &store, e)) < 0) return rc;
     if ((rc = get_str(root, "instructions", &instructions, e)) < 0) return rc;
     r->instructions = instructions;
-    if (field(root, "messages"))
+    if (oai_field(root, "messages"))
         return bad(e, "messages", "'messages' is not a Responses field; use 'input'");
-    const cJSON *in = field(root, "input");
+    const cJSON *in = oai_field(root, "input");
     if (!in || !(cJSON_IsString(in) || cJSON_IsArray(in)))
         return bad(e, "input", "'input' (a string or a list of messages) is required");
     cJSON *msgs = cJSON_AddArrayToObject(root, "messages");
@@ -699,7 +694,7 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
                                      param, type);
             if (!role) return bad(e, param, "'%s' has no string 'role'", param);
             snprintf(param, sizeof param, "input[%d].content", i);
-            cJSON *content = resp_content(field(x, "content"), param, e);
+            cJSON *content = resp_content(oai_field(x, "content"), param, e);
             if (!content) return e->q.code ? e->q.code : oom(e);
             cJSON *m = cJSON_CreateObject();
             cJSON_AddItemToArray(msgs, m);
@@ -714,8 +709,8 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
     if ((rc = get_int(root, "max_output_tokens", 1, 1 << 30, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
     if ((rc = resp_tools(root, e)) || (rc = oai_parse_tools(root, r, e))) return rc;
-    const cJSON *text = field(root, "text");
-    const cJSON *fmt = text && cJSON_IsObject(text) ? field(text, "format") : NULL;
+    const cJSON *text = oai_field(root, "text");
+    const cJSON *fmt = text && cJSON_IsObject(text) ? oai_field(text, "format") : NULL;
     const char *ftype = NULL;
     if (fmt && (get_str(fmt, "type", &ftype, e) < 0 || (ftype && strcmp(ftype, "text"))))
         return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
@@ -726,10 +721,43 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
 
 static int parse_detokenize(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *t = field(root, "tokens");
+    const cJSON *t = oai_field(root, "tokens");
     if (!t || !cJSON_IsArray(t))
         return bad(e, "tokens", "'tokens' (a list of token ids) is required");
     return parse_ids(t, "tokens", &r->tokens, &r->n_tokens, e);
+}
+
+/* out->ignored from the members of root that no parse step read (oai_json.h). */
+static void note_ignored(const cJSON *root, struct oai_request *out)
+{
+    size_t at = 0;
+    int others = 0;
+    bool full = false;
+    out->ignored[0] = '\0';
+    for (const cJSON *m = root->child; m; m = m->next) {
+        if (m->type & OAI_JSON_READ) continue;
+        const char *k = m->string ? m->string : "";
+        size_t n = strlen(k);
+        bool plain = n > 0 && n <= 40 &&
+                     strspn(k, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                               "0123456789_.-") == n;
+        if (!plain) {
+            others++;
+            continue;
+        }
+        if (full) continue;
+        /* room for this name, its comma, and a closing ",+N" or ",..." */
+        if (at + n + 1 + 8 >= sizeof out->ignored) {
+            full = true;
+            continue;
+        }
+        at +=
+            (size_t)snprintf(out->ignored + at, sizeof out->ignored - at, "%s%s", at ? "," : "", k);
+    }
+    if (full)
+        snprintf(out->ignored + at, sizeof out->ignored - at, "%s...", at ? "," : "");
+    else if (others)
+        snprintf(out->ignored + at, sizeof out->ignored - at, "%s+%d", at ? "," : "", others);
 }
 
 int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_request *out,
@@ -796,7 +824,10 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
             rc = oai_error_set(e, 500, "server_error", NULL, NULL, "bad endpoint kind");
         }
     }
-    if (rc) oai_request_free(out);
+    if (rc)
+        oai_request_free(out);
+    else
+        note_ignored(root, out);
     return rc;
 }
 

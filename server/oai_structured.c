@@ -8,16 +8,11 @@
 
 #include "../engine/grammar.h"
 #include "oai.h"
+#include "oai_json.h"
 
 static int bad(struct oai_error *e, const char *param, const char *msg)
 {
     return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param, "%s", msg);
-}
-
-static const cJSON *field(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
 static int set(struct oai_request *r, int kind, const cJSON *printed, const char *text,
@@ -34,7 +29,7 @@ static int set(struct oai_request *r, int kind, const cJSON *printed, const char
 
 static int response_format(const cJSON *rf, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *type = field(rf, "type");
+    const cJSON *type = oai_field(rf, "type");
     if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
         return bad(e, "response_format", "'response_format' must be an object with a 'type'");
     const char *t = type->valuestring;
@@ -47,12 +42,12 @@ static int response_format(const cJSON *rf, struct oai_request *r, struct oai_er
                              "'response_format.type' is '%.40s'; it must be text, json_object or "
                              "json_schema",
                              t);
-    const cJSON *js = field(rf, "json_schema");
+    const cJSON *js = oai_field(rf, "json_schema");
     if (!cJSON_IsObject(js))
         return bad(e, "response_format.json_schema",
                    "'response_format.json_schema' must be an object with a 'schema'");
-    const cJSON *name = field(js, "name"), *strict = field(js, "strict"),
-                *desc = field(js, "description"), *schema = field(js, "schema");
+    const cJSON *name = oai_field(js, "name"), *strict = oai_field(js, "strict"),
+                *desc = oai_field(js, "description"), *schema = oai_field(js, "schema");
     if (name && !cJSON_IsString(name))
         return bad(e, "response_format.json_schema.name",
                    "'response_format.json_schema.name' must be a string");
@@ -75,9 +70,9 @@ static int structured_outputs(const cJSON *so, struct oai_request *r, struct oai
 {
     if (!cJSON_IsObject(so))
         return bad(e, "structured_outputs", "'structured_outputs' must be an object");
-    const cJSON *json = field(so, "json"), *regex = field(so, "regex"),
-                *choice = field(so, "choice"), *grammar = field(so, "grammar"),
-                *jobj = field(so, "json_object");
+    const cJSON *json = oai_field(so, "json"), *regex = oai_field(so, "regex"),
+                *choice = oai_field(so, "choice"), *grammar = oai_field(so, "grammar"),
+                *jobj = oai_field(so, "json_object");
     int given = !!json + !!regex + !!choice + !!grammar + (jobj && cJSON_IsTrue(jobj));
     if (given != 1)
         return bad(e, "structured_outputs",
@@ -128,7 +123,7 @@ static int structured_outputs(const cJSON *so, struct oai_request *r, struct oai
 
 int oai_parse_structured(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *rf = field(root, "response_format"), *so = field(root, "structured_outputs");
+    const cJSON *rf = oai_field(root, "response_format"), *so = oai_field(root, "structured_outputs");
     int rc;
     if (rf && (rc = response_format(rf, r, e))) return rc;
     if (so) {
@@ -142,7 +137,7 @@ int oai_parse_structured(const cJSON *root, struct oai_request *r, struct oai_er
     static const char *const old[] = {"guided_json", "guided_regex", "guided_choice",
                                       "guided_grammar"};
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
-        if (field(root, old[i]))
+        if (oai_field(root, old[i]))
             return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", old[i],
                                  "'%s' is not supported; use 'structured_outputs' (as vLLM since "
                                  "v0.12) or 'response_format'",

@@ -13,12 +13,7 @@
 
 #include "../engine/grammar.h"
 #include "oai.h"
-
-static const cJSON *field(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
+#include "oai_json.h"
 
 static int bad(struct oai_error *e, const char *param, const char *fmt, const char *arg)
 {
@@ -54,7 +49,7 @@ static int tool_constraint(struct oai_request *r, const char *only, const char *
         cJSON *t = cJSON_CreateObject();
         cJSON_AddItemToArray(list, t);
         cJSON_AddStringToObject(t, "name", r->tools[i].name);
-        const cJSON *p = field(r->tools[i].function, "parameters");
+        const cJSON *p = oai_field(r->tools[i].function, "parameters");
         if (p) cJSON_AddItemReferenceToObject(t, "parameters", (cJSON *)p);
     }
     cJSON_AddBoolToObject(root, "parallel", !only && r->parallel_tool_calls);
@@ -75,8 +70,8 @@ static int tool_grammar(struct oai_request *r, const char *format, struct oai_er
 
 int oai_parse_tools(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice"),
-                *par = field(root, "parallel_tool_calls");
+    const cJSON *tools = oai_field(root, "tools"), *choice = oai_field(root, "tool_choice"),
+                *par = oai_field(root, "parallel_tool_calls");
     if (par) {
         if (!cJSON_IsBool(par))
             return bad(e, "parallel_tool_calls", "'%s' must be a boolean", "parallel_tool_calls");
@@ -94,11 +89,11 @@ int oai_parse_tools(const cJSON *root, struct oai_request *r, struct oai_error *
     {
         char param[48];
         snprintf(param, sizeof param, "tools[%zu]", r->n_tools);
-        const cJSON *type = field(t, "type"), *fn = field(t, "function");
+        const cJSON *type = oai_field(t, "type"), *fn = oai_field(t, "function");
         if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
             return bad(e, param, "'%s' must be an object with type 'function'", param);
-        const cJSON *name = field(fn, "name"), *params = field(fn, "parameters"),
-                    *desc = field(fn, "description");
+        const cJSON *name = oai_field(fn, "name"), *params = oai_field(fn, "parameters"),
+                    *desc = oai_field(fn, "description");
         if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !good_name(name->valuestring))
             return bad(e, param,
                        "'%s.function' must be an object with a 'name' of 1-64 letters, digits, "
@@ -131,7 +126,7 @@ int oai_parse_tools(const cJSON *root, struct oai_request *r, struct oai_error *
                        "{\"type\":\"function\",\"function\":{\"name\":...}}",
                        c);
     } else {
-        const cJSON *fn = field(choice, "function"), *name = field(fn, "name");
+        const cJSON *fn = oai_field(choice, "function"), *name = oai_field(fn, "name");
         if (!cJSON_IsObject(choice) || !cJSON_IsString(name))
             return bad(e, "tool_choice", "'%s' must be a string or name a function", "tool_choice");
         r->tool_choice = OAI_TOOLS_NAMED;
@@ -203,7 +198,7 @@ char *oai_tools_json(const struct oai_request *r)
 
 size_t oai_count_tool_calls(const cJSON *msg)
 {
-    const cJSON *r = field(msg, "role"), *calls = field(msg, "tool_calls");
+    const cJSON *r = oai_field(msg, "role"), *calls = oai_field(msg, "tool_calls");
     if (!cJSON_IsString(r) || strcmp(r->valuestring, "assistant") || !cJSON_IsArray(calls))
         return 0;
     return (size_t)cJSON_GetArraySize(calls);
@@ -212,8 +207,8 @@ size_t oai_count_tool_calls(const cJSON *msg)
 int oai_tool_message(const cJSON *msg, size_t i, struct chat_msg *m, struct chat_call *calls,
                      struct oai_error *e)
 {
-    const cJSON *r = field(msg, "role"), *content = field(msg, "content"),
-                *calls_in = field(msg, "tool_calls"), *id = field(msg, "tool_call_id");
+    const cJSON *r = oai_field(msg, "role"), *content = oai_field(msg, "content"),
+                *calls_in = oai_field(msg, "tool_calls"), *id = oai_field(msg, "tool_call_id");
     if (!cJSON_IsString(r)) return 0;
     char param[64];
     if (!strcmp(r->valuestring, "tool")) {
@@ -236,8 +231,8 @@ int oai_tool_message(const cJSON *msg, size_t i, struct chat_msg *m, struct chat
     const cJSON *c;
     cJSON_ArrayForEach(c, calls_in)
     {
-        const cJSON *fn = field(c, "function"), *name = field(fn, "name"),
-                    *args = field(fn, "arguments"), *cid = field(c, "id");
+        const cJSON *fn = oai_field(c, "function"), *name = oai_field(fn, "name"),
+                    *args = oai_field(fn, "arguments"), *cid = oai_field(c, "id");
         if (!cJSON_IsString(name) || (args && !cJSON_IsString(args)) ||
             (cid && !cJSON_IsString(cid)))
             return bad(e, param,
@@ -318,8 +313,8 @@ static bool call_object(struct found *f, const char *p, const char *end, const c
 {
     const char *json_end = NULL;
     cJSON *obj = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &json_end, 0);
-    const cJSON *name = field(obj, "name"), *args = field(obj, key);
-    if (!args && alt_key) args = field(obj, alt_key);
+    const cJSON *name = oai_field(obj, "name"), *args = oai_field(obj, key);
+    if (!args && alt_key) args = oai_field(obj, alt_key);
     bool ok = cJSON_IsObject(obj) && cJSON_IsString(name) &&
               push(f, name->valuestring, strlen(name->valuestring), args);
     cJSON_Delete(obj);
@@ -378,7 +373,7 @@ static const char *parse_mistral(struct found *f, const char *text, const char *
         bool ok = cJSON_IsArray(list) && list->child;
         cJSON_ArrayForEach(c, list)
         {
-            const cJSON *name = field(c, "name"), *a = field(c, "arguments");
+            const cJSON *name = oai_field(c, "name"), *a = oai_field(c, "arguments");
             ok = ok && cJSON_IsString(name) &&
                  push(f, name->valuestring, strlen(name->valuestring), a);
         }

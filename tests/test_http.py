@@ -258,6 +258,27 @@ def test_completion(d):
           "chat usage.prompt_tokens equals the tokenizer's count", f"{t.get('count')}")
 
 
+def test_ignored_fields(d):
+    """Members the endpoint does not read are accepted and named in the request's log line."""
+    status, headers, body = d.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2,
+                                                       "typical_p": 0.5, "bad_words": ["x"]})
+    rid = headers.get("X-Request-Id", "")
+    check(status == 200, "a request with members quern has not: 200", str(body)[:300])
+    line = ""
+    for _ in range(50):  # the log line follows the response
+        line = next((l for l in d.lines if f"req {rid} " in l), "")
+        if line:
+            break
+        time.sleep(0.1)
+    check(line.endswith(" ignored=typical_p,bad_words"),
+          "the log line names the ignored members", line)
+    status, headers, _ = d.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    rid = headers.get("X-Request-Id", "")
+    time.sleep(0.3)
+    line = next((l for l in d.lines if f"req {rid} " in l), "")
+    check(line and "ignored=" not in line, "no ignored= when every member was read", line)
+
+
 def test_logit_bias(d):
     prompt = "The capital of France is"
     base = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 1}
@@ -881,7 +902,7 @@ def main():
     d = Daemon("--api-key", KEY, "--served-model-name", "smol", "--precision", "f32")
     only = os.environ.get("QUERN_TEST_ONLY", "")  # e.g. "disconnect,errors" while debugging
     try:
-        for t in (test_basics, test_completion, test_logit_bias, test_min_tokens_and_stop_ids,
+        for t in (test_basics, test_completion, test_ignored_fields, test_logit_bias, test_min_tokens_and_stop_ids,
                   test_streaming, test_n_and_stop, test_errors,
                   test_concurrent, test_disconnect, test_chat_special_tokens, test_curl,
                   test_sdk):

@@ -67,8 +67,48 @@ START_TEST(completion_all_fields)
     ck_assert(r.ignore_eos && r.stream && r.include_usage && r.echo);
     ck_assert_int_eq(r.n, 3);
     ck_assert_int_eq(r.logprobs, 2);
+    ck_assert_str_eq(r.ignored, "unknown_field"); /* everything else was read */
     oai_request_free(&r);
     ck_assert_ptr_null(r.root);
+}
+END_TEST
+
+/* The members an endpoint does not read, named for the request log: in request order, only
+ * plain names (a hostile key is counted, never printed), "..." when they do not fit. */
+START_TEST(ignored_members)
+{
+    struct oai_request r;
+    struct oai_error e;
+    ck_assert_int_eq(parse(OAI_CHAT,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                           "\"max_tokens\":2,\"temperature\":null}",
+                           &r, &e),
+                     0);
+    ck_assert_str_eq(r.ignored, ""); /* null counts as read */
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_CHAT,
+                           "{\"typical_p\":0.5,\"messages\":[{\"role\":\"user\",\"content\":"
+                           "\"hi\"}],\"bad_words\":[\"x\"],\"a\\\"b\":1,\"\\n\":2,"
+                           "\"suffix\":\"s\"}",
+                           &r, &e),
+                     0);
+    /* suffix is a completions member: a chat request ignores it */
+    ck_assert_str_eq(r.ignored, "typical_p,bad_words,suffix,+2");
+    oai_request_free(&r);
+    char body[4096];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\":\"x\"");
+    for (int i = 0; i < 40; i++)
+        at += (size_t)snprintf(body + at, sizeof body - at, ",\"extra_member_%02d\":%d", i, i);
+    snprintf(body + at, sizeof body - at, "}");
+    ck_assert_int_eq(parse(OAI_COMPLETION, body, &r, &e), 0);
+    ck_assert_msg(strncmp(r.ignored, "extra_member_00,extra_member_01,", 32) == 0, "%s", r.ignored);
+    size_t n = strlen(r.ignored);
+    ck_assert_uint_lt(n, sizeof r.ignored);
+    ck_assert_str_eq(r.ignored + n - 4, ",...");
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_TOKENIZE, "{\"prompt\":\"x\",\"stream\":true}", &r, &e), 0);
+    ck_assert_str_eq(r.ignored, "stream");
+    oai_request_free(&r);
 }
 END_TEST
 
@@ -1548,6 +1588,7 @@ int main(void)
     TCase *p = tcase_create("parse");
     tcase_add_test(p, completion_all_fields);
     tcase_add_test(p, completion_defaults);
+    tcase_add_test(p, ignored_members);
     tcase_add_test(p, wrong_types);
     tcase_add_test(p, ranges);
     tcase_add_test(p, stop_forms);
