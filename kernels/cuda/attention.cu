@@ -77,6 +77,50 @@ __device__ __forceinline__ float4 kv_load4(const __half *p)
                        __half2float(p[3]));
 }
 
+/* Query row th = token * n_heads + head, one split: the block's warps' partials (acc: this lane's
+ * dims lane, lane + 32, ...; m, l: its warp's max and sum) merged in warp order. One split
+ * (whole): the output; several: part[(th, split)] = max, sum, then hd unnormalized outputs
+ * relative to the max, for attention_reduce_kernel. Every thread of the block calls it (two
+ * barriers: acc_s and m_s are the next query's after it). */
+template <int DPL>
+__device__ __forceinline__ void att_merge_write(const float (&acc)[DPL], float m, float l,
+                                                bool whole, size_t th, int split, int max_splits,
+                                                int hd, float *out, float *part,
+                                                float (*acc_s)[DPL * 32], float *m_s, float *l_s)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int k = 0; k < DPL; k++) {
+        const int d = lane + 32 * k;
+        if (d < hd) acc_s[warp][d] = acc[k];
+    }
+    if (lane == 0) {
+        m_s[warp] = m;
+        l_s[warp] = l;
+    }
+    __syncthreads();
+    float mt = m_s[0];
+    for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
+    float den = 0, f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
+        den = fmaf(l_s[w], f[w], den);
+    }
+    float *dst = whole ? out + th * (size_t)hd
+                       : part + (th * (size_t)max_splits + (size_t)split) * ((size_t)hd + 2);
+    if (!whole && threadIdx.x == 0) {
+        dst[0] = mt;
+        dst[1] = den;
+    }
+    if (!whole) dst += 2;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float num = 0;
+        for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
+        dst[d] = whole ? num / den : num;
+    }
+    __syncthreads();
+}
+
 /* Tokens [TQ x, TQ x + TQ) of the batch, head y, split z. The queries of a tile are walked chunk
  * by chunk together (warp w's chunk of every query, then its next chunk), so neighbouring
  * prefill tokens of one sequence read each K and V row from L1 while it is fresh; each query's
@@ -183,46 +227,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 
         /* per query, merge the warps' partials in warp order */
 #pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            if (hi[i] < 0) continue; /* the same for the whole block */
-            const int t = t0 + i;
-#pragma unroll
-            for (int k = 0; k < DPL; k++) {
-                const int d = lane + 32 * k;
-                if (d < hd) acc_s[warp][d] = acc[i][k];
-            }
-            if (lane == 0) {
-                m_s[warp] = m[i];
-                l_s[warp] = l[i];
-            }
-            __syncthreads();
-            float mt = m_s[0];
-            for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
-            float den = 0, f[ATT_WARPS];
-            for (int w = 0; w < ATT_WARPS; w++) {
-                f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt); /* a warp with no chunk: 0 */
-                den = fmaf(l_s[w], f[w], den);
-            }
-            /* one split: the output; several: part[(t, h, split)] = max, sum, then hd unnormalized
-             * outputs, relative to mt, for attention_reduce_kernel */
-            const bool whole = n_split[i] == 1;
-            float *dst =
-                whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
-                      : part + (((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits +
-                                (size_t)split) *
-                                   ((size_t)hd + 2);
-            if (!whole && threadIdx.x == 0) {
-                dst[0] = mt;
-                dst[1] = den;
-            }
-            if (!whole) dst += 2;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                float num = 0;
-                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-                dst[d] = whole ? num / den : num;
-            }
-            __syncthreads(); /* acc_s and m_s are the next query's */
-        }
+        for (int i = 0; i < TQ; i++)
+            if (hi[i] >= 0) /* the same for the whole block */
+                att_merge_write<DPL>(acc[i], m[i], l[i], n_split[i] == 1,
+                                     (size_t)(t0 + i) * (size_t)n_heads + (size_t)h, split,
+                                     max_splits, hd, out, part, acc_s, m_s, l_s);
     }
 }
 
@@ -386,44 +395,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         }
 
 #pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            if (hi[i] < 0) continue;
-            const int t = t0 + i;
-#pragma unroll
-            for (int k = 0; k < DPL; k++) {
-                const int d = lane + 32 * k;
-                if (d < hd) acc_s[warp][d] = acc[i][k];
-            }
-            if (lane == 0) {
-                m_s[warp] = m[i];
-                l_s[warp] = l[i];
-            }
-            __syncthreads();
-            float mt = m_s[0];
-            for (int w = 1; w < ATT_WARPS; w++) mt = fmaxf(mt, m_s[w]);
-            float den = 0, f[ATT_WARPS];
-            for (int w = 0; w < ATT_WARPS; w++) {
-                f[w] = m_s[w] == -INFINITY ? 0.0f : expf(m_s[w] - mt);
-                den = fmaf(l_s[w], f[w], den);
-            }
-            const bool whole = n_split[i] == 1;
-            float *dst =
-                whole ? out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd
-                      : part + (((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits +
-                                (size_t)split) *
-                                   ((size_t)hd + 2);
-            if (!whole && threadIdx.x == 0) {
-                dst[0] = mt;
-                dst[1] = den;
-            }
-            if (!whole) dst += 2;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-                float num = 0;
-                for (int w = 0; w < ATT_WARPS; w++) num = fmaf(acc_s[w][d], f[w], num);
-                dst[d] = whole ? num / den : num;
-            }
-            __syncthreads();
-        }
+        for (int i = 0; i < TQ; i++)
+            if (hi[i] >= 0) /* the same for the whole block */
+                att_merge_write<DPL>(acc[i], m[i], l[i], n_split[i] == 1,
+                                     (size_t)(t0 + i) * (size_t)n_heads + (size_t)h, split,
+                                     max_splits, hd, out, part, acc_s, m_s, l_s);
     }
 }
 
