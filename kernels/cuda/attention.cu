@@ -77,6 +77,43 @@ __device__ __forceinline__ float4 kv_load4(const __half *p)
                        __half2float(p[3]));
 }
 
+/* A tile's queries t0 .. t0 + TQ - 1 for one split: hi[i], query i's last key in the split (-1
+ * when the split is past its position or the token past the batch), n_split[i], its split
+ * count, tbl[i], its sequence's block table row; the queries' rows of head h into q_s. Returns
+ * the tile's furthest key, -1 when no query has this split (the same for the whole block; a
+ * barrier only then not reached by anyone). */
+template <int TQ, int QW>
+__device__ __forceinline__ int
+att_tile_begin(const float *q, const int32_t *pos, const int32_t *seq, const int32_t *table, int t0,
+               int n_tokens, int max_blocks, int h, int n_heads, int hd, int split, int (&hi)[TQ],
+               int (&n_split)[TQ], const int32_t *(&tbl)[TQ], float (*q_s)[QW])
+{
+    const int lo = split * ATT_SPLIT;
+    int hi_max = -1;
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        hi[i] = -1;
+        n_split[i] = 1;
+        tbl[i] = table;
+        if (t0 + i >= n_tokens) continue;
+        const int p = pos[t0 + i];
+        n_split[i] = p / ATT_SPLIT + 1;
+        if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
+        hi[i] = min(p, lo + ATT_SPLIT - 1);
+        tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
+        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
+    }
+    if (hi_max < 0) return -1;
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        if (hi[i] < 0) continue;
+        const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
+    }
+    __syncthreads();
+    return hi_max;
+}
+
 /* Query row th = token * n_heads + head, one split: the block's warps' partials (acc: this lane's
  * dims lane, lane + 32, ...; m, l: its warp's max and sum) merged in warp order. One split
  * (whole): the output; several: part[(th, split)] = max, sum, then hd unnormalized outputs
@@ -143,30 +180,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
      * the GPU, and which block computes a split changes nothing in it */
     for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
         const int lo = split * ATT_SPLIT;
-        /* per query: its last key in this split, or -1 when the split is past its position */
-        int hi[TQ], n_split[TQ], hi_max = -1;
+        int hi[TQ], n_split[TQ];
         const int32_t *tbl[TQ];
-#pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            hi[i] = -1;
-            n_split[i] = 1;
-            tbl[i] = table;
-            if (t0 + i >= n_tokens) continue;
-            const int p = pos[t0 + i];
-            n_split[i] = p / ATT_SPLIT + 1;
-            if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
-            hi[i] = min(p, lo + ATT_SPLIT - 1);
-            tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
-            hi_max = hi[i] > hi_max ? hi[i] : hi_max;
-        }
+        const int hi_max = att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h,
+                                              n_heads, hd, split, hi, n_split, tbl, q_s);
         if (hi_max < 0) break; /* the same for the whole block, and for later splits */
-#pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            if (hi[i] < 0) continue;
-            const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
-        }
-        __syncthreads();
 
         const bool vec = (hd & 3) == 0;
         float m[TQ], l[TQ], acc[TQ][DPL];
@@ -293,21 +311,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
      * the GPU, and which block computes a split changes nothing in it */
     for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
         const int lo = split * ATT_SPLIT;
-        int hi[TQ], n_split[TQ], hi_max = -1;
+        int hi[TQ], n_split[TQ];
         const int32_t *tbl[TQ];
-#pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            hi[i] = -1;
-            n_split[i] = 1;
-            tbl[i] = table;
-            if (t0 + i >= n_tokens) continue;
-            const int p = pos[t0 + i];
-            n_split[i] = p / ATT_SPLIT + 1;
-            if (split >= n_split[i]) continue;
-            hi[i] = min(p, lo + ATT_SPLIT - 1);
-            tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
-            hi_max = hi[i] > hi_max ? hi[i] : hi_max;
-        }
+        const int hi_max = att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h,
+                                              n_heads, hd, split, hi, n_split, tbl, q_s);
         if (hi_max < 0) break; /* the same for the whole block, and for later splits */
         /* run[i]: the first query of i's sequence in the tile; run_hi[i]: that run's last key */
         int run[TQ], run_hi[TQ];
@@ -322,13 +329,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                     if (hi[i2] > run_hi[i]) run_hi[i] = hi[i2];
                 }
         }
-#pragma unroll
-        for (int i = 0; i < TQ; i++) {
-            if (hi[i] < 0) continue;
-            const float *qh = q + ((size_t)(t0 + i) * (size_t)n_heads + (size_t)h) * (size_t)hd;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) q_s[i][d] = qh[d];
-        }
-        __syncthreads();
 
         float m[TQ], l[TQ], acc[TQ][DPL], pl[TQ];
 #pragma unroll
