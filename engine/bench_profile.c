@@ -32,7 +32,10 @@ void bench_profile_print(FILE *out, const char *title, struct backend *prof, dou
     double outside = step_s - in_ops * per;
     fprintf(out, "| outside the ops (sampling, scheduling, host) | | | %.1f | %.1f %% | | | |\n",
             outside * 1e6, step_s > 0 ? 100.0 * outside / step_s : 0);
-    if (c->read_gbs > 0 || c->peak_gops > 0)
+    if (c->read_gbs > 0 && c->peak_gops > 0)
         fprintf(out, "\nroofline: read %.1f GB/s, %s %.0f G(FL)OP/s (measured now)\n", c->read_gbs,
                 c->peak_what ? c->peak_what : "peak", c->peak_gops);
+    else if (c->read_gbs > 0) /* a device whose compute peak was not measured */
+        fprintf(out, "\nroofline: read %.1f GB/s (measured now); compute peak not measured\n",
+                c->read_gbs);
 }
