@@ -17,10 +17,11 @@
  *            and cuBLAS fp16: where each wins, so gemm_min_tokens can be set from it.
  * 4. decode  synthetic models of real shapes with random weights (engine/synth.h: written here
  *            to a temporary file, opened and unlinked: the GPU machine receives no gigabytes):
- *            llama3-8b (Q4_0) and smollm2-135m (Q4_1), batch 1, 8 and 64 sequences at context
- *            128 (+16 decoded) through the engine's model_forward (engine/bench_decode.h: CUDA
- *            graphs and their padding as in serving, logits copied to the host every step);
- *            tokens/s against the roofline (weight + KV bytes per step / copy bandwidth).
+ *            llama3-8b (Q4_0 and Q8_0) and smollm2-135m (Q4_1), batch 1, 8 and 64 sequences
+ *            at context 128 (+16 decoded) through the engine's model_forward
+ *            (engine/bench_decode.h: CUDA graphs and their padding as in serving, logits copied
+ *            to the host every step); tokens/s against the roofline (weight + KV bytes per step
+ *            / copy bandwidth).
  *    --model runs the real file the same way.
  *    --profile then times every op of the llama3-8b decode steps at batch 1 and 64 apart
  *            (kernels/backend_profile.h: each op synchronized, no graph replay, so the step is
@@ -372,9 +373,10 @@ int main(int argc, char **argv)
         const struct {
             const char *name;
             enum qtype type;
-        } synth[] = {{"llama3-8b", QTYPE_Q4_0}, {"smollm2-135m", QTYPE_Q4_1}};
+        } synth[] = {
+            {"llama3-8b", QTYPE_Q4_0}, {"llama3-8b", QTYPE_Q8_0}, {"smollm2-135m", QTYPE_Q4_1}};
         for (size_t i = 0; i < sizeof synth / sizeof synth[0]; i++) {
-            if (quick && i == 0) continue;
+            if (quick && i < 2) continue;
             struct gguf_file *f;
             if (synth_model_open(synth[i].name, synth[i].type, 1, NULL, &f, &err))
                 die("synthetic model", &err);

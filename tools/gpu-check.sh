@@ -15,7 +15,8 @@
 #      need models/SmolLM2-135M-Instruct.Q4_1.gguf, there or joined from build-model-a/b, see
 #      tools/gpu-debs.sh --model); test_tp over NCCL when the machine has 2 GPUs or more
 #   5. benchmark: tools/bench-cuda.c (copy bandwidth, GEMV GB/s, GEMM TFLOP/s, synthetic decode
-#      and its per-op profile)
+#      and its per-op profile); then `quern bench` serving 256 requests at concurrency 64 on a
+#      synthetic Llama-3-8B (when the server builds there; GPU_CHECK_SKIP_SERVING=1 skips it)
 #   6. baselines in the same run: torch.matmul bf16 on the GEMM shapes, and Hugging Face
 #      transformers generating with a Llama-3-8B-shaped random bf16 model at batch 1, 8 and 64
 #
@@ -224,6 +225,30 @@ timeout "$(tmo 200)" build-gpu/tools/quern-bench-cuda "${BENCH_ARGS[@]}" >"$OUTD
 rc=$?
 result quern-bench-cuda "$([ $rc = 0 ] && echo ok || echo "rc $rc")"
 cat "$OUTD/bench.md" >>"$REPORT"
+
+# ---- 5b. serving: quern bench's requests through the engine on a synthetic 8B ----
+# (issue 11's figure: 256 requests of 128 in / 128 out at concurrency 64, the default precision
+# and q8 activations). The quern binary needs libmicrohttpd's own libraries (gnutls), which the
+# machine may lack: a failed build is reported, not fatal.
+if [ "${GPU_CHECK_SKIP_SERVING:-0}" != 1 ] && [ "$(left)" -gt 120 ]; then
+  if timeout "$(tmo 120)" ninja -C build-gpu server/quern >build-gpu/build-quern.log 2>&1; then
+    : >"$OUTD/serving.md"
+    for prec in auto q8; do
+      [ "$(left)" -gt 60 ] || break
+      timeout "$(tmo 150)" build-gpu/server/quern bench --device cuda --synthetic llama3-8b \
+        --precision $prec --requests 256 --input-len 128 --output-len 128 --concurrency 64 \
+        >build-gpu/serving-$prec.txt 2>&1
+      rc=$?
+      { echo "## quern bench --device cuda --synthetic llama3-8b --precision $prec (rc $rc)"
+        echo '```'; cat build-gpu/serving-$prec.txt; echo '```'; } >>"$OUTD/serving.md"
+      result "serving, synthetic llama3-8b Q4_0, precision $prec" "$([ $rc = 0 ] &&
+        grep -m1 'output tokens/s' build-gpu/serving-$prec.txt || echo "rc $rc")"
+    done
+    cat "$OUTD/serving.md" >>"$REPORT"
+  else
+    result "serving" "quern not built here: $(grep -m1 -iE 'error|cannot' build-gpu/build-quern.log)"
+  fi
+fi
 
 # ---- 6. torch / transformers baselines, same GPU, same run ----
 if [ "${GPU_CHECK_SKIP_TORCH:-0}" != 1 ] && [ "$(left)" -gt 40 ]; then
