@@ -123,7 +123,8 @@ static int structured_outputs(const cJSON *so, struct oai_request *r, struct oai
 
 int oai_parse_structured(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    const cJSON *rf = oai_field(root, "response_format"), *so = oai_field(root, "structured_outputs");
+    const cJSON *rf = oai_field(root, "response_format"),
+                *so = oai_field(root, "structured_outputs");
     int rc;
     if (rf && (rc = response_format(rf, r, e))) return rc;
     if (so) {
