@@ -28,6 +28,14 @@
 #define CHUNK  16  /* keys per reduction tree: one vector of scores */
 #define SPAN   128 /* keys between two rescalings; its V (32 KiB at head size 64) stays in L1 */
 #define HD_MAX 128
+/* The prefetch walker runs one chunk ahead and issues PF_LINES line pairs at each key of a
+ * block's scores, a chunk's keys' worth in all, what the blocks leave at the chunk's end (the
+ * AVX2 kernel's scheme, attn_avx2.c). A decode batch's attention over KV from DRAM (`quern bench
+ * --kernels`: 16 sequences, context 160, 30 layers' KV, 2 threads, Zen 5) took 96.5 us a layer
+ * with the whole chunk's lines (96 for SmolLM2's slots) issued at once 32 keys ahead, where the
+ * AVX2 kernel, slower on cached KV, took 61. */
+#define PF_AHEAD CHUNK
+#define PF_LINES 2
 
 static inline __mmask16 first_lanes(int n)
 {
@@ -75,7 +83,7 @@ TGT INLINE __m512 sum16x16(const __m512 v[16])
  * lanes past a row's last key -inf. Each K row is loaded once for the RB rows (of one kv head). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, const int NV,
-                           const int F16, int c, int j0, float scale)
+                           const int F16, int c, int j0, float scale, struct key_prefetch *pf)
 {
     __m512 v[4][CHUNK];
     for (int k = 0; k < CHUNK; k++) {
@@ -88,6 +96,7 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
             for (int j = 1; j < NV; j++) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kv[j], a);
             v[i][k] = a;
         }
+        key_prefetch_lines(pf, PF_LINES);
     }
     for (int i = 0; i < RB; i++) {
         int r = r0 + i, left = rows[r].n_keys - j0 - c * CHUNK;
@@ -148,7 +157,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, ATTN_PF_KEYS);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD);
+    const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
         int chunks = (span + CHUNK - 1) / CHUNK;
@@ -166,7 +176,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             int left = span - c * CHUNK;
             /* lanes past the span's last key re-read the chunk's first key; masked later */
             for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
-            key_prefetch_next(&pf, CHUNK);
+            pf.budget = CHUNK * pf_key_lines;
             na = 0;
             for (int r = 0; r < nr; r++)
                 if (st[r].cnt > c * CHUNK) act[na++] = r;
@@ -176,14 +186,20 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             nb = attn_blocks(rows, act, na, RB, bstart, blen);
             for (int i = 0; i < nb; i++) {
                 if (blen[i] == 4)
-                    score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale,
+                               &pf);
                 else if (blen[i] == 3)
-                    score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale,
+                               &pf);
                 else if (blen[i] == 2)
-                    score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale,
+                               &pf);
                 else
-                    score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale);
+                    score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale,
+                               &pf);
             }
+            /* what the blocks left of this chunk's keys */
+            key_prefetch_lines(&pf, pf.budget);
         }
         /* 2. maximum, rescale factor, weights */
         for (int r = 0; r < nr; r++) {

@@ -153,11 +153,9 @@ static inline size_t key_next(struct key_walk *kw)
 /* Software prefetch of the K and V rows a set is about to read. A kv head's row is a third
  * (SmolLM2) of each slot, so the keys a set walks are short runs at a stride that crosses a block
  * every block_size keys: the hardware prefetchers keep too few lines in flight for that, and a
- * batch-16 decode step read its KV at a quarter of the bandwidth its weights get. The walker runs
- * ATTN_PF_KEYS ahead of the keys being scored (K and V both: V is read a span later, from L2);
- * the AVX2 kernel's walker, spread line by line through its scoring loop, runs a chunk ahead
- * (attn_avx2.c). */
-#define ATTN_PF_KEYS 32
+ * batch-16 decode step read its KV at a quarter of the bandwidth its weights get. Each kernel's
+ * walker runs a chunk ahead of the keys being scored (K and V both: V is read a span later, from
+ * L2), its lines spread through the scoring loop (attn_avx2.c, attn_avx512.c). */
 
 struct key_prefetch {
     struct key_walk kw;
