@@ -637,6 +637,15 @@ int bench_kernels_main(int argc, char **argv)
         }
         bo.isa = (enum cpu_isa)isa;
     }
+    const char *env_pf = getenv("QUERN_CPU_PREFETCH");
+    if (env_pf && *env_pf) {
+        int pf = cpu_prefetch_parse(env_pf);
+        if (pf < 0) {
+            fprintf(stderr, "QUERN_CPU_PREFETCH=%s: want l1, l2 or auto\n", env_pf);
+            return 2;
+        }
+        bo.prefetch = (enum cpu_prefetch)pf;
+    }
     struct shape shapes[N_SHAPES];
     memcpy(shapes, default_shapes, sizeof shapes);
     if (model && kernels && shapes_from_model(model, shapes)) return 1;

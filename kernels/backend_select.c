@@ -54,6 +54,7 @@ bool backend_have_cuda(void)
 struct knobs {
     bool force_cpu;
     enum cpu_isa isa;
+    enum cpu_prefetch prefetch;
     int kv_bits;      /* --kv-type, any backend: 0 (the backend's own), 16, 32 */
     int cuda_kv_bits; /* what a CUDA backend gets: kv_bits, else $QUERN_CUDA_KV's */
     int gemm;         /* 0: mma, 1: cublas */
@@ -91,6 +92,13 @@ static int read_knobs(const struct backend_request *r, struct knobs *k, struct q
             return qerr_set(err, QERR_INVALID,
                             "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto", isa);
         k->isa = (enum cpu_isa)p;
+    }
+    const char *pf = env_str("QUERN_CPU_PREFETCH");
+    if (pf) {
+        int p = cpu_prefetch_parse(pf);
+        if (p < 0)
+            return qerr_set(err, QERR_INVALID, "QUERN_CPU_PREFETCH=%s: want l1, l2 or auto", pf);
+        k->prefetch = (enum cpu_prefetch)p;
     }
     const char *kv_names[2] = {r->kv_type, env_str("QUERN_CUDA_KV")};
     for (int i = 0; i < 2; i++) {
@@ -149,6 +157,7 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
     struct backend_cpu_opts o = {.n_threads = threads,
                                  .precision = precision,
                                  .isa = k->isa,
+                                 .prefetch = k->prefetch,
                                  .kv_f16 = cpu_kv_f16(k->kv_bits, precision)};
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
@@ -330,6 +339,7 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
     struct backend_cpu_opts o = {.n_threads = each,
                                  .precision = cpu_precision(r->precision),
                                  .isa = kn.isa,
+                                 .prefetch = kn.prefetch,
                                  .kv_f16 = cpu_kv_f16(kn.kv_bits, cpu_precision(r->precision))};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {

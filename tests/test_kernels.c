@@ -187,6 +187,56 @@ START_TEST(matmul_matches_reference)
 }
 END_TEST
 
+/* The AVX-512 GEMV's weight prefetch (into L1 or L2, chosen by the core) changes no bit: both
+ * give the reference's results, on weights longer than the prefetch distance. */
+START_TEST(matmul_prefetch_variants)
+{
+    if (!cpu_isa_supported(CPU_ISA_AVX512)) return;
+    tu_seed(0x9f1);
+    const int ns[] = {1, 8, 13};
+    for (size_t ti = 0; ti < 3; ti++) {
+        struct bweight w;
+        tu_make_weight(&w, quant_types[ti], 100, 1536);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            int n = ns[ni];
+            size_t ny = (size_t)n * (size_t)w.rows;
+            float *x = malloc((size_t)n * (size_t)w.cols * sizeof *x);
+            float *yq = malloc(ny * sizeof *yq), *y = malloc(ny * sizeof *y);
+            tu_fill(x, (size_t)n * (size_t)w.cols, 1.0f);
+            struct q8act a;
+            tu_q8_quantize(&a, x, n, w.cols);
+            ref_matmul_q8_rows(&w, &a, n, yq, 0, w.rows);
+            const enum cpu_prefetch pfs[] = {CPU_PREFETCH_L1, CPU_PREFETCH_L2};
+            for (int p = 0; p < 2; p++) {
+                struct backend *be = NULL;
+                struct qerr err = {0};
+                struct backend_cpu_opts o = {.n_threads = 2,
+                                             .precision = MATMUL_Q8,
+                                             .isa = CPU_ISA_AVX512,
+                                             .prefetch = pfs[p]};
+                ck_assert_msg(backend_cpu_create(&o, &be, &err) == 0, "%s", err.msg);
+                memset(y, 0xff, ny * sizeof *y);
+                be_matmul(be, &w, x, n, y);
+                size_t at;
+                ck_assert_msg(!tu_bits_differ(y, yq, ny, &at),
+                              "avx512 prefetch %s, %s n %d: y[%zu] = %.9g, reference %.9g",
+                              cpu_prefetch_name(pfs[p]), qtype_name(w.type), n, at, y[at], yq[at]);
+                backend_destroy(be);
+            }
+            tu_q8_free(&a);
+            free(x);
+            free(y);
+            free(yq);
+        }
+        tu_free_weight(&w);
+    }
+    ck_assert_int_eq(cpu_prefetch_parse("L1"), CPU_PREFETCH_L1);
+    ck_assert_int_eq(cpu_prefetch_parse("l2"), CPU_PREFETCH_L2);
+    ck_assert_int_eq(cpu_prefetch_parse("l3"), -1);
+    ck_assert_int_ne(cpu_prefetch_best(), CPU_PREFETCH_AUTO);
+}
+END_TEST
+
 START_TEST(matmul_float_weights)
 {
     tu_seed(0xf10a7);
@@ -841,6 +891,7 @@ int main(void)
     tcase_add_test(tc, qpack_rejects_bad_shapes);
     tcase_add_test(tc, quantize_q8_matches_reference);
     tcase_add_loop_test(tc, matmul_matches_reference, 0, 2);
+    tcase_add_test(tc, matmul_prefetch_variants);
     tcase_add_test(tc, matmul_float_weights);
     tcase_add_test(tc, matmul_batch_and_thread_invariant);
     tcase_add_test(tc, matmul_shared_equals_separate_calls);

@@ -165,7 +165,7 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
     c->precision = opts->precision;
     c->isa = isa;
     c->kv_f16 = opts->kv_f16;
-    c->k = cpu_kernels_for(isa);
+    c->k = cpu_kernels_with(isa, opts->prefetch);
     c->n_threads = n;
     rc = pool_create(n, &c->pool, err);
     if (rc) {

@@ -17,10 +17,20 @@ enum cpu_isa {
     CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
 };
 
+/* Where the AVX-512 GEMV's software prefetch puts the weight stream's lines (mm_avx512.c says
+ * what each core measured). AUTO picks by the core (cpu_prefetch_best); the arithmetic, and so
+ * every result, is the same either way. (backend_select.c applies $QUERN_CPU_PREFETCH.) */
+enum cpu_prefetch {
+    CPU_PREFETCH_AUTO = 0,
+    CPU_PREFETCH_L2 = 1, /* prefetcht1 */
+    CPU_PREFETCH_L1 = 2, /* prefetcht0 */
+};
+
 struct backend_cpu_opts {
     int n_threads; /* 0: all online CPUs */
     enum matmul_precision precision;
     enum cpu_isa isa;
+    enum cpu_prefetch prefetch;
     /* the KV cache's element: fp16 (half the bytes attention reads; --kv-type f16) or float */
     bool kv_f16;
 };
@@ -37,6 +47,9 @@ void backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
 /* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
 bool cpu_isa_supported(enum cpu_isa isa);
 const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avx512", "auto" */
+/* "l1", "l2", "auto"; the parse is case-insensitive, -1 when unknown. */
+const char *cpu_prefetch_name(enum cpu_prefetch p);
+int cpu_prefetch_parse(const char *s);
 /* Parses "scalar", "avx2", "avx512" or "auto" (case-insensitive); -1 when unknown. */
 int cpu_isa_parse(const char *s);
 

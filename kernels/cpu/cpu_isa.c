@@ -38,6 +38,41 @@ bool cpu_isa_supported(enum cpu_isa isa)
     return false;
 }
 
+enum cpu_prefetch cpu_prefetch_best(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541 /* "AuthenticAMD" */ &&
+        __get_cpuid(1, &a, &b, &c, &d)) {
+        unsigned family = (a >> 8) & 0xf;
+        if (family == 0xf) family += (a >> 20) & 0xff;
+        if (family >= 0x1a) return CPU_PREFETCH_L1;
+    }
+#endif
+    return CPU_PREFETCH_L2;
+}
+
+const char *cpu_prefetch_name(enum cpu_prefetch p)
+{
+    switch (p) {
+    case CPU_PREFETCH_AUTO:
+        return "auto";
+    case CPU_PREFETCH_L2:
+        return "l2";
+    case CPU_PREFETCH_L1:
+        return "l1";
+    }
+    return "unknown";
+}
+
+int cpu_prefetch_parse(const char *s)
+{
+    static const enum cpu_prefetch all[] = {CPU_PREFETCH_AUTO, CPU_PREFETCH_L2, CPU_PREFETCH_L1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcasecmp(s, cpu_prefetch_name(all[i]))) return (int)all[i];
+    return -1;
+}
+
 enum cpu_isa cpu_isa_best(void)
 {
     if (cpu_isa_supported(CPU_ISA_AVX512)) return CPU_ISA_AVX512;

@@ -14,6 +14,9 @@
 /* The best ISA this CPU supports (never CPU_ISA_AUTO). */
 enum cpu_isa cpu_isa_best(void);
 /* cpu_isa_supported, cpu_isa_name and cpu_isa_parse are public: backend_cpu.h. */
+/* The prefetch target this core streams weights fastest with (never AUTO): L1 on AMD Zen 5
+ * (family 1Ah) and later, else L2 (mm_avx512.c has the measurements). */
+enum cpu_prefetch cpu_prefetch_best(void);
 /* Resolves the requested ISA (AUTO: the best CPUID reports). QERR_UNSUPPORTED when the CPU lacks
  * it. */
 int cpu_isa_resolve(enum cpu_isa want, enum cpu_isa *out, struct qerr *err);

@@ -48,11 +48,33 @@ static const struct cpu_kernels kern_avx512 = {
     .to_fp16 = avx512_to_fp16,
 };
 
+static const struct cpu_kernels kern_avx512_l1 = {
+    .isa = CPU_ISA_AVX512,
+    .quantize_q8 = avx512_quantize_q8,
+    .block_sums = avx512_block_sums,
+    .matmul_q8 = avx512_matmul_q8_l1,
+    .matmul_f32 = avx512_matmul_f32,
+    .matmul_float = avx512_matmul_float,
+    .rmsnorm = avx512_rmsnorm,
+    .add = avx512_add,
+    .silu_mul = avx512_silu_mul,
+    .rope = avx512_rope,
+    .attention = avx512_attention,
+    .attention_f16 = avx512_attention_f16,
+    .to_fp16 = avx512_to_fp16,
+};
+
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
 {
+    return cpu_kernels_with(isa, CPU_PREFETCH_AUTO);
+}
+
+const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch pf)
+{
+    if (pf == CPU_PREFETCH_AUTO) pf = cpu_prefetch_best();
     switch (isa) {
     case CPU_ISA_AVX512:
-        return &kern_avx512;
+        return pf == CPU_PREFETCH_L1 ? &kern_avx512_l1 : &kern_avx512;
     case CPU_ISA_AVX2:
         return &kern_avx2;
     case CPU_ISA_AUTO:

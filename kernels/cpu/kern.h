@@ -58,7 +58,10 @@ struct cpu_kernels {
     void (*to_fp16)(const float *x, uint16_t *out, size_t n);
 };
 
+/* The table for isa with the weight prefetch this core prefers (cpu_prefetch_best); _with names
+ * the prefetch (AUTO: the preferred one). Only the AVX-512 GEMV's prefetch differs. */
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa);
+const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch pf);
 
 /* The kernels the tables in kern.c point at; each ISA's live in its own files
  * (scalar: kern_scalar.c; avx2: mm_avx2.c, mmf_avx2.c, vec_avx2.c, attn_avx2.c; avx512:
@@ -107,6 +110,8 @@ void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float
 void avx512_block_sums(const float *x, int64_t cols, float *xs);
 void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
                       int t1, float *y);
+void avx512_matmul_q8_l1(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                         int t0, int t1, float *y); /* its weight prefetch into L1 */
 void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                        int64_t g1, int t0, int t1, float *y);
 void avx512_matmul_float(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
