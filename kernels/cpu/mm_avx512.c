@@ -145,7 +145,12 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
 {
     const int64_t nb = w->nb;
     const int32_t off = type_offset(type);
+    /* The token loops are unrolled before gcc's scalar replacement runs, so acc[] lives in
+     * registers: left to the late unroller, it stayed an array in memory, stored back every
+     * block (the __m512 type may alias the loads of a->d), 8 stores and 8 moves per 64
+     * vpdpbusd. */
     __m512 acc[TMAX];
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b);
@@ -157,6 +162,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
         prefetch_ahead(w, qs, L1);
         __m512i W[8];
         load_block(qs, type, W);
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
             const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
@@ -172,6 +178,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
             if (type == QTYPE_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[tb]), acc[t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++) store_rows(w, g, y + (size_t)(t0 + t) * (size_t)w->rows, acc[t]);
 }
 
