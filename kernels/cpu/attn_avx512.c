@@ -32,8 +32,8 @@
  * block's scores, a chunk's keys' worth in all, what the blocks leave at the chunk's end (the
  * AVX2 kernel's scheme, attn_avx2.c). A decode batch's attention over KV from DRAM (`quern bench
  * --kernels`: 16 sequences, context 160, 30 layers' KV, 2 threads, Zen 5) took 96.5 us a layer
- * with the whole chunk's lines (96 for SmolLM2's slots) issued at once 32 keys ahead, where the
- * AVX2 kernel, slower on cached KV, took 61. */
+ * with the whole chunk's lines (192 for SmolLM2's whole slots) issued at once 32 keys ahead, where
+ * the AVX2 kernel, slower on cached KV, took 61. */
 #define PF_AHEAD CHUNK
 #define PF_LINES 2
 
