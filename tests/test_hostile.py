@@ -244,8 +244,22 @@ def test_slow_first_token():
     d = Daemon("--max-seqs", "1", "--stall-timeout", "1", "--request-timeout", "1",
                "--api-key", test_http.KEY)  # collect() streams with test_http's key
     try:
-        hog = threading.Thread(target=lambda: d.post(
-            "/v1/completions", {"prompt": "Count:", "max_tokens": 400, "ignore_eos": True}))
+        # the hog streams until the queued requests have waited past --stall-timeout, then
+        # hangs up: a hog of fixed length freed the sequence too soon once decode got faster
+        release = threading.Event()
+
+        def hog_stream():
+            c = d.conn()
+            c.request("POST", "/v1/completions", body=json.dumps({
+                "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True}),
+                headers={"Authorization": f"Bearer {test_http.KEY}"})
+            r = c.getresponse()
+            while not release.is_set() and r.readline():
+                pass
+            c.sock.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+        hog = threading.Thread(target=hog_stream)
         hog.start()
         check(wait_until(lambda: d.metrics().get("quern_requests_running") == 1, 30),
               "slow first token: the engine's only sequence is taken")
@@ -265,6 +279,8 @@ def test_slow_first_token():
         ts = [threading.Thread(target=streamed), threading.Thread(target=plain)]
         for t in ts:
             t.start()
+        time.sleep(1.5)
+        release.set()
         for t in ts + [hog]:
             t.join(120 * SLOW)
         finish, done, took = results.get("stream", (None, False, 0))
