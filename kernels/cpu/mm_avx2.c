@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "pf_walk.h"
 
 #define TGT    __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -121,28 +122,11 @@ TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 
 #define TMAX 4
 
-/* Software prefetch a fixed distance ahead of the weight stream, into L2 (see mm_avx512.c; the
- * AVX2 path on Zen 4, 1 thread: tg128 Q8_0 60 -> 94 tok/s, Q4_0 86 -> 126 with prefetcht1). */
+/* Software prefetch a fixed distance ahead of the weight stream (pf_walk.h), into L2 (see
+ * mm_avx512.c; the AVX2 path on Zen 4, 1 thread: tg128 Q8_0 60 -> 94 tok/s, Q4_0 86 -> 126 with
+ * prefetcht1). */
 #define PF_DIST 16384
-#define PF_HINT 2
-
-/* Each of a group's two passes (row halves) prefetches half of a block's lines, so prefetches
- * keep flowing through the second pass too, which reads only lines the first brought in. */
-INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs, int h)
-{
-    const uint8_t *p = qs + PF_DIST;
-    if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
-    size_t half = w->quant_bytes / 2;
-    for (size_t o = (size_t)h * half; o < (size_t)(h + 1) * half; o += 64)
-        __builtin_prefetch(p + o, 0, PF_HINT);
-}
-
-INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1)
-{
-    const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
-    size_t len = (size_t)(g1 - g0) * w->group_bytes;
-    for (size_t o = 0; o < len && o < PF_DIST; o += 64) __builtin_prefetch(p + o, 0, PF_HINT);
-}
+#define PF_L1   0
 
 /* An empty asm that takes v in a register: gcc may not move v's sum past it. Integer adds are
  * associative, and gcc would otherwise regroup a tile's chunk sums into a tree whose products,
@@ -160,7 +144,7 @@ TGT INLINE void keep_order(__m256i *v)
  * (16 for Q8_0, with the signs) spilled them and the accumulators to the stack every block. The
  * integer sums are exact, so the new order of their terms changes no bit. */
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
-                        const int T, const enum qtype type, float *y)
+                        const int T, const enum qtype type, struct pf_walk *pw, float *y)
 {
     int valid = half_rows(w, g, h);
     if (!valid) return;
@@ -173,7 +157,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b) + 32 * h;
-        prefetch_ahead(w, qpack_quants(w, g, b), h);
+        pf_walk_step(pw, w, g, h * nb + b, 2 * nb, PF_L1);
         const int8_t *xb = a->q + (size_t)t0 * cols + (size_t)b * QK;
         __m256i isum[TMAX];
         if (type == QTYPE_Q8_0) {
@@ -239,7 +223,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
  * The kernel alone, one thread, 1536x576: 1.1-1.5x q8_tile's GB/s with the weight in cache,
  * 1.04-1.13x streamed from DRAM. */
 TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8act *a, int t,
-                              const enum qtype type, float *y)
+                              struct pf_walk *pw, const enum qtype type, float *y)
 {
     const int64_t nb = w->nb;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80),
@@ -248,8 +232,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b);
         const uint8_t *qs = qpack_quants(w, g, b);
-        prefetch_ahead(w, qs, 0);
-        prefetch_ahead(w, qs, 1);
+        pf_walk_to(pw, qs + w->quant_bytes, PF_L1);
         size_t tb = (size_t)t * (size_t)nb + (size_t)b;
         const int8_t *xb = a->q + (size_t)t * (size_t)a->cols + (size_t)b * QK;
         __m256i s0, s1;
@@ -310,22 +293,22 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                           int t0, int t1, float *y, const enum qtype type)
 {
-    prefetch_start(w, g0, g1);
+    struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     for (int64_t g = g0; g < g1; g++) {
         if (t1 - t0 == 1 && half_rows(w, g, 1) == HALF) {
-            q8_gemv_group(w, g, a, t0, type, y);
+            q8_gemv_group(w, g, a, t0, &pw, type, y);
             continue;
         }
         for (int h = 0; h < 2; h++) {
             int t = t0;
-            for (; t + 4 <= t1; t += 4) q8_tile(w, g, h, a, t, 4, type, y);
+            for (; t + 4 <= t1; t += 4) q8_tile(w, g, h, a, t, 4, type, &pw, y);
             /* the rest in one pass over the weights (as mm_avx512.c) */
             if (t + 3 == t1)
-                q8_tile(w, g, h, a, t, 3, type, y);
+                q8_tile(w, g, h, a, t, 3, type, &pw, y);
             else if (t + 2 == t1)
-                q8_tile(w, g, h, a, t, 2, type, y);
+                q8_tile(w, g, h, a, t, 2, type, &pw, y);
             else if (t < t1)
-                q8_tile(w, g, h, a, t, 1, type, y);
+                q8_tile(w, g, h, a, t, 1, type, &pw, y);
         }
     }
 }
@@ -360,7 +343,7 @@ TGT INLINE __m256i byte_sel(int j)
 
 /* The float path, as in mm_avx512.c: four partial sums by k mod 4 per row and token. */
 TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x, const float *xs,
-                         int t0, const int T, const enum qtype type, float *y)
+                         int t0, const int T, const enum qtype type, struct pf_walk *pw, float *y)
 {
     int valid = half_rows(w, g, h);
     if (!valid) return;
@@ -371,7 +354,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
         const uint8_t *qs = qpack_quants(w, g, b);
-        prefetch_ahead(w, qs, h);
+        pf_walk_step(pw, w, g, h * nb + b, 2 * nb, PF_L1);
         __m256 part[F32_TMAX][4];
         for (int t = 0; t < T; t++)
             for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
@@ -414,12 +397,12 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                            int64_t g1, int t0, int t1, float *y, const enum qtype type)
 {
-    prefetch_start(w, g0, g1);
+    struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     for (int64_t g = g0; g < g1; g++)
         for (int h = 0; h < 2; h++) {
             int t = t0;
-            for (; t + 2 <= t1; t += 2) f32_tile(w, g, h, x, xs, t, 2, type, y);
-            if (t < t1) f32_tile(w, g, h, x, xs, t, 1, type, y);
+            for (; t + 2 <= t1; t += 2) f32_tile(w, g, h, x, xs, t, 2, type, &pw, y);
+            if (t < t1) f32_tile(w, g, h, x, xs, t, 1, type, &pw, y);
         }
 }
 

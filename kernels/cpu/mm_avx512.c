@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include "kern.h"
+#include "pf_walk.h"
 
 #define TGT    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -89,59 +90,23 @@ TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v
     _mm512_mask_storeu_ps(yt + r0, (__mmask16)((1u << left) - 1), v);
 }
 
-#ifndef PF_DIST_Q4
-#define PF_DIST_Q4 16384
-#endif
-#ifndef PF_DIST_Q8
-#define PF_DIST_Q8 8192
-#endif
 /* The packed weight is one forward stream (each group's scales, then its quants, then the next
- * group's): prefetching a fixed distance past the quants being read keeps enough misses in
+ * group's): prefetching a fixed distance ahead of the reads (pf_walk.h) keeps enough misses in
  * flight for DRAM bandwidth, which the out-of-order window alone does not (a decode reads each
  * byte once). Where the lines go depends on the core (enum cpu_prefetch, cpu_prefetch_best):
  * - L2 (prefetcht1): on Zen 4 an L1 prefetch held one of the core's few L1 miss buffers for a
  *   whole DRAM round trip, and a dozen of them in flight stalled the demand loads behind them.
  *   1-thread decode of the real model there: prefetcht0 -> prefetcht1 took tg128 from 62 to 104
  *   tok/s (Q8_0) and 95 to 147 (Q4_0); in a kernel-only loop over 140 MB, 12 -> 20 GB/s, of a 29
- *   GB/s plain read loop. Distances with prefetcht1: Q8_0 8 KiB (2 KiB: -30%, 16-32 KiB: -5%),
- *   4-bit 16 KiB (4-8 KiB within noise).
+ *   GB/s plain read loop.
  * - L1 (prefetcht0): on Zen 5 the other way round. `quern bench --kernels --precision q8
  *   --batches 1 --threads 1` (the GEMV over weights from DRAM), GB/s, prefetcht1 / prefetcht0,
- *   two rounds: Q4_1 576x576 21.1-21.3 / 23.1-23.4, 1536x576 23.2-23.5 / 25.2, Q8_0 49152x576
- *   25.1-25.6 / 27.6-28.6; no software prefetch 15-17 (Q4_1); other distances (4-32 KiB) no
- *   better. tg128 at 1 thread, 3 alternating rounds: Q8_0 149-178 / 186-199 tok/s, Q4_0 241-267
- *   / 265-289. */
-INLINE size_t prefetch_distance(enum qtype type)
-{
-    return type == QTYPE_Q8_0 ? PF_DIST_Q8 : PF_DIST_Q4;
-}
-
-/* One line at p, into L1 (L1 = 1) or L2: the hint must be a constant. */
-INLINE void prefetch_line(const uint8_t *p, const int L1)
-{
-    if (L1)
-        __builtin_prefetch(p, 0, 3);
-    else
-        __builtin_prefetch(p, 0, 2);
-}
-
-INLINE void prefetch_ahead(const struct qpack *w, const uint8_t *qs, const int L1)
-{
-    const uint8_t *p = qs + prefetch_distance(w->type);
-    if (p + w->quant_bytes > w->data + w->data_bytes) return; /* past the weight: wasted */
-    for (size_t o = 0; o < w->quant_bytes; o += 64) prefetch_line(p + o, L1);
-}
-
-/* The first prefetch_distance bytes of a range, which prefetch_ahead never covers. */
-INLINE void prefetch_start(const struct qpack *w, int64_t g0, int64_t g1, const int L1)
-{
-    const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
-    size_t len = (size_t)(g1 - g0) * w->group_bytes, dist = prefetch_distance(w->type);
-    for (size_t o = 0; o < len && o < dist; o += 64) prefetch_line(p + o, L1);
-}
-
+ *   two rounds with the walker: Q4_1 576x576 25.0-25.4 / 27.4-28.0, 1536x576 27.4-28.5 /
+ *   30.7-30.8, Q8_0 49152x576 37.1-38.8 / 38.4-38.7 (of a 40 GB/s read loop); no software
+ *   prefetch 15-17 (Q4_1). */
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
-                        const int T, const enum qtype type, const int L1, float *y)
+                        const int T, const enum qtype type, struct pf_walk *pw, const int L1,
+                        float *y)
 {
     const int64_t nb = w->nb;
     const int32_t off = type_offset(type);
@@ -159,7 +124,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
         if (type == QTYPE_Q4_1)
             mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
         const uint8_t *qs = qpack_quants(w, g, b);
-        prefetch_ahead(w, qs, L1);
+        pf_walk_to(pw, qs + w->quant_bytes, L1);
         __m512i W[8];
         load_block(qs, type, W);
 #pragma GCC unroll 8
@@ -185,7 +150,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                           int t0, int t1, float *y, const enum qtype type, const int L1)
 {
-    prefetch_start(w, g0, g1, L1);
+    struct pf_walk pw = pf_walk_start(w, g0, g1, L1);
     for (int64_t g = g0; g < g1; g++)
         for (int t = t0; t < t1;) {
             /* one pass over the group's weights per TMAX tokens: a remainder of 3, 5, 6 or 7
@@ -194,28 +159,28 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
             int T = t1 - t < TMAX ? t1 - t : TMAX;
             switch (T) {
             case 8:
-                q8_tile(w, g, a, t, 8, type, L1, y);
+                q8_tile(w, g, a, t, 8, type, &pw, L1, y);
                 break;
             case 7:
-                q8_tile(w, g, a, t, 7, type, L1, y);
+                q8_tile(w, g, a, t, 7, type, &pw, L1, y);
                 break;
             case 6:
-                q8_tile(w, g, a, t, 6, type, L1, y);
+                q8_tile(w, g, a, t, 6, type, &pw, L1, y);
                 break;
             case 5:
-                q8_tile(w, g, a, t, 5, type, L1, y);
+                q8_tile(w, g, a, t, 5, type, &pw, L1, y);
                 break;
             case 4:
-                q8_tile(w, g, a, t, 4, type, L1, y);
+                q8_tile(w, g, a, t, 4, type, &pw, L1, y);
                 break;
             case 3:
-                q8_tile(w, g, a, t, 3, type, L1, y);
+                q8_tile(w, g, a, t, 3, type, &pw, L1, y);
                 break;
             case 2:
-                q8_tile(w, g, a, t, 2, type, L1, y);
+                q8_tile(w, g, a, t, 2, type, &pw, L1, y);
                 break;
             default:
-                q8_tile(w, g, a, t, 1, type, L1, y);
+                q8_tile(w, g, a, t, 1, type, &pw, L1, y);
                 break;
             }
             t += T;
@@ -262,7 +227,7 @@ TGT INLINE __m512i byte_sel(int j)
 #define F32_TMAX 4
 
 TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const float *xs, int t0,
-                         const int T, const enum qtype type, float *y)
+                         const int T, const enum qtype type, struct pf_walk *pw, float *y)
 {
     const int64_t nb = w->nb, cols = w->cols;
     const __m512i offv = _mm512_set1_epi32(type_offset(type));
@@ -272,7 +237,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
         const uint16_t *sc = qpack_scales(w, g, b);
         __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
         const uint8_t *qs = qpack_quants(w, g, b);
-        prefetch_ahead(w, qs, 0);
+        pf_walk_to(pw, qs + w->quant_bytes, 0);
         __m512i W[8];
         load_block(qs, type, W);
         __m512 part[F32_TMAX][4];
@@ -306,17 +271,17 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                            int64_t g1, int t0, int t1, float *y, const enum qtype type)
 {
-    prefetch_start(w, g0, g1, 0);
+    struct pf_walk pw = pf_walk_start(w, g0, g1, 0);
     for (int64_t g = g0; g < g1; g++) {
         int t = t0;
-        for (; t + 4 <= t1; t += 4) f32_tile(w, g, x, xs, t, 4, type, y);
+        for (; t + 4 <= t1; t += 4) f32_tile(w, g, x, xs, t, 4, type, &pw, y);
         /* the rest in one pass over the weights (as q8_groups) */
         if (t + 3 == t1)
-            f32_tile(w, g, x, xs, t, 3, type, y);
+            f32_tile(w, g, x, xs, t, 3, type, &pw, y);
         else if (t + 2 == t1)
-            f32_tile(w, g, x, xs, t, 2, type, y);
+            f32_tile(w, g, x, xs, t, 2, type, &pw, y);
         else if (t < t1)
-            f32_tile(w, g, x, xs, t, 1, type, y);
+            f32_tile(w, g, x, xs, t, 1, type, &pw, y);
     }
 }
 
