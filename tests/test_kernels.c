@@ -773,6 +773,22 @@ START_TEST(fp16_kv_cache)
                                   all[at], want[at]);
                 }
         }
+        /* the AVX-512 tables prefetch KV into L1 or L2 (enum cpu_prefetch): the same bits */
+        if (cpu_isa_supported(CPU_ISA_AVX512)) {
+            const struct cpu_kernels *k2 = cpu_kernels_with(CPU_ISA_AVX512, CPU_PREFETCH_L2),
+                                     *k1 = cpu_kernels_with(CPU_ISA_AVX512, CPU_PREFETCH_L1);
+            ck_assert_ptr_ne(k1->attention_f16, k2->attention_f16);
+            k2->attention(want, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, 0, c.s.n_heads);
+            memset(got, 0xff, c.q_len * 4);
+            k1->attention(got, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, 0, c.s.n_heads);
+            ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at), "L1 attention: [%zu]", at);
+            for (int p = 0; p < 2; p++) {
+                memset(got, 0xff, c.q_len * 4);
+                (p ? k1 : k2)->attention_f16(got, c.q, k16, v16, &c.b, &c.s, 0, nt, 0, c.s.n_heads);
+                ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at), "%s attention_f16: [%zu]",
+                              p ? "L1" : "L2", at);
+            }
+        }
         free(k16);
         free(v16);
         free(want);

@@ -138,7 +138,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, 0);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;

@@ -144,7 +144,7 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int F16)
+                         const int NV, const int F16, const int L1)
 {
     struct key_walk kw = w.kw;
     const int RB = NV == 4 ? 4 : 2; /* rows per register block: RB * NV accumulators */
@@ -157,7 +157,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD);
+        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, L1);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
         int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
@@ -248,7 +248,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
 /* Tokens [t0, t1) x query heads [h0, h1) over a float (F16 0) or fp16 cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int h0, int h1, const int F16)
+                             int h0, int h1, const int F16, const int L1)
 {
     int hd = s->head_dim;
     if (hd != 64 && hd != 128) {
@@ -265,23 +265,38 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
             struct attn_walks w = attn_walks_of(b, s, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, F16, L1);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16, L1);
         }
     }
 }
 
+/* The tables' entry points: float or fp16 cache, KV prefetched into L2 or (_l1) L1. */
 TGT void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                           const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                           int h0, int h1)
 {
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0);
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0, 0);
 }
 
 TGT void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, const struct attn_batch *b,
                               const struct attn_shape *s, int t0, int t1, int h0, int h1)
 {
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1);
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1, 0);
+}
+
+TGT void avx512_attention_l1(float *out, const float *q, const float *k_cache, const float *v_cache,
+                             const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                             int h0, int h1)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0, 1);
+}
+
+TGT void avx512_attention_f16_l1(float *out, const float *q, const uint16_t *k_cache,
+                                 const uint16_t *v_cache, const struct attn_batch *b,
+                                 const struct attn_shape *s, int t0, int t1, int h0, int h1)
+{
+    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1, 1);
 }

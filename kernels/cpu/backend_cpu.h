@@ -17,9 +17,10 @@ enum cpu_isa {
     CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
 };
 
-/* Where the AVX-512 GEMV's software prefetch puts the weight stream's lines (mm_avx512.c says
- * what each core measured). AUTO picks by the core (cpu_prefetch_best); the arithmetic, and so
- * every result, is the same either way. (backend_select.c applies $QUERN_CPU_PREFETCH.) */
+/* Where the AVX-512 kernels' software prefetch puts the lines of the weight stream and of the KV
+ * cache (mm_avx512.c and attn_rows.h say what each core measured). AUTO picks by the core
+ * (cpu_prefetch_best); the arithmetic, and so every result, is the same either way.
+ * (backend_select.c applies $QUERN_CPU_PREFETCH.) */
 enum cpu_prefetch {
     CPU_PREFETCH_AUTO = 0,
     CPU_PREFETCH_L2 = 1, /* prefetcht1 */

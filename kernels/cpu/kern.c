@@ -32,18 +32,21 @@ static const struct cpu_kernels kern_avx2 = {
     .to_fp16 = avx2_to_fp16,
 };
 
-/* The AVX-512 table, its GEMV given: the two differ only in where it prefetches weights. */
-#define KERN_AVX512(gemv)                                                                          \
+/* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
+ * tables differ in nothing else. */
+#define KERN_AVX512(gemv, attn, attn_f16)                                                          \
     {                                                                                              \
         .isa = CPU_ISA_AVX512, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums, \
         .matmul_q8 = gemv, .matmul_f32 = avx512_matmul_f32, .matmul_float = avx512_matmul_float,   \
         .rmsnorm = avx512_rmsnorm, .add = avx512_add, .silu_mul = avx512_silu_mul,                 \
-        .rope = avx512_rope, .attention = avx512_attention, .attention_f16 = avx512_attention_f16, \
+        .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
         .to_fp16 = avx512_to_fp16,                                                                 \
     }
 
-static const struct cpu_kernels kern_avx512 = KERN_AVX512(avx512_matmul_q8);
-static const struct cpu_kernels kern_avx512_l1 = KERN_AVX512(avx512_matmul_q8_l1);
+static const struct cpu_kernels kern_avx512 =
+    KERN_AVX512(avx512_matmul_q8, avx512_attention, avx512_attention_f16);
+static const struct cpu_kernels kern_avx512_l1 =
+    KERN_AVX512(avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1);
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
 {

@@ -125,6 +125,12 @@ void avx512_to_fp16(const float *x, uint16_t *out, size_t n);
 void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1);
+void avx512_attention_l1(float *out, const float *q, const float *k_cache, const float *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1);
+void avx512_attention_f16_l1(float *out, const float *q, const uint16_t *k_cache,
+                             const uint16_t *v_cache, const struct attn_batch *b,
+                             const struct attn_shape *s, int t0, int t1, int h0, int h1);
 void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1);
