@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "../backend.h"
+#include "pf_walk.h"
 #include "ref.h"
 
 #define ATTN_ROWS 48
@@ -173,13 +174,8 @@ struct key_prefetch {
 static inline __attribute__((always_inline)) void key_prefetch_pair(const struct key_prefetch *pf,
                                                                     size_t off)
 {
-    if (pf->l1) {
-        __builtin_prefetch(pf->k + off, 0, 3);
-        __builtin_prefetch(pf->v + off, 0, 3);
-    } else {
-        __builtin_prefetch(pf->k + off, 0, 2);
-        __builtin_prefetch(pf->v + off, 0, 2);
-    }
+    pf_line((const uint8_t *)pf->k + off, pf->l1);
+    pf_line((const uint8_t *)pf->v + off, pf->l1);
 }
 
 static inline void key_prefetch_next(struct key_prefetch *pf, int n)

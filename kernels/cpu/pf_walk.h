@@ -32,6 +32,7 @@ struct pf_walk {
     const uint8_t *end;  /* the end of the thread's groups: nothing past it is its to read */
 };
 
+/* One line into L1 or L2 (also attention's KV walker, attn_rows.h). */
 static inline __attribute__((always_inline)) void pf_line(const uint8_t *p, const int L1)
 {
     if (L1)
