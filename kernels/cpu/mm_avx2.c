@@ -125,8 +125,7 @@ TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 /* Software prefetch a fixed distance ahead of the weight stream (pf_walk.h), into L2 (see
  * mm_avx512.c; the AVX2 path on Zen 4, 1 thread: tg128 Q8_0 60 -> 94 tok/s, Q4_0 86 -> 126 with
  * prefetcht1). */
-#define PF_DIST 16384
-#define PF_L1   0
+#define PF_L1 0
 
 /* An empty asm that takes v in a register: gcc may not move v's sum past it. Integer adds are
  * associative, and gcc would otherwise regroup a tile's chunk sums into a tree whose products,

@@ -41,18 +41,6 @@ static inline __attribute__((always_inline)) void pf_line(const uint8_t *p, cons
         __builtin_prefetch(p, 0, 2);
 }
 
-/* Starts a walk over groups [g0, g1): the first PF_WALK_DIST bytes, which no block's request
- * covers. */
-static inline __attribute__((always_inline)) struct pf_walk
-pf_walk_start(const struct qpack *w, int64_t g0, int64_t g1, const int L1)
-{
-    const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
-    struct pf_walk pw = {p, w->data + (size_t)g1 * w->group_bytes};
-    const uint8_t *stop = pw.end - p > PF_WALK_DIST ? p + PF_WALK_DIST : pw.end;
-    for (; pw.next < stop; pw.next += 64) pf_line(pw.next, L1);
-    return pw;
-}
-
 /* The kernel has read up to `upto`: every line up to PF_WALK_DIST past it. */
 static inline __attribute__((always_inline)) void pf_walk_to(struct pf_walk *pw,
                                                              const uint8_t *upto, const int L1)
@@ -61,6 +49,17 @@ static inline __attribute__((always_inline)) void pf_walk_to(struct pf_walk *pw,
     const uint8_t *p = pw->next;
     for (; p < stop; p += 64) pf_line(p, L1);
     pw->next = p;
+}
+
+/* Starts a walk over groups [g0, g1): the first PF_WALK_DIST bytes, which no block's request
+ * covers. */
+static inline __attribute__((always_inline)) struct pf_walk
+pf_walk_start(const struct qpack *w, int64_t g0, int64_t g1, const int L1)
+{
+    const uint8_t *p = w->data + (size_t)g0 * w->group_bytes;
+    struct pf_walk pw = {p, w->data + (size_t)g1 * w->group_bytes};
+    pf_walk_to(&pw, p, L1);
+    return pw;
 }
 
 /* For a kernel that reads group g in n steps (the AVX2 tiles' two passes, one per row half, each
