@@ -138,10 +138,16 @@ int32_t sample_argmax(const float *x, int n)
     return 0;
 }
 
+bool sampler_penalizes(const struct sampler *s)
+{
+    const struct sample_params *p = &s->p;
+    return p->repetition_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
 void sampler_penalize(struct sampler *s, float *logits)
 {
     const struct sample_params *p = &s->p;
-    if (p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0) return;
+    if (!sampler_penalizes(s)) return;
     for (int i = 0; i < s->vocab; i++) {
         if (!s->counts[i]) continue;
         float l = logits[i];
@@ -232,8 +238,13 @@ static int32_t draw(struct sampler *s, int m, double sum)
  * prefilter) cost ~5 ms per token, more than the forward of a 16-sequence batch. */
 int32_t sampler_sample(struct sampler *s, float *logits)
 {
-    const struct sample_params *p = &s->p;
     sampler_penalize(s, logits);
+    return sampler_pick(s, logits);
+}
+
+int32_t sampler_pick(struct sampler *s, const float *logits)
+{
+    const struct sample_params *p = &s->p;
     if (p->temperature == 0 || p->top_k == 1) return sample_argmax(logits, s->vocab);
 
     int n = s->vocab;

@@ -9,6 +9,7 @@
 #define QUERN_SAMPLE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../quant/qerr.h"
@@ -50,8 +51,13 @@ void sampler_accept(struct sampler *s, int32_t token);
 /* Applies the repetition, presence and frequency penalties to logits[vocab] in place (the
  * first stage of sampler_sample). */
 void sampler_penalize(struct sampler *s, float *logits);
+/* True when sampler_penalize changes logits (a penalty is set). */
+bool sampler_penalizes(const struct sampler *s);
 /* Chooses a token from logits[vocab] (modified in place). */
 int32_t sampler_sample(struct sampler *s, float *logits);
+/* sampler_sample after the penalties: chooses from logits[vocab] as they are, reading them only
+ * (a caller with no edits to make samples the forward's row without copying it). */
+int32_t sampler_pick(struct sampler *s, const float *logits);
 /* Log-softmax of the unmodified logits at token: the log-probability a client sees. */
 float sample_logprob(const float *logits, int vocab, int32_t token);
 /* The lowest id of the largest of x[0..n) (NaNs never win; 0 when x[0] is NaN): greedy

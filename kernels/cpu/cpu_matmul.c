@@ -217,6 +217,8 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
         int per = cnt <= FEW_TOKENS ? TASKS_PER_THREAD_FEW : TASKS_PER_THREAD;
         int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * per : 1;
         int64_t upt = (all_units * tok_tasks + target - 1) / target;
+        /* whole pairs of groups (KERN_PAIR_MIN_TOKENS): no task ends on a lone one */
+        if (cnt >= KERN_PAIR_MIN_TOKENS && upt > 1) upt += upt & 1;
         int tasks = 0;
         for (int i = 0; i < nw; i++) {
             struct mm_part *pt = &j.part[i];

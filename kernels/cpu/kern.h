@@ -18,6 +18,10 @@
 #include "qpack.h"
 #include "ref.h"
 
+/* From this many tokens a matmul_q8 call takes row groups two at a time where its ISA can (the
+ * AVX-512 tile, mm_avx512.c): cpu_matmul hands such calls whole pairs. */
+#define KERN_PAIR_MIN_TOKENS 8
+
 struct cpu_kernels {
     enum cpu_isa isa;
     /* One token row of cols (a multiple of 32) into q[cols], d/s/sum[cols / 32]. */

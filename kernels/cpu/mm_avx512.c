@@ -7,6 +7,8 @@
  * prefill reads each weight block once per 8 tokens, and a decode (T = 1) streams the weights with
  * no horizontal sums. Every token keeps its own accumulators and runs the same instruction
  * sequence whatever T is, so a token's result does not depend on its neighbours in the batch.
+ * From KERN_PAIR_MIN_TOKENS tokens a tile is two groups by up to 4 tokens (q8_tile2), which
+ * shares each activation broadcast between the groups.
  *
  * Q8 path: the integer block sums are exact, and the float steps per block are exactly those of
  * ref_dot_q8 (mul, then fma), so the results equal the reference bit for bit.
@@ -147,11 +149,140 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
     for (int t = 0; t < T; t++) store_rows(w, g, y + (size_t)(t0 + t) * (size_t)w->rows, acc[t]);
 }
 
+/* A register broadcast of the 4 activation bytes at p. Written as asm so that gcc cannot fold
+ * it back into each vpdpbusd as a {1to16} memory operand: the point is one load for two. */
+TGT INLINE __m512i bcast4(const int8_t *p)
+{
+    __m512i v;
+    __asm__("vpbroadcastd %1, %0" : "=v"(v) : "m"(*(const int32_t *)p));
+    return v;
+}
+
+#define T2MAX 4 /* most tokens per two-group tile */
+
+/* Two groups (32 rows) by T tokens (T <= T2MAX), for calls of KERN_PAIR_MIN_TOKENS or more:
+ * each activation broadcast feeds both groups' vpdpbusd. The one-group tile issues a load per
+ * vpdpbusd (its {1to16} operand), and those loads bound it: `quern bench --kernels --precision
+ * q8 --batches 64 --threads 1` on Zen 5 ran it at 59-62 % of the vpdpbusd peak, 66-73 % with
+ * one broadcast per slice shared by all tokens (wrong sums, same arithmetic), and 59-62 % again
+ * with register broadcasts but one per vpdpbusd. This tile: Q4_1 62-65 %, Q4_0 67-70 %, Q8_0
+ * 67-68 %; with its float steps removed 80-85 %, and the rest is what they cost: a mul and an
+ * fma (Q4_1 two) per 8 vpdpbusd, on the same two pipes. Six tokens (more registers) were no
+ * faster. Each (row, token) still gets its block's exact integer sum and then q8_tile's float
+ * steps, so the results are the same bits. */
+TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
+                         const int T, const enum qtype type, struct pf_walk *pw, int64_t pass,
+                         int64_t passes, const int L1, float *y)
+{
+    /* Walking a fixed distance ahead, the first pass over a pair would stream it from DRAM with
+     * a quarter of the arithmetic and the other passes none (a 16-token decode step ran 16 %
+     * slower than with the one-group tile). The walker stays a pair ahead instead, the next
+     * pair's bytes spread over this pair's passes: the memory works through every pass. */
+    const size_t pair_bytes = 2 * w->group_bytes;
+    const uint8_t *next_pair = w->data + (size_t)(g + 2) * w->group_bytes;
+    const int64_t nb = w->nb;
+    const int32_t off = type_offset(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc0[T2MAX], acc1[T2MAX];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *sc0 = qpack_scales(w, g, b), *sc1 = qpack_scales(w, g + 1, b);
+        const uint8_t *qs0 = qpack_quants(w, g, b), *qs1 = qpack_quants(w, g + 1, b);
+        pf_walk_share(pw, next_pair, pair_bytes, pass * nb + b, passes * nb, L1);
+        __m512i i0[T2MAX], i1[T2MAX];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            i0[t] = off ? _mm512_set1_epi32(-off * a->sum[tb]) : _mm512_setzero_si512();
+            i1[t] = i0[t];
+        }
+        if (type == QTYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m512i w0 = _mm512_load_si512(qs0 + 64 * c), w1 = _mm512_load_si512(qs1 + 64 * c);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    __m512i x =
+                        bcast4(a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK + 4 * c);
+                    i0[t] = _mm512_dpbusd_epi32(i0[t], w0, x);
+                    i1[t] = _mm512_dpbusd_epi32(i1[t], w1, x);
+                }
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i v0 = _mm512_load_si512(qs0 + 64 * c), v1 = _mm512_load_si512(qs1 + 64 * c);
+                __m512i lo0 = _mm512_and_si512(v0, m4), lo1 = _mm512_and_si512(v1, m4);
+                __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
+                    __m512i xl = bcast4(xb + 4 * c), xh = bcast4(xb + 16 + 4 * c);
+                    i0[t] = _mm512_dpbusd_epi32(i0[t], lo0, xl);
+                    i1[t] = _mm512_dpbusd_epi32(i1[t], lo1, xl);
+                    i0[t] = _mm512_dpbusd_epi32(i0[t], hi0, xh);
+                    i1[t] = _mm512_dpbusd_epi32(i1[t], hi1, xh);
+                }
+            }
+        }
+        __m512 dw0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc0));
+        __m512 dw1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc1));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
+            __m512 dt = _mm512_set1_ps(a->d[tb]);
+            acc0[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, dt), _mm512_cvtepi32_ps(i0[t]), acc0[t]);
+            acc1[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, dt), _mm512_cvtepi32_ps(i1[t]), acc1[t]);
+        }
+        if (type == QTYPE_Q4_1) {
+            __m512 mw0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc0 + QPACK_ROWS)));
+            __m512 mw1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc1 + QPACK_ROWS)));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                __m512 st = _mm512_set1_ps(a->s[(size_t)(t0 + t) * (size_t)nb + (size_t)b]);
+                acc0[t] = _mm512_fmadd_ps(mw0, st, acc0[t]);
+                acc1[t] = _mm512_fmadd_ps(mw1, st, acc1[t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        store_rows(w, g, y + (size_t)(t0 + t) * (size_t)w->rows, acc0[t]);
+        store_rows(w, g + 1, y + (size_t)(t0 + t) * (size_t)w->rows, acc1[t]);
+    }
+}
+
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                           int t0, int t1, float *y, const enum qtype type, const int L1)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, L1);
-    for (int64_t g = g0; g < g1; g++)
+    int64_t g = g0;
+    if (t1 - t0 >= KERN_PAIR_MIN_TOKENS)
+        for (; g + 2 <= g1; g += 2) {
+            const int64_t passes = (t1 - t0 + T2MAX - 1) / T2MAX;
+            int64_t pass = 0;
+            for (int t = t0; t < t1; pass++) {
+                int T = t1 - t < T2MAX ? t1 - t : T2MAX;
+                switch (T) {
+                case 4:
+                    q8_tile2(w, g, a, t, 4, type, &pw, pass, passes, L1, y);
+                    break;
+                case 3:
+                    q8_tile2(w, g, a, t, 3, type, &pw, pass, passes, L1, y);
+                    break;
+                case 2:
+                    q8_tile2(w, g, a, t, 2, type, &pw, pass, passes, L1, y);
+                    break;
+                default:
+                    q8_tile2(w, g, a, t, 1, type, &pw, pass, passes, L1, y);
+                    break;
+                }
+                t += T;
+            }
+        }
+    for (; g < g1; g++)
         for (int t = t0; t < t1;) {
             /* one pass over the group's weights per TMAX tokens: a remainder of 3, 5, 6 or 7
              * tokens is one tile, not 2-3 (each pass unpacks the weights again; a step that

@@ -62,6 +62,17 @@ pf_walk_start(const struct qpack *w, int64_t g0, int64_t g1, const int L1)
     return pw;
 }
 
+/* Step i of n over the bytes [base, base + bytes): every line up to its even share (and
+ * PF_WALK_DIST past it). */
+static inline __attribute__((always_inline)) void pf_walk_share(struct pf_walk *pw,
+                                                                const uint8_t *base, size_t bytes,
+                                                                int64_t i, int64_t n, const int L1)
+{
+    size_t upto = bytes * (size_t)(i + 1) / (size_t)n;
+    /* base <= pw->end; the span may run past the walk's end (a last pair's next one) */
+    pf_walk_to(pw, (size_t)(pw->end - base) < upto ? pw->end : base + upto, L1);
+}
+
 /* For a kernel that reads group g in n steps (the AVX2 tiles' two passes, one per row half, each
  * over all blocks): step i's even share of the group's bytes, so the prefetches flow through
  * every pass, not the first alone. */
@@ -69,8 +80,7 @@ static inline __attribute__((always_inline)) void pf_walk_step(struct pf_walk *p
                                                                const struct qpack *w, int64_t g,
                                                                int64_t i, int64_t n, const int L1)
 {
-    size_t share = w->group_bytes * (size_t)(i + 1) / (size_t)n;
-    pf_walk_to(pw, w->data + (size_t)g * w->group_bytes + share, L1);
+    pf_walk_share(pw, w->data + (size_t)g * w->group_bytes, w->group_bytes, i, n, L1);
 }
 
 #endif
