@@ -202,6 +202,29 @@ void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_hea
     pool_run(c->pool, rope_task, &j, tasks);
 }
 
+struct kv_write_job {
+    const struct cpu_kernels *k;
+    void *k_cache, *v_cache;
+    const float *kx, *vx;
+    const struct attn_batch *b;
+    int kv_dim, per_task;
+};
+
+#define KV_WRITE_PAR_TOKENS 8 /* tokens from which the fp16 KV write runs on the pool */
+
+static void kv_write_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct kv_write_job *j = arg;
+    int t0 = task * j->per_task,
+        t1 = t0 + j->per_task < j->b->n_tokens ? t0 + j->per_task : j->b->n_tokens;
+    for (int i = t0; i < t1; i++) {
+        size_t dst = (size_t)j->b->slot[i] * (size_t)j->kv_dim, src = (size_t)i * (size_t)j->kv_dim;
+        j->k->to_fp16(j->kx + src, (uint16_t *)j->k_cache + dst, (size_t)j->kv_dim);
+        j->k->to_fp16(j->vx + src, (uint16_t *)j->v_cache + dst, (size_t)j->kv_dim);
+    }
+}
+
 void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                   const struct attn_batch *b, int kv_dim)
 {
@@ -210,11 +233,23 @@ void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float 
         ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
         return;
     }
-    for (int i = 0; i < b->n_tokens; i++) {
-        size_t dst = (size_t)b->slot[i] * (size_t)kv_dim, src = (size_t)i * (size_t)kv_dim;
-        c->k->to_fp16(k + src, (uint16_t *)k_cache + dst, (size_t)kv_dim);
-        c->k->to_fp16(v + src, (uint16_t *)v_cache + dst, (size_t)kv_dim);
+    struct kv_write_job j = {.k = c->k,
+                             .k_cache = k_cache,
+                             .v_cache = v_cache,
+                             .kx = k,
+                             .vx = v,
+                             .b = b,
+                             .kv_dim = kv_dim};
+    int threads = pool_threads(c->pool);
+    if (b->n_tokens < KV_WRITE_PAR_TOKENS || threads < 2) {
+        j.per_task = b->n_tokens;
+        kv_write_task(&j, 0, 0);
+        return;
     }
+    /* each token's rows land in a cold slot (a store miss each line): several threads keep
+     * more of those misses in flight */
+    j.per_task = (b->n_tokens + 2 * threads - 1) / (2 * threads);
+    pool_run(c->pool, kv_write_task, &j, (b->n_tokens + j.per_task - 1) / j.per_task);
 }
 
 /* A task's tokens: a run of consecutive tokens of one sequence (at most ATTN_TOKENS), whose
