@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "../kernels/cpu/cpu_isa.h"
 
 /* ---- memory bandwidth ---- */
 
@@ -157,20 +158,57 @@ TGT256 static void *peak_loop_avx2(void *arg)
     return NULL;
 }
 
-const char *bench_int8_peak_insn(bool avx512)
+#define TGTVNNI __attribute__((target("avx2,avxvnni")))
+
+/* vpdpbusd on 256 bits (AVX-VNNI); the fp32 peak is the AVX2 loop's */
+TGTVNNI static void *peak_loop_vnni256(void *arg)
 {
-    if (avx512 && __builtin_cpu_supports("avx512vnni")) return "vpdpbusd";
-    if (__builtin_cpu_supports("avx2")) return "vpmaddubsw";
-    return "-";
+    struct peak_arg *a = arg;
+    if (a->fma) return peak_loop_avx2(arg);
+    __m256i acc[PEAK_CHAINS], u = _mm256_set1_epi8(3), v = _mm256_set1_epi8(-2);
+    for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm256_set1_epi32(k);
+    for (long i = 0; i < a->iters; i++)
+        for (int k = 0; k < PEAK_CHAINS; k++) acc[k] = _mm256_dpbusd_avx_epi32(acc[k], u, v);
+    __m256i t = acc[0];
+    for (int k = 1; k < PEAK_CHAINS; k++) t = _mm256_add_epi32(t, acc[k]);
+    uint32_t lanes[8], sum = 0; /* unsigned: the chains wrap, as the hardware does */
+    _mm256_storeu_si256((__m256i *)lanes, t);
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    a->sink = (float)sum;
+    return NULL;
 }
 
-double bench_compute_peak(bool fma, int threads, bool want_avx512)
+/* The loops the kernels of isa run on, where this CPU has them: AUTO is the best it has. */
+static enum cpu_isa peak_isa(enum cpu_isa isa)
 {
-    bool avx512 = want_avx512 && __builtin_cpu_supports("avx512vnni");
-    if ((!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) ||
-        threads > 64 || threads < 1)
-        return 0;
-    void *(*loop)(void *) = avx512 ? peak_loop : peak_loop_avx2;
+    if (isa == CPU_ISA_AUTO) isa = cpu_isa_best();
+    return cpu_isa_supported(isa) ? isa : CPU_ISA_SCALAR;
+}
+
+const char *bench_int8_peak_insn(enum cpu_isa isa)
+{
+    switch (peak_isa(isa)) {
+    case CPU_ISA_AVX512:
+        return "vpdpbusd";
+    case CPU_ISA_AVXVNNI:
+        return "vpdpbusd-ymm";
+    case CPU_ISA_AVX2:
+        return "vpmaddubsw";
+    default:
+        return "-";
+    }
+}
+
+double bench_compute_peak(bool fma, int threads, enum cpu_isa kernels)
+{
+    enum cpu_isa isa = peak_isa(kernels);
+    if (isa == CPU_ISA_SCALAR || threads > 64 || threads < 1) return 0;
+    bool avx512 = isa == CPU_ISA_AVX512;
+    void *(*loop)(void *) = avx512                   ? peak_loop
+                            : isa == CPU_ISA_AVXVNNI ? peak_loop_vnni256
+                                                     : peak_loop_avx2;
+    /* per instruction: fp32 FMA 2 flops a lane; int8 2 ops a multiply-add (vpdpbusd 4 a dword
+     * lane, vpmaddubsw 2 a word lane: 64 on 256 bits either way) */
     double per_insn = avx512 ? (fma ? 32.0 : 128.0) : (fma ? 16.0 : 64.0);
     /* many short windows, the fastest kept: on a shared machine a short one is likelier to run
      * undisturbed (3 windows of 4M iterations moved the one-thread int8 figure from 473 to 712

@@ -1,7 +1,7 @@
 /* quern-bench-kernels: CPU kernel and decode throughput next to this machine's ceiling.
  *
  *   quern bench --kernels [--threads N]   (or the quern-bench-kernels program, the same code)
- *   quern-bench-kernels [--threads N] [--isa scalar|avx2|avx512] [--precision f32|q8|both]
+ *   quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512] [--precision f32|q8|both]
  *                       [--batches 1,8,64,512] [--model M.gguf [--pp 512] [--tg 64]]
  *
  * 1. Memory read bandwidth (a streaming read loop over 512 MiB, 1 thread and N threads) and
@@ -39,13 +39,6 @@
 #include "bench_util.h"
 
 /* ---- matmul ---- */
-
-/* Whether the kernels these options select are the AVX-512 ones: the ceiling to hold them to. */
-static bool opts_avx512(const struct backend_cpu_opts *bo)
-{
-    return bo->isa == CPU_ISA_AVX512 ||
-           (bo->isa == CPU_ISA_AUTO && cpu_isa_supported(CPU_ISA_AVX512));
-}
 
 struct shape {
     char name[48];
@@ -198,7 +191,7 @@ static int bench_matmuls(const struct backend_cpu_opts *bo, const struct shape *
     printf("(memory read bandwidth at %d thread(s): %.1f GB/s; compute peak %.0f %s%s)\n",
            bo->n_threads, bw, peak,
            bo->precision == MATMUL_Q8 ? "GOP/s, int8 " : "GFLOP/s, fp32 FMA",
-           bo->precision == MATMUL_Q8 ? bench_int8_peak_insn(opts_avx512(bo)) : "");
+           bo->precision == MATMUL_Q8 ? bench_int8_peak_insn(bo->isa) : "");
     free(x);
     free(y);
     backend_destroy(be);
@@ -527,11 +520,10 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
     }
     if (profile && !rc) {
         /* one more prefill and one more decode run, each profiled */
-        struct bench_ceilings c = {.read_gbs = bw,
-                                   .peak_gops = peak,
-                                   .peak_what = bo->precision == MATMUL_Q8
-                                                    ? bench_int8_peak_insn(opts_avx512(bo))
-                                                    : "fp32 FMA"};
+        struct bench_ceilings c = {
+            .read_gbs = bw,
+            .peak_gops = peak,
+            .peak_what = bo->precision == MATMUL_Q8 ? bench_int8_peak_insn(bo->isa) : "fp32 FMA"};
         struct gen_opts o1 = o;
         o1.n_predict = 1;
         struct timing t = {0};
@@ -568,7 +560,7 @@ out:
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avx512]\n"
+    fprintf(stderr, "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512]\n"
                     "         [--precision f32|q8|both] [--batches 1,8,64,512] [--no-kernels]\n"
                     "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n"
                     "  --isa: default $QUERN_CPU_ISA, else the best the CPU has; --model: the\n"
@@ -632,7 +624,8 @@ int bench_kernels_main(int argc, char **argv)
     if (!isa_given && env_isa && *env_isa) {
         int isa = cpu_isa_parse(env_isa);
         if (isa < 0) {
-            fprintf(stderr, "QUERN_CPU_ISA=%s: want scalar, avx2, avx512 or auto\n", env_isa);
+            fprintf(stderr, "QUERN_CPU_ISA=%s: want scalar, avx2, avxvnni, avx512 or auto\n",
+                    env_isa);
             return 2;
         }
         bo.isa = (enum cpu_isa)isa;
@@ -656,11 +649,11 @@ int bench_kernels_main(int argc, char **argv)
     printf("memory: read %.1f GB/s (1 thread), %.1f GB/s (%d threads); memcpy %.1f GB/s "
            "(1 thread)\n",
            bw1, bwn, bo.n_threads, cp);
-    bool wide = opts_avx512(&bo);
-    double peak_fp32 = bench_compute_peak(true, bo.n_threads, wide),
-           peak_int8 = bench_compute_peak(false, bo.n_threads, wide);
+    enum cpu_isa isa = bo.isa; /* the ceiling of the kernels these options select */
+    double peak_fp32 = bench_compute_peak(true, bo.n_threads, isa),
+           peak_int8 = bench_compute_peak(false, bo.n_threads, isa);
     printf("compute peak (%d threads): fp32 FMA %.0f GFLOP/s, int8 %s %.0f GOP/s\n", bo.n_threads,
-           peak_fp32, bench_int8_peak_insn(wide), peak_int8);
+           peak_fp32, bench_int8_peak_insn(isa), peak_int8);
 
     int rc = 0;
     enum matmul_precision precs[2] = {bo.precision, MATMUL_Q8};
@@ -673,7 +666,7 @@ int bench_kernels_main(int argc, char **argv)
                            o.precision == MATMUL_Q8 ? peak_int8 : peak_fp32);
         if (!rc)
             rc = bench_matmuls_cached(&o, shapes, batches, n_batches,
-                                      bench_compute_peak(o.precision != MATMUL_Q8, 1, wide));
+                                      bench_compute_peak(o.precision != MATMUL_Q8, 1, isa));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
     if (!rc && kernels) rc = bench_decode_attention(&bo);

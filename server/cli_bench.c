@@ -46,7 +46,7 @@ static void bench_usage(FILE *out)
             "       quern bench [--model PATH] --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]\n"
             "                   (B sequences decoding together; context 128, 16 steps default)\n"
             "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
-            "                   [--isa scalar|avx2|avx512] [--batches 1,8,64,512]\n"
+            "                   [--isa scalar|avx2|avxvnni|avx512] [--batches 1,8,64,512]\n"
             "                   [--model M [--pp P] [--tg T]]\n"
             "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak; the\n"
             "                   model's own matmul shapes and types with --model)\n"
@@ -404,9 +404,9 @@ static struct bench_ceilings profile_ceilings(struct backend *be, const struct b
         int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         bool fp32 = a->precision == MATMUL_F32;
         c.read_gbs = bench_read_bandwidth(threads);
-        bool avx512 = backend_cpu_isa(be) == CPU_ISA_AVX512; /* the kernels it runs */
-        c.peak_gops = bench_compute_peak(fp32, threads, avx512);
-        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn(avx512);
+        enum cpu_isa isa = backend_cpu_isa(be); /* the kernels it runs */
+        c.peak_gops = bench_compute_peak(fp32, threads, isa);
+        c.peak_what = fp32 ? "fp32 FMA" : bench_int8_peak_insn(isa);
     }
     return c;
 }

@@ -24,7 +24,8 @@
 
 /* ---- helpers ---- */
 
-static const enum cpu_isa all_isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+static const enum cpu_isa all_isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVXVNNI,
+                                        CPU_ISA_AVX512};
 #define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
 
 static struct backend *make_backend(enum cpu_isa isa, enum matmul_precision p, int threads)
@@ -95,12 +96,9 @@ END_TEST
 
 /* ---- activation quantization ---- */
 
-typedef void (*quant_fn)(const float *, int64_t, int8_t *, float *, float *, int32_t *);
-
 START_TEST(quantize_q8_matches_reference)
 {
     tu_seed(0xabcdef);
-    const quant_fn fns[] = {NULL, avx2_quantize_q8, avx512_quantize_q8};
     const int64_t cols = 1536, nb = cols / QK;
     float *x = malloc(cols * sizeof *x);
     int8_t q0[1536], q1[1536];
@@ -113,7 +111,7 @@ START_TEST(quantize_q8_matches_reference)
         ref_quantize_q8(x, cols, q0, d0, s0, u0);
         for (int i = 1; i < N_ISAS; i++) {
             if (!cpu_isa_supported(all_isas[i])) continue;
-            fns[i](x, cols, q1, d1, s1, u1);
+            cpu_kernels_for(all_isas[i])->quantize_q8(x, cols, q1, d1, s1, u1);
             ck_assert_msg(!memcmp(q0, q1, sizeof q0), "%s: quants differ",
                           cpu_isa_name(all_isas[i]));
             ck_assert(!memcmp(d0, d1, (size_t)nb * 4) && !memcmp(s0, s1, (size_t)nb * 4) &&

@@ -13,7 +13,7 @@
 #
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default nproc),
 #      LLAMA_TARGETS (default: llama-bench llama-batched-bench llama-server llama-quantize
-#      llama-cli), LLAMA_ISA (native, or avx2: into build-avx2/), LLAMA_AMX (1: -march=native
+#      llama-cli), LLAMA_ISA (native; avx2 or avxvnni: into build-<isa>/), LLAMA_AMX (1: -march=native
 #      on a CPU with AMX too; see below).
 #
 # The body is one function, so bash parses it whole before running it (editing the
@@ -74,6 +74,8 @@ echo "== llama.cpp ${COMMIT} (from llama-cpp-python $VER)" >&2
 # kernels that run. LLAMA_AMX=1 keeps -march=native anyway. LLAMA_ISA=avx2 builds for AVX2,
 # FMA, F16C and BMI2 only (an AMD Zen 3) into build-avx2/: the peer of quern's AVX2 path
 # forced on an AVX-512 machine (LLAMA_BIN=third_party/llama.cpp/build-avx2/bin).
+# LLAMA_ISA=avxvnni adds AVX-VNNI (an Intel Alder Lake or Xeon 6 E-core class CPU: VNNI on 256
+# bits, no AVX-512) into build-avxvnni/: the peer of quern's avxvnni path.
 local build=build f on
 local -a isa_flags=(-DGGML_NATIVE=ON)
 local cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
@@ -98,8 +100,15 @@ avx2)
         -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     ;;
+avxvnni)
+    build=build-avxvnni
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF
+        -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    ;;
 *)
-    echo "build-llamacpp: LLAMA_ISA must be native or avx2, not ${LLAMA_ISA}" >&2
+    echo "build-llamacpp: LLAMA_ISA must be native, avx2 or avxvnni, not ${LLAMA_ISA}" >&2
     exit 2
     ;;
 esac

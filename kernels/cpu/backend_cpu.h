@@ -15,6 +15,9 @@ enum cpu_isa {
     CPU_ISA_SCALAR = 1, /* the reference kernels (kernels/cpu/ref.c) */
     CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
     CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/VNNI */
+    /* AVX2 + FMA + F16C + AVX-VNNI (vpdpbusd on 256 bits): the AVX2 kernels but the Q8 matmul
+     * (mm_avxvnni.c). Between AVX2 and AVX-512 in what AUTO prefers. */
+    CPU_ISA_AVXVNNI = 4,
 };
 
 /* Where the AVX-512 kernels' software prefetch puts the lines of the weight stream and of the KV
@@ -47,11 +50,11 @@ void backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
 
 /* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
 bool cpu_isa_supported(enum cpu_isa isa);
-const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avx512", "auto" */
+const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avxvnni", "avx512", "auto" */
 /* "l1", "l2", "auto"; the parse is case-insensitive, -1 when unknown. */
 const char *cpu_prefetch_name(enum cpu_prefetch p);
 int cpu_prefetch_parse(const char *s);
-/* Parses "scalar", "avx2", "avx512" or "auto" (case-insensitive); -1 when unknown. */
+/* Parses "scalar", "avx2", "avxvnni", "avx512" or "auto" (case-insensitive); -1 when unknown. */
 int cpu_isa_parse(const char *s);
 
 #endif

@@ -12,6 +12,13 @@ static bool has_f16c(void)
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+/* CPUID.(EAX=7, ECX=1):EAX bit 4. (The OS saves the ymm state: the avx2 check says so.) */
+static bool has_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+}
 #endif
 
 bool cpu_isa_supported(enum cpu_isa isa)
@@ -29,9 +36,12 @@ bool cpu_isa_supported(enum cpu_isa isa)
         return cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512vnni");
+    case CPU_ISA_AVXVNNI:
+        return cpu_isa_supported(CPU_ISA_AVX2) && has_avxvnni();
 #else
     case CPU_ISA_AVX2:
     case CPU_ISA_AVX512:
+    case CPU_ISA_AVXVNNI:
         return false;
 #endif
     }
@@ -76,6 +86,7 @@ int cpu_prefetch_parse(const char *s)
 enum cpu_isa cpu_isa_best(void)
 {
     if (cpu_isa_supported(CPU_ISA_AVX512)) return CPU_ISA_AVX512;
+    if (cpu_isa_supported(CPU_ISA_AVXVNNI)) return CPU_ISA_AVXVNNI;
     if (cpu_isa_supported(CPU_ISA_AVX2)) return CPU_ISA_AVX2;
     return CPU_ISA_SCALAR;
 }
@@ -91,13 +102,16 @@ const char *cpu_isa_name(enum cpu_isa isa)
         return "avx2";
     case CPU_ISA_AVX512:
         return "avx512";
+    case CPU_ISA_AVXVNNI:
+        return "avxvnni";
     }
     return "unknown";
 }
 
 int cpu_isa_parse(const char *s)
 {
-    static const enum cpu_isa all[] = {CPU_ISA_AUTO, CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    static const enum cpu_isa all[] = {CPU_ISA_AUTO, CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVXVNNI,
+                                       CPU_ISA_AVX512};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcasecmp(s, cpu_isa_name(all[i]))) return (int)all[i];
     return -1;

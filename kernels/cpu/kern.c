@@ -32,6 +32,23 @@ static const struct cpu_kernels kern_avx2 = {
     .to_fp16 = avx2_to_fp16,
 };
 
+/* The AVX2 table with vpdpbusd on 256 bits in its Q8 matmul. */
+static const struct cpu_kernels kern_avxvnni = {
+    .isa = CPU_ISA_AVXVNNI,
+    .quantize_q8 = avx2_quantize_q8,
+    .block_sums = avx2_block_sums,
+    .matmul_q8 = avxvnni_matmul_q8,
+    .matmul_f32 = avx2_matmul_f32,
+    .matmul_float = avx2_matmul_float,
+    .rmsnorm = avx2_rmsnorm,
+    .add = avx2_add,
+    .silu_mul = avx2_silu_mul,
+    .rope = avx2_rope,
+    .attention = avx2_attention,
+    .attention_f16 = avx2_attention_f16,
+    .to_fp16 = avx2_to_fp16,
+};
+
 /* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
  * tables differ in nothing else. */
 #define KERN_AVX512(gemv, attn, attn_f16)                                                          \
@@ -61,6 +78,8 @@ const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch p
         return pf == CPU_PREFETCH_L1 ? &kern_avx512_l1 : &kern_avx512;
     case CPU_ISA_AVX2:
         return &kern_avx2;
+    case CPU_ISA_AVXVNNI:
+        return &kern_avxvnni;
     case CPU_ISA_AUTO:
     case CPU_ISA_SCALAR:
         break;

@@ -68,7 +68,8 @@ const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa);
 const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch pf);
 
 /* The kernels the tables in kern.c point at; each ISA's live in its own files
- * (scalar: kern_scalar.c; avx2: mm_avx2.c, mmf_avx2.c, vec_avx2.c, attn_avx2.c; avx512:
+ * (scalar: kern_scalar.c; avx2: mm_avx2.c, mmf_avx2.c, vec_avx2.c, attn_avx2.c; avxvnni:
+ * mm_avxvnni.c and the avx2 files; avx512:
  * mm_avx512.c, mmf_avx512.c, vec_avx512.c, attn_avx512.c). */
 
 /* scalar (matmul_q8 / matmul_f32 are absent: the reference runs on the file's layout) */
@@ -108,6 +109,10 @@ void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
 void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                     const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,
                     int h1);
+
+/* AVX2 + FMA + F16C + AVX-VNNI: the AVX2 kernels but this one */
+void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
+                       int t1, float *y);
 
 /* AVX-512 F/BW/VL/VNNI */
 void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);

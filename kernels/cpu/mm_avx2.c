@@ -10,18 +10,12 @@
 #include <string.h>
 
 #include "kern.h"
+#include "mm256.h"
 #include "pf_walk.h"
 
 #define TGT    __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
-#define HALF   8 /* rows per register */
-
-TGT INLINE __m256i bcast4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
-}
+#define HALF   MM256_HALF
 
 TGT INLINE float hmax8(__m256 v)
 {
@@ -87,28 +81,6 @@ TGT void avx2_block_sums(const float *x, int64_t cols, float *xs)
     }
 }
 
-INLINE int32_t type_offset(enum qtype type)
-{
-    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
-}
-
-/* Rows of half h of group g that exist (0..8). */
-INLINE int half_rows(const struct qpack *w, int64_t g, int h)
-{
-    int64_t left = w->rows - (g * QPACK_ROWS + h * HALF);
-    return left <= 0 ? 0 : left >= HALF ? HALF : (int)left;
-}
-
-TGT INLINE void store_half(float *yt, int64_t r0, int valid, __m256 v)
-{
-    if (valid == HALF) {
-        _mm256_storeu_ps(yt + r0, v);
-        return;
-    }
-    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(yt + r0, _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane), v);
-}
-
 /* The 8 operand registers of half h of a 4-bit block: W[c] = elements 4c..4c+3 of 8 rows. */
 TGT INLINE void load_nibbles(const uint8_t *qs, int h, __m256i W[8])
 {
@@ -145,7 +117,7 @@ TGT INLINE void keep_order(__m256i *v)
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
                         const int T, const enum qtype type, struct pf_walk *pw, float *y)
 {
-    int valid = half_rows(w, g, h);
+    int valid = mm256_half_rows(w, g, h);
     if (!valid) return;
     const int64_t nb = w->nb;
     const size_t cols = (size_t)a->cols;
@@ -167,7 +139,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                 __m256i aw = _mm256_abs_epi8(sw);
                 for (int t = 0; t < T; t++) {
                     __m256i p = _mm256_maddubs_epi16(
-                        aw, _mm256_sign_epi8(bcast4(xb + (size_t)t * cols + 4 * c), sw));
+                        aw, _mm256_sign_epi8(mm256_bcast4(xb + (size_t)t * cols + 4 * c), sw));
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, ones));
                     keep_order(&isum[t]);
                 }
@@ -182,9 +154,10 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 for (int t = 0; t < T; t++) {
                     const int8_t *xt = xb + (size_t)t * cols;
-                    p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(lo, bcast4(xt + 4 * c)));
                     p[t] =
-                        _mm256_add_epi16(p[t], _mm256_maddubs_epi16(hi, bcast4(xt + 16 + 4 * c)));
+                        _mm256_add_epi16(p[t], _mm256_maddubs_epi16(lo, mm256_bcast4(xt + 4 * c)));
+                    p[t] = _mm256_add_epi16(
+                        p[t], _mm256_maddubs_epi16(hi, mm256_bcast4(xt + 16 + 4 * c)));
                     keep_order(&p[t]);
                 }
             }
@@ -192,8 +165,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                 isum[t] = _mm256_madd_epi16(p[t], ones);
                 if (type == QTYPE_Q4_0) {
                     size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
-                    isum[t] = _mm256_add_epi32(isum[t],
-                                               _mm256_set1_epi32(-type_offset(type) * a->sum[tb]));
+                    isum[t] = _mm256_add_epi32(
+                        isum[t], _mm256_set1_epi32(-mm256_type_offset(type) * a->sum[tb]));
                 }
             }
         }
@@ -212,8 +185,8 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
         }
     }
     for (int t = 0; t < T; t++)
-        store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
-                   acc[t]);
+        mm256_store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
+                         acc[t]);
 }
 
 /* One token against both 8-row halves of a group in one pass (a decode's GEMV): each 4-byte
@@ -239,7 +212,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
             s0 = _mm256_setzero_si256();
             s1 = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
-                __m256i x = bcast4(xb + 4 * c);
+                __m256i x = mm256_bcast4(xb + 4 * c);
                 __m256i w0 =
                     _mm256_xor_si256(_mm256_load_si256((const __m256i *)(qs + 64 * c)), flip);
                 __m256i w1 =
@@ -253,7 +226,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
             /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3 */
             __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
-                __m256i xl = bcast4(xb + 4 * c), xh = bcast4(xb + 16 + 4 * c);
+                __m256i xl = mm256_bcast4(xb + 4 * c), xh = mm256_bcast4(xb + 16 + 4 * c);
                 __m256i v0 = _mm256_load_si256((const __m256i *)(qs + 64 * c));
                 __m256i v1 = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32));
                 __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
@@ -266,7 +239,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
             s0 = _mm256_madd_epi16(p0, ones);
             s1 = _mm256_madd_epi16(p1, ones);
             if (type == QTYPE_Q4_0) {
-                __m256i o = _mm256_set1_epi32(-type_offset(type) * a->sum[tb]);
+                __m256i o = _mm256_set1_epi32(-mm256_type_offset(type) * a->sum[tb]);
                 s0 = _mm256_add_epi32(s0, o);
                 s1 = _mm256_add_epi32(s1, o);
             }
@@ -285,8 +258,8 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
         }
     }
     float *yt = y + (size_t)t * (size_t)w->rows;
-    store_half(yt, g * QPACK_ROWS, HALF, acc0);
-    store_half(yt, g * QPACK_ROWS + HALF, HALF, acc1);
+    mm256_store_half(yt, g * QPACK_ROWS, HALF, acc0);
+    mm256_store_half(yt, g * QPACK_ROWS + HALF, HALF, acc1);
 }
 
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
@@ -294,7 +267,7 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     for (int64_t g = g0; g < g1; g++) {
-        if (t1 - t0 == 1 && half_rows(w, g, 1) == HALF) {
+        if (t1 - t0 == 1 && mm256_half_rows(w, g, 1) == HALF) {
             q8_gemv_group(w, g, a, t0, &pw, type, y);
             continue;
         }
@@ -344,10 +317,10 @@ TGT INLINE __m256i byte_sel(int j)
 TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x, const float *xs,
                          int t0, const int T, const enum qtype type, struct pf_walk *pw, float *y)
 {
-    int valid = half_rows(w, g, h);
+    int valid = mm256_half_rows(w, g, h);
     if (!valid) return;
     const int64_t nb = w->nb, cols = w->cols;
-    const __m256i offv = _mm256_set1_epi32(type_offset(type));
+    const __m256i offv = _mm256_set1_epi32(mm256_type_offset(type));
     __m256 acc[F32_TMAX];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -389,8 +362,8 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
         }
     }
     for (int t = 0; t < T; t++)
-        store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
-                   acc[t]);
+        mm256_store_half(y + (size_t)(t0 + t) * (size_t)w->rows, g * QPACK_ROWS + HALF * h, valid,
+                         acc[t]);
 }
 
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
