@@ -93,17 +93,12 @@ native)
         echo "== AMX CPU: building without AMX (${isa_flags[*]})" >&2
     fi
     ;;
-avx2)
-    build=build-avx2
+avx2 | avxvnni)
+    build=build-${LLAMA_ISA}
+    on=OFF
+    [[ $LLAMA_ISA == avxvnni ]] && on=ON
     isa_flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF
-        -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
-        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-    ;;
-avxvnni)
-    build=build-avxvnni
-    isa_flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF
+        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=$on -DGGML_AVX512=OFF
         -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     ;;

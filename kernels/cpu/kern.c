@@ -16,38 +16,18 @@ static const struct cpu_kernels kern_scalar = {
     .to_fp16 = scalar_to_fp16,
 };
 
-static const struct cpu_kernels kern_avx2 = {
-    .isa = CPU_ISA_AVX2,
-    .quantize_q8 = avx2_quantize_q8,
-    .block_sums = avx2_block_sums,
-    .matmul_q8 = avx2_matmul_q8,
-    .matmul_f32 = avx2_matmul_f32,
-    .matmul_float = avx2_matmul_float,
-    .rmsnorm = avx2_rmsnorm,
-    .add = avx2_add,
-    .silu_mul = avx2_silu_mul,
-    .rope = avx2_rope,
-    .attention = avx2_attention,
-    .attention_f16 = avx2_attention_f16,
-    .to_fp16 = avx2_to_fp16,
-};
+/* The AVX2 table, by its q8 matmul: vpmaddubsw (AVX2) or 256-bit vpdpbusd (AVX-VNNI); the two
+ * tables differ in nothing else. */
+#define KERN_AVX2(isa_, q8)                                                                        \
+    {                                                                                              \
+        .isa = isa_, .quantize_q8 = avx2_quantize_q8, .block_sums = avx2_block_sums,               \
+        .matmul_q8 = q8, .matmul_f32 = avx2_matmul_f32, .matmul_float = avx2_matmul_float,         \
+        .rmsnorm = avx2_rmsnorm, .add = avx2_add, .silu_mul = avx2_silu_mul, .rope = avx2_rope,    \
+        .attention = avx2_attention, .attention_f16 = avx2_attention_f16, .to_fp16 = avx2_to_fp16, \
+    }
 
-/* The AVX2 table with vpdpbusd on 256 bits in its Q8 matmul. */
-static const struct cpu_kernels kern_avxvnni = {
-    .isa = CPU_ISA_AVXVNNI,
-    .quantize_q8 = avx2_quantize_q8,
-    .block_sums = avx2_block_sums,
-    .matmul_q8 = avxvnni_matmul_q8,
-    .matmul_f32 = avx2_matmul_f32,
-    .matmul_float = avx2_matmul_float,
-    .rmsnorm = avx2_rmsnorm,
-    .add = avx2_add,
-    .silu_mul = avx2_silu_mul,
-    .rope = avx2_rope,
-    .attention = avx2_attention,
-    .attention_f16 = avx2_attention_f16,
-    .to_fp16 = avx2_to_fp16,
-};
+static const struct cpu_kernels kern_avx2 = KERN_AVX2(CPU_ISA_AVX2, avx2_matmul_q8);
+static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnni_matmul_q8);
 
 /* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
  * tables differ in nothing else. */
