@@ -130,13 +130,27 @@ fi
 if ! grep -Eq "^30 layers' KV \(from DRAM\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/out"; then
   echo "FAIL: bench --kernels printed no decode-batch attention row"; fails=$((fails + 1))
 fi
-QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avx512 or auto' -- bench --kernels
+QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avxvnni, avx512 or auto' -- bench --kernels
 for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
   "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
   same_as_off "--spec draft (acceptance)" "spec draft: [0-9]+ drafts, [1-9][0-9]* of" "$s" --draft-model "$tmp/draft.gguf" --spec-policy acceptance
   same_as_off "--spec draft (cost)" "spec draft: [0-9]+ drafts" "$s" --draft-model "$tmp/draft.gguf" --spec-policy cost
 done
+
+# the avxvnni path is the avx2 one but for its q8 matmul, bit-exact against the reference as the
+# avx2 one is: the same greedy text, where this CPU has AVX-VNNI (other ISAs' attention and
+# norms sum in other orders, within 1e-5: their text may differ a few tokens in)
+if QUERN_CPU_ISA=avxvnni "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+    --prompt "The capital of France is" >"$tmp/isa_vnni" 2>/dev/null; then
+  QUERN_CPU_ISA=avx2 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+    --prompt "The capital of France is" >"$tmp/isa_avx2" 2>/dev/null
+  if cmp -s "$tmp/isa_avx2" "$tmp/isa_vnni" && [ -s "$tmp/isa_vnni" ]; then
+    echo "ok: QUERN_CPU_ISA=avxvnni: the text of avx2"
+  else
+    echo "FAIL: QUERN_CPU_ISA=avxvnni generates other text than avx2"; fails=$((fails + 1))
+  fi
+fi
 
 # --device: a bad name is a usage error; cuda without a usable GPU (or without CUDA in the
 # build) is a runtime error naming why; auto falls back to the CPU and says so

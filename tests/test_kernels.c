@@ -838,6 +838,11 @@ START_TEST(isa_selection)
     backend_destroy(be);
     ck_assert_int_eq(cpu_isa_parse("AVX512"), CPU_ISA_AVX512);
     ck_assert_int_eq(cpu_isa_parse("scalar"), CPU_ISA_SCALAR);
+    ck_assert_int_eq(cpu_isa_parse("AvxVnni"), CPU_ISA_AVXVNNI);
+    /* AVX-VNNI sits between AVX2 and AVX-512 in what AUTO prefers */
+    if (cpu_isa_supported(CPU_ISA_AVXVNNI) && !cpu_isa_supported(CPU_ISA_AVX512))
+        ck_assert_int_eq(cpu_isa_best(), CPU_ISA_AVXVNNI);
+    if (cpu_isa_supported(CPU_ISA_AVXVNNI)) ck_assert(cpu_isa_supported(CPU_ISA_AVX2));
     ck_assert_int_eq(cpu_isa_parse("sse9"), -1);
     for (int i = 0; i < N_ISAS; i++) {
         o.isa = all_isas[i];
