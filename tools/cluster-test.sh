@@ -32,7 +32,10 @@ fi
 bin=$PWD/build/server/quern
 model=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
 work=$(mktemp -d)
-base=$((20000 + RANDOM % 20000))
+# below the kernel's ephemeral range (32768-60999 by default), where a client socket of this or
+# another test may hold the port at the moment HAProxy binds it (one CI run's HAProxy never
+# answered on 39196)
+base=$((20000 + RANDOM % 12000))
 router=$base
 pids=()
 cleanup() {
@@ -62,7 +65,16 @@ sed -e "s/127.0.0.1:8000/127.0.0.1:$router/" -e "s/127.0.0.1:8081/127.0.0.1:$((b
   deploy/haproxy.cfg >"$work/haproxy.cfg"
 # started from a subshell, so this shell never reports its death at cleanup
 (haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! >"$work/haproxy.pid")
-for _ in $(seq 1 50); do curl -s -o /dev/null "http://127.0.0.1:$router/health" && break; sleep 0.1; done
+up=0
+for _ in $(seq 1 100); do
+  curl -s -o /dev/null "http://127.0.0.1:$router/health" && { up=1; break; }
+  sleep 0.1
+done
+if [ "$up" -eq 0 ]; then
+  echo "cluster-test: FAIL: HAProxy never answered on 127.0.0.1:$router; its log:" >&2
+  sed 's/^/  /' "$work/haproxy.log" >&2
+  exit 1
+fi
 
 reps="http://127.0.0.1:$((base + 1)),http://127.0.0.1:$((base + 2)),http://127.0.0.1:$((base + 3))"
 load() { python3 tools/cluster_load.py --router "http://127.0.0.1:$router" --replicas "$reps" \
