@@ -162,8 +162,9 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
-    snprintf(err->msg, sizeof err->msg, "cpu%s%.460s%s, %s activations, %s KV", why ? " (" : "",
-             why ? why : "", why ? ")" : "", precision_name(precision), o.kv_f16 ? "f16" : "f32");
+    snprintf(err->msg, sizeof err->msg, "cpu%s%.440s%s, %s kernels, %s activations, %s KV",
+             why ? " (" : "", why ? why : "", why ? ")" : "", cpu_isa_name(backend_cpu_isa(*out)),
+             precision_name(precision), o.kv_f16 ? "f16" : "f32");
     return 0;
 }
 

@@ -168,15 +168,15 @@ backend_line() {
 }
 if ! nvidia-smi >/dev/null 2>&1; then
   expect 1 'cuda' -- generate --model "$model" --device cuda -n 1 --prompt hi
-  backend_line auto 'cpu \(auto: .+\), q8 activations, f16 KV$'
+  backend_line auto 'cpu \(auto: .+\), [a-z0-9]+ kernels, q8 activations, f16 KV$'
 fi
 # the CPU's default precision is q8 (--precision auto) with an fp16 KV cache; f32 (and an fp32
 # cache) when asked; --kv-type wins either way
-backend_line cpu 'cpu, q8 activations, f16 KV$'
-backend_line cpu 'cpu, f32 activations, f32 KV$' --precision f32
-backend_line cpu 'cpu, q8 activations, f16 KV$' --precision auto
-backend_line cpu 'cpu, q8 activations, f32 KV$' --kv-type f32
-backend_line cpu 'cpu, f32 activations, f16 KV$' --precision f32 --kv-type f16
+backend_line cpu 'cpu, [a-z0-9]+ kernels, q8 activations, f16 KV$'
+backend_line cpu 'cpu, [a-z0-9]+ kernels, f32 activations, f32 KV$' --precision f32
+backend_line cpu 'cpu, [a-z0-9]+ kernels, q8 activations, f16 KV$' --precision auto
+backend_line cpu 'cpu, [a-z0-9]+ kernels, q8 activations, f32 KV$' --kv-type f32
+backend_line cpu 'cpu, [a-z0-9]+ kernels, f32 activations, f16 KV$' --precision f32 --kv-type f16
 
 # quern bench --synthetic: random weights of a named shape, made here (engine/synth.h)
 expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../kernels/backend_select.h"
+#include "../kernels/cpu/backend_cpu.h"
 #ifdef QUERN_HAVE_CUDA
 #include "../kernels/cuda/backend_cuda.h"
 #endif
@@ -65,11 +66,16 @@ START_TEST(cpu_and_force_cpu)
     ck_assert_int_eq(create("cpu", MATMUL_F32, &be, &err), 0);
     ck_assert_str_eq(be->ops->name, "cpu");
     ck_assert_int_eq(err.code, 0);
-    ck_assert_str_eq(err.msg, "cpu, f32 activations, f32 KV");
+    char want[96];
+    snprintf(want, sizeof want, "cpu, %s kernels, f32 activations, f32 KV",
+             cpu_isa_name(backend_cpu_isa(be)));
+    ck_assert_str_eq(err.msg, want);
     backend_destroy(be);
     /* MATMUL_AUTO: the CPU takes q8, with an fp16 KV cache, and says so */
     ck_assert_int_eq(create("cpu", MATMUL_AUTO, &be, &err), 0);
-    ck_assert_str_eq(err.msg, "cpu, q8 activations, f16 KV");
+    snprintf(want, sizeof want, "cpu, %s kernels, q8 activations, f16 KV",
+             cpu_isa_name(backend_cpu_isa(be)));
+    ck_assert_str_eq(err.msg, want);
     ck_assert_uint_eq(backend_kv_elem_bytes(be), 2);
     backend_destroy(be);
     setenv("QUERN_FORCE_CPU", "1", 1);
