@@ -517,13 +517,13 @@ struct attn_case {
     size_t q_len;
 };
 
-/* n tokens over 3 sequences of up to 40 blocks of 16 (640 positions: several attention spans),
- * with a shuffled block table: random tokens of random sequences (a decode batch), or with
- * `prefill` consecutive positions of one sequence (a prompt chunk). */
-static void attn_case_make(struct attn_case *c, int n, int heads, int kv_heads, int hd,
-                           bool prefill)
+/* n tokens over 3 sequences of up to max_blocks blocks of 16 with a shuffled block table:
+ * random tokens of random sequences (a decode batch), or with `prefill` consecutive positions
+ * of one sequence (a prompt chunk). */
+static void attn_case_make_blocks(struct attn_case *c, int n, int heads, int kv_heads, int hd,
+                                  bool prefill, int max_blocks)
 {
-    const int n_seqs = 3, max_blocks = 40, bs = 16, n_blocks = n_seqs * max_blocks;
+    const int n_seqs = 3, bs = 16, n_blocks = n_seqs * max_blocks;
     c->s = (struct attn_shape){heads, kv_heads, hd, 1.0f / sqrtf((float)hd)};
     c->pos = malloc((size_t)n * 4);
     c->seq = malloc((size_t)n * 4);
@@ -555,6 +555,14 @@ static void attn_case_make(struct attn_case *c, int n, int heads, int kv_heads, 
     c->q_len = (size_t)n * (size_t)heads * (size_t)hd;
     c->q = malloc(c->q_len * 4);
     tu_fill(c->q, c->q_len, 2.0f);
+}
+
+/* ... of up to 40 blocks (640 positions: several attention spans, up to two partitions of
+ * ATTN_PART keys) */
+static void attn_case_make(struct attn_case *c, int n, int heads, int kv_heads, int hd,
+                           bool prefill)
+{
+    attn_case_make_blocks(c, n, heads, kv_heads, hd, prefill, 40);
 }
 
 static void attn_case_free(struct attn_case *c)
@@ -630,6 +638,79 @@ START_TEST(attention_matches_reference)
         free(ref);
         free(out);
         free(one);
+        attn_case_free(&c);
+    }
+}
+END_TEST
+
+/* Rows longer than ATTN_PART keys run in partitions folded in order (attn_part.h): a batch's
+ * tokens (each row whole, in one kernel call) must have the bits each token gets alone, where
+ * a decode batch of one cuts its rows' partitions into tasks across the threads; on one thread
+ * and two, float and fp16 caches alike; and stay near the reference. */
+START_TEST(attention_partitions_invariant)
+{
+    tu_seed(0x9a27);
+    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int n = 24;
+        struct attn_case c;
+        /* 120 blocks: up to 1920 positions, four partitions */
+        attn_case_make_blocks(&c, n, cfg[ci][0], cfg[ci][1], cfg[ci][2], false, 120);
+        uint16_t *k16, *v16;
+        attn_case_fp16(&c, &k16, &v16);
+        size_t row = (size_t)c.s.n_heads * (size_t)c.s.head_dim;
+        float *ref = malloc(c.q_len * 4), *all = malloc(c.q_len * 4), *one = malloc(row * 4);
+        double vmax = 0;
+        for (size_t k = 0;
+             k < (size_t)c.b.n_seqs * 120 * 16 * (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim; k++)
+            vmax = fmax(vmax, fabs(c.vc[k]));
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < c.s.n_heads; h++)
+                ref_attention_one(ref, c.q, c.kc, c.vc, &c.b, &c.s, t, h);
+        for (int i = 0; i < N_ISAS; i++) {
+            if (!cpu_isa_supported(all_isas[i])) continue;
+            for (int f16 = 0; f16 < 2; f16++) {
+                const void *kc = f16 ? (const void *)k16 : c.kc,
+                           *vc = f16 ? (const void *)v16 : c.vc;
+                struct backend *be1 = NULL, *be2 = NULL;
+                struct qerr err = {0};
+                struct backend_cpu_opts o = {
+                    .n_threads = 1, .precision = MATMUL_F32, .isa = all_isas[i], .kv_f16 = f16};
+                ck_assert_int_eq(backend_cpu_create(&o, &be1, &err), 0);
+                o.n_threads = 2;
+                ck_assert_int_eq(backend_cpu_create(&o, &be2, &err), 0);
+                be2->ops->attention(be2, all, c.q, kc, vc, &c.b, &c.s);
+                for (size_t k = 0; k < c.q_len; k++)
+                    ck_assert_msg(fabs(all[k] - ref[k]) <= 1e-5 * vmax,
+                                  "%s attention%s, %d/%d heads hd %d: [%zu] %.8g vs %.8g",
+                                  cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", c.s.n_heads,
+                                  c.s.n_kv_heads, c.s.head_dim, k, all[k], ref[k]);
+                for (int t = 0; t < n; t++) {
+                    struct attn_batch b1 = c.b;
+                    b1.n_tokens = 1;
+                    b1.pos = c.pos + t;
+                    b1.seq = c.seq + t;
+                    b1.slot = c.slot + t;
+                    for (int th = 1; th <= 2; th++) {
+                        struct backend *be = th == 1 ? be1 : be2;
+                        be->ops->attention(be, one, c.q + (size_t)t * row, kc, vc, &b1, &c.s);
+                        size_t at;
+                        ck_assert_msg(!tu_bits_differ(one, all + (size_t)t * row, row, &at),
+                                      "%s attention%s: token %d (position %d) on %d thread(s) "
+                                      "differs alone vs in the batch at [%zu]",
+                                      cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", t, c.pos[t], th,
+                                      at);
+                    }
+                }
+                backend_destroy(be1);
+                backend_destroy(be2);
+            }
+        }
+        free(ref);
+        free(all);
+        free(one);
+        free(k16);
+        free(v16);
         attn_case_free(&c);
     }
 }
@@ -921,6 +1002,7 @@ int main(void)
     tcase_add_test(tc, rope_matches_reference_exactly);
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, attention_prompt_sets_match_one_token);
+    tcase_add_test(tc, attention_partitions_invariant);
     tcase_add_test(tc, fp16_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);
     suite_add_tcase(s, tc);

@@ -2,6 +2,7 @@
  * width of a register) and 8-lane vectors. */
 #include <math.h>
 
+#include "attn_part.h"
 #include "attn_rows.h"
 #include "kern.h"
 #include "simd256.h"
@@ -37,6 +38,8 @@ TGT INLINE __m256 load8(const void *cache, size_t off, const int F16)
 
 struct row_state {
     float m, l, corr;
+    float M, L; /* the partitions folded so far (attn_part.h) */
+    _Alignas(32) float O[HD_MAX];
     _Alignas(32) float acc[HD_MAX];
     _Alignas(32) float pa[HD_MAX];
     _Alignas(32) float p[SPAN];
@@ -125,98 +128,129 @@ static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, 
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int F16)
+                         const int NV, const int F16, const struct attn_parts *pp)
 {
-    struct key_walk kw = w.kw;
+    struct key_walk kw = w.kw, pw = w.pf;
+    const int hd = 8 * NV;
     int max_keys = 0;
-    for (int r = 0; r < nr; r++) {
-        max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
-        st[r].m = -INFINITY;
-        st[r].l = 0;
-        for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].acc + 8 * v, _mm256_setzero_ps());
-    }
+    for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
+    /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
+    int key0 = pp ? pp->p0 * ATTN_PART : 0;
+    int key1 = pp && pp->p1 * ATTN_PART < max_keys ? pp->p1 * ATTN_PART : max_keys;
+    if (key1 <= key0) return;
+    key_skip(&kw, key0);
+    key_skip(&pw, key0);
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
     struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, 0);
+        key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, 0);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
-    for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
-        int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
-        int chunks = (span + CHUNK - 1) / CHUNK;
-        __m256 vmax[ATTN_ROWS];
-        for (int r = 0; r < nr; r++) vmax[r] = neg_inf;
-        /* 1. scores */
-        for (int c = 0; c < chunks; c++) {
-            size_t *o = offs + c * CHUNK;
-            int left = span - c * CHUNK;
-            for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
-            pf.budget = CHUNK * pf_key_lines;
-            for (int r = 0; r < nr;) {
-                if (!chunk_keys(rows, r, c, j0)) {
-                    r++;
-                    continue;
-                }
-                int b = block_rows(rows, nr, r, c, j0);
-                if (b == 3)
-                    score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale, &pf);
-                else if (b == 2)
-                    score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale, &pf);
-                else
-                    score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale, &pf);
-                r += b;
-            }
-            /* what the blocks left of this chunk's keys */
-            key_prefetch_lines(&pf, pf.budget);
-        }
-        /* 2. maximum, rescale factor, weights */
+    for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
+        int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
+        /* a row whose keys ended in an earlier partition keeps what they left */
         for (int r = 0; r < nr; r++) {
-            int cnt = rows[r].n_keys - j0;
-            if (cnt <= 0) continue;
-            cnt = cnt < SPAN ? cnt : SPAN;
-            float mc = hmax8(vmax[r]);
-            float mnew = mc > st[r].m ? mc : st[r].m;
-            st[r].corr = _mm256_cvtss_f32(exp256(_mm256_set1_ps(st[r].m - mnew)));
-            __m256 vm = _mm256_set1_ps(mnew), lsum = _mm256_setzero_ps();
-            for (int c = 0; c * CHUNK < cnt; c++) {
-                __m256 p =
-                    _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(st[r].p + c * CHUNK), vm)),
-                                  first_lanes(cnt - c * CHUNK));
-                _mm256_store_ps(st[r].p + c * CHUNK, p);
-                lsum = _mm256_add_ps(lsum, p);
-            }
-            st[r].l = st[r].l * st[r].corr + hsum8(lsum);
-            st[r].m = mnew;
-            for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].pa + 8 * v, _mm256_setzero_ps());
+            if (rows[r].n_keys <= part0) continue;
+            st[r].m = -INFINITY;
+            st[r].l = 0;
+            for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].acc + 8 * v, _mm256_setzero_ps());
         }
-        /* 3. p . V in key order */
-        for (int c = 0; c < chunks; c++) {
-            const size_t *o = offs + c * CHUNK;
-            for (int r = 0; r < nr;) {
-                int n = chunk_keys(rows, r, c, j0);
-                if (!n) {
-                    r++;
-                    continue;
+        for (int j0 = part0; j0 < part1; j0 += SPAN) {
+            int span = part1 - j0 < SPAN ? part1 - j0 : SPAN;
+            int chunks = (span + CHUNK - 1) / CHUNK;
+            __m256 vmax[ATTN_ROWS];
+            for (int r = 0; r < nr; r++) vmax[r] = neg_inf;
+            /* 1. scores */
+            for (int c = 0; c < chunks; c++) {
+                size_t *o = offs + c * CHUNK;
+                int left = span - c * CHUNK;
+                for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
+                pf.budget = CHUNK * pf_key_lines;
+                for (int r = 0; r < nr;) {
+                    if (!chunk_keys(rows, r, c, j0)) {
+                        r++;
+                        continue;
+                    }
+                    int b = block_rows(rows, nr, r, c, j0);
+                    if (b == 3)
+                        score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                    else if (b == 2)
+                        score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                    else
+                        score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                    r += b;
                 }
-                int b = block_rows(rows, nr, r, c, j0);
-                if (b == 3)
-                    pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, F16);
-                else if (b == 2)
-                    pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, F16);
-                else
-                    pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, F16);
-                r += b;
+                /* what the blocks left of this chunk's keys */
+                key_prefetch_lines(&pf, pf.budget);
+            }
+            /* 2. maximum, rescale factor, weights */
+            for (int r = 0; r < nr; r++) {
+                int cnt = rows[r].n_keys - j0;
+                if (cnt <= 0) continue;
+                cnt = cnt < SPAN ? cnt : SPAN;
+                float mc = hmax8(vmax[r]);
+                float mnew = mc > st[r].m ? mc : st[r].m;
+                st[r].corr = _mm256_cvtss_f32(exp256(_mm256_set1_ps(st[r].m - mnew)));
+                __m256 vm = _mm256_set1_ps(mnew), lsum = _mm256_setzero_ps();
+                for (int c = 0; c * CHUNK < cnt; c++) {
+                    __m256 p = _mm256_and_ps(
+                        exp256(_mm256_sub_ps(_mm256_load_ps(st[r].p + c * CHUNK), vm)),
+                        first_lanes(cnt - c * CHUNK));
+                    _mm256_store_ps(st[r].p + c * CHUNK, p);
+                    lsum = _mm256_add_ps(lsum, p);
+                }
+                st[r].l = st[r].l * st[r].corr + hsum8(lsum);
+                st[r].m = mnew;
+                for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].pa + 8 * v, _mm256_setzero_ps());
+            }
+            /* 3. p . V in key order */
+            for (int c = 0; c < chunks; c++) {
+                const size_t *o = offs + c * CHUNK;
+                for (int r = 0; r < nr;) {
+                    int n = chunk_keys(rows, r, c, j0);
+                    if (!n) {
+                        r++;
+                        continue;
+                    }
+                    int b = block_rows(rows, nr, r, c, j0);
+                    if (b == 3)
+                        pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, F16);
+                    else if (b == 2)
+                        pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, F16);
+                    else
+                        pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, F16);
+                    r += b;
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                if (rows[r].n_keys <= j0) continue;
+                __m256 vc = _mm256_set1_ps(st[r].corr);
+                for (int v = 0; v < NV; v++)
+                    _mm256_store_ps(st[r].acc + 8 * v,
+                                    _mm256_fmadd_ps(_mm256_load_ps(st[r].acc + 8 * v), vc,
+                                                    _mm256_load_ps(st[r].pa + 8 * v)));
             }
         }
+        /* the partition's end: its record, or folded into the row's running sums */
+        int p = part0 / ATTN_PART;
         for (int r = 0; r < nr; r++) {
-            if (rows[r].n_keys <= j0) continue;
-            __m256 vc = _mm256_set1_ps(st[r].corr);
-            for (int v = 0; v < NV; v++)
-                _mm256_store_ps(st[r].acc + 8 * v,
-                                _mm256_fmadd_ps(_mm256_load_ps(st[r].acc + 8 * v), vc,
-                                                _mm256_load_ps(st[r].pa + 8 * v)));
+            if (rows[r].n_keys <= part0) continue;
+            if (pp) {
+                float *rec = attn_part_rec(pp, rows[r].th, hd, p);
+                rec[0] = st[r].m;
+                rec[1] = st[r].l;
+                for (int v = 0; v < NV; v++)
+                    _mm256_storeu_ps(rec + 2 + 8 * v, _mm256_load_ps(st[r].acc + 8 * v));
+            } else if (rows[r].n_keys > ATTN_PART) {
+                attn_fold(&st[r].M, &st[r].L, st[r].O, st[r].m, st[r].l, st[r].acc, hd, p == 0);
+            }
         }
     }
+    if (pp) return;
     for (int r = 0; r < nr; r++) {
+        if (rows[r].n_keys > ATTN_PART) {
+            attn_finish(rows[r].out, st[r].O, st[r].L, hd);
+            continue;
+        }
         __m256 vl = _mm256_set1_ps(st[r].l);
         for (int v = 0; v < NV; v++)
             _mm256_storeu_ps(rows[r].out + 8 * v,
@@ -227,7 +261,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
 /* Tokens [t0, t1) x query heads [h0, h1) over a float (F16 0) or fp16 cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int h0, int h1, const int F16)
+                             int h0, int h1, const int F16, const struct attn_parts *pp)
 {
     int hd = s->head_dim;
     if (hd != 64 && hd != 128) {
@@ -244,23 +278,28 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
             struct attn_walks w = attn_walks_of(b, s, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16, pp);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, F16);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, F16, pp);
         }
     }
 }
 
-TGT void avx2_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                        int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0);
-}
+/* The table's entry points: float or fp16 cache; _part, the partitions pp names of each row,
+ * written as records (attn_part.h). */
+#define ATTN_ENTRY(name, T, F16)                                                                   \
+    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
+                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
+                  int h1)                                                                          \
+    {                                                                                              \
+        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, NULL);                   \
+    }                                                                                              \
+    TGT void name##_part(float *out, const float *q, const T *k_cache, const T *v_cache,           \
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,   \
+                         int h0, int h1, const struct attn_parts *pp)                              \
+    {                                                                                              \
+        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, pp);                     \
+    }
 
-TGT void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
-                            const uint16_t *v_cache, const struct attn_batch *b,
-                            const struct attn_shape *s, int t0, int t1, int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1);
-}
+ATTN_ENTRY(avx2_attention, float, 0)
+ATTN_ENTRY(avx2_attention_f16, uint16_t, 1)

@@ -8,7 +8,9 @@
  *   2. the span maximum, the row's new running maximum m, corr = exp(m_old - m), and the
  *      weights p = exp(s - m) (one vector exp per chunk), summed into l;
  *   3. p . V summed over the span's keys in order, then out = out * corr + that sum.
- * Only the rescale waits on the previous span. A set of rows (attn_rows.h: the GQA heads of a kv
+ * Only the rescale waits on the previous span. Every ATTN_PART keys a row starts afresh and the
+ * partitions are folded in order (attn_part.h), so a long row's partitions can run on several
+ * threads and give the same bits. A set of rows (attn_rows.h: the GQA heads of a kv
  * head for a few consecutive tokens of one sequence) shares the work that does not depend on the
  * row: the dot products and p . V are register-blocked over 2-4 rows, so each K and V load
  * serves several rows. Blocking only interleaves independent rows; a row's own arithmetic, in
@@ -19,6 +21,7 @@
  * their last bits; test_structured had to learn that a sampled string may run to max_tokens.) */
 #include <math.h>
 
+#include "attn_part.h"
 #include "attn_rows.h"
 #include "kern.h"
 #include "simd512.h"
@@ -53,7 +56,9 @@ TGT INLINE __m512 load16(const void *cache, size_t off, const int F16)
 
 struct row_state {
     float m, l, corr;
-    int cnt; /* keys of the current span */
+    int cnt;    /* keys of the current span */
+    float M, L; /* the partitions folded so far (attn_part.h) */
+    _Alignas(64) float O[HD_MAX];
     _Alignas(64) float acc[HD_MAX];
     _Alignas(64) float p[SPAN]; /* scores, then weights, of the current span */
 };
@@ -144,100 +149,131 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int F16, const int L1)
+                         const int NV, const int F16, const int L1, const struct attn_parts *pp)
 {
-    struct key_walk kw = w.kw;
+    struct key_walk kw = w.kw, pw = w.pf;
     const int RB = NV == 4 ? 4 : 2; /* rows per register block: RB * NV accumulators */
+    const int hd = 16 * NV;
     int max_keys = 0;
-    for (int r = 0; r < nr; r++) {
-        max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
-        st[r].m = -INFINITY;
-        st[r].l = 0;
-        for (int v = 0; v < NV; v++) _mm512_store_ps(st[r].acc + 16 * v, _mm512_setzero_ps());
-    }
+    for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
+    /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
+    int key0 = pp ? pp->p0 * ATTN_PART : 0;
+    int key1 = pp && pp->p1 * ATTN_PART < max_keys ? pp->p1 * ATTN_PART : max_keys;
+    if (key1 <= key0) return;
+    key_skip(&kw, key0);
+    key_skip(&pw, key0);
     size_t offs[SPAN];
-    struct key_prefetch pf =
-        key_prefetch_start(w.pf, max_keys, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, L1);
+    struct key_prefetch pf = key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems,
+                                                F16 ? 2 : 4, PF_AHEAD, L1);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
-    for (int j0 = 0; j0 < max_keys; j0 += SPAN) {
-        int span = max_keys - j0 < SPAN ? max_keys - j0 : SPAN;
-        int chunks = (span + CHUNK - 1) / CHUNK;
-        __m512 vmax[ATTN_ROWS];
-        /* rows still reading keys here: the set's rows are in order of position, mostly */
-        int act[ATTN_ROWS], na = 0, bstart[ATTN_ROWS], blen[ATTN_ROWS], nb;
+    for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
+        int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
+        /* a row whose keys ended in an earlier partition keeps what they left */
         for (int r = 0; r < nr; r++) {
-            vmax[r] = _mm512_set1_ps(-INFINITY);
-            int cnt = rows[r].n_keys - j0;
-            st[r].cnt = cnt <= 0 ? 0 : cnt < SPAN ? cnt : SPAN;
+            if (rows[r].n_keys <= part0) continue;
+            st[r].m = -INFINITY;
+            st[r].l = 0;
+            for (int v = 0; v < NV; v++) _mm512_store_ps(st[r].acc + 16 * v, _mm512_setzero_ps());
         }
-        /* 1. scores: register-blocked dot products, one reduction tree per chunk and row */
-        for (int c = 0; c < chunks; c++) {
-            size_t *o = offs + c * CHUNK;
-            int left = span - c * CHUNK;
-            /* lanes past the span's last key re-read the chunk's first key; masked later */
-            for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
-            pf.budget = CHUNK * pf_key_lines;
+        for (int j0 = part0; j0 < part1; j0 += SPAN) {
+            int span = part1 - j0 < SPAN ? part1 - j0 : SPAN;
+            int chunks = (span + CHUNK - 1) / CHUNK;
+            __m512 vmax[ATTN_ROWS];
+            /* rows still reading keys here: the set's rows are in order of position, mostly */
+            int act[ATTN_ROWS], na = 0, bstart[ATTN_ROWS], blen[ATTN_ROWS], nb;
+            for (int r = 0; r < nr; r++) {
+                vmax[r] = _mm512_set1_ps(-INFINITY);
+                int cnt = rows[r].n_keys - j0;
+                st[r].cnt = cnt <= 0 ? 0 : cnt < SPAN ? cnt : SPAN;
+            }
+            /* 1. scores: register-blocked dot products, one reduction tree per chunk and row */
+            for (int c = 0; c < chunks; c++) {
+                size_t *o = offs + c * CHUNK;
+                int left = span - c * CHUNK;
+                /* lanes past the span's last key re-read the chunk's first key; masked later */
+                for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
+                pf.budget = CHUNK * pf_key_lines;
+                na = 0;
+                for (int r = 0; r < nr; r++)
+                    if (st[r].cnt > c * CHUNK) act[na++] = r;
+                /* blocks of up to RB consecutive active rows of one kv head share each load (a
+                 * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
+                 * each be one latency-bound fma chain) */
+                nb = attn_blocks(rows, act, na, RB, bstart, blen);
+                for (int i = 0; i < nb; i++) {
+                    if (blen[i] == 4)
+                        score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale,
+                                   &pf);
+                    else if (blen[i] == 3)
+                        score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale,
+                                   &pf);
+                    else if (blen[i] == 2)
+                        score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale,
+                                   &pf);
+                    else
+                        score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale,
+                                   &pf);
+                }
+                /* what the blocks left of this chunk's keys */
+                key_prefetch_lines(&pf, pf.budget);
+            }
+            /* 2. maximum, rescale factor, weights */
+            for (int r = 0; r < nr; r++) {
+                int cnt = st[r].cnt;
+                if (!cnt) continue;
+                float mc = _mm512_reduce_max_ps(vmax[r]);
+                float mnew = mc > st[r].m ? mc : st[r].m;
+                /* exp(m - mnew); 0 on the first span, where m is -inf */
+                st[r].corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(st[r].m - mnew)));
+                __m512 vm = _mm512_set1_ps(mnew), lsum = _mm512_setzero_ps();
+                for (int c = 0; c * CHUNK < cnt; c++) {
+                    __m512 p = _mm512_maskz_mov_ps(
+                        first_lanes(cnt - c * CHUNK),
+                        exp512(_mm512_sub_ps(_mm512_load_ps(st[r].p + c * CHUNK), vm)));
+                    _mm512_store_ps(st[r].p + c * CHUNK, p);
+                    lsum = _mm512_add_ps(lsum, p);
+                }
+                st[r].l = st[r].l * st[r].corr + _mm512_reduce_add_ps(lsum);
+                st[r].m = mnew;
+            }
+            /* 3. p . V */
             na = 0;
             for (int r = 0; r < nr; r++)
-                if (st[r].cnt > c * CHUNK) act[na++] = r;
-            /* blocks of up to RB consecutive active rows of one kv head share each load (a
-             * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
-             * each be one latency-bound fma chain) */
+                if (st[r].cnt) act[na++] = r;
             nb = attn_blocks(rows, act, na, RB, bstart, blen);
             for (int i = 0; i < nb; i++) {
+                size_t col = rows[bstart[i]].col;
                 if (blen[i] == 4)
-                    score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, F16, c, j0, scale,
-                               &pf);
+                    pv_rows(st, bstart[i], 4, v_cache, offs, col, NV, F16);
                 else if (blen[i] == 3)
-                    score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, F16, c, j0, scale,
-                               &pf);
+                    pv_rows(st, bstart[i], 3, v_cache, offs, col, NV, F16);
                 else if (blen[i] == 2)
-                    score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, F16, c, j0, scale,
-                               &pf);
+                    pv_rows(st, bstart[i], 2, v_cache, offs, col, NV, F16);
                 else
-                    score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, F16, c, j0, scale,
-                               &pf);
+                    pv_rows(st, bstart[i], 1, v_cache, offs, col, NV, F16);
             }
-            /* what the blocks left of this chunk's keys */
-            key_prefetch_lines(&pf, pf.budget);
         }
-        /* 2. maximum, rescale factor, weights */
+        /* the partition's end: its record, or folded into the row's running sums */
+        int p = part0 / ATTN_PART;
         for (int r = 0; r < nr; r++) {
-            int cnt = st[r].cnt;
-            if (!cnt) continue;
-            float mc = _mm512_reduce_max_ps(vmax[r]);
-            float mnew = mc > st[r].m ? mc : st[r].m;
-            /* exp(m - mnew); 0 on the first span, where m is -inf */
-            st[r].corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(st[r].m - mnew)));
-            __m512 vm = _mm512_set1_ps(mnew), lsum = _mm512_setzero_ps();
-            for (int c = 0; c * CHUNK < cnt; c++) {
-                __m512 p = _mm512_maskz_mov_ps(
-                    first_lanes(cnt - c * CHUNK),
-                    exp512(_mm512_sub_ps(_mm512_load_ps(st[r].p + c * CHUNK), vm)));
-                _mm512_store_ps(st[r].p + c * CHUNK, p);
-                lsum = _mm512_add_ps(lsum, p);
+            if (rows[r].n_keys <= part0) continue;
+            if (pp) {
+                float *rec = attn_part_rec(pp, rows[r].th, hd, p);
+                rec[0] = st[r].m;
+                rec[1] = st[r].l;
+                for (int v = 0; v < NV; v++)
+                    _mm512_storeu_ps(rec + 2 + 16 * v, _mm512_load_ps(st[r].acc + 16 * v));
+            } else if (rows[r].n_keys > ATTN_PART) {
+                attn_fold(&st[r].M, &st[r].L, st[r].O, st[r].m, st[r].l, st[r].acc, hd, p == 0);
             }
-            st[r].l = st[r].l * st[r].corr + _mm512_reduce_add_ps(lsum);
-            st[r].m = mnew;
-        }
-        /* 3. p . V */
-        na = 0;
-        for (int r = 0; r < nr; r++)
-            if (st[r].cnt) act[na++] = r;
-        nb = attn_blocks(rows, act, na, RB, bstart, blen);
-        for (int i = 0; i < nb; i++) {
-            size_t col = rows[bstart[i]].col;
-            if (blen[i] == 4)
-                pv_rows(st, bstart[i], 4, v_cache, offs, col, NV, F16);
-            else if (blen[i] == 3)
-                pv_rows(st, bstart[i], 3, v_cache, offs, col, NV, F16);
-            else if (blen[i] == 2)
-                pv_rows(st, bstart[i], 2, v_cache, offs, col, NV, F16);
-            else
-                pv_rows(st, bstart[i], 1, v_cache, offs, col, NV, F16);
         }
     }
+    if (pp) return;
     for (int r = 0; r < nr; r++) {
+        if (rows[r].n_keys > ATTN_PART) {
+            attn_finish(rows[r].out, st[r].O, st[r].L, hd);
+            continue;
+        }
         __m512 vl = _mm512_set1_ps(st[r].l);
         for (int v = 0; v < NV; v++)
             _mm512_storeu_ps(rows[r].out + 16 * v,
@@ -248,10 +284,12 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
 /* Tokens [t0, t1) x query heads [h0, h1) over a float (F16 0) or fp16 cache. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int h0, int h1, const int F16, const int L1)
+                             int h0, int h1, const int F16, const int L1,
+                             const struct attn_parts *pp)
 {
     int hd = s->head_dim;
     if (hd != 64 && hd != 128) {
+        /* no partitions: the reference's rows whole (attention_part is not asked of such) */
         attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16);
         return;
     }
@@ -265,38 +303,30 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
             struct attn_walks w = attn_walks_of(b, s, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, F16, L1);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, F16, L1, pp);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16, L1);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16, L1, pp);
         }
     }
 }
 
-/* The tables' entry points: float or fp16 cache, KV prefetched into L2 or (_l1) L1. */
-TGT void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                          int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0, 0);
-}
+/* The tables' entry points: float or fp16 cache, KV prefetched into L2 or (_l1) L1; _part, the
+ * partitions pp names of each row, written as records (attn_part.h). */
+#define ATTN_ENTRY(name, T, F16, L1)                                                               \
+    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
+                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
+                  int h1)                                                                          \
+    {                                                                                              \
+        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, L1, NULL);               \
+    }                                                                                              \
+    TGT void name##_part(float *out, const float *q, const T *k_cache, const T *v_cache,           \
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,   \
+                         int h0, int h1, const struct attn_parts *pp)                              \
+    {                                                                                              \
+        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, L1, pp);                 \
+    }
 
-TGT void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
-                              const uint16_t *v_cache, const struct attn_batch *b,
-                              const struct attn_shape *s, int t0, int t1, int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1, 0);
-}
-
-TGT void avx512_attention_l1(float *out, const float *q, const float *k_cache, const float *v_cache,
-                             const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0, 1);
-}
-
-TGT void avx512_attention_f16_l1(float *out, const float *q, const uint16_t *k_cache,
-                                 const uint16_t *v_cache, const struct attn_batch *b,
-                                 const struct attn_shape *s, int t0, int t1, int h0, int h1)
-{
-    attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1, 1);
-}
+ATTN_ENTRY(avx512_attention, float, 0, 0)
+ATTN_ENTRY(avx512_attention_f16, uint16_t, 1, 0)
+ATTN_ENTRY(avx512_attention_l1, float, 0, 1)
+ATTN_ENTRY(avx512_attention_f16_l1, uint16_t, 1, 1)

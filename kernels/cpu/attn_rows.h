@@ -30,6 +30,7 @@ struct attn_row {
     float *out;     /* [head_dim] */
     int n_keys;     /* pos + 1 */
     size_t col;     /* its kv head's offset within a KV slot, in elements */
+    int th;         /* t * n_heads + h: its record in a struct attn_parts (attn_part.h) */
 };
 
 struct attn_sets {
@@ -51,8 +52,8 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         *seq = b->seq[it->t];
         for (int h = it->g0; h < it->g1; h++) {
             size_t at = ((size_t)it->t * (size_t)s->n_heads + (size_t)h) * hd;
-            rows[nr++] =
-                (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)(h / group) * hd};
+            rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1,
+                                           (size_t)(h / group) * hd, it->t * s->n_heads + h};
         }
         it->t++;
         return nr;
@@ -62,7 +63,8 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         *seq = b->seq[it->t];
         size_t h = (size_t)it->kvh * (size_t)group + (size_t)it->g;
         size_t at = ((size_t)it->t * (size_t)s->n_heads + h) * hd;
-        rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hd};
+        rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hd,
+                                       it->t * s->n_heads + (int)h};
         if (++it->g == it->g1) {
             it->g = it->g0;
             it->t++;
@@ -139,6 +141,13 @@ struct key_walk {
     int bs, blk, in_blk;
     size_t row, col; /* floats per slot; offset of the kv head in a slot */
 };
+
+/* Moves a walk that is at key 0 to key k. */
+static inline void key_skip(struct key_walk *kw, int k)
+{
+    kw->blk = k / kw->bs;
+    kw->in_blk = k % kw->bs;
+}
 
 static inline size_t key_next(struct key_walk *kw)
 {

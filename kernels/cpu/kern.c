@@ -23,7 +23,9 @@ static const struct cpu_kernels kern_scalar = {
         .isa = isa_, .quantize_q8 = avx2_quantize_q8, .block_sums = avx2_block_sums,               \
         .matmul_q8 = q8, .matmul_f32 = avx2_matmul_f32, .matmul_float = avx2_matmul_float,         \
         .rmsnorm = avx2_rmsnorm, .add = avx2_add, .silu_mul = avx2_silu_mul, .rope = avx2_rope,    \
-        .attention = avx2_attention, .attention_f16 = avx2_attention_f16, .to_fp16 = avx2_to_fp16, \
+        .attention = avx2_attention, .attention_f16 = avx2_attention_f16,                          \
+        .attention_part = avx2_attention_part, .attention_f16_part = avx2_attention_f16_part,      \
+        .to_fp16 = avx2_to_fp16,                                                                   \
     }
 
 static const struct cpu_kernels kern_avx2 = KERN_AVX2(CPU_ISA_AVX2, avx2_matmul_q8);
@@ -37,6 +39,7 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
         .matmul_q8 = gemv, .matmul_f32 = avx512_matmul_f32, .matmul_float = avx512_matmul_float,   \
         .rmsnorm = avx512_rmsnorm, .add = avx512_add, .silu_mul = avx512_silu_mul,                 \
         .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
+        .attention_part = attn##_part, .attention_f16_part = attn_f16##_part,                      \
         .to_fp16 = avx512_to_fp16,                                                                 \
     }
 

@@ -14,6 +14,7 @@
 #ifndef QUERN_KERN_H
 #define QUERN_KERN_H
 
+#include "attn_part.h"
 #include "cpu_isa.h"
 #include "qpack.h"
 #include "ref.h"
@@ -58,6 +59,17 @@ struct cpu_kernels {
     void (*attention_f16)(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1);
+    /* attention and attention_f16 for partitions [pp->p0, pp->p1) of each row (attn_part.h):
+     * each partition's record written to pp->buf, nothing to out; a row of more than ATTN_PART
+     * keys gets the bits attention gives it once attn_parts_combine folds every record. NULL in
+     * the scalar table (the reference runs rows whole). */
+    void (*attention_part)(float *out, const float *q, const float *k_cache, const float *v_cache,
+                           const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                           int h0, int h1, const struct attn_parts *pp);
+    void (*attention_f16_part)(float *out, const float *q, const uint16_t *k_cache,
+                               const uint16_t *v_cache, const struct attn_batch *b,
+                               const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                               const struct attn_parts *pp);
     /* out[i] = x[i] rounded to fp16, nearest even (as f32_to_fp16; the fp16 KV cache's write). */
     void (*to_fp16)(const float *x, uint16_t *out, size_t n);
 };
@@ -110,6 +122,14 @@ void avx2_attention(float *out, const float *q, const float *k_cache, const floa
                     const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,
                     int h1);
 
+void avx2_attention_part(float *out, const float *q, const float *k_cache, const float *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1, const struct attn_parts *pp);
+void avx2_attention_f16_part(float *out, const float *q, const uint16_t *k_cache,
+                             const uint16_t *v_cache, const struct attn_batch *b,
+                             const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                             const struct attn_parts *pp);
+
 /* AVX2 + FMA + F16C + AVX-VNNI: the AVX2 kernels but this one */
 void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
                        int t1, float *y);
@@ -143,5 +163,22 @@ void avx512_attention_f16_l1(float *out, const float *q, const uint16_t *k_cache
 void avx512_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1);
+
+/* the _part forms of the four above (attn_part.h) */
+void avx512_attention_part(float *out, const float *q, const float *k_cache, const float *v_cache,
+                           const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                           int h0, int h1, const struct attn_parts *pp);
+void avx512_attention_l1_part(float *out, const float *q, const float *k_cache,
+                              const float *v_cache, const struct attn_batch *b,
+                              const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                              const struct attn_parts *pp);
+void avx512_attention_f16_part(float *out, const float *q, const uint16_t *k_cache,
+                               const uint16_t *v_cache, const struct attn_batch *b,
+                               const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                               const struct attn_parts *pp);
+void avx512_attention_f16_l1_part(float *out, const float *q, const uint16_t *k_cache,
+                                  const uint16_t *v_cache, const struct attn_batch *b,
+                                  const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                                  const struct attn_parts *pp);
 
 #endif
