@@ -157,9 +157,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     int max_keys = 0;
     for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
     /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
-    int key0 = pp ? pp->p0 * ATTN_PART : 0;
-    int key1 = pp && pp->p1 * ATTN_PART < max_keys ? pp->p1 * ATTN_PART : max_keys;
-    if (key1 <= key0) return;
+    int key0, key1;
+    if (!attn_part_keys(pp, max_keys, &key0, &key1)) return;
     key_skip(&kw, key0);
     key_skip(&pw, key0);
     size_t offs[SPAN];
@@ -254,19 +253,9 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             }
         }
         /* the partition's end: its record, or folded into the row's running sums */
-        int p = part0 / ATTN_PART;
-        for (int r = 0; r < nr; r++) {
-            if (rows[r].n_keys <= part0) continue;
-            if (pp) {
-                float *rec = attn_part_rec(pp, rows[r].th, hd, p);
-                rec[0] = st[r].m;
-                rec[1] = st[r].l;
-                for (int v = 0; v < NV; v++)
-                    _mm512_storeu_ps(rec + 2 + 16 * v, _mm512_load_ps(st[r].acc + 16 * v));
-            } else if (rows[r].n_keys > ATTN_PART) {
-                attn_fold(&st[r].M, &st[r].L, st[r].O, st[r].m, st[r].l, st[r].acc, hd, p == 0);
-            }
-        }
+        for (int r = 0; r < nr; r++)
+            attn_part_close(pp, rows[r].th, rows[r].n_keys, part0, hd, st[r].m, st[r].l, st[r].acc,
+                            &st[r].M, &st[r].L, st[r].O);
     }
     if (pp) return;
     for (int r = 0; r < nr; r++) {

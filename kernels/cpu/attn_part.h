@@ -39,12 +39,40 @@ static inline float *attn_part_rec(const struct attn_parts *pp, int th, int head
     return pp->buf + ((size_t)th * (size_t)pp->n_parts + (size_t)p) * ((size_t)head_dim + 2);
 }
 
+/* The keys [*key0, *key1) of rows whose longest has max_keys: pp's partitions, or (pp NULL)
+ * all of them; 0 when there are none. */
+static inline int attn_part_keys(const struct attn_parts *pp, int max_keys, int *key0, int *key1)
+{
+    *key0 = pp ? pp->p0 * ATTN_PART : 0;
+    *key1 = pp && pp->p1 * ATTN_PART < max_keys ? pp->p1 * ATTN_PART : max_keys;
+    return *key1 > *key0;
+}
+
+void attn_fold(float *M, float *L, float *O, float m, float l, const float *acc, int head_dim,
+               int first);
+
+/* The partition from key part0 of a row of n_keys keys ends with (m, l, acc): its record (pp),
+ * or folded into the row's running (*M, *L, O) when the row has more than one partition. */
+static inline void attn_part_close(const struct attn_parts *pp, int th, int n_keys, int part0,
+                                   int head_dim, float m, float l, const float *acc, float *M,
+                                   float *L, float *O)
+{
+    if (n_keys <= part0) return;
+    int p = part0 / ATTN_PART;
+    if (pp) {
+        float *rec = attn_part_rec(pp, th, head_dim, p);
+        rec[0] = m;
+        rec[1] = l;
+        for (int i = 0; i < head_dim; i++) rec[2 + i] = acc[i];
+    } else if (n_keys > ATTN_PART) {
+        attn_fold(M, L, O, m, l, acc, head_dim, p == 0);
+    }
+}
+
 /* Folds partition (m, l, acc) into the running (*M, *L, O), the first one (first != 0) copied:
  * M' = max(M, m), L' = L e^(M - M') + l e^(m - M'), O' = O e^(M - M') + acc e^(m - M'). One
  * function, in one file, for the kernels and the combine alike: the same operations in the same
  * order wherever a row's partitions are folded. */
-void attn_fold(float *M, float *L, float *O, float m, float l, const float *acc, int head_dim,
-               int first);
 /* out[i] = O[i] / L (also a single partition's out = acc / l: the kernels' own division) */
 void attn_finish(float *out, const float *O, float L, int head_dim);
 /* For tokens [t0, t1) x every head: folds the records of each row's partitions (all of them
