@@ -275,19 +275,22 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
 }
 
 /* The table's entry points: float or fp16 cache; _part, the partitions pp names of each row,
- * written as records (attn_part.h). */
+ * written as records (attn_part.h); the whole-row entry is the _part one with no partitions,
+ * so each kernel is compiled once per cache type (twice, the sanitized build's two slowest
+ * files took twice as long). */
 #define ATTN_ENTRY(name, T, F16)                                                                   \
-    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
-                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
-                  int h1)                                                                          \
-    {                                                                                              \
-        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, NULL);                   \
-    }                                                                                              \
+    __attribute__((noinline))                                                                      \
     TGT void name##_part(float *out, const float *q, const T *k_cache, const T *v_cache,           \
                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,   \
                          int h0, int h1, const struct attn_parts *pp)                              \
     {                                                                                              \
         attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, pp);                     \
+    }                                                                                              \
+    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
+                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
+                  int h1)                                                                          \
+    {                                                                                              \
+        name##_part(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, NULL);                         \
     }
 
 ATTN_ENTRY(avx2_attention, float, 0)

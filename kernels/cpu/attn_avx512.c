@@ -300,19 +300,22 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
 }
 
 /* The tables' entry points: float or fp16 cache, KV prefetched into L2 or (_l1) L1; _part, the
- * partitions pp names of each row, written as records (attn_part.h). */
+ * partitions pp names of each row, written as records (attn_part.h); the whole-row entry is the
+ * _part one with no partitions, so each kernel is compiled once per cache type (twice, the
+ * sanitized build's two slowest files took twice as long). */
 #define ATTN_ENTRY(name, T, F16, L1)                                                               \
-    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
-                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
-                  int h1)                                                                          \
-    {                                                                                              \
-        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, L1, NULL);               \
-    }                                                                                              \
+    __attribute__((noinline))                                                                      \
     TGT void name##_part(float *out, const float *q, const T *k_cache, const T *v_cache,           \
                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,   \
                          int h0, int h1, const struct attn_parts *pp)                              \
     {                                                                                              \
         attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, L1, pp);                 \
+    }                                                                                              \
+    TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
+                  const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
+                  int h1)                                                                          \
+    {                                                                                              \
+        name##_part(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, NULL);                         \
     }
 
 ATTN_ENTRY(avx512_attention, float, 0, 0)
