@@ -119,7 +119,7 @@ int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, i
         rc = model_forward(m, &mb, logits, err);
     }
     if (!rc) {
-        double kv = (double)model_kv_bytes_per_token(cfg, backend_kv_elem_bytes(be));
+        double kv = (double)backend_kv_bytes(be, model_kv_bytes_per_token(cfg, 1));
         *out = (struct decode_bench){.batch = batch,
                                      .ctx = ctx,
                                      .steps = steps,

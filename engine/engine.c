@@ -801,10 +801,12 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->spec == SPEC_DRAFT && (rc = model_config_read(o->draft_file, &dcfg, err)))
         return qerr_wrap(err, "draft model");
     if (blocks <= 0) {
-        size_t elem = backend_kv_elem_bytes(be);
-        size_t per_block = (model_shard_kv_bytes_max(&cfg, o->tp, elem) +
-                            (o->spec == SPEC_DRAFT ? model_kv_bytes_per_token(&dcfg, elem) : 0)) *
-                           (size_t)o->kv_block_size;
+        /* elements per token, then this backend's bytes for them */
+        size_t per_block =
+            backend_kv_bytes(be,
+                             model_shard_kv_bytes_max(&cfg, o->tp, 1) +
+                                 (o->spec == SPEC_DRAFT ? model_kv_bytes_per_token(&dcfg, 1) : 0)) *
+            (size_t)o->kv_block_size;
         size_t nb = o->kv_mem / per_block;
         if (nb < 1) {
             free(e);

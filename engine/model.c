@@ -477,7 +477,7 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         if ((rc = load_vector(m, f, name, c->dim, &ly->ffn_norm, err))) goto fail;
-        size_t kv_bytes = kv_slots * (size_t)kv_dim * backend_kv_elem_bytes(be);
+        size_t kv_bytes = backend_kv_bytes(be, kv_slots * (size_t)kv_dim);
         ly->k_cache = be->ops->buf_alloc(be, kv_bytes);
         ly->v_cache = be->ops->buf_alloc(be, kv_bytes);
         if (!ly->k_cache || !ly->v_cache) {
@@ -606,7 +606,7 @@ bool model_can_copy_kv(const struct model *m)
 static void copy_kv_blocks(struct model *m, const struct model_batch *b)
 {
     struct backend *be = m->be;
-    size_t row = (size_t)m->sh.nkv * (size_t)m->cfg.head_dim * backend_kv_elem_bytes(be);
+    size_t row = backend_kv_bytes(be, (size_t)m->sh.nkv * (size_t)m->cfg.head_dim);
     size_t block = row * (size_t)m->opts.kv_block_size;
     for (int i = 0; i < b->n_kv_copies; i++) {
         const struct kv_block_copy *c = &b->kv_copies[i];

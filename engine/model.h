@@ -84,8 +84,8 @@ int model_load(const struct gguf_file *f, struct backend *be, const struct model
 void model_free(struct model *m);
 const struct model_config *model_get_config(const struct model *m);
 const struct model_opts *model_get_opts(const struct model *m);
-/* Bytes of K/V one token needs across all layers, for elements of elem_bytes
- * (backend_kv_elem_bytes). */
+/* Bytes of K/V one token needs across all layers, for elements of elem_bytes (1: the element
+ * count, a multiple of 32, which backend_kv_bytes turns into a backend's bytes). */
 size_t model_kv_bytes_per_token(const struct model_config *cfg, size_t elem_bytes);
 
 /* Whether batches may carry kv_copies (the backend copies between its buffers). */

@@ -91,8 +91,8 @@ struct backend_ops {
     void (*rope)(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
                  int rot_dim, float freq_base);
     /* Writes k[n][kv_dim], v[n][kv_dim] into the caches at b->slot; cache layout
-     * [n_blocks * block_size][kv_dim] of elements of kv_elem_bytes (fp32, or fp16 rounded to
-     * nearest even). */
+     * [n_blocks * block_size] slots of kv_dim elements, backend_kv_bytes(be, kv_dim) bytes each
+     * (fp32; fp16 rounded to nearest even; or, on the CPU, Q8_0 blocks). */
     void (*kv_write)(struct backend *be, void *k_cache, void *v_cache, const float *k,
                      const float *v, const struct attn_batch *b, int kv_dim);
     /* out[n][n_heads * head_dim]: causal attention of each token over positions 0..pos of its
@@ -125,7 +125,8 @@ struct backend_ops {
     bool (*step_end)(struct backend *be);
     void (*step_reset)(struct backend *be);
 
-    /* Bytes of one K or V element in this backend's cache: 4 (fp32) or 2 (fp16). NULL: 4. */
+    /* Bytes of one K or V element in this backend's cache: 4 (fp32), 2 (fp16) or 1 (Q8_0, whose
+     * scales add 2 bytes per 32). NULL: 4. */
     size_t (*kv_elem_bytes)(const struct backend *be);
     /* The residual add and the next norm in one pass: x[n][dim] += y, then out = rmsnorm(x) * w,
      * with exactly the arithmetic of add then rmsnorm; out may alias y. NULL: the caller runs
@@ -149,6 +150,9 @@ struct backend_ops {
      * (dst and src do not overlap). NULL: the backend has none, and callers compute what they
      * would have copied (the engine's reuse of a partly matching cached KV block). */
     void (*buf_copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+    /* Bytes of n consecutive elements of a slot (n a multiple of 32: a kv head's row, a slot).
+     * NULL: n * kv_elem_bytes. */
+    size_t (*kv_bytes)(const struct backend *be, size_t n);
 };
 
 struct backend {
@@ -187,6 +191,11 @@ static inline void backend_matmul_shared(struct backend *be, const struct bweigh
 static inline size_t backend_kv_elem_bytes(const struct backend *be)
 {
     return be->ops->kv_elem_bytes ? be->ops->kv_elem_bytes(be) : sizeof(float);
+}
+
+static inline size_t backend_kv_bytes(const struct backend *be, size_t n)
+{
+    return be->ops->kv_bytes ? be->ops->kv_bytes(be, n) : n * backend_kv_elem_bytes(be);
 }
 
 #endif

@@ -55,7 +55,7 @@ struct knobs {
     bool force_cpu;
     enum cpu_isa isa;
     enum cpu_prefetch prefetch;
-    int kv_bits;      /* --kv-type, any backend: 0 (the backend's own), 16, 32 */
+    int kv_bits;      /* --kv-type: 0 (the backend's own), 16, 32; 8 (q8, the CPU's only) */
     int cuda_kv_bits; /* what a CUDA backend gets: kv_bits, else $QUERN_CUDA_KV's */
     int gemm;         /* 0: mma, 1: cublas */
     int gemm_min;     /* 0: the backend's default */
@@ -104,9 +104,14 @@ static int read_knobs(const struct backend_request *r, struct knobs *k, struct q
     for (int i = 0; i < 2; i++) {
         const char *kv = kv_names[i];
         if (!kv) continue;
+        if (i == 0 && !strcmp(kv, "q8")) {
+            k->kv_bits = 8;
+            continue;
+        }
         if (strcmp(kv, "f16") && strcmp(kv, "f32"))
-            return qerr_set(err, QERR_INVALID, "%s '%s': want f16 or f32",
-                            i == 0 ? "--kv-type" : "QUERN_CUDA_KV", kv);
+            return qerr_set(err, QERR_INVALID, "%s '%s': want %s",
+                            i == 0 ? "--kv-type" : "QUERN_CUDA_KV", kv,
+                            i == 0 ? "f16, f32 or q8" : "f16 or f32");
         if (i == 0) k->kv_bits = kv[1] == '1' ? 16 : 32;
     }
     k->cuda_kv_bits = k->kv_bits ? k->kv_bits : kv_names[1] ? (kv_names[1][1] == '1' ? 16 : 32) : 0;
@@ -139,10 +144,16 @@ static enum matmul_precision cpu_precision(enum matmul_precision p)
 
 /* The CPU's KV element: --kv-type's, else fp16 with q8 activations (the serving default: half
  * the K/V bytes a batched decode reads, perplexity unchanged within its error, as llama.cpp's
- * default cache) and fp32 with f32 activations (the reference mode: bit for bit). */
+ * default cache) and fp32 with f32 activations (the reference mode: bit for bit). q8 (Q8_0
+ * blocks, as llama.cpp's -ctk/-ctv q8_0) only when asked: docs/quant.md has its cost. */
 static bool cpu_kv_f16(int kv_bits, enum matmul_precision precision)
 {
     return kv_bits ? kv_bits == 16 : precision == MATMUL_Q8;
+}
+
+static const char *cpu_kv_name(const struct backend_cpu_opts *o)
+{
+    return o->kv_q8 ? "q8" : o->kv_f16 ? "f16" : "f32";
 }
 
 static const char *precision_name(enum matmul_precision p)
@@ -158,13 +169,14 @@ static int create_cpu(int threads, enum matmul_precision precision, const struct
                                  .precision = precision,
                                  .isa = k->isa,
                                  .prefetch = k->prefetch,
-                                 .kv_f16 = cpu_kv_f16(k->kv_bits, precision)};
+                                 .kv_f16 = cpu_kv_f16(k->kv_bits, precision),
+                                 .kv_q8 = k->kv_bits == 8};
     int rc = backend_cpu_create(&o, out, err);
     if (rc) return rc;
     err->code = 0;
     snprintf(err->msg, sizeof err->msg, "cpu%s%.440s%s, %s kernels, %s activations, %s KV",
              why ? " (" : "", why ? why : "", why ? ")" : "", cpu_isa_name(backend_cpu_isa(*out)),
-             precision_name(precision), o.kv_f16 ? "f16" : "f32");
+             precision_name(precision), cpu_kv_name(&o));
     return 0;
 }
 
@@ -234,6 +246,14 @@ static int create_one(const struct backend_request *r, const struct knobs *kn, s
     if (k.force_cpu)
         return create_cpu(r->threads, r->precision, &k, "QUERN_FORCE_CPU is set", out, err);
     if (kind == BACKEND_KIND_CPU) return create_cpu(r->threads, r->precision, &k, NULL, out, err);
+    if (k.kv_bits == 8) {
+        if (kind == BACKEND_KIND_CUDA)
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "--device %s --kv-type q8: the CUDA backend's KV cache is f16 or f32",
+                            r->device);
+        return create_cpu(r->threads, r->precision, &k, "auto: --kv-type q8 is the CPU's", out,
+                          err);
+    }
 #ifdef QUERN_HAVE_CUDA
     struct backend_cuda_opts co = cuda_opts(&k, index, r->precision);
     struct qerr cerr = {0};
@@ -321,6 +341,15 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
     struct knobs kn;
     if ((rc = read_knobs(r, &kn, err))) return rc;
     const char *why = kn.force_cpu ? " (QUERN_FORCE_CPU is set)" : "";
+    if (!kn.force_cpu && kn.kv_bits == 8 && kind != BACKEND_KIND_CPU) {
+        if (kind == BACKEND_KIND_CUDA)
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "--device %s --tp %d --kv-type q8: the CUDA backend's KV cache is f16 "
+                            "or f32",
+                            r->device, n);
+        why = " (auto: --kv-type q8 is the CPU's)";
+        kind = BACKEND_KIND_CPU;
+    }
 #ifdef QUERN_HAVE_CUDA
     if (!kn.force_cpu && kind != BACKEND_KIND_CPU) {
         struct qerr cerr = {0};
@@ -341,7 +370,8 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
                                  .precision = cpu_precision(r->precision),
                                  .isa = kn.isa,
                                  .prefetch = kn.prefetch,
-                                 .kv_f16 = cpu_kv_f16(kn.kv_bits, cpu_precision(r->precision))};
+                                 .kv_f16 = cpu_kv_f16(kn.kv_bits, cpu_precision(r->precision)),
+                                 .kv_q8 = kn.kv_bits == 8};
     for (int k = 0; k < n; k++) {
         if ((rc = backend_cpu_create(&o, &g->be[k], err))) {
             g->n = k;
@@ -361,7 +391,7 @@ static int group_create(const struct backend_request *r, int n, struct backend_g
              "cpu%s, --tp %d: %d ranks of %d thread%s over the %s communicator, %s activations, "
              "%s KV",
              why, n, n, each, each > 1 ? "s" : "", g->comm[0]->ops->name,
-             precision_name(o.precision), o.kv_f16 ? "f16" : "f32");
+             precision_name(o.precision), cpu_kv_name(&o));
     return 0;
 }
 

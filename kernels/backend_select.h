@@ -44,7 +44,8 @@ struct backend_request {
      * would otherwise switch to faster ones for large batches (CUDA: the GEMM path). The CPU
      * backend always is. */
     bool batch_invariant;
-    const char *kv_type; /* "f16" or "f32"; NULL: the backend's own (CPU f32, CUDA f16) */
+    const char *kv_type; /* "f16", "f32" or "q8" (CPU only); NULL: the backend's own (CPU f16,
+                            f32 with f32 activations; CUDA f16) */
     const char *gemm;    /* CUDA's GEMM for large batches: "mma" or "cublas"; NULL: mma */
     int gemm_min_tokens; /* CUDA: batches from this many tokens take the GEMM; 0: 128 */
 };

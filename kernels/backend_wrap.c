@@ -111,8 +111,8 @@ static void w_rope(struct backend *be, float *x, const int32_t *pos, int n, int 
 static void w_kv_write(struct backend *be, void *kc, void *vc, const float *k, const float *v,
                        const struct attn_batch *b, int kv_dim)
 {
-    double elem = (double)backend_kv_elem_bytes(wrap_of(be)->inner);
-    HOOKED("kv_write", NULL, 2.0 * b->n_tokens * kv_dim * (F4 + elem), 0, b->n_tokens,
+    double row = (double)backend_kv_bytes(wrap_of(be)->inner, (size_t)kv_dim);
+    HOOKED("kv_write", NULL, 2.0 * b->n_tokens * (kv_dim * F4 + row), 0, b->n_tokens,
            in->ops->kv_write(in, kc, vc, k, v, b, kv_dim));
 }
 
@@ -164,6 +164,12 @@ static size_t w_kv_elem_bytes(const struct backend *be)
 {
     const struct wrap *x = be->ctx;
     return backend_kv_elem_bytes(x->inner);
+}
+
+static size_t w_kv_bytes(const struct backend *be, size_t n)
+{
+    const struct wrap *x = be->ctx;
+    return backend_kv_bytes(x->inner, n);
 }
 
 static void w_mem_info(struct backend *be, size_t *free_b, size_t *total_b)
@@ -223,6 +229,7 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
                                   .step_end = steps ? w_step_end : NULL,
                                   .step_reset = steps ? w_step_reset : NULL,
                                   .kv_elem_bytes = in->kv_elem_bytes ? w_kv_elem_bytes : NULL,
+                                  .kv_bytes = in->kv_bytes ? w_kv_bytes : NULL,
                                   .add_rmsnorm = in->add_rmsnorm ? w_add_rmsnorm : NULL,
                                   .mem_info = in->mem_info ? w_mem_info : NULL,
                                   .host_alloc = in->host_alloc ? w_host_alloc : NULL,

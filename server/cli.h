@@ -63,8 +63,9 @@ enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN };
         "gemm-min-tokens", required_argument, 0, CLI_O_GEMM_MIN                                    \
     }
 #define CLI_KNOBS_HELP                                                                             \
-    "  --kv-type f16|f32   the KV cache's element (default: the backend's, CPU f32, CUDA f16;\n"   \
-    "                    f16 halves what attention reads)\n"                                       \
+    "  --kv-type f16|f32|q8 the KV cache's element (default: the backend's: CPU f16, or f32\n"     \
+    "                    with --precision f32; CUDA f16); q8 (CPU only): Q8_0 blocks,\n"           \
+    "                    0.53x f16's bytes, as llama.cpp's -ctk/-ctv q8_0\n"                       \
     "  --gemm mma|cublas   GPU: the GEMM for large batches (default mma)\n"                        \
     "  --gemm-min-tokens N GPU: batches of N or more tokens take the GEMM (default 128)\n"
 /* Takes the knob option `code` (CLI_O_*) with its argument; false after a one-line error. */

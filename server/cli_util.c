@@ -96,7 +96,7 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
     long v;
     switch (code) {
     case CLI_O_KV_TYPE:
-        if (strcmp(text, "f16") && strcmp(text, "f32")) break;
+        if (strcmp(text, "f16") && strcmp(text, "f32") && strcmp(text, "q8")) break;
         k->kv_type = text;
         return true;
     case CLI_O_GEMM:
@@ -109,7 +109,7 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
         return true;
     }
     fprintf(stderr, "quern %s: '%s': %s\n", prog, text,
-            code == CLI_O_KV_TYPE ? "--kv-type wants f16 or f32"
+            code == CLI_O_KV_TYPE ? "--kv-type wants f16, f32 or q8"
             : code == CLI_O_GEMM
                 ? "--gemm wants mma or cublas"
                 : "--gemm-min-tokens wants 1..1048576 (for never: --batch-invariant)");

@@ -11,6 +11,7 @@
 #include "../engine/engine_impl.h" /* check_error */
 #include "../engine/engine_state.h"
 #include "../engine/kv_cache.h"
+#include "../kernels/cpu/backend_cpu.h"
 #include "testbackend.h"
 #include "testutil.h"
 
@@ -323,6 +324,79 @@ START_TEST(batched_equals_sequential)
                           "prompt %d token %d: batched %d, alone %d", i, k, batched[i].tokens[k],
                           alone[i].tokens[k]);
         ck_assert_str_eq(batched[i].text, alone[i].text);
+    }
+}
+END_TEST
+
+/* The serving mode with an int8 KV cache (q8 activations, --kv-type q8: Q8_0 slots, 34 bytes per
+ * 32 elements): greedy tokens alone equal those in a batch that chunks its prompts, shares
+ * cached prefixes and preempts (its blocks copied, partly matching ones too). */
+START_TEST(q8_kv_batched_equals_alone)
+{
+    int n_prompts = tu_sanitized() ? 4 : 8, n_out = 6;
+    struct backend *bq = NULL;
+    struct qerr err = {0};
+    struct backend_cpu_opts bo = {.n_threads = 2, .precision = MATMUL_Q8, .kv_q8 = true};
+    ck_assert_msg(backend_cpu_create(&bo, &bq, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(backend_kv_bytes(bq, 64), 68);
+    /* the prompts, and last the longest one's first 150 tokens: a cached prefix that ends
+     * inside a block, whose matching part is copied */
+    const int32_t *p[9];
+    size_t n[9];
+    for (int i = 0; i < n_prompts; i++) {
+        batch_prompt(i, n_prompts, &p[i], &n[i]);
+        n[i] = n[i] > 300 ? 300 : n[i];
+    }
+    p[n_prompts] = p[n_prompts - 1];
+    n[n_prompts] = 150;
+    static struct result alone[9], batched[9];
+    struct gen_request r;
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 256;
+    o.max_seqs = 4;
+    o.kv_blocks = 64;
+    struct engine *e;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            o.max_batch_tokens = 64;
+            o.max_seqs = 8;
+            o.kv_blocks = tu_sanitized() ? 14 : 28; /* too few for them all */
+            o.prefix_cache = true;
+        }
+        ck_assert_msg(engine_create(file, tok, bq, &o, &e, &err) == 0, "%s", err.msg);
+        struct request *q[9];
+        for (int i = 0; i <= n_prompts; i++) {
+            greedy_request(&r, p[i], n[i], n_out);
+            if (!pass)
+                run_alone(e, &r, &alone[i]);
+            else if (i < n_prompts)
+                q[i] = submit(e, &r);
+        }
+        for (int i = 0; pass && i < n_prompts; i++) collect(q[i], &batched[i]);
+        if (pass) { /* after the others: its prefix is in the cache */
+            greedy_request(&r, p[n_prompts], n[n_prompts], n_out);
+            run_alone(e, &r, &batched[n_prompts]);
+        }
+        struct engine_stats st;
+        wait_idle(e, &st);
+        if (pass) {
+            printf("q8 KV batched: %llu steps, %llu preemptions, %llu prefix tokens reused\n",
+                   (unsigned long long)st.steps, (unsigned long long)st.preemptions,
+                   (unsigned long long)st.prefix_hit_tokens);
+            ck_assert_msg(st.preemptions > 0, "the pool was meant to force preemption");
+            ck_assert_msg(st.prefix_hit_tokens > 0, "the last prompt was meant to hit the cache");
+        }
+        ck_assert_int_eq(st.kv_blocks_used, 0);
+        engine_free(e);
+    }
+    backend_destroy(bq);
+    for (int i = 0; i <= n_prompts; i++) {
+        ck_assert_int_eq(batched[i].n, n_out);
+        for (int k = 0; k < n_out; k++)
+            ck_assert_msg(batched[i].tokens[k] == alone[i].tokens[k],
+                          "q8 KV, prompt %d token %d: batched %d, alone %d", i, k,
+                          batched[i].tokens[k], alone[i].tokens[k]);
     }
 }
 END_TEST
@@ -863,18 +937,14 @@ int main(void)
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
-    const TTest *tests[] = {pool_invariants_random,
-                            a_request_of_many_choices_takes_one_queue_place,
-                            state_picture_matches_engine,
-                            aborts_and_limits,
-                            back_pressure_and_after_free,
-                            stop_string_across_tokens,
-                            prefix_cache_reuses_blocks,
-                            seeded_sampling_same_in_busy_batch,
-                            engine_random_workload,
-                            batched_equals_sequential,
-                            prompt_outputs_batched_equal_alone,
-                            grammar_masks_same_in_every_mode};
+    const TTest *tests[] = {
+        pool_invariants_random,          a_request_of_many_choices_takes_one_queue_place,
+        state_picture_matches_engine,    aborts_and_limits,
+        back_pressure_and_after_free,    stop_string_across_tokens,
+        prefix_cache_reuses_blocks,      seeded_sampling_same_in_busy_batch,
+        engine_random_workload,          batched_equals_sequential,
+        q8_kv_batched_equals_alone,      prompt_outputs_batched_equal_alone,
+        grammar_masks_same_in_every_mode};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (tu_selected(tests[i]->name)) tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);

@@ -20,6 +20,7 @@
 #include "../kernels/cpu/kern.h"
 #include "../kernels/cpu/qpack.h"
 #include "../kernels/cpu/ref.h"
+#include "../quant/quantize.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -908,6 +909,149 @@ START_TEST(fp16_kv_cache)
 }
 END_TEST
 
+/* Q8_0 copies of c's caches (*k8, *v8, freed by the caller: each slot's kv_dim elements as
+ * quantize_row_q8_0 makes them), the float caches then holding the dequantized values. */
+static void attn_case_q8(struct attn_case *c, uint8_t **k8, uint8_t **v8)
+{
+    size_t slots = (size_t)c->b.n_seqs * (size_t)c->b.max_blocks * (size_t)c->b.block_size,
+           kv_dim = (size_t)c->s.n_kv_heads * (size_t)c->s.head_dim, nb = kv_dim / 32;
+    *k8 = malloc(slots * nb * 34);
+    *v8 = malloc(slots * nb * 34);
+    for (int kv = 0; kv < 2; kv++) {
+        float *x = kv ? c->vc : c->kc;
+        struct block_q8_0 *q = (struct block_q8_0 *)(kv ? *v8 : *k8);
+        for (size_t sl = 0; sl < slots; sl++)
+            quantize_row_q8_0(x + sl * kv_dim, q + sl * nb, kv_dim);
+        for (size_t j = 0; j < slots * kv_dim; j++)
+            x[j] = fp16_to_f32(q[j / 32].d) * (float)q[j / 32].qs[j % 32];
+    }
+}
+
+/* A Q8_0 KV cache (--kv-type q8): attention_q8 gives the bits attention gives over a float
+ * cache of the dequantized values, on every ISA, in the reference, whatever the head ranges,
+ * the prefetch, the partitions (rows of up to 1920 keys on one and two threads, alone and in a
+ * batch); the backend with kv_q8 writes each token's slot as quantize_row_q8_0 and sizes it as
+ * 34 bytes per 32 elements. */
+START_TEST(q8_kv_cache)
+{
+    tu_seed(0x98c8);
+    const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},  {8, 2, 128, 1, 40},
+                          {6, 2, 32, 0, 40},  {16, 2, 64, 0, 40}, {9, 3, 64, 0, 120},
+                          {8, 2, 128, 0, 120}};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        int nt = cfg[ci][4] > 40 ? 24 : 1 + (int)(tu_rnd() % 40);
+        struct attn_case c;
+        attn_case_make_blocks(&c, nt, cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], cfg[ci][4]);
+        uint8_t *k8, *v8;
+        attn_case_q8(&c, &k8, &v8);
+        size_t row = (size_t)c.s.n_heads * (size_t)c.s.head_dim, at;
+        float *want = malloc(c.q_len * 4), *got = malloc(c.q_len * 4), *one = malloc(row * 4),
+              *one_want = malloc(row * 4);
+        for (int t = 0; t < nt; t++)
+            for (int hh = 0; hh < c.s.n_heads; hh++) {
+                ref_attention_one(want, c.q, c.kc, c.vc, &c.b, &c.s, t, hh);
+                ref_attention_one_q8(got, c.q, k8, v8, &c.b, &c.s, t, hh);
+            }
+        ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at), "reference: [%zu] differs", at);
+        for (int i = 0; i < N_ISAS; i++) {
+            if (!cpu_isa_supported(all_isas[i])) continue;
+            for (int pf = CPU_PREFETCH_L2; pf <= CPU_PREFETCH_L1; pf++) {
+                const struct cpu_kernels *k = cpu_kernels_with(all_isas[i], (enum cpu_prefetch)pf);
+                int group = c.s.n_heads / c.s.n_kv_heads;
+                k->attention(want, c.q, c.kc, c.vc, &c.b, &c.s, 0, nt, 0, c.s.n_heads);
+                memset(got, 0xff, c.q_len * 4);
+                for (int kvh = 0; kvh < c.s.n_kv_heads; kvh++)
+                    k->attention_q8(got, c.q, k8, v8, &c.b, &c.s, 0, nt, kvh * group,
+                                    (kvh + 1) * group);
+                ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at),
+                              "%s attention_q8 by kv head, heads %d/%d hd %d: [%zu] %.8g vs %.8g",
+                              cpu_isa_name(all_isas[i]), c.s.n_heads, c.s.n_kv_heads, c.s.head_dim,
+                              at, got[at], want[at]);
+                memset(got, 0xff, c.q_len * 4);
+                k->attention_q8(got, c.q, k8, v8, &c.b, &c.s, 0, nt, 0, c.s.n_heads);
+                ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at),
+                              "%s attention_q8, every head: [%zu]", cpu_isa_name(all_isas[i]), at);
+            }
+            if (cfg[ci][4] <= 40 || !cpu_kernels_for(all_isas[i])->attention_q8_part) continue;
+            /* the backend: a batch (rows whole) and each token alone (its partitions as tasks
+             * on two threads), the float cache's bits every time */
+            for (int th = 1; th <= 2; th++) {
+                struct backend *bf = NULL, *b8 = NULL;
+                struct qerr err = {0};
+                struct backend_cpu_opts o = {
+                    .n_threads = th, .precision = MATMUL_F32, .isa = all_isas[i]};
+                ck_assert_int_eq(backend_cpu_create(&o, &bf, &err), 0);
+                o.kv_q8 = true;
+                ck_assert_int_eq(backend_cpu_create(&o, &b8, &err), 0);
+                bf->ops->attention(bf, want, c.q, c.kc, c.vc, &c.b, &c.s);
+                b8->ops->attention(b8, got, c.q, k8, v8, &c.b, &c.s);
+                ck_assert_msg(!tu_bits_differ(got, want, c.q_len, &at),
+                              "%s backend attention over q8, %d thread(s): [%zu]",
+                              cpu_isa_name(all_isas[i]), th, at);
+                for (int t = 0; t < nt; t++) {
+                    struct attn_batch b1 = c.b;
+                    b1.n_tokens = 1;
+                    b1.pos = c.pos + t;
+                    b1.seq = c.seq + t;
+                    b1.slot = c.slot + t;
+                    bf->ops->attention(bf, one_want, c.q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
+                    b8->ops->attention(b8, one, c.q + (size_t)t * row, k8, v8, &b1, &c.s);
+                    ck_assert_msg(!tu_bits_differ(one, one_want, row, &at),
+                                  "%s q8 token %d (position %d) alone, %d thread(s): [%zu]",
+                                  cpu_isa_name(all_isas[i]), t, c.pos[t], th, at);
+                }
+                backend_destroy(bf);
+                backend_destroy(b8);
+            }
+        }
+        free(k8);
+        free(v8);
+        free(want);
+        free(got);
+        free(one);
+        free(one_want);
+        attn_case_free(&c);
+    }
+
+    /* the backend's cache: 34 bytes per 32 elements, kv_write as quantize_row_q8_0 */
+    struct backend *be = NULL;
+    struct qerr err = {0};
+    struct backend_cpu_opts o = {.n_threads = 2, .precision = MATMUL_Q8, .kv_q8 = true};
+    ck_assert_msg(backend_cpu_create(&o, &be, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(backend_kv_elem_bytes(be), 1);
+    ck_assert_uint_eq(backend_kv_bytes(be, 192), 204);
+    enum { N = 12, KV_DIM = 64, ROW = 68 };
+    int32_t slot[N], pos[N], seq[N], table[1] = {0};
+    for (int t = 0; t < N; t++) {
+        slot[t] = (t * 7 + 3) % 16; /* 12 distinct slots of the block */
+        pos[t] = t;
+        seq[t] = 0;
+    }
+    struct attn_batch b = {.n_tokens = N,
+                           .pos = pos,
+                           .seq = seq,
+                           .slot = slot,
+                           .n_seqs = 1,
+                           .block_table = table,
+                           .max_blocks = 1,
+                           .block_size = 16};
+    float kv[2][N * KV_DIM];
+    tu_fill(&kv[0][0], 2 * N * KV_DIM, 3.0f);
+    uint8_t kc[16 * ROW], vc[16 * ROW];
+    struct block_q8_0 wk[2], wv[2];
+    memset(kc, 0, sizeof kc);
+    memset(vc, 0, sizeof vc);
+    be->ops->kv_write(be, kc, vc, &kv[0][0], &kv[1][0], &b, KV_DIM); /* N >= 8: on the pool */
+    for (int t = 0; t < N; t++) {
+        quantize_row_q8_0(&kv[0][t * KV_DIM], wk, KV_DIM);
+        quantize_row_q8_0(&kv[1][t * KV_DIM], wv, KV_DIM);
+        ck_assert_msg(!memcmp(kc + slot[t] * ROW, wk, ROW), "token %d's K slot", t);
+        ck_assert_msg(!memcmp(vc + slot[t] * ROW, wv, ROW), "token %d's V slot", t);
+    }
+    backend_destroy(be);
+}
+END_TEST
+
 START_TEST(isa_selection)
 {
     struct backend *be = NULL;
@@ -1004,6 +1148,7 @@ int main(void)
     tcase_add_test(tc, attention_prompt_sets_match_one_token);
     tcase_add_test(tc, attention_partitions_invariant);
     tcase_add_test(tc, fp16_kv_cache);
+    tcase_add_test(tc, q8_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);
     suite_add_tcase(s, tc);
     SRunner *r = srunner_create(s);

@@ -228,7 +228,7 @@ START_TEST(out_of_memory_names_the_allocation)
     size_t slots = (size_t)(4096 + (be->ops->step_begin ? 1 : 0)) * 16;
     char want[96];
     snprintf(want, sizeof want, "%.1f MiB of KV cache (%zu tokens, layer 0 of 30",
-             (double)(slots * 192 * backend_kv_elem_bytes(be)) / (1 << 20), slots);
+             (double)backend_kv_bytes(be, slots * 192) / (1 << 20), slots);
     struct model *m = NULL;
     struct qerr err = {0};
     ck_assert_int_eq(model_load(file, &full, &mo, &m, &err), QERR_NOMEM);

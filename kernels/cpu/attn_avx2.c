@@ -1,6 +1,7 @@
 /* AVX2 attention over the paged KV cache: the design of attn_avx512.c with 8-key chunks (the
  * width of a register) and 8-lane vectors. */
 #include <math.h>
+#include <string.h>
 
 #include "attn_part.h"
 #include "attn_rows.h"
@@ -28,12 +29,22 @@ TGT INLINE __m256 first_lanes(int n)
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
 }
 
-/* 8 elements of a K or V cache of floats, or of fp16 values (widened exactly) */
-TGT INLINE __m256 load8(const void *cache, size_t off, const int F16)
+/* Elements [e, e + 8) of the row at unit offset row of a cache of kind KT (ref.h), as load16 in
+ * attn_avx512.c: floats, fp16 widened, or Q8_0 dequantized (exactly). */
+TGT INLINE __m256 load8(const void *cache, size_t row, int e, const int KT)
 {
-    if (F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + off)));
-    return _mm256_loadu_ps((const float *)cache + off);
+    if (KT == KV_Q8) {
+        const uint8_t *blk = (const uint8_t *)cache + row + (size_t)(e / 32) * 34;
+        uint16_t d;
+        memcpy(&d, blk, sizeof d);
+        __m256 x = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + e % 32))));
+        return _mm256_mul_ps(x, _mm256_set1_ps(_cvtsh_ss(d)));
+    }
+    if (KT == KV_F16)
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row + e)));
+    return _mm256_loadu_ps((const float *)cache + row + e);
 }
 
 struct row_state {
@@ -52,7 +63,7 @@ struct row_state {
  * spilled the converted K instead (stack traffic on every key). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m256 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, int c, int j0,
-                           const int NV, const int F16, __m256 vscale, struct key_prefetch *pf)
+                           const int NV, const int KT, __m256 vscale, struct key_prefetch *pf)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const size_t col = rows[r0].col; /* the block's kv head */
@@ -63,10 +74,10 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
             q[i] = rows[r0 + i].q;
             __asm__("" : "+r"(q[i]));
         }
-        __m256 kv = load8(k_cache, o[k] + col, F16), a[3];
+        __m256 kv = load8(k_cache, o[k] + col, 0, KT), a[3];
         for (int i = 0; i < RB; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(q[i]), kv);
         for (int v = 1; v < NV; v++) {
-            kv = load8(k_cache, o[k] + col + 8 * (size_t)v, F16);
+            kv = load8(k_cache, o[k] + col, 8 * v, KT);
             for (int i = 0; i < RB; i++)
                 a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + 8 * v), kv, a[i]);
         }
@@ -87,7 +98,7 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
  * 8-lane slices at a time: 12 independent sums for 3 rows, where one slice at a time left 3
  * chains of dependent fmas (latency, not the fma ports, set the pace). */
 TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *v_cache,
-                        const size_t *o, size_t col, int c, int n, const int NV, const int F16)
+                        const size_t *o, size_t col, int c, int n, const int NV, const int KT)
 {
     enum { SL = 4 };
     for (int v0 = 0; v0 < NV; v0 += SL) {
@@ -98,7 +109,7 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
             __m256 w[3];
             for (int i = 0; i < RB; i++) w[i] = _mm256_set1_ps(st[r0 + i].p[c * CHUNK + k]);
             for (int u = 0; u < SL; u++) {
-                __m256 vv = load8(v_cache, o[k] + col + 8 * (size_t)(v0 + u), F16);
+                __m256 vv = load8(v_cache, o[k] + col, 8 * (v0 + u), KT);
                 for (int i = 0; i < RB; i++) pa[i][u] = _mm256_fmadd_ps(w[i], vv, pa[i][u]);
             }
         }
@@ -128,7 +139,7 @@ static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, 
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int F16, const struct attn_parts *pp)
+                         const int NV, const int KT, const struct attn_parts *pp)
 {
     struct key_walk kw = w.kw, pw = w.pf;
     const int hd = 8 * NV;
@@ -141,8 +152,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     key_skip(&pw, key0);
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     size_t offs[SPAN];
-    struct key_prefetch pf =
-        key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems, F16 ? 2 : 4, PF_AHEAD, 0);
+    struct key_prefetch pf = key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems,
+                                                kv_unit_bytes(KT), PF_AHEAD, 0);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
         int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
@@ -171,11 +182,11 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                     }
                     int b = block_rows(rows, nr, r, c, j0);
                     if (b == 3)
-                        score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                        score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, KT, vscale, &pf);
                     else if (b == 2)
-                        score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                        score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, KT, vscale, &pf);
                     else
-                        score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, F16, vscale, &pf);
+                        score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, KT, vscale, &pf);
                     r += b;
                 }
                 /* what the blocks left of this chunk's keys */
@@ -212,11 +223,11 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                     }
                     int b = block_rows(rows, nr, r, c, j0);
                     if (b == 3)
-                        pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, F16);
+                        pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, KT);
                     else if (b == 2)
-                        pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, F16);
+                        pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, KT);
                     else
-                        pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, F16);
+                        pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, KT);
                     r += b;
                 }
             }
@@ -247,14 +258,14 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     }
 }
 
-/* Tokens [t0, t1) x query heads [h0, h1) over a float (F16 0) or fp16 cache. */
+/* Tokens [t0, t1) x query heads [h0, h1) over a cache of kind KT. */
 TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, const void *v_cache,
                              const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
-                             int h0, int h1, const int F16, const struct attn_parts *pp)
+                             int h0, int h1, const int KT, const struct attn_parts *pp)
 {
     int hd = s->head_dim;
     if (hd != 64 && hd != 128) {
-        attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16);
+        attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KT);
         return;
     }
     struct attn_heads hs = attn_heads_of(s, h0, h1);
@@ -264,27 +275,27 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         struct attn_row rows[ATTN_ROWS];
         struct row_state st[ATTN_ROWS];
         int seq = -1, nr;
-        while ((nr = attn_next_set(&it, b, s, q, out, rows, &seq)) > 0) {
-            struct attn_walks w = attn_walks_of(b, s, seq, hs, walk);
+        while ((nr = attn_next_set(&it, b, s, KT, q, out, rows, &seq)) > 0) {
+            struct attn_walks w = attn_walks_of(b, s, KT, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, F16, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, KT, pp);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, F16, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, KT, pp);
         }
     }
 }
 
-/* The table's entry points: float or fp16 cache; _part, the partitions pp names of each row,
+/* The table's entry points: float, fp16 or Q8_0 cache; _part, the partitions pp names of each row,
  * written as records (attn_part.h); the whole-row entry is the _part one with no partitions,
  * so each kernel is compiled once per cache type (twice, the sanitized build's two slowest
  * files took twice as long). */
-#define ATTN_ENTRY(name, T, F16)                                                                   \
+#define ATTN_ENTRY(name, T, KT)                                                                    \
     __attribute__((noinline))                                                                      \
     TGT void name##_part(float *out, const float *q, const T *k_cache, const T *v_cache,           \
                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,   \
                          int h0, int h1, const struct attn_parts *pp)                              \
     {                                                                                              \
-        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, F16, pp);                     \
+        attention_kv(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KT, pp);                      \
     }                                                                                              \
     TGT void name(float *out, const float *q, const T *k_cache, const T *v_cache,                  \
                   const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,  \
@@ -293,5 +304,6 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         name##_part(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, NULL);                         \
     }
 
-ATTN_ENTRY(avx2_attention, float, 0)
-ATTN_ENTRY(avx2_attention_f16, uint16_t, 1)
+ATTN_ENTRY(avx2_attention, float, KV_F32)
+ATTN_ENTRY(avx2_attention_f16, uint16_t, KV_F16)
+ATTN_ENTRY(avx2_attention_q8, uint8_t, KV_Q8)

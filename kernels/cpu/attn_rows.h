@@ -29,7 +29,7 @@ struct attn_row {
     const float *q; /* [head_dim] */
     float *out;     /* [head_dim] */
     int n_keys;     /* pos + 1 */
-    size_t col;     /* its kv head's offset within a KV slot, in elements */
+    size_t col;     /* its kv head's offset within a KV slot, in units (ref.h: enum kv_kind) */
     int th;         /* t * n_heads + h: its record in a struct attn_parts (attn_part.h) */
 };
 
@@ -39,21 +39,21 @@ struct attn_sets {
     int g0, g1;  /* kvh >= 0: the group's heads [g0, g1) */
 };
 
-/* Fills rows with the next set (one sequence, at most ATTN_ROWS rows) and returns its size, or 0
- * when the range is done; *seq is the set's sequence. */
+/* Fills rows with the next set (one sequence, at most ATTN_ROWS rows) over a cache of kind kk
+ * and returns its size, or 0 when the range is done; *seq is the set's sequence. */
 static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b,
-                                const struct attn_shape *s, const float *q, float *out,
-                                struct attn_row *rows, int *seq)
+                                const struct attn_shape *s, enum kv_kind kk, const float *q,
+                                float *out, struct attn_row *rows, int *seq)
 {
     int group = s->n_heads / s->n_kv_heads, nr = 0;
-    size_t hd = (size_t)s->head_dim;
+    size_t hd = (size_t)s->head_dim, hu = kv_units(kk, hd);
     if (it->kvh < 0) {
         if (it->t >= it->t1) return 0;
         *seq = b->seq[it->t];
         for (int h = it->g0; h < it->g1; h++) {
             size_t at = ((size_t)it->t * (size_t)s->n_heads + (size_t)h) * hd;
             rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1,
-                                           (size_t)(h / group) * hd, it->t * s->n_heads + h};
+                                           (size_t)(h / group) * hu, it->t * s->n_heads + h};
         }
         it->t++;
         return nr;
@@ -63,7 +63,7 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         *seq = b->seq[it->t];
         size_t h = (size_t)it->kvh * (size_t)group + (size_t)it->g;
         size_t at = ((size_t)it->t * (size_t)s->n_heads + h) * hd;
-        rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hd,
+        rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hu,
                                        it->t * s->n_heads + (int)h};
         if (++it->g == it->g1) {
             it->g = it->g0;
@@ -100,16 +100,18 @@ static inline struct attn_sets attn_sets_of(const struct attn_shape *s, struct a
     return (struct attn_sets){.t = t0, .g = g0, .t1 = t1, .kvh = kvh, .g0 = g0, .g1 = g1};
 }
 
-/* Tokens [t0, t1) x query heads [h0, h1) by the reference, over a float (F16 0) or fp16 cache:
- * the head sizes the SIMD kernels have no tiles for. */
+/* Tokens [t0, t1) x query heads [h0, h1) by the reference, over a cache of kind kk: the head
+ * sizes the SIMD kernels have no tiles for. */
 static inline void attn_ref_heads(float *out, const float *q, const void *k_cache,
                                   const void *v_cache, const struct attn_batch *b,
                                   const struct attn_shape *s, int t0, int t1, int h0, int h1,
-                                  int F16)
+                                  enum kv_kind kk)
 {
     for (int t = t0; t < t1; t++)
         for (int h = h0; h < h1; h++)
-            if (F16)
+            if (kk == KV_Q8)
+                ref_attention_one_q8(out, q, k_cache, v_cache, b, s, t, h);
+            else if (kk == KV_F16)
                 ref_attention_one_f16(out, q, k_cache, v_cache, b, s, t, h);
             else
                 ref_attention_one(out, q, k_cache, v_cache, b, s, t, h);
@@ -139,7 +141,7 @@ static inline int attn_blocks(const struct attn_row *rows, const int *act, int n
 struct key_walk {
     const int32_t *table;
     int bs, blk, in_blk;
-    size_t row, col; /* floats per slot; offset of the kv head in a slot */
+    size_t row, col; /* units per slot; offset of the kv head in a slot */
 };
 
 /* Moves a walk that is at key 0 to key k. */
@@ -224,19 +226,19 @@ key_prefetch_start(struct key_walk kw, int n_keys, const void *k_cache, const vo
     return pf;
 }
 
-/* The walks of one set of sequence seq: kw over its slots (column 0: each row adds its kv
- * head's), pf over what the prefetch walker fetches, pf_elems elements a key from pf's column:
- * for kv head -1 the columns of hs's kv heads, else head kvh's row. */
+/* The walks of one set of sequence seq over a cache of kind kk: kw over its slots (column 0:
+ * each row adds its kv head's), pf over what the prefetch walker fetches, pf_elems units a key
+ * from pf's column: for kv head -1 the columns of hs's kv heads, else head kvh's row. */
 struct attn_walks {
     struct key_walk kw, pf;
     size_t pf_elems;
 };
 
 static inline struct attn_walks attn_walks_of(const struct attn_batch *b,
-                                              const struct attn_shape *s, int seq,
+                                              const struct attn_shape *s, enum kv_kind kk, int seq,
                                               struct attn_heads hs, int kvh)
 {
-    size_t hd = (size_t)s->head_dim, slot = (size_t)s->n_kv_heads * hd;
+    size_t hd = kv_units(kk, (size_t)s->head_dim), slot = (size_t)s->n_kv_heads * hd;
     struct key_walk kw = {.table = b->block_table + (size_t)seq * (size_t)b->max_blocks,
                           .bs = b->block_size,
                           .row = slot};

@@ -111,7 +111,13 @@ static void cpu_weight_release(struct backend *be, struct bweight *w)
 static size_t cpu_kv_elem_bytes(const struct backend *be)
 {
     const struct cpu_ctx *c = be->ctx;
-    return c->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    return kv_unit_bytes(c->kv);
+}
+
+static size_t cpu_kv_bytes(const struct backend *be, size_t n)
+{
+    const struct cpu_ctx *c = be->ctx;
+    return kv_units(c->kv, n) * kv_unit_bytes(c->kv);
 }
 
 static void cpu_sync(struct backend *be)
@@ -141,6 +147,7 @@ static const struct backend_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .sync = cpu_sync,
     .kv_elem_bytes = cpu_kv_elem_bytes,
+    .kv_bytes = cpu_kv_bytes,
 };
 
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err)
@@ -164,7 +171,7 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
     }
     c->precision = opts->precision;
     c->isa = isa;
-    c->kv_f16 = opts->kv_f16;
+    c->kv = opts->kv_q8 ? KV_Q8 : opts->kv_f16 ? KV_F16 : KV_F32;
     c->k = cpu_kernels_with(isa, opts->prefetch);
     c->n_threads = n;
     rc = pool_create(n, &c->pool, err);

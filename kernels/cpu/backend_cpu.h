@@ -35,8 +35,9 @@ struct backend_cpu_opts {
     enum matmul_precision precision;
     enum cpu_isa isa;
     enum cpu_prefetch prefetch;
-    /* the KV cache's element: fp16 (half the bytes attention reads; --kv-type f16) or float */
-    bool kv_f16;
+    /* the KV cache's element: fp16 (half the bytes attention reads; --kv-type f16) or float;
+     * kv_q8 (before kv_f16): Q8_0 blocks (--kv-type q8, 34 bytes per 32 elements) */
+    bool kv_f16, kv_q8;
 };
 
 int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out, struct qerr *err);

@@ -22,7 +22,8 @@ struct cpu_ctx {
     int n_threads;
     enum matmul_precision precision;
     enum cpu_isa isa;
-    bool kv_f16; /* the KV cache holds fp16 values (kv_write rounds, attention widens) */
+    enum kv_kind kv; /* the KV cache's element (ref.h): kv_write rounds or quantizes, attention
+                        widens or dequantizes */
     const struct cpu_kernels *k;
     /* activation scratch of one matmul (quantized tokens or block sums); grows on demand */
     void *scratch;

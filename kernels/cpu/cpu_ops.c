@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../quant/quantize.h"
 #include "cpu_ctx.h"
 
 #define PAR_ELEMS 65536 /* elements from which an elementwise op uses the pool */
@@ -207,10 +208,11 @@ struct kv_write_job {
     void *k_cache, *v_cache;
     const float *kx, *vx;
     const struct attn_batch *b;
+    enum kv_kind kv; /* KV_F16 or KV_Q8 */
     int kv_dim, per_task;
 };
 
-#define KV_WRITE_PAR_TOKENS 8 /* tokens from which the fp16 KV write runs on the pool */
+#define KV_WRITE_PAR_TOKENS 8 /* tokens from which the fp16 or Q8_0 KV write runs on the pool */
 
 static void kv_write_task(void *arg, int task, int worker)
 {
@@ -218,10 +220,16 @@ static void kv_write_task(void *arg, int task, int worker)
     struct kv_write_job *j = arg;
     int t0 = task * j->per_task,
         t1 = t0 + j->per_task < j->b->n_tokens ? t0 + j->per_task : j->b->n_tokens;
+    size_t n = (size_t)j->kv_dim, row = kv_units(j->kv, n);
     for (int i = t0; i < t1; i++) {
-        size_t dst = (size_t)j->b->slot[i] * (size_t)j->kv_dim, src = (size_t)i * (size_t)j->kv_dim;
-        j->k->to_fp16(j->kx + src, (uint16_t *)j->k_cache + dst, (size_t)j->kv_dim);
-        j->k->to_fp16(j->vx + src, (uint16_t *)j->v_cache + dst, (size_t)j->kv_dim);
+        size_t dst = (size_t)j->b->slot[i] * row, src = (size_t)i * n;
+        if (j->kv == KV_Q8) {
+            quantize_row_q8_0(j->kx + src, (struct block_q8_0 *)((uint8_t *)j->k_cache + dst), n);
+            quantize_row_q8_0(j->vx + src, (struct block_q8_0 *)((uint8_t *)j->v_cache + dst), n);
+        } else {
+            j->k->to_fp16(j->kx + src, (uint16_t *)j->k_cache + dst, n);
+            j->k->to_fp16(j->vx + src, (uint16_t *)j->v_cache + dst, n);
+        }
     }
 }
 
@@ -229,11 +237,12 @@ void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float 
                   const struct attn_batch *b, int kv_dim)
 {
     struct cpu_ctx *c = ctx_of(be);
-    if (!c->kv_f16) {
+    if (c->kv == KV_F32) {
         ref_kv_write(k_cache, v_cache, k, v, b, kv_dim);
         return;
     }
     struct kv_write_job j = {.k = c->k,
+                             .kv = c->kv,
                              .k_cache = k_cache,
                              .v_cache = v_cache,
                              .kx = k,
@@ -261,7 +270,7 @@ struct attn_run {
 
 struct attn_job {
     const struct cpu_kernels *k;
-    bool f16;
+    enum kv_kind kv;
     float *out;
     const float *q;
     const void *k_cache, *v_cache;
@@ -285,6 +294,35 @@ struct attn_job {
  * enough that fixed groups of run_tokens balance the pool */
 #define ATTN_RUNS_MAX 256
 
+/* The table's kernel for the cache's kind: rows whole (pp NULL) or partitions pp. */
+static void attn_call(const struct attn_job *j, int t0, int t1, int h0, int h1,
+                      const struct attn_parts *pp)
+{
+    const struct cpu_kernels *k = j->k;
+    switch (j->kv) {
+    case KV_Q8:
+        if (pp)
+            k->attention_q8_part(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1,
+                                 pp);
+        else
+            k->attention_q8(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1);
+        return;
+    case KV_F16:
+        if (pp)
+            k->attention_f16_part(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1,
+                                  pp);
+        else
+            k->attention_f16(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1);
+        return;
+    case KV_F32:
+        break;
+    }
+    if (pp)
+        k->attention_part(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1, pp);
+    else
+        k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1);
+}
+
 static void attn_task(void *arg, int task, int worker)
 {
     (void)worker;
@@ -298,10 +336,7 @@ static void attn_task(void *arg, int task, int worker)
         t1 = t0 + j->run_tokens < j->b->n_tokens ? t0 + j->run_tokens : j->b->n_tokens;
     }
     int h0 = piece * n_heads / j->pieces, h1 = (piece + 1) * n_heads / j->pieces;
-    if (j->f16)
-        j->k->attention_f16(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1);
-    else
-        j->k->attention(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t0, t1, h0, h1);
+    attn_call(j, t0, t1, h0, h1, NULL);
 }
 
 static int attn_run_costlier(const void *a, const void *b)
@@ -361,12 +396,7 @@ static void attn_part_task(void *arg, int task, int worker)
     struct attn_parts pp = pj->pp;
     pp.p0 = task;
     pp.p1 = task + 1;
-    if (j->f16)
-        j->k->attention_f16_part(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t, t + 1, 0,
-                                 j->s->n_heads, &pp);
-    else
-        j->k->attention_part(j->out, j->q, j->k_cache, j->v_cache, j->b, j->s, t, t + 1, 0,
-                             j->s->n_heads, &pp);
+    attn_call(j, t, t + 1, 0, j->s->n_heads, &pp);
 }
 
 /* A decode batch with fewer tokens than two a thread, one of them at a context longer than a
@@ -401,7 +431,7 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
     struct cpu_ctx *c = ctx_of(be);
     int threads = pool_threads(c->pool);
     struct attn_job j = {.k = c->k,
-                         .f16 = c->kv_f16,
+                         .kv = c->kv,
                          .out = out,
                          .q = q,
                          .k_cache = k_cache,

@@ -13,6 +13,7 @@ static const struct cpu_kernels kern_scalar = {
     .rope = scalar_rope,
     .attention = scalar_attention,
     .attention_f16 = scalar_attention_f16,
+    .attention_q8 = scalar_attention_q8,
     .to_fp16 = scalar_to_fp16,
 };
 
@@ -24,8 +25,9 @@ static const struct cpu_kernels kern_scalar = {
         .matmul_q8 = q8, .matmul_f32 = avx2_matmul_f32, .matmul_float = avx2_matmul_float,         \
         .rmsnorm = avx2_rmsnorm, .add = avx2_add, .silu_mul = avx2_silu_mul, .rope = avx2_rope,    \
         .attention = avx2_attention, .attention_f16 = avx2_attention_f16,                          \
-        .attention_part = avx2_attention_part, .attention_f16_part = avx2_attention_f16_part,      \
-        .to_fp16 = avx2_to_fp16,                                                                   \
+        .attention_q8 = avx2_attention_q8, .attention_part = avx2_attention_part,                  \
+        .attention_f16_part = avx2_attention_f16_part,                                             \
+        .attention_q8_part = avx2_attention_q8_part, .to_fp16 = avx2_to_fp16,                      \
     }
 
 static const struct cpu_kernels kern_avx2 = KERN_AVX2(CPU_ISA_AVX2, avx2_matmul_q8);
@@ -33,20 +35,21 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
 
 /* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
  * tables differ in nothing else. */
-#define KERN_AVX512(gemv, attn, attn_f16)                                                          \
+#define KERN_AVX512(gemv, attn, attn_f16, attn_q8)                                                 \
     {                                                                                              \
         .isa = CPU_ISA_AVX512, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums, \
         .matmul_q8 = gemv, .matmul_f32 = avx512_matmul_f32, .matmul_float = avx512_matmul_float,   \
         .rmsnorm = avx512_rmsnorm, .add = avx512_add, .silu_mul = avx512_silu_mul,                 \
         .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
-        .attention_part = attn##_part, .attention_f16_part = attn_f16##_part,                      \
+        .attention_q8 = attn_q8, .attention_part = attn##_part,                                    \
+        .attention_f16_part = attn_f16##_part, .attention_q8_part = attn_q8##_part,                \
         .to_fp16 = avx512_to_fp16,                                                                 \
     }
 
 static const struct cpu_kernels kern_avx512 =
-    KERN_AVX512(avx512_matmul_q8, avx512_attention, avx512_attention_f16);
-static const struct cpu_kernels kern_avx512_l1 =
-    KERN_AVX512(avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1);
+    KERN_AVX512(avx512_matmul_q8, avx512_attention, avx512_attention_f16, avx512_attention_q8);
+static const struct cpu_kernels kern_avx512_l1 = KERN_AVX512(
+    avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1, avx512_attention_q8_l1);
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
 {

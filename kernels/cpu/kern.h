@@ -59,10 +59,15 @@ struct cpu_kernels {
     void (*attention_f16)(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1);
-    /* attention and attention_f16 for partitions [pp->p0, pp->p1) of each row (attn_part.h):
-     * each partition's record written to pp->buf, nothing to out; a row of more than ATTN_PART
-     * keys gets the bits attention gives it once attn_parts_combine folds every record. NULL in
-     * the scalar table (the reference runs rows whole). */
+    /* The same over a Q8_0 cache (ref.h, enum kv_kind): each element read is dequantized (d * q,
+     * exact in float): bit-identical to attention on a float cache of the dequantized values. */
+    void (*attention_q8)(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1);
+    /* attention, attention_f16 and attention_q8 for partitions [pp->p0, pp->p1) of each row
+     * (attn_part.h): each partition's record written to pp->buf, nothing to out; a row of more than
+     * ATTN_PART keys gets the bits attention gives it once attn_parts_combine folds every record.
+     * NULL in the scalar table (the reference runs rows whole). */
     void (*attention_part)(float *out, const float *q, const float *k_cache, const float *v_cache,
                            const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                            int h0, int h1, const struct attn_parts *pp);
@@ -70,6 +75,10 @@ struct cpu_kernels {
                                const uint16_t *v_cache, const struct attn_batch *b,
                                const struct attn_shape *s, int t0, int t1, int h0, int h1,
                                const struct attn_parts *pp);
+    void (*attention_q8_part)(float *out, const float *q, const uint8_t *k_cache,
+                              const uint8_t *v_cache, const struct attn_batch *b,
+                              const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                              const struct attn_parts *pp);
     /* out[i] = x[i] rounded to fp16, nearest even (as f32_to_fp16; the fp16 KV cache's write). */
     void (*to_fp16)(const float *x, uint16_t *out, size_t n);
 };
@@ -82,7 +91,7 @@ const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch p
 /* The kernels the tables in kern.c point at; each ISA's live in its own files
  * (scalar: kern_scalar.c; avx2: mm_avx2.c, mmf_avx2.c, vec_avx2.c, attn_avx2.c; avxvnni:
  * mm_avxvnni.c and the avx2 files; avx512:
- * mm_avx512.c, mmf_avx512.c, vec_avx512.c, attn_avx512.c). */
+ * mm_avx512.c, mmf_avx512.c, vec_avx512.c, attn_avx512.c, attn_avx512_q8.c). */
 
 /* scalar (matmul_q8 / matmul_f32 are absent: the reference runs on the file's layout) */
 void scalar_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
@@ -96,6 +105,9 @@ void scalar_to_fp16(const float *x, uint16_t *out, size_t n);
 void scalar_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1);
+void scalar_attention_q8(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1);
 void scalar_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1);
@@ -122,6 +134,9 @@ void avx2_attention(float *out, const float *q, const float *k_cache, const floa
                     const struct attn_batch *b, const struct attn_shape *s, int t0, int t1, int h0,
                     int h1);
 
+void avx2_attention_q8(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                       int h0, int h1);
 void avx2_attention_part(float *out, const float *q, const float *k_cache, const float *v_cache,
                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                          int h0, int h1, const struct attn_parts *pp);
@@ -129,6 +144,10 @@ void avx2_attention_f16_part(float *out, const float *q, const uint16_t *k_cache
                              const uint16_t *v_cache, const struct attn_batch *b,
                              const struct attn_shape *s, int t0, int t1, int h0, int h1,
                              const struct attn_parts *pp);
+void avx2_attention_q8_part(float *out, const float *q, const uint8_t *k_cache,
+                            const uint8_t *v_cache, const struct attn_batch *b,
+                            const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                            const struct attn_parts *pp);
 
 /* AVX2 + FMA + F16C + AVX-VNNI: the AVX2 kernels but this one */
 void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
@@ -164,7 +183,15 @@ void avx512_attention(float *out, const float *q, const float *k_cache, const fl
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1);
 
-/* the _part forms of the four above (attn_part.h) */
+/* over a Q8_0 cache (attn_avx512_q8.c) */
+void avx512_attention_q8(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1);
+void avx512_attention_q8_l1(float *out, const float *q, const uint8_t *k_cache,
+                            const uint8_t *v_cache, const struct attn_batch *b,
+                            const struct attn_shape *s, int t0, int t1, int h0, int h1);
+
+/* the _part forms of the six above (attn_part.h) */
 void avx512_attention_part(float *out, const float *q, const float *k_cache, const float *v_cache,
                            const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                            int h0, int h1, const struct attn_parts *pp);
@@ -180,5 +207,13 @@ void avx512_attention_f16_l1_part(float *out, const float *q, const uint16_t *k_
                                   const uint16_t *v_cache, const struct attn_batch *b,
                                   const struct attn_shape *s, int t0, int t1, int h0, int h1,
                                   const struct attn_parts *pp);
+void avx512_attention_q8_part(float *out, const float *q, const uint8_t *k_cache,
+                              const uint8_t *v_cache, const struct attn_batch *b,
+                              const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                              const struct attn_parts *pp);
+void avx512_attention_q8_l1_part(float *out, const float *q, const uint8_t *k_cache,
+                                 const uint8_t *v_cache, const struct attn_batch *b,
+                                 const struct attn_shape *s, int t0, int t1, int h0, int h1,
+                                 const struct attn_parts *pp);
 
 #endif

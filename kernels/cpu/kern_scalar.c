@@ -49,14 +49,21 @@ void scalar_attention(float *out, const float *q, const float *k_cache, const fl
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1)
 {
-    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 0);
+    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KV_F32);
 }
 
 void scalar_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1)
 {
-    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, 1);
+    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KV_F16);
+}
+
+void scalar_attention_q8(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
+                         const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
+                         int h0, int h1)
+{
+    attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KV_Q8);
 }
 
 void scalar_to_fp16(const float *x, uint16_t *out, size_t n)

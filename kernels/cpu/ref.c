@@ -1,5 +1,7 @@
 #include "ref.h"
 
+#include "../../quant/quantize.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -106,18 +108,36 @@ void ref_kv_write_f16(uint16_t *k_cache, uint16_t *v_cache, const float *k, cons
     }
 }
 
-/* Element i of a K or V cache of floats (k16 NULL) or of fp16 values. */
-static inline float kv_at(const float *k32, const uint16_t *k16, size_t i)
+void ref_kv_write_q8(uint8_t *k_cache, uint8_t *v_cache, const float *k, const float *v,
+                     const struct attn_batch *b, int kv_dim)
 {
-    return k16 ? fp16_to_f32(k16[i]) : k32[i];
+    size_t row = kv_units(KV_Q8, (size_t)kv_dim);
+    for (int i = 0; i < b->n_tokens; i++) {
+        size_t dst = (size_t)b->slot[i] * row, src = (size_t)i * (size_t)kv_dim;
+        quantize_row_q8_0(k + src, (struct block_q8_0 *)(k_cache + dst), (size_t)kv_dim);
+        quantize_row_q8_0(v + src, (struct block_q8_0 *)(v_cache + dst), (size_t)kv_dim);
+    }
 }
 
-static void attention_one(float *out, const float *q, const float *k32, const float *v32,
-                          const uint16_t *k16, const uint16_t *v16, const struct attn_batch *b,
-                          const struct attn_shape *s, int t, int h)
+/* Element d of the row at unit offset at of a cache of kind kk. */
+static inline float kv_at(enum kv_kind kk, const void *cache, size_t at, int d)
 {
-    int hd = s->head_dim, kv_dim = s->n_kv_heads * hd;
+    if (kk == KV_F32) return ((const float *)cache)[at + (size_t)d];
+    if (kk == KV_F16) return fp16_to_f32(((const uint16_t *)cache)[at + (size_t)d]);
+    const uint8_t *blk = (const uint8_t *)cache + at + (size_t)(d / 32) * 34;
+    uint16_t dh;
+    memcpy(&dh, blk, sizeof dh);
+    return fp16_to_f32(dh) * (float)(int8_t)blk[2 + d % 32];
+}
+
+static void attention_one(float *out, const float *q, const void *kc, const void *vc,
+                          enum kv_kind kk, const struct attn_batch *b, const struct attn_shape *s,
+                          int t, int h)
+{
+    int hd = s->head_dim;
     int kvh = h / (s->n_heads / s->n_kv_heads);
+    size_t slot_units = kv_units(kk, (size_t)s->n_kv_heads * (size_t)hd),
+           col = kv_units(kk, (size_t)kvh * (size_t)hd);
     const float *qh = q + ((size_t)t * (size_t)s->n_heads + (size_t)h) * (size_t)hd;
     float *oh = out + ((size_t)t * (size_t)s->n_heads + (size_t)h) * (size_t)hd;
     const int32_t *table = b->block_table + (size_t)b->seq[t] * (size_t)b->max_blocks;
@@ -128,9 +148,9 @@ static void attention_one(float *out, const float *q, const float *k32, const fl
     for (int j = 0; j <= b->pos[t]; j++) {
         size_t slot =
             (size_t)table[j / b->block_size] * (size_t)b->block_size + (size_t)(j % b->block_size);
-        size_t kj = slot * (size_t)kv_dim + (size_t)kvh * (size_t)hd;
+        size_t kj = slot * slot_units + col;
         float sc = 0;
-        for (int d = 0; d < hd; d++) sc += qh[d] * kv_at(k32, k16, kj + (size_t)d);
+        for (int d = 0; d < hd; d++) sc += qh[d] * kv_at(kk, kc, kj, d);
         sc *= s->scale;
         if (sc > m) {
             float corr = expf(m - sc);
@@ -140,7 +160,7 @@ static void attention_one(float *out, const float *q, const float *k32, const fl
         }
         float p = expf(sc - m);
         l += p;
-        for (int d = 0; d < hd; d++) acc[d] += p * kv_at(v32, v16, kj + (size_t)d);
+        for (int d = 0; d < hd; d++) acc[d] += p * kv_at(kk, vc, kj, d);
     }
     for (int d = 0; d < hd; d++) oh[d] = acc[d] / l;
 }
@@ -148,14 +168,21 @@ static void attention_one(float *out, const float *q, const float *k32, const fl
 void ref_attention_one(float *out, const float *q, const float *k_cache, const float *v_cache,
                        const struct attn_batch *b, const struct attn_shape *s, int t, int h)
 {
-    attention_one(out, q, k_cache, v_cache, NULL, NULL, b, s, t, h);
+    attention_one(out, q, k_cache, v_cache, KV_F32, b, s, t, h);
 }
 
 void ref_attention_one_f16(float *out, const float *q, const uint16_t *k_cache,
                            const uint16_t *v_cache, const struct attn_batch *b,
                            const struct attn_shape *s, int t, int h)
 {
-    attention_one(out, q, NULL, NULL, k_cache, v_cache, b, s, t, h);
+    attention_one(out, q, k_cache, v_cache, KV_F16, b, s, t, h);
+}
+
+void ref_attention_one_q8(float *out, const float *q, const uint8_t *k_cache,
+                          const uint8_t *v_cache, const struct attn_batch *b,
+                          const struct attn_shape *s, int t, int h)
+{
+    attention_one(out, q, k_cache, v_cache, KV_Q8, b, s, t, h);
 }
 
 void ref_silu_mul(float *g, const float *u, size_t n)

@@ -10,6 +10,23 @@
 
 #include "../backend.h"
 
+/* A KV cache's element: fp32, fp16, or Q8_0 blocks (quant/qtypes.h: an fp16 scale d then 32
+ * int8 q, 34 bytes for 32 elements; x = d * q, exact in float). A cache is addressed in units:
+ * elements, or for KV_Q8 bytes; a kv head's row (head_dim a multiple of 32) is whole blocks. */
+enum kv_kind { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
+
+/* Units of n consecutive elements (n a multiple of 32 for KV_Q8). */
+static inline size_t kv_units(enum kv_kind k, size_t n)
+{
+    return k == KV_Q8 ? n / 32 * 34 : n;
+}
+
+/* Bytes of one unit. */
+static inline size_t kv_unit_bytes(enum kv_kind k)
+{
+    return k == KV_F32 ? 4 : k == KV_F16 ? 2 : 1;
+}
+
 /* Dot product of a quantized row (cols elements of type t) with float x, in a fixed order:
  * 16 interleaved partial sums, summed pairwise at the end. */
 float ref_dot_row(enum qtype t, const void *row, const float *x, int64_t cols);
@@ -27,6 +44,10 @@ void ref_kv_write(float *k_cache, float *v_cache, const float *k, const float *v
 /* The same into an fp16 cache (f32_to_fp16: nearest even). */
 void ref_kv_write_f16(uint16_t *k_cache, uint16_t *v_cache, const float *k, const float *v,
                       const struct attn_batch *b, int kv_dim);
+/* The same into a Q8_0 cache: each token's kv_dim elements (a multiple of 32) as
+ * quantize_row_q8_0 makes them (quant/quantize.h). */
+void ref_kv_write_q8(uint8_t *k_cache, uint8_t *v_cache, const float *k, const float *v,
+                     const struct attn_batch *b, int kv_dim);
 /* Attention for token t, head h only. */
 void ref_attention_one(float *out, const float *q, const float *k_cache, const float *v_cache,
                        const struct attn_batch *b, const struct attn_shape *s, int t, int h);
@@ -34,6 +55,10 @@ void ref_attention_one(float *out, const float *q, const float *k_cache, const f
 void ref_attention_one_f16(float *out, const float *q, const uint16_t *k_cache,
                            const uint16_t *v_cache, const struct attn_batch *b,
                            const struct attn_shape *s, int t, int h);
+/* The same over a Q8_0 cache, each element dequantized (exactly) as it is read. */
+void ref_attention_one_q8(float *out, const float *q, const uint8_t *k_cache,
+                          const uint8_t *v_cache, const struct attn_batch *b,
+                          const struct attn_shape *s, int t, int h);
 void ref_silu_mul(float *g, const float *u, size_t n);
 
 /* MATMUL_Q8: activations quantized per 32-element block, as llama.cpp's q8_1 does but with fp32
