@@ -935,6 +935,32 @@ static void attn_case_q8(struct attn_case *c, uint8_t **k8, uint8_t **v8)
 START_TEST(q8_kv_cache)
 {
     tu_seed(0x98c8);
+    /* the write: quantize_kv_q8 as quantize_row_q8_0 on every ISA, ties (a block whose scale
+     * is 1: x.5 rounds away from zero), a zero block, subnormal and overflowing scales */
+    enum { NB = 40 };
+    float *x = malloc(NB * 32 * sizeof *x);
+    struct block_q8_0 want_q[NB], got_q[NB];
+    tu_fill(x, NB * 32, 4.0f);
+    const float ties[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -0.49999997f, 126.5f,
+                          -126.5f, 1.5f, -1.5f, 3.5000002f, 0.0f, -0.0f, 63.5f, -63.5f};
+    for (int j = 0; j < 32; j++) x[j] = ties[j % 16] * (j < 16 ? 1.0f : -1.0f);
+    for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;
+    for (int j = 0; j < 32; j++) x[64 + j] *= 2e-4f;   /* a scale subnormal in fp16 */
+    for (int j = 0; j < 32; j++) x[96 + j] *= 1e-36f;  /* ... below it */
+    for (int j = 0; j < 32; j++) x[128 + j] *= 1e30f;  /* ... past its range */
+    quantize_row_q8_0(x, want_q, NB * 32);
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!cpu_isa_supported(all_isas[i])) continue;
+        memset(got_q, 0x55, sizeof got_q);
+        cpu_kernels_for(all_isas[i])->quantize_kv_q8(x, got_q, NB * 32);
+        for (int bl = 0; bl < NB; bl++)
+            ck_assert_msg(!memcmp(&got_q[bl], &want_q[bl], sizeof got_q[bl]),
+                          "%s quantize_kv_q8: block %d differs (d %04x vs %04x, q[0] %d vs %d)",
+                          cpu_isa_name(all_isas[i]), bl, got_q[bl].d, want_q[bl].d,
+                          got_q[bl].qs[0], want_q[bl].qs[0]);
+    }
+    free(x);
+
     const int cfg[][5] = {{9, 3, 64, 0, 40},  {9, 3, 64, 1, 40},  {8, 2, 128, 1, 40},
                           {6, 2, 32, 0, 40},  {16, 2, 64, 0, 40}, {9, 3, 64, 0, 120},
                           {8, 2, 128, 0, 120}};

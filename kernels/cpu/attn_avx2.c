@@ -62,11 +62,11 @@ struct row_state {
  * at each key: left loop-invariant, gcc held the 24 q slices of a 3-row block in registers and
  * spilled the converted K instead (stack traffic on every key). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m256 *vmax, int r0,
-                           const int RB, const void *k_cache, const size_t *o, int c, int j0,
-                           const int NV, const int KT, __m256 vscale, struct key_prefetch *pf)
+                           const int RB, const void *k_cache, const size_t *o, size_t col, int c,
+                           int j0, const int NV, const int KT, __m256 vscale,
+                           struct key_prefetch *pf)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
-    const size_t col = rows[r0].col; /* the block's kv head */
     __m256 part[3][CHUNK];
     for (int k = 0; k < CHUNK; k++) {
         const float *q[3];
@@ -118,6 +118,17 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
     }
 }
 
+/* n rows of hd elements (kv head column col of the slots at offs) of a Q8_0 cache, dequantized
+ * into stage[n][hd]. */
+TGT INLINE void stage_rows(float *stage, const void *cache, const size_t *offs, size_t col, int n,
+                           const int NV)
+{
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < NV; j++)
+            _mm256_store_ps(stage + (size_t)k * 8 * NV + 8 * j,
+                            load8(cache, offs[k] + col, 8 * j, KV_Q8));
+}
+
 /* Keys of chunk c row r reads (0 when past its last). */
 static inline int chunk_keys(const struct attn_row *rows, int r, int c, int j0)
 {
@@ -155,6 +166,14 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     struct key_prefetch pf = key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems,
                                                 kv_unit_bytes(KT), PF_AHEAD, 0);
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
+    /* A prompt's set over a Q8_0 cache (more rows of one kv head than a register block): each
+     * chunk's K and V rows dequantized once into float stages that every block then reads, as
+     * in attn_avx512_body.h (pp4096 0.85x fp16's speed without). The same bits. */
+    bool stage = KT == KV_Q8 && nr > 3;
+    for (int r = 1; stage && r < nr; r++) stage = rows[r].col == rows[0].col;
+    _Alignas(32) float kst[CHUNK * HD_MAX], vst[CHUNK * HD_MAX];
+    size_t so[CHUNK]; /* a stage's rows */
+    for (int k = 0; k < CHUNK; k++) so[k] = (size_t)k * (size_t)hd;
     for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
         int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
         /* a row whose keys ended in an earlier partition keeps what they left */
@@ -175,18 +194,35 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 int left = span - c * CHUNK;
                 for (int k = 0; k < CHUNK; k++) o[k] = k < left ? key_next(&kw) : o[0];
                 pf.budget = CHUNK * pf_key_lines;
+                if (KT == KV_Q8 && stage) stage_rows(kst, k_cache, o, rows[0].col, CHUNK, NV);
                 for (int r = 0; r < nr;) {
                     if (!chunk_keys(rows, r, c, j0)) {
                         r++;
                         continue;
                     }
                     int b = block_rows(rows, nr, r, c, j0);
-                    if (b == 3)
-                        score_rows(rows, st, vmax, r, 3, k_cache, o, c, j0, NV, KT, vscale, &pf);
-                    else if (b == 2)
-                        score_rows(rows, st, vmax, r, 2, k_cache, o, c, j0, NV, KT, vscale, &pf);
-                    else
-                        score_rows(rows, st, vmax, r, 1, k_cache, o, c, j0, NV, KT, vscale, &pf);
+                    if (KT == KV_Q8 && stage) {
+                        if (b == 3)
+                            score_rows(rows, st, vmax, r, 3, kst, so, 0, c, j0, NV, KV_F32, vscale,
+                                       &pf);
+                        else if (b == 2)
+                            score_rows(rows, st, vmax, r, 2, kst, so, 0, c, j0, NV, KV_F32, vscale,
+                                       &pf);
+                        else
+                            score_rows(rows, st, vmax, r, 1, kst, so, 0, c, j0, NV, KV_F32, vscale,
+                                       &pf);
+                    } else {
+                        size_t col = rows[r].col;
+                        if (b == 3)
+                            score_rows(rows, st, vmax, r, 3, k_cache, o, col, c, j0, NV, KT, vscale,
+                                       &pf);
+                        else if (b == 2)
+                            score_rows(rows, st, vmax, r, 2, k_cache, o, col, c, j0, NV, KT, vscale,
+                                       &pf);
+                        else
+                            score_rows(rows, st, vmax, r, 1, k_cache, o, col, c, j0, NV, KT, vscale,
+                                       &pf);
+                    }
                     r += b;
                 }
                 /* what the blocks left of this chunk's keys */
@@ -215,6 +251,14 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             /* 3. p . V in key order */
             for (int c = 0; c < chunks; c++) {
                 const size_t *o = offs + c * CHUNK;
+                if (KT == KV_Q8 && stage) {
+                    int keys = 0;
+                    for (int r = 0; r < nr; r++) {
+                        int n = chunk_keys(rows, r, c, j0);
+                        keys = n > keys ? n : keys;
+                    }
+                    stage_rows(vst, v_cache, o, rows[0].col, keys, NV);
+                }
                 for (int r = 0; r < nr;) {
                     int n = chunk_keys(rows, r, c, j0);
                     if (!n) {
@@ -222,12 +266,20 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                         continue;
                     }
                     int b = block_rows(rows, nr, r, c, j0);
-                    if (b == 3)
+                    if (KT == KV_Q8 && stage) {
+                        if (b == 3)
+                            pv_rows(st, r, 3, vst, so, 0, c, n, NV, KV_F32);
+                        else if (b == 2)
+                            pv_rows(st, r, 2, vst, so, 0, c, n, NV, KV_F32);
+                        else
+                            pv_rows(st, r, 1, vst, so, 0, c, n, NV, KV_F32);
+                    } else if (b == 3) {
                         pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, KT);
-                    else if (b == 2)
+                    } else if (b == 2) {
                         pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, KT);
-                    else
+                    } else {
                         pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, KT);
+                    }
                     r += b;
                 }
             }

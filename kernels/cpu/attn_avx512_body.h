@@ -102,15 +102,17 @@ TGT INLINE __m512 sum16x16(const __m512 v[16])
 
 /* Scores of chunk c for rows [r0, r0 + RB): key k's products with the row, q[d] K[d] summed over
  * d of each residue mod 16 (d, d + 16, ... in order), then the 16 residues by sum16x16; scaled,
- * lanes past a row's last key -inf. Each K row is loaded once for the RB rows (of one kv head). */
+ * lanes past a row's last key -inf. Each K row (at o[k] + col) is loaded once for the RB rows (of
+ * one kv head). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
-                           const int RB, const void *k_cache, const size_t *o, const int NV,
-                           const int KT, int c, int j0, float scale, struct key_prefetch *pf)
+                           const int RB, const void *k_cache, const size_t *o, size_t col,
+                           const int NV, const int KT, int c, int j0, float scale,
+                           struct key_prefetch *pf)
 {
     __m512 v[4][CHUNK];
     for (int k = 0; k < CHUNK; k++) {
         __m512 kv[8];
-        for (int j = 0; j < NV; j++) kv[j] = load16(k_cache, o[k] + rows[r0].col, 16 * j, KT);
+        for (int j = 0; j < NV; j++) kv[j] = load16(k_cache, o[k] + col, 16 * j, KT);
         for (int i = 0; i < RB; i++) {
             const float *q = rows[r0 + i].q;
             __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), kv[0]);
@@ -161,6 +163,55 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
     }
 }
 
+/* score_rows for each register block (bstart[i], blen[i]): K rows at o[k] plus the block's kv
+ * head's column, or (col not SIZE_MAX) plus col. */
+TGT INLINE void score_blocks(const struct attn_row *rows, struct row_state *st, __m512 *vmax,
+                             const int *bstart, const int *blen, int nb, const void *k_cache,
+                             const size_t *o, size_t col, const int NV, const int KT, int c, int j0,
+                             float scale, struct key_prefetch *pf)
+{
+    for (int i = 0; i < nb; i++) {
+        size_t cl = col == SIZE_MAX ? rows[bstart[i]].col : col;
+        if (blen[i] == 4)
+            score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+        else if (blen[i] == 3)
+            score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+        else if (blen[i] == 2)
+            score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+        else
+            score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+    }
+}
+
+/* pv_rows for each register block, V rows placed as score_blocks' K rows. */
+TGT INLINE void pv_blocks(const struct attn_row *rows, struct row_state *st, const int *bstart,
+                          const int *blen, int nb, const void *v_cache, const size_t *offs,
+                          size_t col, const int NV, const int KT)
+{
+    for (int i = 0; i < nb; i++) {
+        size_t cl = col == SIZE_MAX ? rows[bstart[i]].col : col;
+        if (blen[i] == 4)
+            pv_rows(st, bstart[i], 4, v_cache, offs, cl, NV, KT);
+        else if (blen[i] == 3)
+            pv_rows(st, bstart[i], 3, v_cache, offs, cl, NV, KT);
+        else if (blen[i] == 2)
+            pv_rows(st, bstart[i], 2, v_cache, offs, cl, NV, KT);
+        else
+            pv_rows(st, bstart[i], 1, v_cache, offs, cl, NV, KT);
+    }
+}
+
+/* n rows of hd elements (kv head column col of the slots at offs) of a Q8_0 cache, dequantized
+ * into stage[n][hd]. */
+TGT INLINE void stage_rows(float *stage, const void *cache, const size_t *offs, size_t col, int n,
+                           const int NV)
+{
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < NV; j++)
+            _mm512_store_ps(stage + (size_t)k * 16 * NV + 16 * j,
+                            load16(cache, offs[k] + col, 16 * j, KV_Q8));
+}
+
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
@@ -179,6 +230,17 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     size_t offs[SPAN];
     struct key_prefetch pf = key_prefetch_start(pw, key1 - key0, k_cache, v_cache, w.pf_elems,
                                                 kv_unit_bytes(KT), PF_AHEAD, L1);
+    /* A prompt's set over a Q8_0 cache (more rows of one kv head than a register block): each
+     * chunk's K rows and each span's V rows dequantized once into float stages that every block
+     * then reads, where each block would dequantize them again (pp4096 0.89x fp16's speed
+     * without). The same values, so the same bits. */
+    bool stage = KT == KV_Q8 && nr > RB;
+    for (int r = 1; stage && r < nr; r++) stage = rows[r].col == rows[0].col;
+    _Alignas(64) float kst[CHUNK * HD_MAX];
+    _Alignas(64) float vst[SPAN * HD_MAX];
+    size_t so[SPAN]; /* a stage's rows */
+    if (stage)
+        for (int k = 0; k < SPAN; k++) so[k] = (size_t)k * (size_t)hd;
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
     for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
         int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
@@ -214,19 +276,13 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                  * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
                  * each be one latency-bound fma chain) */
                 nb = attn_blocks(rows, act, na, RB, bstart, blen);
-                for (int i = 0; i < nb; i++) {
-                    if (blen[i] == 4)
-                        score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, NV, KT, c, j0, scale,
-                                   &pf);
-                    else if (blen[i] == 3)
-                        score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, NV, KT, c, j0, scale,
-                                   &pf);
-                    else if (blen[i] == 2)
-                        score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, NV, KT, c, j0, scale,
-                                   &pf);
-                    else
-                        score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, NV, KT, c, j0, scale,
-                                   &pf);
+                if (KT == KV_Q8 && stage) {
+                    stage_rows(kst, k_cache, o, rows[0].col, CHUNK, NV);
+                    score_blocks(rows, st, vmax, bstart, blen, nb, kst, so, 0, NV, KV_F32, c, j0,
+                                 scale, &pf);
+                } else {
+                    score_blocks(rows, st, vmax, bstart, blen, nb, k_cache, o, SIZE_MAX, NV, KT, c,
+                                 j0, scale, &pf);
                 }
                 /* what the blocks left of this chunk's keys */
                 key_prefetch_lines(&pf, pf.budget);
@@ -255,16 +311,13 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             for (int r = 0; r < nr; r++)
                 if (st[r].cnt) act[na++] = r;
             nb = attn_blocks(rows, act, na, RB, bstart, blen);
-            for (int i = 0; i < nb; i++) {
-                size_t col = rows[bstart[i]].col;
-                if (blen[i] == 4)
-                    pv_rows(st, bstart[i], 4, v_cache, offs, col, NV, KT);
-                else if (blen[i] == 3)
-                    pv_rows(st, bstart[i], 3, v_cache, offs, col, NV, KT);
-                else if (blen[i] == 2)
-                    pv_rows(st, bstart[i], 2, v_cache, offs, col, NV, KT);
-                else
-                    pv_rows(st, bstart[i], 1, v_cache, offs, col, NV, KT);
+            if (KT == KV_Q8 && stage) {
+                int keys = 0;
+                for (int r = 0; r < nr; r++) keys = st[r].cnt > keys ? st[r].cnt : keys;
+                stage_rows(vst, v_cache, offs, rows[0].col, keys, NV);
+                pv_blocks(rows, st, bstart, blen, nb, vst, so, 0, NV, KV_F32);
+            } else {
+                pv_blocks(rows, st, bstart, blen, nb, v_cache, offs, SIZE_MAX, NV, KT);
             }
         }
         /* the partition's end: its record, or folded into the row's running sums */

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../quant/quantize.h"
 #include "cpu_ctx.h"
 
 #define PAR_ELEMS 65536 /* elements from which an elementwise op uses the pool */
@@ -224,8 +223,10 @@ static void kv_write_task(void *arg, int task, int worker)
     for (int i = t0; i < t1; i++) {
         size_t dst = (size_t)j->b->slot[i] * row, src = (size_t)i * n;
         if (j->kv == KV_Q8) {
-            quantize_row_q8_0(j->kx + src, (struct block_q8_0 *)((uint8_t *)j->k_cache + dst), n);
-            quantize_row_q8_0(j->vx + src, (struct block_q8_0 *)((uint8_t *)j->v_cache + dst), n);
+            j->k->quantize_kv_q8(j->kx + src, (struct block_q8_0 *)((uint8_t *)j->k_cache + dst),
+                                 n);
+            j->k->quantize_kv_q8(j->vx + src, (struct block_q8_0 *)((uint8_t *)j->v_cache + dst),
+                                 n);
         } else {
             j->k->to_fp16(j->kx + src, (uint16_t *)j->k_cache + dst, n);
             j->k->to_fp16(j->vx + src, (uint16_t *)j->v_cache + dst, n);

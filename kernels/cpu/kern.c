@@ -1,5 +1,7 @@
 #include "kern.h"
 
+#include "../../quant/quantize.h"
+
 static const struct cpu_kernels kern_scalar = {
     .isa = CPU_ISA_SCALAR,
     .quantize_q8 = scalar_quantize_q8,
@@ -15,6 +17,7 @@ static const struct cpu_kernels kern_scalar = {
     .attention_f16 = scalar_attention_f16,
     .attention_q8 = scalar_attention_q8,
     .to_fp16 = scalar_to_fp16,
+    .quantize_kv_q8 = quantize_row_q8_0,
 };
 
 /* The AVX2 table, by its q8 matmul: vpmaddubsw (AVX2) or 256-bit vpdpbusd (AVX-VNNI); the two
@@ -28,6 +31,7 @@ static const struct cpu_kernels kern_scalar = {
         .attention_q8 = avx2_attention_q8, .attention_part = avx2_attention_part,                  \
         .attention_f16_part = avx2_attention_f16_part,                                             \
         .attention_q8_part = avx2_attention_q8_part, .to_fp16 = avx2_to_fp16,                      \
+        .quantize_kv_q8 = avx2_quantize_kv_q8,                                                     \
     }
 
 static const struct cpu_kernels kern_avx2 = KERN_AVX2(CPU_ISA_AVX2, avx2_matmul_q8);
@@ -43,7 +47,7 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
         .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
         .attention_q8 = attn_q8, .attention_part = attn##_part,                                    \
         .attention_f16_part = attn_f16##_part, .attention_q8_part = attn_q8##_part,                \
-        .to_fp16 = avx512_to_fp16,                                                                 \
+        .to_fp16 = avx512_to_fp16, .quantize_kv_q8 = avx512_quantize_kv_q8,                        \
     }
 
 static const struct cpu_kernels kern_avx512 =

@@ -81,6 +81,10 @@ struct cpu_kernels {
                               const struct attn_parts *pp);
     /* out[i] = x[i] rounded to fp16, nearest even (as f32_to_fp16; the fp16 KV cache's write). */
     void (*to_fp16)(const float *x, uint16_t *out, size_t n);
+    /* n (a multiple of 32) values into Q8_0 blocks, bit-identical to quantize_row_q8_0
+     * (quant/quantize.h; the Q8_0 KV cache's write) where every block's 1/d is finite (else the
+     * reference's float-to-int8 conversion is undefined). */
+    void (*quantize_kv_q8)(const float *x, struct block_q8_0 *y, size_t n);
 };
 
 /* The table for isa with the weight prefetch this core prefers (cpu_prefetch_best); _with names
@@ -127,6 +131,7 @@ void avx2_silu_mul(float *g, const float *u, size_t n);
 void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                const float *cs_sin);
 void avx2_to_fp16(const float *x, uint16_t *out, size_t n);
+void avx2_quantize_kv_q8(const float *x, struct block_q8_0 *y, size_t n);
 void avx2_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                         const uint16_t *v_cache, const struct attn_batch *b,
                         const struct attn_shape *s, int t0, int t1, int h0, int h1);
@@ -170,6 +175,7 @@ void avx512_silu_mul(float *g, const float *u, size_t n);
 void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
 void avx512_to_fp16(const float *x, uint16_t *out, size_t n);
+void avx512_quantize_kv_q8(const float *x, struct block_q8_0 *y, size_t n);
 void avx512_attention_f16(float *out, const float *q, const uint16_t *k_cache,
                           const uint16_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t0, int t1, int h0, int h1);

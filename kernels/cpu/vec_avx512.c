@@ -87,3 +87,33 @@ TGT void avx512_to_fp16(const float *x, uint16_t *out, size_t n)
             _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (; i < n; i++) out[i] = f32_to_fp16(x[i]);
 }
+
+/* roundf(v), half away from zero, for |v| < 2^23: v - trunc(v) is exact, so comparing it with
+ * one half decides as roundf does */
+TGT INLINE __m512 round_away16(__m512 v)
+{
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
+    __m512 one = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x3f800000)));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+TGT void avx512_quantize_kv_q8(const float *x, struct block_q8_0 *y, size_t n)
+{
+    for (size_t b = 0; b < n / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 vid = _mm512_set1_ps(id);
+        _mm_storeu_si128(
+            (__m128i *)y[b].qs,
+            _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(round_away16(_mm512_mul_ps(v0, vid)))));
+        _mm_storeu_si128(
+            (__m128i *)(y[b].qs + 16),
+            _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(round_away16(_mm512_mul_ps(v1, vid)))));
+    }
+}
