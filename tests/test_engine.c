@@ -361,7 +361,7 @@ START_TEST(q8_kv_batched_equals_alone)
         if (pass) {
             o.max_batch_tokens = 64;
             o.max_seqs = 8;
-            o.kv_blocks = tu_sanitized() ? 14 : 28; /* too few for them all */
+            o.kv_blocks = tu_sanitized() ? 20 : 28; /* too few for them all */
             o.prefix_cache = true;
         }
         ck_assert_msg(engine_create(file, tok, bq, &o, &e, &err) == 0, "%s", err.msg);
