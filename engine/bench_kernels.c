@@ -367,14 +367,18 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     return 0;
 }
 
-/* A decode batch's attention over an fp16 KV cache as the engine lays it out: 16 sequences at
- * context 160 (SmolLM2's 9/3 heads x 64), KV slots in 16-slot blocks handed out in a shuffled
+/* A decode batch's attention over an fp16 KV cache as the engine lays it out: SEQS sequences at
+ * context CTX (SmolLM2's 9/3 heads x 64), KV slots in 16-slot blocks handed out in a shuffled
  * order, through the backend's attention op on the pool. With 30 layers' KV rotated the KV
- * comes from DRAM, as in a decode step; with one layer's it stays in the caches. */
-static int bench_decode_attention(const struct backend_cpu_opts *bo)
+ * comes from DRAM, as in a decode step; with one layer's it stays in the caches. long_ctx > 0:
+ * sequence 0 at that context instead (one long conversation among short ones). */
+static int bench_decode_attention(const struct backend_cpu_opts *bo, int SEQS, int CTX,
+                                  int long_ctx)
 {
-    enum { SEQS = 16, CTX = 160, BS = 16, LAYERS = 30, HEADS = 9, KVH = 3, HD = 64 };
-    const int mb = CTX / BS, nblk = SEQS * mb;
+    enum { BS = 16, LAYERS = 30, HEADS = 9, KVH = 3, HD = 64, MAX_SEQS = 16 };
+    const int ctx0 = long_ctx > 0 ? long_ctx : CTX;
+    /* the table's rows are mb wide; the blocks in use, nblk, are numbered in a shuffled order */
+    const int mb = ctx0 / BS, nblk = mb + (SEQS - 1) * (CTX / BS);
     const size_t slot = (size_t)KVH * HD, per_layer = (size_t)nblk * BS * slot;
     struct backend_cpu_opts o = *bo;
     o.kv_f16 = true;
@@ -389,9 +393,13 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo)
              *vc = malloc(per_layer * LAYERS * sizeof *vc);
     float *q = malloc((size_t)SEQS * HEADS * HD * sizeof *q),
           *out = malloc((size_t)SEQS * HEADS * HD * sizeof *out);
-    int32_t table[SEQS * CTX / BS], pos[SEQS], seq[SEQS], slots[SEQS];
-    if (!kc || !vc || !q || !out) {
+    int32_t *ids = malloc((size_t)nblk * sizeof *ids),
+            *table = calloc((size_t)SEQS * (size_t)mb, sizeof *table), pos[MAX_SEQS], seq[MAX_SEQS],
+            slots[MAX_SEQS];
+    if (!kc || !vc || !q || !out || !ids || !table || SEQS > MAX_SEQS) {
         fprintf(stderr, "bench: out of memory for the decode attention\n");
+        free(ids);
+        free(table);
         free(kc);
         free(vc);
         free(q);
@@ -404,25 +412,34 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo)
         vc[i] = f32_to_fp16(bench_rng_float(&rng));
     }
     for (int i = 0; i < SEQS * HEADS * HD; i++) q[i] = bench_rng_float(&rng);
-    for (int i = 0; i < nblk; i++) table[i] = i;
+    for (int i = 0; i < nblk; i++) ids[i] = i;
     for (int i = nblk - 1; i > 0; i--) {
-        int j = (int)(bench_rng_next(&rng) % (uint64_t)(i + 1)), t = table[i];
-        table[i] = table[j];
-        table[j] = t;
+        int j = (int)(bench_rng_next(&rng) % (uint64_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
     }
+    for (int t = 0, next = 0; t < SEQS; t++)
+        for (int i = 0; i < (t == 0 ? ctx0 : CTX) / BS; i++) table[t * mb + i] = ids[next++];
+    int64_t keys = 0;
     for (int t = 0; t < SEQS; t++) {
-        pos[t] = CTX - 1;
+        pos[t] = (t == 0 ? ctx0 : CTX) - 1;
         seq[t] = t;
-        slots[t] = table[t * mb + (CTX - 1) / BS] * BS + (CTX - 1) % BS;
+        slots[t] = table[t * mb + pos[t] / BS] * BS + pos[t] % BS;
+        keys += pos[t] + 1;
     }
     struct attn_batch b = {SEQS, pos, seq, slots, SEQS, table, mb, BS};
     struct attn_shape s = {HEADS, KVH, HD, 0.125f};
-    printf("\nattention of a decode batch, fp16 KV, %d thread(s): %d sequences x context %d, %d/%d "
-           "heads x %d, shuffled %d-slot blocks; fastest of 5 windows\n",
-           bo->n_threads, SEQS, CTX, HEADS, KVH, HD, BS);
+    if (long_ctx > 0)
+        printf("\nattention of a decode batch, fp16 KV, %d thread(s): one sequence at context %d "
+               "and %d at %d, %d/%d heads x %d, shuffled %d-slot blocks; fastest of 5 windows\n",
+               bo->n_threads, ctx0, SEQS - 1, CTX, HEADS, KVH, HD, BS);
+    else
+        printf("\nattention of a decode batch, fp16 KV, %d thread(s): %d sequences x context %d, "
+               "%d/%d heads x %d, shuffled %d-slot blocks; fastest of 5 windows\n",
+               bo->n_threads, SEQS, CTX, HEADS, KVH, HD, BS);
     printf("%-32s %12s %12s %12s\n", "KV", "us/layer", "ns/key", "KV GB/s");
     static const int layer_counts[2] = {LAYERS, 1};
-    const double kv_bytes = 2.0 * SEQS * CTX * (double)slot * sizeof(uint16_t); /* K and V */
+    const double kv_bytes = 2.0 * (double)keys * (double)slot * sizeof(uint16_t); /* K and V */
     for (int li = 0; li < 2; li++) {
         int layers = layer_counts[li];
         double best = 1e30;
@@ -440,8 +457,10 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo)
         }
         printf("%-32s %12.1f %12.1f %12.2f\n",
                layers > 1 ? "30 layers' KV (from DRAM)" : "one layer's KV (cached)", best * 1e6,
-               best * 1e9 / (SEQS * CTX), kv_bytes / best / 1e9);
+               best * 1e9 / (double)keys, kv_bytes / best / 1e9);
     }
+    free(ids);
+    free(table);
     free(kc);
     free(vc);
     free(q);
@@ -669,7 +688,8 @@ int bench_kernels_main(int argc, char **argv)
                                       bench_compute_peak(o.precision != MATMUL_Q8, 1, isa));
     }
     if (!rc && kernels) rc = bench_ops(&bo, batches, n_batches);
-    if (!rc && kernels) rc = bench_decode_attention(&bo);
+    if (!rc && kernels) rc = bench_decode_attention(&bo, 16, 160, 0);
+    if (!rc && kernels) rc = bench_decode_attention(&bo, 4, 128, 4096);
     for (int p = 0; p < n_prec && !rc && model; p++) {
         struct backend_cpu_opts o = bo;
         o.precision = precs[p];

@@ -717,6 +717,67 @@ START_TEST(attention_partitions_invariant)
 }
 END_TEST
 
+/* A decode batch whose one long sequence outweighs a thread's share of the keys runs its rows'
+ * partitions as tasks (cpu_ops.c, attn_runs_uneven): each token must have the bits it has alone,
+ * on one thread and two, near the reference. */
+START_TEST(attention_uneven_decode_batch)
+{
+    tu_seed(0x0e7e);
+    enum { SEQS = 5, MB = 72 }; /* up to 1152 positions a sequence: three partitions */
+    struct attn_case c;
+    attn_case_make_blocks(&c, 1, 9, 3, 64, false, 120); /* its caches: 360 blocks */
+    int32_t table[SEQS * MB], pos[SEQS] = {1100, 40, 700, 90, 12}, seq[SEQS], slot[SEQS];
+    for (int i = 0; i < SEQS * MB; i++) table[i] = c.table[i];
+    for (int t = 0; t < SEQS; t++) {
+        seq[t] = t;
+        slot[t] = table[t * MB + pos[t] / 16] * 16 + pos[t] % 16;
+    }
+    struct attn_batch b = {SEQS, pos, seq, slot, SEQS, table, MB, 16};
+    size_t row = 9 * 64;
+    float *q = malloc(SEQS * row * 4), *all = malloc(SEQS * row * 4), *one = malloc(row * 4),
+          *ref = malloc(SEQS * row * 4);
+    tu_fill(q, SEQS * row, 2.0f);
+    float vmax = 0;
+    for (size_t k = 0; k < (size_t)3 * 120 * 16 * 3 * 64; k++) vmax = fmaxf(vmax, fabsf(c.vc[k]));
+    for (int t = 0; t < SEQS; t++)
+        for (int h = 0; h < 9; h++) ref_attention_one(ref, q, c.kc, c.vc, &b, &c.s, t, h);
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!cpu_isa_supported(all_isas[i])) continue;
+        for (int th = 1; th <= 2; th++) {
+            struct backend *be = NULL;
+            struct qerr err = {0};
+            struct backend_cpu_opts o = {
+                .n_threads = th, .precision = MATMUL_F32, .isa = all_isas[i]};
+            ck_assert_int_eq(backend_cpu_create(&o, &be, &err), 0);
+            be->ops->attention(be, all, q, c.kc, c.vc, &b, &c.s);
+            for (size_t k = 0; k < SEQS * row; k++)
+                ck_assert_msg(fabsf(all[k] - ref[k]) <= 1e-5f * vmax,
+                              "%s, %d thread(s): [%zu] %.8g vs %.8g", cpu_isa_name(all_isas[i]), th,
+                              k, all[k], ref[k]);
+            for (int t = 0; t < SEQS; t++) {
+                struct attn_batch b1 = b;
+                b1.n_tokens = 1;
+                b1.pos = pos + t;
+                b1.seq = seq + t;
+                b1.slot = slot + t;
+                be->ops->attention(be, one, q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
+                size_t at;
+                ck_assert_msg(!tu_bits_differ(one, all + (size_t)t * row, row, &at),
+                              "%s, %d thread(s): token %d (position %d) alone vs in the batch "
+                              "differs at [%zu]",
+                              cpu_isa_name(all_isas[i]), th, t, pos[t], at);
+            }
+            backend_destroy(be);
+        }
+    }
+    free(q);
+    free(all);
+    free(one);
+    free(ref);
+    attn_case_free(&c);
+}
+END_TEST
+
 /* A prompt chunk's tokens of one kv head run in sets of up to ATTN_ROWS rows (48: 16 tokens of
  * SmolLM2's 3 GQA heads), register-blocked and sharing each K and V read: every token's rows
  * must have the bits they have alone (a decode step's set of one token's heads), on both caches,
@@ -941,13 +1002,14 @@ START_TEST(q8_kv_cache)
     float *x = malloc(NB * 32 * sizeof *x);
     struct block_q8_0 want_q[NB], got_q[NB];
     tu_fill(x, NB * 32, 4.0f);
-    const float ties[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -0.49999997f, 126.5f,
-                          -126.5f, 1.5f, -1.5f, 3.5000002f, 0.0f, -0.0f, 63.5f, -63.5f};
+    const float ties[] = {127.0f,       2.5f,   -2.5f,   0.5f,  -0.5f, 0.49999997f,
+                          -0.49999997f, 126.5f, -126.5f, 1.5f,  -1.5f, 3.5000002f,
+                          0.0f,         -0.0f,  63.5f,   -63.5f};
     for (int j = 0; j < 32; j++) x[j] = ties[j % 16] * (j < 16 ? 1.0f : -1.0f);
     for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;
-    for (int j = 0; j < 32; j++) x[64 + j] *= 2e-4f;   /* a scale subnormal in fp16 */
-    for (int j = 0; j < 32; j++) x[96 + j] *= 1e-36f;  /* ... below it */
-    for (int j = 0; j < 32; j++) x[128 + j] *= 1e30f;  /* ... past its range */
+    for (int j = 0; j < 32; j++) x[64 + j] *= 2e-4f;  /* a scale subnormal in fp16 */
+    for (int j = 0; j < 32; j++) x[96 + j] *= 1e-36f; /* ... below it */
+    for (int j = 0; j < 32; j++) x[128 + j] *= 1e30f; /* ... past its range */
     quantize_row_q8_0(x, want_q, NB * 32);
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
@@ -956,8 +1018,8 @@ START_TEST(q8_kv_cache)
         for (int bl = 0; bl < NB; bl++)
             ck_assert_msg(!memcmp(&got_q[bl], &want_q[bl], sizeof got_q[bl]),
                           "%s quantize_kv_q8: block %d differs (d %04x vs %04x, q[0] %d vs %d)",
-                          cpu_isa_name(all_isas[i]), bl, got_q[bl].d, want_q[bl].d,
-                          got_q[bl].qs[0], want_q[bl].qs[0]);
+                          cpu_isa_name(all_isas[i]), bl, got_q[bl].d, want_q[bl].d, got_q[bl].qs[0],
+                          want_q[bl].qs[0]);
     }
     free(x);
 
@@ -1173,6 +1235,7 @@ int main(void)
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, attention_prompt_sets_match_one_token);
     tcase_add_test(tc, attention_partitions_invariant);
+    tcase_add_test(tc, attention_uneven_decode_batch);
     tcase_add_test(tc, fp16_kv_cache);
     tcase_add_test(tc, q8_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);

@@ -400,8 +400,9 @@ static void attn_part_task(void *arg, int task, int worker)
     attn_call(j, t, t + 1, 0, j->s->n_heads, &pp);
 }
 
-/* A decode batch with fewer tokens than two a thread, one of them at a context longer than a
- * partition: its rows' partitions as tasks, every head of a token in each (whole KV slots),
+/* A decode batch with fewer tokens than two a thread, or one whose costliest sequence outweighs
+ * a thread's share (attn_runs_uneven), one of them at a context longer than a partition: its
+ * rows' partitions as tasks, every head of a token in each (whole KV slots),
  * then folded in order (attn_part.h). Cut by heads instead, one token's three kv heads over two
  * threads read the cut one's K and V twice. One sequence, 2 threads, Zen 5, Q4_0, a decode step
  * at context 4096: 6.23-6.65 -> 3.50-3.67 ms (AVX2 kernels 5.97 -> 4.38), at 1024: 2.16-2.29
@@ -424,6 +425,16 @@ static int attention_by_parts(struct cpu_ctx *c, const struct attn_job *j)
     pool_run(c->pool, attn_part_task, &pj, tasks);
     attn_parts_combine(&pj.pp, b, s, 0, b->n_tokens, j->out);
     return 0;
+}
+
+/* Whether one run (the costliest, runs[0]) costs more than a thread's even share of them all:
+ * a task per sequence then leaves the other threads idle behind it (one sequence at context
+ * 4096 among short ones), where its partitions as tasks spread it. */
+static bool attn_runs_uneven(const struct attn_run *runs, int n_runs, int threads)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n_runs; i++) total += runs[i].cost;
+    return runs[0].cost * threads > total;
 }
 
 void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,
@@ -462,7 +473,10 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
          * KV beyond the L2: attention 0.79-0.86x the time, same bits. Not for a prefill
          * run, whose tokens share each K and V read within a kv head, nor a small batch, whose
          * KV the caches still hold: a span of three heads' V no longer fits the L1. */
-        if (n_runs == b->n_tokens && n_runs < 2 * threads && !attention_by_parts(c, &j)) return;
+        if (n_runs == b->n_tokens &&
+            (n_runs < 2 * threads || attn_runs_uneven(runs, n_runs, threads)) &&
+            !attention_by_parts(c, &j))
+            return;
         if (n_runs == b->n_tokens && n_runs >= 2 * threads)
             j.pieces = 1;
         else if (n_runs == b->n_tokens && tasks % threads)
