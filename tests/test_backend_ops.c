@@ -759,11 +759,7 @@ START_TEST(attention_matches_reference)
                           prefill ? " prefill" : "", kv16 ? " fp16 cache" : "", k, o[k], ref[k]);
         /* each token alone: the same bits */
         for (int t = 0; t < n; t++) {
-            struct attn_batch b1 = b;
-            b1.n_tokens = 1;
-            b1.pos = dpos + t;
-            b1.seq = dseq + t;
-            b1.slot = dslot + t;
+            struct attn_batch b1 = tu_attn_token(&b, t);
             dev_poison(gpu_kv, dout, row * 4);
             gpu_kv->ops->attention(gpu_kv, dout, dq + (size_t)t * row, dkc, dvc, &b1, &s);
             dev_read(gpu_kv, one, dout, row * 4);

@@ -623,11 +623,7 @@ START_TEST(attention_matches_reference)
             /* each token alone (a batch of one, same position and sequence): same bits */
             size_t row = (size_t)c.s.n_heads * (size_t)c.s.head_dim;
             for (int t = 0; t < n; t++) {
-                struct attn_batch b1 = c.b;
-                b1.n_tokens = 1;
-                b1.pos = c.pos + t;
-                b1.seq = c.seq + t;
-                b1.slot = c.slot + t;
+                struct attn_batch b1 = tu_attn_token(&c.b, t);
                 be->ops->attention(be, one, c.q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
                 size_t at;
                 ck_assert_msg(!tu_bits_differ(one, out + (size_t)t * row, row, &at),
@@ -687,11 +683,7 @@ START_TEST(attention_partitions_invariant)
                                   cpu_isa_name(all_isas[i]), f16 ? "_f16" : "", c.s.n_heads,
                                   c.s.n_kv_heads, c.s.head_dim, k, all[k], ref[k]);
                 for (int t = 0; t < n; t++) {
-                    struct attn_batch b1 = c.b;
-                    b1.n_tokens = 1;
-                    b1.pos = c.pos + t;
-                    b1.seq = c.seq + t;
-                    b1.slot = c.slot + t;
+                    struct attn_batch b1 = tu_attn_token(&c.b, t);
                     for (int th = 1; th <= 2; th++) {
                         struct backend *be = th == 1 ? be1 : be2;
                         be->ops->attention(be, one, c.q + (size_t)t * row, kc, vc, &b1, &c.s);
@@ -755,11 +747,7 @@ START_TEST(attention_uneven_decode_batch)
                               "%s, %d thread(s): [%zu] %.8g vs %.8g", cpu_isa_name(all_isas[i]), th,
                               k, all[k], ref[k]);
             for (int t = 0; t < SEQS; t++) {
-                struct attn_batch b1 = b;
-                b1.n_tokens = 1;
-                b1.pos = pos + t;
-                b1.seq = seq + t;
-                b1.slot = slot + t;
+                struct attn_batch b1 = tu_attn_token(&b, t);
                 be->ops->attention(be, one, q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
                 size_t at;
                 ck_assert_msg(!tu_bits_differ(one, all + (size_t)t * row, row, &at),
@@ -1077,11 +1065,7 @@ START_TEST(q8_kv_cache)
                               "%s backend attention over q8, %d thread(s): [%zu]",
                               cpu_isa_name(all_isas[i]), th, at);
                 for (int t = 0; t < nt; t++) {
-                    struct attn_batch b1 = c.b;
-                    b1.n_tokens = 1;
-                    b1.pos = c.pos + t;
-                    b1.seq = c.seq + t;
-                    b1.slot = c.slot + t;
+                    struct attn_batch b1 = tu_attn_token(&c.b, t);
                     bf->ops->attention(bf, one_want, c.q + (size_t)t * row, c.kc, c.vc, &b1, &c.s);
                     b8->ops->attention(b8, one, c.q + (size_t)t * row, k8, v8, &b1, &c.s);
                     ck_assert_msg(!tu_bits_differ(one, one_want, row, &at),

@@ -60,4 +60,15 @@ void tu_q8_free(struct q8act *a);
 const struct model_batch *tu_ragged_batch(const int32_t *x, int n, int from, int n_seqs,
                                           const int32_t *other, int n_other);
 
+/* Token t of batch b as a batch of its own (its position, sequence and slot; b's block table). */
+static inline struct attn_batch tu_attn_token(const struct attn_batch *b, int t)
+{
+    struct attn_batch b1 = *b;
+    b1.n_tokens = 1;
+    b1.pos = b->pos + t;
+    b1.seq = b->seq + t;
+    b1.slot = b->slot + t;
+    return b1;
+}
+
 #endif
