@@ -643,6 +643,15 @@ int cli_serve(int argc, char **argv)
     fprintf(stderr, "quern serve: ready in %.2f s: model '%s', context %d tokens%s%s\n",
             now_s() - t0, o.served_name, s.ctx_len, o.api_key ? ", API key required" : "",
             s.chat ? "" : ", no chat template");
+    /* what fits, as vLLM's "maximum concurrency" line: the pool in tokens and in full contexts */
+    struct engine_stats st;
+    engine_get_stats(L.e, &st);
+    long long pool = (long long)st.kv_blocks_total * st.kv_block_size;
+    fprintf(stderr,
+            "quern serve: KV pool: %lld tokens (%d blocks of %d), %.1f sequences at the "
+            "full %d-token context\n",
+            pool, st.kv_blocks_total, st.kv_block_size,
+            s.ctx_len > 0 ? (double)pool / s.ctx_len : 0.0, s.ctx_len);
     fault_mark("ready");
 
     int seen = sigwatch_wait(&w, 0, -1);

@@ -355,7 +355,7 @@ def start_sweep(ref, ready):
             said = [l for l in d.lines if "quern: fault:" not in l]
             last = said[-1] if said else ""
             named = last.startswith("quern serve: ") and not re.match(
-                r"quern serve: (listening on|backend: |ready in)", last)
+                r"quern serve: (listening on|backend: |ready in|KV pool: )", last)
             rep = d.sanitizer_report()
             ok = check(rc is not None and rc > 0 and named and not rep,
                        f"{tag}: a clean start-up error",

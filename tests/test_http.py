@@ -184,6 +184,11 @@ def test_basics(d):
     check(total and info and info.group(1) == "16" and info.group(2) == total.group(1),
           "/metrics: quern_cache_config_info has the block size and the pool's blocks",
           info.group(0) if info else text[:300])
+    pool = [l for l in d.lines if "quern serve: KV pool: " in l]
+    check(pool and total and f"({total.group(1)} blocks of 16)" in pool[0]
+          and f"KV pool: {int(total.group(1)) * 16} tokens" in pool[0],
+          "the start-up log says the pool in tokens and blocks, as /metrics counts them",
+          pool[0] if pool else "no KV pool line")
     for path in ("/health/live", "/health/ready"):
         st, _, body = d.request("GET", path, key=None)
         check(st == 200 and json.loads(body)["status"] == "ok", f"{path} is 200 ok", body)
