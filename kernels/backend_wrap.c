@@ -101,6 +101,19 @@ static void w_matmul(struct backend *be, const struct bweight *w, const float *x
            2.0 * n * (double)w->rows * (double)w->cols, n, in->ops->matmul(in, w, x, n, y));
 }
 
+static void w_matmul_shared(struct backend *be, const struct bweight *const *w, int n_w,
+                            const float *x, int n, float *const *y)
+{
+    double bytes = 0, flops = 0;
+    for (int i = 0; i < n_w; i++) {
+        bytes += (double)w[i]->rows * (double)qtype_row_bytes(w[i]->type, (size_t)w[i]->cols) +
+                 (double)n * (double)w[i]->rows * F4;
+        flops += 2.0 * n * (double)w[i]->rows * (double)w[i]->cols;
+    }
+    bytes += (double)n * (double)w[0]->cols * F4; /* the input, read once */
+    HOOKED("matmul_shared", w[0], bytes, flops, n, in->ops->matmul_shared(in, w, n_w, x, n, y));
+}
+
 static void w_rope(struct backend *be, float *x, const int32_t *pos, int n, int nh, int hd, int rd,
                    float base)
 {
@@ -207,34 +220,36 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
     x->inner = inner;
     x->h = *h;
     x->o = *o;
-    x->ops = (struct backend_ops){.name = in->name,
-                                  .destroy = w_destroy,
-                                  .buf_alloc = w_alloc,
-                                  .buf_free = w_free,
-                                  .buf_write = w_write,
-                                  .buf_read = w_read,
-                                  .weight_prepare = w_prepare,
-                                  .weight_release = w_release,
-                                  .embed = w_embed,
-                                  .rmsnorm = w_rmsnorm,
-                                  .add = w_add,
-                                  .matmul = w_matmul,
-                                  .rope = w_rope,
-                                  .kv_write = w_kv_write,
-                                  .attention = w_attention,
-                                  .get_rows = w_get_rows,
-                                  .silu_mul = w_silu,
-                                  .sync = w_sync,
-                                  .step_begin = steps ? w_step_begin : NULL,
-                                  .step_end = steps ? w_step_end : NULL,
-                                  .step_reset = steps ? w_step_reset : NULL,
-                                  .kv_elem_bytes = in->kv_elem_bytes ? w_kv_elem_bytes : NULL,
-                                  .kv_bytes = in->kv_bytes ? w_kv_bytes : NULL,
-                                  .add_rmsnorm = in->add_rmsnorm ? w_add_rmsnorm : NULL,
-                                  .mem_info = in->mem_info ? w_mem_info : NULL,
-                                  .host_alloc = in->host_alloc ? w_host_alloc : NULL,
-                                  .host_free = in->host_free ? w_host_free : NULL,
-                                  .buf_copy = in->buf_copy ? w_buf_copy : NULL};
+    x->ops = (struct backend_ops){
+        .name = in->name,
+        .destroy = w_destroy,
+        .buf_alloc = w_alloc,
+        .buf_free = w_free,
+        .buf_write = w_write,
+        .buf_read = w_read,
+        .weight_prepare = w_prepare,
+        .weight_release = w_release,
+        .embed = w_embed,
+        .rmsnorm = w_rmsnorm,
+        .add = w_add,
+        .matmul = w_matmul,
+        .rope = w_rope,
+        .kv_write = w_kv_write,
+        .attention = w_attention,
+        .get_rows = w_get_rows,
+        .silu_mul = w_silu,
+        .sync = w_sync,
+        .step_begin = steps ? w_step_begin : NULL,
+        .step_end = steps ? w_step_end : NULL,
+        .step_reset = steps ? w_step_reset : NULL,
+        .kv_elem_bytes = in->kv_elem_bytes ? w_kv_elem_bytes : NULL,
+        .kv_bytes = in->kv_bytes ? w_kv_bytes : NULL,
+        .add_rmsnorm = in->add_rmsnorm ? w_add_rmsnorm : NULL,
+        .mem_info = in->mem_info ? w_mem_info : NULL,
+        .host_alloc = in->host_alloc ? w_host_alloc : NULL,
+        .host_free = in->host_free ? w_host_free : NULL,
+        .buf_copy = in->buf_copy ? w_buf_copy : NULL,
+        .matmul_shared = o->shared_matmuls && in->matmul_shared ? w_matmul_shared : NULL};
     x->self = (struct backend){.ops = &x->ops, .ctx = x};
     *out = &x->self;
     return 0;

@@ -27,6 +27,9 @@ struct backend_wrap_opts {
     bool own_inner;    /* destroying the wrapper destroys inner too */
     bool sync_each_op; /* inner's sync before op_end, so an op's time is its own */
     bool steps;        /* pass step replay through (the ops of a replayed step get no hooks) */
+    /* pass matmul_shared through as one op, "matmul_shared" with the first weight (else each
+     * weight's matmul is its own op, as NVTX ranges and traces count them) */
+    bool shared_matmuls;
 };
 
 int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,

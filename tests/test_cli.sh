@@ -232,9 +232,12 @@ if [ -n "${QUERN_NVTX_INJECT:-}" ]; then
 else
   echo "skip: NVTX (this build has no NVTX header)"
 fi
-# --profile: every op timed, one row per matmul shape (wq and wo are the 576x576 ones: 2 a layer)
-expect 0 '^\| matmul \| 576x576 Q4_1 \| 60\.0 \|' -- bench --model "$model" --device cpu --threads 2 \
-  --pp 32 --tg 4 --reps 1 --profile
+# --profile: every op timed, one row per matmul shape; q, k and v run as one job (the row of its
+# first weight, wq: 1 a layer), wo alone
+expect 0 '^\| matmul_shared \| 576x576 Q4_1 \| 30\.0 \|' -- bench --model "$model" --device cpu \
+  --threads 2 --pp 32 --tg 4 --reps 1 --profile
+grep -qE '^\| matmul \| 576x576 Q4_1 \| 30\.0 \|' "$tmp/out" && echo "ok: --profile: wo its own row" ||
+  { echo "FAIL: --profile: no row for wo"; fails=$((fails + 1)); }
 expect 1 'not with --tp' -- bench --model "$model" --device cpu --pp 8 --tg 2 --tp 2 --profile
 # ... and per batch of --decode-batches, its timed steps alone (the JSON stays one object)
 expect 0 '^decode, batch 2, context 8, 2 steps: [0-9.]+ ms per step' -- bench --model "$model" \
