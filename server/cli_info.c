@@ -25,7 +25,7 @@ static void print_token(const struct tokenizer *tok, const char *label, int32_t 
 }
 
 /* --tp N: each rank's heads, FFN channels, weight bytes (its shards plus the replicated
- * embedding, output and norms) and KV bytes per token, fp32 (the CPU) and fp16 (CUDA). */
+ * embedding, output and norms) and KV bytes per token, fp32, fp16 and q8 (Q8_0 blocks). */
 static int print_tp(const struct gguf_file *f, const struct model_config *cfg, int n,
                     struct qerr *err)
 {
@@ -38,9 +38,10 @@ static int print_tp(const struct gguf_file *f, const struct model_config *cfg, i
         if (!rc) rc = model_shard_bytes(f, cfg, &s, 4, &w, &kv, err);
         if (rc) return rc;
         printf("  rank %-2d q heads %d-%d, kv heads %d-%d, ffn %d-%d: weights %.2f MiB, KV %.1f "
-               "KiB/token fp32 (%.1f fp16)\n",
+               "KiB/token fp32 (%.1f fp16, %.1f q8)\n",
                r, s.q0, s.q0 + s.nq - 1, s.kv0, s.kv0 + s.nkv - 1, s.f0, s.f0 + s.nf - 1,
-               (double)w / 1048576.0, (double)kv / 1024.0, (double)kv / 2048.0);
+               (double)w / 1048576.0, (double)kv / 1024.0, (double)kv / 2048.0,
+               (double)kv / 4 * 34 / 32 / 1024.0);
     }
     return 0;
 }
@@ -97,6 +98,13 @@ int cli_info(int argc, char **argv)
     printf("heads         %d (kv %d, head dim %d, rope dims %d)\n", cfg.n_heads, cfg.n_kv_heads,
            cfg.head_dim, cfg.rot_dim);
     printf("context       %d\n", cfg.ctx_len);
+    /* --kv-type's element per token and at the full context: f16 (the default), f32, q8 (Q8_0
+     * blocks, 34 bytes per 32 elements) */
+    double kv_elems = (double)model_kv_bytes_per_token(&cfg, 1);
+    printf(
+        "KV cache      %.1f KiB/token f16, %.1f f32, %.1f q8 (%.0f MiB f16 at the full context)\n",
+        kv_elems * 2 / 1024, kv_elems * 4 / 1024, kv_elems * 34 / 32 / 1024,
+        kv_elems * 2 * cfg.ctx_len / 1048576);
     printf("rope base     %g\n", cfg.rope_base);
     printf("rms epsilon   %g\n", cfg.eps);
     printf("output        %s\n", cfg.tied_output ? "tied to token_embd" : "output.weight");

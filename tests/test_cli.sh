@@ -46,6 +46,9 @@ expect 1 'cannot open' -- generate --model "$tmp/nope.gguf" --prompt hi
 expect 0 'architecture +llama' -- info --model "$model"
 expect 0 'Q4_1 +210 tensors' -- info --model "$model"
 expect 0 'chat template chatml' -- info --model "$model"
+# 30 layers x K and V x 3 kv heads x 64: 11520 elements a token
+expect 0 'KV cache +22\.5 KiB/token f16, 45\.0 f32, 12\.0 q8 \(180 MiB f16 at the full context\)' -- \
+  info --model "$model"
 
 head -c 4000000 "$model" >"$tmp/trunc.gguf"
 expect 1 'truncated' -- generate --model "$tmp/trunc.gguf" --prompt hi
