@@ -109,11 +109,9 @@ TGT void avx512_quantize_kv_q8(const float *x, struct block_q8_0 *y, size_t n)
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[b].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m512 vid = _mm512_set1_ps(id);
-        _mm_storeu_si128(
-            (__m128i *)y[b].qs,
-            _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(round_away16(_mm512_mul_ps(v0, vid)))));
-        _mm_storeu_si128(
-            (__m128i *)(y[b].qs + 16),
-            _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(round_away16(_mm512_mul_ps(v1, vid)))));
+        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(
+                                                 round_away16(_mm512_mul_ps(v0, vid)))));
+        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(
+                                                        round_away16(_mm512_mul_ps(v1, vid)))));
     }
 }
