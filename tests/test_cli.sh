@@ -84,6 +84,9 @@ expect 2 "--tp '0'" -- generate --model "$model" --prompt hi --tp 0
 expect 1 'at most 9 ranks' -- generate --model "$model" --device cpu --prompt hi -n 1 --tp 10
 expect 0 'Paris' -- generate --model "$model" --device cpu --chat --temp 0 -n 24 --tp 2 \
   --precision f32 --prompt "What is the capital of France?"
+# ... each rank quantizing its own kv heads' rows into an int8 cache
+expect 0 'The capital of France is Paris' -- generate --model "$model" --device cpu --temp 0 -n 12 \
+  --tp 2 --kv-type q8 --precision f32 --prompt "The capital of France is"
 expect 0 '^Once upon a time' -- generate --model "$model" --temp 0.7 --seed 3 -n 8 --prompt "Once upon a time"
 # the same seed gives the same text
 "$bin" generate --model "$model" --temp 0.9 --seed 11 -n 12 --prompt "Hello" >"$tmp/a" 2>/dev/null
