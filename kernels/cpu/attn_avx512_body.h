@@ -58,11 +58,9 @@ static inline __mmask16 first_lanes(int n)
 TGT INLINE __m512 load16(const void *cache, size_t row, int e, const int KT)
 {
     if (KT == KV_Q8) {
-        const uint8_t *blk = (const uint8_t *)cache + row + (size_t)(e / 32) * 34;
         uint16_t d;
-        memcpy(&d, blk, sizeof d);
-        __m512 x = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + e % 32))));
+        const int8_t *q = kv_q8_at(cache, row, e, &d);
+        __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         return _mm512_mul_ps(x, _mm512_set1_ps(_cvtsh_ss(d)));
     }
     if (KT == KV_F16)

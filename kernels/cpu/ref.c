@@ -124,10 +124,9 @@ static inline float kv_at(enum kv_kind kk, const void *cache, size_t at, int d)
 {
     if (kk == KV_F32) return ((const float *)cache)[at + (size_t)d];
     if (kk == KV_F16) return fp16_to_f32(((const uint16_t *)cache)[at + (size_t)d]);
-    const uint8_t *blk = (const uint8_t *)cache + at + (size_t)(d / 32) * 34;
     uint16_t dh;
-    memcpy(&dh, blk, sizeof dh);
-    return fp16_to_f32(dh) * (float)(int8_t)blk[2 + d % 32];
+    const int8_t *q = kv_q8_at(cache, at, d, &dh);
+    return fp16_to_f32(dh) * (float)*q;
 }
 
 static void attention_one(float *out, const float *q, const void *kc, const void *vc,

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../backend.h"
 
@@ -19,6 +20,15 @@ enum kv_kind { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
 static inline size_t kv_units(enum kv_kind k, size_t n)
 {
     return k == KV_Q8 ? n / 32 * 34 : n;
+}
+
+/* Element e's place in the Q8_0 row at byte offset row: its int8 (the next ones of its block
+ * follow it) and, in *d, its block's fp16 scale; the element is fp16_to_f32(*d) * q. */
+static inline const int8_t *kv_q8_at(const void *cache, size_t row, int e, uint16_t *d)
+{
+    const uint8_t *blk = (const uint8_t *)cache + row + (size_t)(e / 32) * 34;
+    memcpy(d, blk, sizeof *d);
+    return (const int8_t *)blk + 2 + e % 32;
 }
 
 /* Bytes of one unit. */
