@@ -38,6 +38,7 @@ void engine_opts_default(struct engine_opts *o)
                               .spec = SPEC_OFF,
                               .spec_k = 8,
                               .spec_step_tokens = 8,
+                              .spec_history = 65536,
                               .mask_mode = ENGINE_MASK_LAUNCH};
 }
 
@@ -288,6 +289,10 @@ static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, 
                        const char *error)
 {
     sched_release_blocks(e, s);
+    /* a whole answer, for later sequences' drafts (a request that opted out of speculation
+     * lends its answer to none) */
+    if (s->spec && (why == FINISH_STOP || why == FINISH_LENGTH))
+        spec_history_add(&e->history, s->tokens + s->n_prompt, s->n_tokens - s->n_prompt);
     struct req_event ev = {0};
     bool lost = false;
     if (flush) {
@@ -745,6 +750,7 @@ static void *engine_main(void *arg)
 static void engine_release(struct engine *e)
 {
     grammar_overlap_stop(e);
+    spec_history_free(&e->history);
     model_free(e->model);
     spec_model_free(e->draft);
     free(e->dm_seqs);
@@ -860,6 +866,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         goto fail;
     }
     if ((rc = sched_plan_init(&e->plan, &e->o, err))) goto fail;
+    if (o->spec == SPEC_NGRAM) {
+        if ((rc = spec_history_init(&e->history, o->spec_history, err))) goto fail;
+        if (e->history.cap) e->drafter.history = &e->history;
+    }
     if ((rc = grammar_overlap_start(e, err))) goto fail;
     if ((rc = grammar_cache_create(32, &e->grammars, err))) goto fail;
     if ((rc = kv_pool_create(blocks, o->kv_block_size, &e->pool, err))) goto fail;

@@ -78,6 +78,9 @@ struct engine_opts {
      * does not pay; SPEC_POLICY_ACCEPTANCE follows acceptance alone (no timing: tests that need
      * drafts to happen use it). Either way the output is the same. */
     enum spec_policy spec_policy;
+    /* SPEC_NGRAM: tokens of finished answers the drafter also drafts from (spec_history.h;
+     * default 65536, 0: none), where a sequence's own context has no match. */
+    long spec_history;
     bool check_invariants;           /* tests: check the pool and sequences after every step */
     enum engine_mask_mode mask_mode; /* default ENGINE_MASK_LAUNCH (docs/benchmarks.md) */
     /* SPEC_DRAFT: the draft model's GGUF (borrowed; it must outlive the engine), with the

@@ -9,6 +9,7 @@
 #include "engine.h"
 #include "grammar_cache.h"
 #include "kv_cache.h"
+#include "spec_history.h"
 #include "spec_model.h"
 
 /* The channel between the engine thread and whoever holds the request. */
@@ -153,6 +154,7 @@ struct engine {
      * evicts no cached prefix; a spare whose draft is accepted becomes the sequence's block and
      * the pool's next free block replaces it (the block plain decoding takes at that point) */
     struct spec_drafter drafter;
+    struct spec_history history; /* SPEC_NGRAM: finished answers (engine_opts.spec_history) */
     int spec_k; /* the longest draft: engine_opts.spec_k within 1..min(SPEC_K_MAX, block) */
     /* SPEC_POLICY_COST: the target's and the draft model's measured forward times, and the
      * draft model's share of the target's until it is timed */

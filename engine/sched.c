@@ -305,14 +305,14 @@ static void plan_drafts(struct engine *e, int budget)
                                 .behind = s->n_tokens - 1 - s->draft_computed,
                                 .horizon = s->max_tokens - s->n_generated};
         int32_t draft[SPEC_K_MAX];
-        int found = 0, match = 0;
+        int found = 0;
         if (by_cost && cap > 0) {
             /* the n-gram draft first: what it rests on says how likely its tokens are kept,
              * and its length bounds k (a draft model's guesses form class 0) */
             s->spec_cls = 0;
             if (!e->draft) {
-                found = spec_draft(&e->drafter, s->tokens, s->n_tokens, cap, draft, &match);
-                s->spec_cls = spec_match_class(match);
+                found = spec_draft_classed(&e->drafter, s->tokens, s->n_tokens, cap, draft,
+                                           &s->spec_cls);
                 if (s->grammar) found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
                 if (found <= 0) continue;
             }
@@ -323,8 +323,7 @@ static void plan_drafts(struct engine *e, int budget)
         /* a draft model always proposes k: it runs below, once the slots are known */
         int nd = k;
         if (!e->draft && !by_cost) {
-            nd = spec_draft(&e->drafter, s->tokens, s->n_tokens, k, draft, &match);
-            s->spec_cls = spec_match_class(match);
+            nd = spec_draft_classed(&e->drafter, s->tokens, s->n_tokens, k, draft, &s->spec_cls);
             if (s->grammar) nd = seq_grammar_draft(e, s, draft, nd, k, &s->spec_cls);
         }
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;

@@ -21,6 +21,8 @@
 
 #include "../quant/qerr.h"
 
+struct spec_history;
+
 enum spec_mode {
     SPEC_OFF = 0,
     SPEC_NGRAM,
@@ -37,6 +39,8 @@ const char *spec_mode_name(enum spec_mode m);
 struct spec_drafter {
     enum spec_mode mode;
     int ngram_min, ngram_max; /* n-gram lengths tried, longest first */
+    /* earlier requests' answers, drafted from where ctx itself has no match (NULL: none) */
+    const struct spec_history *history;
 };
 
 /* A drafter for mode (SPEC_OFF: one that never proposes). */
@@ -48,17 +52,24 @@ void spec_drafter_init(struct spec_drafter *d, enum spec_mode mode);
 int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
                int *match);
 
+/* spec_draft, then (no draft found, SPEC_NGRAM) the drafter's history (spec_history.h): the
+ * draft's length, *cls its class (spec_match_class, or SPEC_CLASS_HISTORY). */
+int spec_draft_classed(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
+                       int *cls);
+
 /* The agreement spec_draft counts at most. */
 #define SPEC_MATCH_MAX 16
 /* Drafts are told apart by what they rest on, since how often their tokens are kept differs
  * by that far more than by sequence (the default model on grounded prompts: the first token
  * of a draft found by a 1-token match is kept about a quarter of the time, by a match of 8 or
  * more nineteen times in twenty). Class 0: a draft model's guesses; 1, 2, 3: n-gram drafts
- * resting on that many tokens; 4: 4 to 7; 5: 8 or more; 6 below. */
-#define SPEC_MATCH_CLASSES 7
+ * resting on that many tokens; 4: 4 to 7; 5: 8 or more; 6 and 7 below. */
+#define SPEC_MATCH_CLASSES 8
 /* Class 6: the tokens that spell the bytes a grammar forces next (engine_grammar.c): kept
  * unless the model splits those bytes into other tokens. */
 #define SPEC_CLASS_GRAMMAR 6
+/* Class 7: a draft from earlier requests' answers (spec_history.h). */
+#define SPEC_CLASS_HISTORY 7
 /* The class of a draft resting on match tokens (0 for a draft model's: match 0). */
 int spec_match_class(int match);
 

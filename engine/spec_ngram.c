@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "spec_history.h"
+
 int spec_mode_parse(const char *text, enum spec_mode *out, struct qerr *err)
 {
     if (strcmp(text, "off") == 0)
@@ -72,6 +74,17 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
         return m;
     }
     return 0;
+}
+
+int spec_draft_classed(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
+                       int *cls)
+{
+    int match = 0, m = spec_draft(d, ctx, n, k, out, &match);
+    *cls = spec_match_class(match);
+    if (m > 0 || !d->history || d->mode != SPEC_NGRAM || k <= 0) return m;
+    m = spec_history_draft(d->history, ctx, n, k < SPEC_K_MAX ? k : SPEC_K_MAX, out, NULL);
+    if (m > 0) *cls = SPEC_CLASS_HISTORY;
+    return m;
 }
 
 void spec_state_init(struct spec_state *st, int k_max)

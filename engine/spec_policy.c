@@ -81,9 +81,10 @@ void spec_rate_init_class(struct spec_rate *r, int cls)
 {
     /* kept : missed, by class (spec.h): a 1-token match guesses right about a quarter of the
      * time on grounded prompts, a match of 8 or more nineteen times in twenty; the tokens
-     * spelling what a grammar forces miss only where the model splits the bytes otherwise */
-    static const double hits[SPEC_MATCH_CLASSES] = {1, 1, 1, 2, 3, 4, 8};
-    static const double misses[SPEC_MATCH_CLASSES] = {1, 3, 1, 1, 1, 1, 1};
+     * spelling what a grammar forces miss only where the model splits the bytes otherwise;
+     * another request's answer is a guess at even odds until this one's drafts say more */
+    static const double hits[SPEC_MATCH_CLASSES] = {1, 1, 1, 2, 3, 4, 8, 1};
+    static const double misses[SPEC_MATCH_CLASSES] = {1, 3, 1, 1, 1, 1, 1, 1};
     if (cls < 0 || cls >= SPEC_MATCH_CLASSES) cls = 0;
     *r = (struct spec_rate){.hits = hits[cls], .misses = misses[cls]};
 }

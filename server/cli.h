@@ -80,18 +80,28 @@ void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
 #include "../engine/spec_policy.h"
 struct cli_spec {
     enum spec_mode mode;
-    bool mode_set;                /* --spec was given */
-    int k;                        /* 0: the engine's default */
-    int step_tokens;              /* 0: the engine's default */
-    enum spec_policy policy;      /* --spec-policy (default cost) */
+    bool mode_set;           /* --spec was given */
+    int k;                   /* 0: the engine's default */
+    int step_tokens;         /* 0: the engine's default */
+    enum spec_policy policy; /* --spec-policy (default cost) */
+    long history;            /* --spec-history, where history_set */
+    bool history_set;
     const char *draft_model;      /* --draft-model; implies --spec draft */
     struct gguf_file *draft_file; /* opened by cli_spec_open */
 };
-enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL, CLI_O_SPEC_POLICY };
+enum {
+    CLI_O_SPEC = 0x4010,
+    CLI_O_SPEC_K,
+    CLI_O_SPEC_STEP,
+    CLI_O_DRAFT_MODEL,
+    CLI_O_SPEC_POLICY,
+    CLI_O_SPEC_HISTORY
+};
 #define CLI_SPEC_OPTIONS                                                                           \
     {"spec", required_argument, 0, CLI_O_SPEC}, {"spec-k", required_argument, 0, CLI_O_SPEC_K},    \
         {"spec-step-tokens", required_argument, 0, CLI_O_SPEC_STEP},                               \
         {"spec-policy", required_argument, 0, CLI_O_SPEC_POLICY},                                  \
+        {"spec-history", required_argument, 0, CLI_O_SPEC_HISTORY},                                \
     {                                                                                              \
         "draft-model", required_argument, 0, CLI_O_DRAFT_MODEL                                     \
     }
@@ -106,9 +116,11 @@ enum { CLI_O_SPEC = 0x4010, CLI_O_SPEC_K, CLI_O_SPEC_STEP, CLI_O_DRAFT_MODEL, CL
     "                    (default 8)\n"                                                            \
     "  --spec-policy cost|acceptance  draft length from measured costs and\n"                      \
     "                    acceptance, drafting nothing where it does not pay\n"                     \
-    "                    (default cost), or from acceptance alone (serve, bench)\n"
-/* Takes --spec, --spec-k, --spec-step-tokens or --spec-policy (`code`) with its argument; false
- * after a one-line error. */
+    "                    (default cost), or from acceptance alone (serve, bench)\n"                \
+    "  --spec-history N    ngram: also draft from the last N tokens of finished\n"                 \
+    "                    answers (default 65536; 0: none; serve, bench)\n"
+/* Takes --spec, --spec-k, --spec-step-tokens, --spec-policy or --spec-history (`code`) with its
+ * argument; false after a one-line error. */
 bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
 /* After the arguments, a usage error (the caller exits 2): --spec draft without --draft-model,
  * or --draft-model with another --spec; false after a one-line error. */

@@ -227,6 +227,7 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     if (a->spec.k) o.spec_k = a->spec.k;
     if (a->spec.step_tokens) o.spec_step_tokens = a->spec.step_tokens;
     o.spec_policy = a->spec.policy;
+    if (a->spec.history_set) o.spec_history = a->spec.history;
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
@@ -782,6 +783,7 @@ int cli_bench(int argc, char **argv)
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
         case CLI_O_SPEC_POLICY:
+        case CLI_O_SPEC_HISTORY:
         case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
             continue;

@@ -168,6 +168,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
         case CLI_O_SPEC_POLICY:
+        case CLI_O_SPEC_HISTORY:
         case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
             break;

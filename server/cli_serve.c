@@ -320,6 +320,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case CLI_O_SPEC_K:
         case CLI_O_SPEC_STEP:
         case CLI_O_SPEC_POLICY:
+        case CLI_O_SPEC_HISTORY:
         case CLI_O_DRAFT_MODEL:
             if (!cli_spec_arg("serve", c, optarg, &o->spec)) return EXIT_USAGE;
             break;
@@ -406,6 +407,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->spec.k) eo.spec_k = o->spec.k;
     if (o->spec.step_tokens) eo.spec_step_tokens = o->spec.step_tokens;
     eo.spec_policy = o->spec.policy;
+    if (o->spec.history_set) eo.spec_history = o->spec.history;
     eo.mask_mode = o->mask_mode;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))

@@ -1,4 +1,4 @@
-/* --spec, --spec-k, --spec-step-tokens, --spec-policy and --draft-model (cli.h). */
+/* --spec, --spec-k, --spec-step-tokens, --spec-policy, --spec-history and --draft-model (cli.h). */
 #include <stdio.h>
 
 #include "../engine/gguf.h"
@@ -24,6 +24,15 @@ bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec 
         return true;
     }
     long v;
+    if (code == CLI_O_SPEC_HISTORY) {
+        if (cli_parse_int(text, 0, 1L << 26, &v)) {
+            s->history = v;
+            s->history_set = true;
+            return true;
+        }
+        fprintf(stderr, "quern %s: '%s': --spec-history wants 0..67108864 tokens\n", prog, text);
+        return false;
+    }
     if (code == CLI_O_SPEC_STEP) {
         if (cli_parse_int(text, 1, 1 << 20, &v)) {
             s->step_tokens = (int)v;

@@ -16,6 +16,7 @@
 #include "../engine/engine_impl.h"
 #include "../engine/generate.h"
 #include "../engine/gguf_quantize.h"
+#include "../engine/spec_history.h"
 #include "../engine/synth.h"
 #include "testbackend.h"
 #include "testmodel.h"
@@ -82,6 +83,82 @@ START_TEST(ngram_drafts_the_latest_longest_match)
     ck_assert_int_eq(m, SPEC_DRAFT);
     ck_assert_int_eq(spec_mode_parse("eagle", &m, &err), QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "eagle"));
+}
+END_TEST
+
+/* Earlier answers: the most recent occurrence of the longest n-gram, cut at its answer's end;
+ * nothing from tokens the ring has overwritten; an answer longer than the ring keeps its end;
+ * the drafter reads the history only where the context has no match. */
+START_TEST(history_drafts_from_earlier_answers)
+{
+    struct spec_history h;
+    struct qerr err = {0};
+    int32_t out[SPEC_K_MAX];
+    int match = -1;
+    ck_assert_int_eq(spec_history_init(&h, 0, &err), 0);
+    ck_assert_uint_eq(h.cap, 0);
+    static const int32_t a[] = {10, 11, 12, 13, 14, 15};
+    spec_history_add(&h, a, 6); /* no history: nothing kept, nothing drafted */
+    ck_assert_int_eq(spec_history_draft(&h, a, 3, 4, out, &match), 0);
+    ck_assert_int_eq(match, 0);
+    ck_assert_int_eq(spec_history_init(&h, 1L << 27, &err), QERR_INVALID);
+    ck_assert_int_eq(spec_history_init(&h, 1000, &err), 0);
+    ck_assert_uint_eq(h.cap, 1024);
+
+    spec_history_add(&h, a, 6);
+    /* ... 11 12 -> 13 14 15, and the answer ends there */
+    static const int32_t c1[] = {7, 8, 11, 12};
+    ck_assert_int_eq(spec_history_draft(&h, c1, 4, 8, out, &match), 3);
+    ck_assert_int_eq(out[0], 13);
+    ck_assert_int_eq(out[2], 15);
+    ck_assert_int_eq(match, 2);
+    ck_assert_int_eq(spec_history_draft(&h, c1, 4, 2, out, NULL), 2); /* k bounds it */
+    /* a later answer with 11 12 followed otherwise: the most recent wins for the bigram, but a
+     * context that matches the first answer's 4-gram gets that one's continuation */
+    static const int32_t b[] = {11, 12, 20, 21};
+    spec_history_add(&h, b, 4);
+    ck_assert_int_eq(spec_history_draft(&h, c1, 4, 8, out, &match), 2);
+    ck_assert_int_eq(out[0], 20);
+    static const int32_t c2[] = {10, 11, 12, 13};
+    ck_assert_int_eq(spec_history_draft(&h, c2, 4, 8, out, &match), 2);
+    ck_assert_int_eq(out[0], 14);
+    ck_assert_int_eq(match, 4);
+    /* the match is counted back past the n-gram searched, within the answer */
+    static const int32_t c3[] = {99, 10, 11, 12, 13, 14};
+    ck_assert_int_eq(spec_history_draft(&h, c3, 6, 8, out, &match), 1);
+    ck_assert_int_eq(out[0], 15);
+    ck_assert_int_eq(match, 5);
+    /* n-grams never span two answers (15 then 11 12 20) */
+    static const int32_t c4[] = {14, 15, 11};
+    ck_assert_int_eq(spec_history_draft(&h, c4, 3, 8, out, &match), 0);
+
+    /* the ring wraps: the first answers are overwritten, and their n-grams draft nothing */
+    static int32_t filler[1100];
+    for (int i = 0; i < 1100; i++) filler[i] = 1000 + i;
+    spec_history_add(&h, filler, 1100); /* longer than the ring: its last 1023 tokens */
+    ck_assert_int_eq(spec_history_draft(&h, c2, 4, 8, out, &match), 0);
+    ck_assert_int_eq(spec_history_draft(&h, c1, 4, 8, out, &match), 0);
+    static const int32_t c5[] = {1076, 1077};
+    ck_assert_int_eq(spec_history_draft(&h, c5, 2, 3, out, &match), 0); /* cut off */
+    static const int32_t c6[] = {2097, 2098};
+    ck_assert_int_eq(spec_history_draft(&h, c6, 2, 3, out, &match), 1);
+    ck_assert_int_eq(out[0], 2099);
+
+    /* the drafter: its own context first, the history where that finds nothing */
+    struct spec_drafter d;
+    spec_drafter_init(&d, SPEC_NGRAM);
+    d.history = &h;
+    int cls = -1;
+    static const int32_t c7[] = {5, 6, 7, 5, 6, 2097, 2098};
+    ck_assert_int_eq(spec_draft_classed(&d, c7, 5, 4, out, &cls), 3); /* 5 6 -> 7 5 6 */
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(cls, spec_match_class(2));
+    ck_assert_int_eq(spec_draft_classed(&d, c7, 7, 4, out, &cls), 1);
+    ck_assert_int_eq(out[0], 2099);
+    ck_assert_int_eq(cls, SPEC_CLASS_HISTORY);
+    d.history = NULL;
+    ck_assert_int_eq(spec_draft_classed(&d, c7, 7, 4, out, &cls), 0);
+    spec_history_free(&h);
 }
 END_TEST
 
@@ -718,6 +795,90 @@ static int cached_keys(const struct engine *e, uint64_t *keys, int cap)
     return n;
 }
 
+/* Submits one case and collects it; the engine keeps running. */
+static void run_one(struct engine *e, const struct req_case *c, struct result *res)
+{
+    struct request *q;
+    struct qerr err = {0};
+    ck_assert_msg(engine_submit(e, &c->r, &q, &err) == 0, "%s", err.msg);
+    collect(q, res);
+}
+
+/* An engine with --spec ngram and the acceptance policy (no clock: the drafts are the same
+ * every run), its history `history` tokens. */
+static struct engine *make_history_engine(long history)
+{
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.kv_blocks = 64;
+    o.max_seqs = 4;
+    o.spec = SPEC_NGRAM;
+    o.spec_policy = SPEC_POLICY_ACCEPTANCE;
+    o.spec_step_tokens = 256;
+    o.spec_history = history;
+    o.check_invariants = true;
+    struct engine *e;
+    struct qerr err = {0};
+    ck_assert_msg(engine_create(file, tok, be, &o, &e, &err) == 0, "%s", err.msg);
+    return e;
+}
+
+static void same_tokens(const struct result *a, const struct result *b, const char *what)
+{
+    ck_assert_msg(a->n == b->n &&
+                      memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof *a->tokens) == 0,
+                  "%s: the tokens differ", what);
+}
+
+/* A finished answer is drafted from by a later request that asks the same (a greedy repeat): the
+ * same tokens, and far more of them from drafts than the first time or without a history; a
+ * request that opted out of speculation lends its answer to none. */
+START_TEST(history_lends_answers_to_later_requests)
+{
+    int n_out = tu_sanitized() ? 16 : 32;
+    static struct req_case c, off;
+    static struct result first, again, first0, again0, lent, after;
+    make_case(0, n_out, &c); /* a golden prompt, greedy: it copies nothing of its prompt */
+    c.r.ignore_eos = true;
+    off = c;
+    off.r.prompt = off.prompt;
+    off.r.no_spec = true;
+    c.r.prompt = c.prompt;
+
+    struct engine *e = make_history_engine(65536);
+    run_one(e, &c, &first);
+    run_one(e, &c, &again);
+    engine_stop(e);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_free(e);
+    e = make_history_engine(0);
+    run_one(e, &c, &first0);
+    run_one(e, &c, &again0);
+    engine_free(e);
+    e = make_history_engine(65536);
+    run_one(e, &off, &lent);
+    run_one(e, &c, &after);
+    engine_free(e);
+    printf("spec history: %d tokens, accepted %d then %d; without the history %d then %d; "
+           "after an opted-out answer %d\n",
+           first.n, first.final.accepted_tokens, again.final.accepted_tokens,
+           first0.final.accepted_tokens, again0.final.accepted_tokens, after.final.accepted_tokens);
+    same_tokens(&first, &again, "the repeat");
+    same_tokens(&first, &first0, "without the history");
+    same_tokens(&first, &again0, "the repeat without the history");
+    same_tokens(&first, &lent, "opted out");
+    same_tokens(&first, &after, "after an opted-out answer");
+    ck_assert_int_eq(first.n, n_out);
+    /* the repeat drafts the whole answer from the first (its first token comes from the
+     * prefill, and a draft stops where its answer ended) */
+    ck_assert_int_ge(again.final.accepted_tokens, n_out / 2);
+    ck_assert_int_gt(again.final.accepted_tokens, first.final.accepted_tokens);
+    ck_assert_int_eq(again0.final.accepted_tokens, first0.final.accepted_tokens);
+    ck_assert_int_eq(lent.final.accepted_tokens, 0);
+    ck_assert_int_eq(after.final.accepted_tokens, first.final.accepted_tokens);
+}
+END_TEST
+
 START_TEST(ngram_output_equals_plain_decoding)
 {
     int n = tu_sanitized() ? 6 : MAXR, n_out = tu_sanitized() ? 16 : 32;
@@ -1072,6 +1233,7 @@ int main(void)
     Suite *s = suite_create("spec");
     TCase *unit = tcase_create("drafter");
     tcase_add_test(unit, ngram_drafts_the_latest_longest_match);
+    tcase_add_test(unit, history_drafts_from_earlier_answers);
     tcase_add_test(unit, draft_length_follows_acceptance);
     tcase_add_test(unit, drafts_take_the_budget_left_and_roll_back);
     tcase_add_test(unit, cost_policy_maximizes_tokens_per_second);
@@ -1082,7 +1244,9 @@ int main(void)
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
-    const TTest *tests[] = {ngram_output_equals_plain_decoding, logprobs_grammar_and_opt_out,
+    const TTest *tests[] = {ngram_output_equals_plain_decoding,
+                            logprobs_grammar_and_opt_out,
+                            history_lends_answers_to_later_requests,
                             draft_model_proposes_its_greedy_continuation,
                             draft_model_output_equals_plain_decoding,
                             draft_model_is_refused_without_the_same_vocabulary};

@@ -13,6 +13,10 @@ CPU time; the table gives, per kind and server, decode tokens per second (the me
 rounds' rates, each round summed over the kind's prompts), that over the same server's 'off',
 and the drafts kept.
 
+quern's ngram runs with --spec-history 0, prompt lookup alone: the rounds ask the same prompts
+again, and its history of earlier answers would draft them from the round before
+(tools/bench-spec-history.py measures the history on prompts a server has not seen).
+
 Default (no --kinds): a GPL-3 passage, then its first words again (the output copies its
 input), greedy, --ignore-eos, against each server in turn:
 
@@ -40,6 +44,8 @@ import socket
 import subprocess
 import sys
 import time
+
+NO_HISTORY = ["--spec", "ngram", "--spec-history", "0"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -309,7 +315,7 @@ def main():
     ll = [llama, "-m", a.model, "-t", t, "-tb", t, "-c", "4096", "-np", "1", "--no-webui"]
     configs = [
         ("quern off", q + ["--spec", "off"], "quern"),
-        ("quern ngram", q + ["--spec", "ngram"], "quern"),
+        ("quern ngram", q + NO_HISTORY, "quern"),
         ("quern draft", q + ["--draft-model", a.draft], "quern"),
         ("llama.cpp off", ll, "llama"),
         ("llama.cpp ngram-simple", ll + ["--spec-type", "ngram-simple"], "llama"),
@@ -319,7 +325,7 @@ def main():
     ]
     if a.kinds:
         configs = [("quern off", q + ["--spec", "off"], "quern"),
-                   ("quern ngram", q + ["--spec", "ngram"], "quern"),
+                   ("quern ngram", q + NO_HISTORY, "quern"),
                    ("llama.cpp off", ll, "llama")]
         configs += [(f"llama.cpp {t}", ll + ["--spec-type", t], "llama")
                     for t in a.llama_spec.split(",") if t]
