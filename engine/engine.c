@@ -550,6 +550,11 @@ static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum f
         e->local.spec_grammar_draft_tokens += (uint64_t)nd;
         e->local.spec_grammar_accepted_tokens += (uint64_t)accepted;
     }
+    if (s->spec_cls == SPEC_CLASS_HISTORY) {
+        e->local.spec_history_drafts++;
+        e->local.spec_history_draft_tokens += (uint64_t)nd;
+        e->local.spec_history_accepted_tokens += (uint64_t)accepted;
+    }
     return why;
 }
 

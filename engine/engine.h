@@ -216,6 +216,8 @@ struct engine_stats {
     /* of the drafts: those spelling the bytes a grammar forced next, their tokens and how many
      * of those were accepted */
     uint64_t spec_grammar_drafts, spec_grammar_draft_tokens, spec_grammar_accepted_tokens;
+    /* the same for drafts from earlier requests' answers (spec_history.h) */
+    uint64_t spec_history_drafts, spec_history_draft_tokens, spec_history_accepted_tokens;
 };
 
 struct engine;

@@ -182,6 +182,13 @@ static int render_spec(const struct engine_stats *s, struct sbuf *o)
             : counter(o, "quern_spec_decode_grammar_accepted_tokens_total",
                       "Of those, tokens accepted.", s->spec_grammar_accepted_tokens);
     rc = rc ? rc
+            : counter(o, "quern_spec_decode_history_draft_tokens_total",
+                      "Tokens drafted from earlier requests' answers (of the drafted).",
+                      s->spec_history_draft_tokens);
+    rc = rc ? rc
+            : counter(o, "quern_spec_decode_history_accepted_tokens_total",
+                      "Of those, tokens accepted.", s->spec_history_accepted_tokens);
+    rc = rc ? rc
             : head(o, "quern_spec_decode_accepted_tokens_per_draft", "histogram",
                    "Drafted tokens accepted, per draft.");
     uint64_t cum = 0;

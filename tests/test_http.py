@@ -847,6 +847,14 @@ def test_speculation(plain):
               m.get("quern_spec_decode_grammar_accepted_tokens_total", 0) > 0,
               "spec ngram under a JSON Schema: plain decoding's text; forced tokens drafted, kept",
               f"{jb} vs {ja}; {m.get('quern_spec_decode_grammar_draft_tokens_total')} forced")
+        # asked again: what the grammar leaves open comes from the first answer (the history)
+        st, _, jc = d.post("/v1/chat/completions", chat)
+        m = d.metrics()
+        check(st == 200 and jc["choices"][0]["message"]["content"] ==
+              ja["choices"][0]["message"]["content"] and
+              m.get("quern_spec_decode_history_accepted_tokens_total", 0) > 0,
+              "spec ngram, the same request again: plain decoding's text, drafted from the first",
+              f"{jc} vs {ja}; {m.get('quern_spec_decode_history_draft_tokens_total')} drafted")
         drafts = m.get("quern_spec_decode_num_drafts_total", 0)
         check(drafts > 0 and m.get("quern_spec_decode_num_accepted_tokens_total", 0) > 0 and
               m.get("quern_spec_decode_accepted_tokens_per_draft_count") == drafts and

@@ -845,15 +845,19 @@ START_TEST(history_lends_answers_to_later_requests)
     off.r.no_spec = true;
     c.r.prompt = c.prompt;
 
+    struct engine_stats st, st0;
     struct engine *e = make_history_engine(65536);
     run_one(e, &c, &first);
     run_one(e, &c, &again);
     engine_stop(e);
     ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_get_stats(e, &st);
     engine_free(e);
     e = make_history_engine(0);
     run_one(e, &c, &first0);
     run_one(e, &c, &again0);
+    engine_stop(e);
+    engine_get_stats(e, &st0);
     engine_free(e);
     e = make_history_engine(65536);
     run_one(e, &off, &lent);
@@ -876,6 +880,11 @@ START_TEST(history_lends_answers_to_later_requests)
     ck_assert_int_eq(again0.final.accepted_tokens, first0.final.accepted_tokens);
     ck_assert_int_eq(lent.final.accepted_tokens, 0);
     ck_assert_int_eq(after.final.accepted_tokens, first.final.accepted_tokens);
+    /* the counters /metrics shows: the repeat's drafts from the history, none without one */
+    ck_assert_uint_gt(st.spec_history_accepted_tokens, 0);
+    ck_assert_uint_le(st.spec_history_accepted_tokens, st.spec_history_draft_tokens);
+    ck_assert_uint_le(st.spec_history_drafts, st.spec_drafts);
+    ck_assert_uint_eq(st0.spec_history_drafts, 0);
 }
 END_TEST
 
