@@ -162,6 +162,70 @@ START_TEST(history_drafts_from_earlier_answers)
 }
 END_TEST
 
+/* Random answers over a 6-token vocabulary (n-grams recur, the 1024-token ring wraps many
+ * times, index slots collide): every draft is what followed an occurrence of the context's
+ * last n-gram (n <= the match reported) that the ring still holds, within that answer; and
+ * where the latest answer holds the context's last 4 tokens followed by a token, a draft is
+ * found. A shadow of the ring (every token ever added, by absolute position) is the reference. */
+START_TEST(history_drafts_only_what_it_holds)
+{
+    struct spec_history h;
+    struct qerr err = {0};
+    ck_assert_int_eq(spec_history_init(&h, 1024, &err), 0);
+    enum { TOTAL = 20000 };
+    static int32_t shadow[TOTAL + 512];
+    int64_t len = 0, found = 0, tries = 0;
+    uint64_t rng = 12345;
+    int32_t ans[64], ctx[16], out[SPEC_K_MAX];
+    while (len < TOTAL) {
+        int n = 1 + (int)((rng = rng * 6364136223846793005ULL + 1442695040888963407ULL) >> 59);
+        n = n * 2 + 3; /* 5..65 */
+        if (n > 64) n = 64;
+        for (int i = 0; i < n; i++)
+            ans[i] = (int32_t)((rng = rng * 6364136223846793005ULL + 1) >> 61) % 6;
+        spec_history_add(&h, ans, n);
+        memcpy(shadow + len, ans, (size_t)n * sizeof *ans);
+        shadow[len + n] = -1;
+        int64_t start = len;
+        len += n + 1;
+        ck_assert_uint_eq(h.head, (uint64_t)len);
+        int64_t lo = len - 1024 > 0 ? len - 1024 : 0;
+        for (int q = 0; q < 8; q++) {
+            int c = 2 + q % 5; /* context of 2..6 tokens */
+            for (int i = 0; i < c; i++)
+                ctx[i] = (int32_t)((rng = rng * 6364136223846793005ULL + 1) >> 61) % 6;
+            if (q == 7 && n >= 6) /* the latest answer's 4-gram at its start */
+                memcpy(ctx + c - 4, ans, 4 * sizeof *ans);
+            int k = 1 + q % 8, match = 0;
+            int m = spec_history_draft(&h, ctx, c, k, out, &match);
+            tries++;
+            if (q == 7 && n >= 6) ck_assert_int_gt(m, 0);
+            if (m == 0) continue;
+            found++;
+            ck_assert_int_ge(match, 2);
+            ck_assert_int_le(match, c);
+            /* some held occurrence of the last min(match, 4) tokens followed by the draft */
+            int g = match < 4 ? match : 4;
+            bool ok = false;
+            for (int64_t p = lo + g; p < len && !ok; p++) {
+                if (memcmp(shadow + p - g, ctx + c - g, (size_t)g * sizeof *ctx) != 0) continue;
+                bool same = true;
+                for (int j = 0; j < m && same; j++) same = p + j < len && shadow[p + j] == out[j];
+                /* the draft stops at its answer's end or at k */
+                bool ends = m == k || p + m >= len || shadow[p + m] == -1;
+                ok = same && ends;
+            }
+            ck_assert_msg(ok, "a draft of %d tokens that no held answer has (answer at %lld)", m,
+                          (long long)start);
+        }
+    }
+    printf("spec history, random answers: %lld of %lld contexts drafted\n", (long long)found,
+           (long long)tries);
+    ck_assert_int_gt(found, tries / 4);
+    spec_history_free(&h);
+}
+END_TEST
+
 START_TEST(draft_length_follows_acceptance)
 {
     struct spec_state st;
@@ -1243,6 +1307,7 @@ int main(void)
     TCase *unit = tcase_create("drafter");
     tcase_add_test(unit, ngram_drafts_the_latest_longest_match);
     tcase_add_test(unit, history_drafts_from_earlier_answers);
+    tcase_add_test(unit, history_drafts_only_what_it_holds);
     tcase_add_test(unit, draft_length_follows_acceptance);
     tcase_add_test(unit, drafts_take_the_budget_left_and_roll_back);
     tcase_add_test(unit, cost_policy_maximizes_tokens_per_second);
