@@ -7,7 +7,7 @@
  *   float weight types:  k->matmul_float (4 x 4 register tiles over rows x tokens)
  *   scalar ISA:  the reference kernels, split the same way
  * The tokens run in chunks that fit the scratch (normally all at once); the work of a chunk is
- * cut into (row groups x up to 64 tokens) tasks, about four per thread (two for up to FEW_TOKENS),
+ * cut into (row groups x up to 64 tokens) tasks, about four per thread (one for up to FEW_TOKENS),
  * claimed dynamically. A task never splits a dot product, so neither the cut nor the thread count
  * changes a value. cpu_matmul_shared runs weights that read the same input (q, k, v; gate, up) as
  * one job: the activations are prepared once and one pool job (one wait) covers all of them. */
@@ -22,15 +22,19 @@
 #define PREP_TOKENS      8  /* tokens per activation-prep task */
 #define PREP_PARALLEL    16 /* tokens from which the prep itself runs on the pool */
 #define TASKS_PER_THREAD 4
-/* A few tokens' matmul (a decode batch of 1-8, a draft being verified) is mostly a weight stream:
- * each task restarts one (its prefetch ramps up again), so it gets fewer, longer tasks. Measured
- * at 2 threads: one token, Q8/Q4_0/Q4_1 tg128, 4 interleaved rounds on a quiet Zen 4: 2 tasks a
- * thread 163/221/197 tok/s against 152/202/179 with 4 (1 a thread: level with 4 on Q8_0, +17 %
- * on Q4_0, and no slack for a preempted thread); 2-8 tokens, `--decode-batches 2,4,8,16` on the
- * AMX Xeon, 8 rounds of three builds, medians: 2 a thread 0.93/0.96/0.97x the step time of 4 at
- * batch 2/4/8 and 1.00x at 16, where a prefill of 64-256 tokens ran 4-7 % slower with 2 (there
- * the threads' balance counts more than the stream's restarts). */
-#define TASKS_PER_THREAD_FEW 2
+/* A few tokens' matmul (a decode batch of 1-8, a draft being verified) is mostly a weight stream,
+ * and each task restarts one: its first lines wait a full DRAM round trip before the prefetch
+ * walker (pf_walk.h) runs ahead. So each thread gets one task, a run of whole groups. Zen 5, 2
+ * threads, `quern bench --pp 16 --tg 128 --reps 2`, tokens/s, medians of 4-5 alternating rounds,
+ * 2 tasks a thread / 1: in a phase where two threads read 81 GB/s, Q4_0 727 / 827, Q4_1 675 /
+ * 752, Q8_0 499 / 551 (Q4_0 then at 92 % of the read roofline); where they read 42 GB/s (one
+ * thread as much), 601 / 612, 548 / 558, 360 / 361; with a busy loop on one of the two vCPUs,
+ * 292-334 / 302-319. `--decode-batches 1,2,4,8`, ms a step, 2 / 1: 1.47 / 1.28-1.31, 1.60-1.62 /
+ * 1.46-1.54, 2.03 / 1.84-1.88, 3.23-3.32 / 3.10-3.13. (On the Zen 4, 1 a thread had measured
+ * +17 % on Q4_0 and level on Q8_0 against 4; 2 was kept then as slack for a preempted thread,
+ * which the busy-loop rounds above do not show to matter.) From 9 tokens a step is compute-bound
+ * and the threads' balance counts: 4 a thread. */
+#define TASKS_PER_THREAD_FEW 1
 #define FEW_TOKENS           8
 
 static size_t align64(size_t n)
