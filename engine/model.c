@@ -75,6 +75,8 @@ static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *
     return 0;
 }
 
+#define LAYER_TENSORS 9
+
 int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -130,6 +132,15 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
                         gguf_path(f), cfg->eps, cfg->rope_base);
+    /* each layer has nine tensors (two norms, q, k, v, o, gate, up, down), so a block_count the
+     * file cannot hold is refused here, before the loader sizes its tables by it (a corrupt
+     * count of 2^24 layers asked for 3.4 GB) */
+    uint64_t need = (uint64_t)cfg->n_layers * LAYER_TENSORS + 1;
+    if (gguf_tensor_count(f) < need)
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: block_count %d needs at least %llu tensors; the file has %llu",
+                        gguf_path(f), cfg->n_layers, (unsigned long long)need,
+                        (unsigned long long)gguf_tensor_count(f));
     return 0;
 }
 

@@ -325,6 +325,50 @@ START_TEST(missing_key_and_bad_arch)
 }
 END_TEST
 
+/* A config that passes every key's own check but counts more layers than the file has tensors
+ * for (what the fuzzer found: a block_count of 2^24 made the loader ask for 3.4 GB): refused by
+ * model_config_read, naming the count. */
+START_TEST(block_count_beyond_the_tensors)
+{
+    struct buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 1); /* tensors */
+    put_u64(&b, 8); /* kvs */
+    kv_str(&b, "general.architecture", "llama");
+    kv_u32(&b, "llama.block_count", 1u << 24);
+    kv_u32(&b, "llama.embedding_length", 8);
+    kv_u32(&b, "llama.feed_forward_length", 16);
+    kv_u32(&b, "llama.attention.head_count", 2);
+    kv_u32(&b, "llama.context_length", 64);
+    put_str(&b, "llama.attention.layer_norm_rms_epsilon");
+    put_u32(&b, GGUF_F32);
+    float eps = 1e-5f;
+    put(&b, &eps, 4);
+    kv_u32(&b, "llama.rope.dimension_count", 4);
+    put_str(&b, "token_embd.weight");
+    put_u32(&b, 2);
+    put_u64(&b, 8);
+    put_u64(&b, 4);
+    put_u32(&b, QTYPE_F32);
+    put_u64(&b, 0);
+    while (b.n % 32) put(&b, "", 1);
+    float v = 0.5f;
+    for (int i = 0; i < 32; i++) put(&b, &v, 4);
+    char *path = tu_write_temp(b.p, b.n);
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_int_eq(gguf_open(path, &f, &err), 0);
+    struct model_config cfg;
+    ck_assert_int_eq(model_config_read(f, &cfg, &err), QERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "block_count 16777216") && strstr(err.msg, path), "%s", err.msg);
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    free(b.p);
+}
+END_TEST
+
 START_TEST(real_model)
 {
     struct gguf_file *f;
@@ -392,6 +436,7 @@ int main(void)
     tcase_add_test(tc, huge_counts_and_lengths);
     tcase_add_test(tc, missing_file);
     tcase_add_test(tc, missing_key_and_bad_arch);
+    tcase_add_test(tc, block_count_beyond_the_tensors);
     tcase_add_test(tc, real_model);
     tcase_add_test(tc, real_model_truncated);
     suite_add_tcase(s, tc);
