@@ -257,7 +257,8 @@ static int report_nonfinite(const struct model *m, const struct gguf_file *f, st
 /* Once the backend holds its own copy of a weight (impl), the file's pages behind it would only
  * double the resident size: let the kernel drop them from this process. gguf maps the file
  * read-only and private, so the bytes stay valid: they remain in the page cache and fault back
- * in if something still reads them (the CPU embedding lookup reads one row per token). */
+ * in if something still reads them (a backend without a packed copy of the embedding, the
+ * scalar CPU kernels', reads one row a token there). */
 static void drop_file_pages(const struct bweight *w)
 {
     if (!w->impl) return;
