@@ -1,6 +1,7 @@
 /* cpu_ops: the CPU backend's ops other than matmul, each a loop over tokens (or token x head)
  * calling the ISA's row kernel; large batches are split across the pool by whole rows, small
- * ones run on the calling thread (a pool round trip costs more than a 576-wide RMSNorm). */
+ * ones run on the calling thread (a pool round trip costs more than a 576-wide RMSNorm).
+ * Attention alone uses the pool at every size: its reads miss the caches (cpu_attention). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
