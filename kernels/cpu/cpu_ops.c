@@ -1,7 +1,6 @@
 /* cpu_ops: the CPU backend's ops other than matmul, each a loop over tokens (or token x head)
  * calling the ISA's row kernel; large batches are split across the pool by whole rows, small
- * ones run on the calling thread (a pool round trip costs more than a 576-wide RMSNorm).
- * Attention goes to the pool sooner, its reads missing the caches (cpu_attention). */
+ * ones run on the calling thread (a pool round trip costs more than a 576-wide RMSNorm). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +11,13 @@
 /* ... and silu_mul, whose exp and division cost about ten adds an element: a 16-token step's
  * 24,576 ran on one thread, 19 us a layer */
 #define PAR_ELEMS_SILU 8192
-/* (key, head) pairs from which attention uses the pool: SmolLM2's 9 heads at context 57 */
-#define PAR_KEYS 512
+/* (key, head) pairs from which attention uses the pool (SmolLM2's 9 heads: context 228). Its
+ * reads miss the caches, and two threads' misses overlap, so a lower threshold was tried: 512
+ * pairs, and every size. Where two threads read 42 GB/s the attention of a one-token step took
+ * 0.55-0.75x the time below 2048; where they read 81 GB/s the caller alone is as fast there, and
+ * tg128 after a 16-token prompt ran 0.96x (Q4_0, 5 alternating rounds, medians 779 against 815
+ * tok/s) with a wider spread. docs/benchmarks.md, 2026-12-05 11:25 UTC. */
+#define PAR_KEYS 2048
 
 static struct cpu_ctx *ctx_of(struct backend *be)
 {
@@ -471,18 +475,9 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
                          .s = s,
                          .run_tokens = ATTN_TOKENS_LONG,
                          .pieces = s->n_kv_heads};
-    /* From PAR_KEYS (key, head) pairs attention uses the pool. A decode token's K and V come
-     * from DRAM (the weights streamed through the caches since the layer's last step), so its
-     * time is misses more than arithmetic, and two threads' misses overlap. One sequence, Q4_0,
-     * 2 threads, Zen 5, ms a decode step (`quern bench --decode-batches 1 --pp P --tg 128`),
-     * serial below 2048 pairs (the old threshold) / parallel at every size: where two threads
-     * read 84 GB/s, context 16-144 1.206-1.223 / 1.221-1.240, 128-256 1.331-1.358 / 1.303-1.304;
-     * where they read 42 GB/s, the attention of a step at context 1-17 38 / 27.5 us, 8-72 45-52 /
-     * 33-34, 128-192 189-192 / 105-148. So short rows stay on the caller, whose single thread
-     * is as fast where bandwidth is plenty, and the rest go to the pool. */
     int64_t keys = 0;
     for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
-    bool serial = threads < 2 || keys * s->n_heads < PAR_KEYS;
+    bool serial = keys * s->n_heads < PAR_KEYS;
     /* alone, a thread takes the longest sets; on the pool only where each thread gets two */
     if (!serial && b->n_tokens < 2 * threads * ATTN_TOKENS_LONG) j.run_tokens = ATTN_TOKENS;
     int tasks = (b->n_tokens + j.run_tokens - 1) / j.run_tokens * s->n_kv_heads;
