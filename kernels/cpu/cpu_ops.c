@@ -53,7 +53,7 @@ static void embed_task(void *arg, int task, int worker)
  * 1.2-1.4 ms decode step (Zen 5), now 1.5-2. The row unpacks to the file's bytes, so the values
  * are the same. A row's bytes lie in 162 lines of the packed layout (Q8_0, 576 columns), misses
  * that a prompt's rows share between the threads: 512 tokens 0.30 ms from the file pages that
- * earlier runs had faulted in, 0.69-0.71 ms from the qpack on one thread. */
+ * earlier runs had faulted in, 0.69-0.71 ms from the qpack on one thread, 0.40-0.44 on two. */
 void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
                float *out)
 {
