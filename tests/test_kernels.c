@@ -402,6 +402,52 @@ static double rel_err(float a, float b)
     return fabs((double)a - b) / fmax(fabs((double)b), 1e-6);
 }
 
+/* The embedding lookup reads a packed table's rows from its qpack (the file pages behind it are
+ * dropped at load): every row, for every ISA, thread count and quant type, has the bits of the
+ * reference's lookup in the file's rows, one token or a prompt's worth (pool tasks of 8). */
+START_TEST(embed_matches_reference)
+{
+    tu_seed(0xe3bed);
+    const int64_t shapes[][2] = {{17, 32}, {100, 96}, {49, 576}};
+    const int counts[] = {1, 7, 8, 37};
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!cpu_isa_supported(all_isas[i])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            struct backend *be = make_backend(all_isas[i], MATMUL_Q8, threads);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                    struct bweight w0, w;
+                    tu_make_weight(&w0, quant_types[ti], shapes[si][0], shapes[si][1]);
+                    w = w0;
+                    struct qerr err = {0};
+                    ck_assert_msg(be->ops->weight_prepare(be, &w, &err) == 0, "%s", err.msg);
+                    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                        int n = counts[ci];
+                        int32_t tok[37];
+                        for (int t = 0; t < n; t++) tok[t] = (int32_t)(tu_rnd() % (uint64_t)w.rows);
+                        tok[n - 1] = (int32_t)w.rows - 1; /* the padded last group's last row */
+                        size_t len = (size_t)n * (size_t)w.cols;
+                        float *y = malloc(len * sizeof *y), *r = malloc(len * sizeof *r);
+                        be->ops->embed(be, &w, tok, n, y);
+                        ref_embed(&w0, tok, n, r);
+                        size_t at;
+                        ck_assert_msg(!tu_bits_differ(y, r, len, &at),
+                                      "%s %d thread(s) %s %lld x %lld, %d tokens: [%zu] %.9g vs "
+                                      "%.9g",
+                                      cpu_isa_name(all_isas[i]), threads, qtype_name(w.type),
+                                      (long long)w.rows, (long long)w.cols, n, at, y[at], r[at]);
+                        free(y);
+                        free(r);
+                    }
+                    be->ops->weight_release(be, &w);
+                    tu_free_weight(&w0);
+                }
+            backend_destroy(be);
+        }
+    }
+}
+END_TEST
+
 START_TEST(rmsnorm_add_silu_match_reference)
 {
     tu_seed(0x70);
@@ -1213,6 +1259,7 @@ int main(void)
     tcase_add_test(tc, matmul_float_weights);
     tcase_add_test(tc, matmul_batch_and_thread_invariant);
     tcase_add_test(tc, matmul_shared_equals_separate_calls);
+    tcase_add_test(tc, embed_matches_reference);
     tcase_add_test(tc, rmsnorm_add_silu_match_reference);
     tcase_add_test(tc, large_batch_ops_thread_invariant);
     tcase_add_test(tc, rope_matches_reference_exactly);
