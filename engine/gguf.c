@@ -5,6 +5,7 @@
 #include "gguf.h"
 
 #include "../quant/fault.h"
+#include "../quant/qconv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@ struct gguf_file {
     struct gguf_tensor *tensors;
     uint64_t alignment;
     uint64_t data_offset;
+    void *converted; /* the tensors of qconv.h types, in their target types */
 };
 
 struct cursor {
@@ -211,19 +213,51 @@ static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t id
     uint32_t type;
     if ((rc = read_u32(c, &type, what))) return rc;
     if ((rc = read_u64(c, offset, what))) return rc;
-    if (!qtype_supported(type))
+    bool conv = qconv_type(type);
+    if (!qtype_supported(type) && !conv)
         return qerr_set(c->err, QERR_UNSUPPORTED,
                         "%s: %s has unsupported tensor type %u (quern reads F32, F16, BF16, "
-                        "Q8_0, Q4_0, Q4_1)",
+                        "Q8_0, Q4_0, Q4_1, and converts Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                         c->f->path, what, type);
-    t->type = (enum qtype)type;
-    if (t->ne[0] % qtype_block_elems(t->type)) {
+    t->file_type = type;
+    t->type = conv ? qconv_target(type) : (enum qtype)type;
+    size_t be = conv ? qconv_block_elems(type) : qtype_block_elems(t->type);
+    if (t->ne[0] % be) {
         char b[512];
         snprintf(b, sizeof b, "%s: row length %llu is not a multiple of the %s block (%zu)", what,
-                 (unsigned long long)t->ne[0], qtype_name(type), qtype_block_elems(t->type));
+                 (unsigned long long)t->ne[0], conv ? qconv_name(type) : qtype_name(type), be);
         return fail(c, b);
     }
-    t->nbytes = t->n_elems / qtype_block_elems(t->type) * qtype_block_bytes(t->type);
+    /* the bytes in the file; a converted tensor's own size is set when it is converted */
+    t->nbytes = t->n_elems / be * (conv ? qconv_block_bytes(type) : qtype_block_bytes(t->type));
+    return 0;
+}
+
+/* Each tensor of a qconv.h type, rewritten in its target type into one buffer the file owns
+ * (64-byte aligned each). */
+static int convert_tensors(struct gguf_file *f, struct qerr *err)
+{
+    size_t total = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        if (t->file_type != (uint32_t)t->type)
+            total += (qtype_row_bytes(t->type, t->n_elems) + 63) & ~(size_t)63;
+    }
+    if (!total) return 0;
+    f->converted = aligned_alloc(64, total);
+    if (!f->converted)
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory converting its tensors (%zu bytes)",
+                        f->path, total);
+    uint8_t *at = f->converted;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        struct gguf_tensor *t = &f->tensors[i];
+        if (t->file_type == (uint32_t)t->type) continue;
+        size_t n = qtype_row_bytes(t->type, t->n_elems);
+        qconv_row(t->file_type, t->data, at, t->n_elems);
+        t->data = at;
+        t->nbytes = n;
+        at += (n + 63) & ~(size_t)63;
+    }
     return 0;
 }
 
@@ -295,6 +329,7 @@ static int parse(struct gguf_file *f, struct qerr *err)
             t->data = f->map + f->data_offset + offsets[i];
     }
     free(offsets);
+    if (!rc) rc = convert_tensors(f, err);
     return rc;
 }
 
@@ -351,6 +386,7 @@ void gguf_close(struct gguf_file *f)
     free(f->kv);
     free(f->tensors);
     if (f->map) munmap((void *)f->map, f->size);
+    free(f->converted);
     free(f->path);
     free(f);
 }
@@ -366,6 +402,11 @@ uint32_t gguf_version(const struct gguf_file *f)
 uint64_t gguf_file_size(const struct gguf_file *f)
 {
     return f->size;
+}
+bool gguf_maps(const struct gguf_file *f, const void *p)
+{
+    const uint8_t *b = p;
+    return f->map && b >= f->map && b < f->map + f->size;
 }
 uint64_t gguf_kv_count(const struct gguf_file *f)
 {

@@ -57,7 +57,9 @@ struct gguf_tensor {
     enum qtype type;
     uint64_t n_elems;
     uint64_t nbytes;
-    const void *data; /* inside the mapping, aligned to the file's alignment */
+    const void *data;   /* inside the mapping, aligned to the file's alignment; or, for a type
+                           converted at open (file_type), in memory the file owns */
+    uint32_t file_type; /* the type in the file: type, or a qconv.h type read as type */
 };
 
 struct gguf_file;
@@ -68,6 +70,8 @@ void gguf_close(struct gguf_file *f);
 const char *gguf_path(const struct gguf_file *f);
 uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_file_size(const struct gguf_file *f);
+/* True when p points into the file's read-only mapping (not at a converted tensor). */
+bool gguf_maps(const struct gguf_file *f, const void *p);
 
 uint64_t gguf_kv_count(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i);

@@ -259,9 +259,11 @@ static int report_nonfinite(const struct model *m, const struct gguf_file *f, st
  * read-only and private, so the bytes stay valid: they remain in the page cache and fault back
  * in if something still reads them (a backend without a packed copy of the embedding, the
  * scalar CPU kernels', reads one row a token there). */
-static void drop_file_pages(const struct bweight *w)
+static void drop_file_pages(const struct gguf_file *f, const struct bweight *w)
 {
-    if (!w->impl) return;
+    /* never memory of our own (a tensor converted at open, a shard's copy): it would read back
+     * as zeros */
+    if (!w->impl || !gguf_maps(f, w->host)) return;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t n = (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols);
     uintptr_t lo = ((uintptr_t)w->host + page - 1) & ~(page - 1);
@@ -273,22 +275,20 @@ static void drop_file_pages(const struct bweight *w)
  * and all of them once more at the end: a read maps the file pages around it too (the kernel's
  * fault-around), bringing back pieces of neighbours dropped before (~40 of the 135M model's 94
  * MiB). */
-static void drop_all_file_pages(const struct model *m)
+static void drop_all_file_pages(const struct gguf_file *f, const struct model *m)
 {
-    drop_file_pages(&m->tok_embd);
-    if (!m->cfg.tied_output) drop_file_pages(&m->output);
+    drop_file_pages(f, &m->tok_embd);
+    if (!m->cfg.tied_output) drop_file_pages(f, &m->output);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct layer *ly = &m->layers[l];
         const struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                       &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->host != ly->own[0] && ws[i]->host != ly->own[1]) drop_file_pages(ws[i]);
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) drop_file_pages(f, ws[i]);
     }
 }
 
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
- * shard. Rows are a window on the file; columns are copied into *own (freed with the model),
- * whose pages drop_file_pages must never see (madvise would zero them). */
+ * shard. Rows are a window on the file; columns are copied into *own (freed with the model). */
 static int load_weight_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t cols, int64_t rows, int64_t r0, int64_t nr, int64_t c0,
                             int64_t nc, struct bweight *w, void **own, struct qerr *err)
@@ -319,7 +319,7 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
     }
     if (m->sh.rank == 0) scan_tensor(m, t); /* every rank reads the file: one report */
     if ((rc = m->be->ops->weight_prepare(m->be, w, err))) return rc;
-    if (nc == cols) drop_file_pages(w);
+    drop_file_pages(f, w);
     return 0;
 }
 
@@ -504,7 +504,7 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         (rc = report_nonfinite(m, f, err)))
         goto fail;
     m->bad = (struct nonfinite){0}; /* it points into f, which may close before m is freed */
-    drop_all_file_pages(m);
+    drop_all_file_pages(f, m);
     *out = m;
     return 0;
 fail:

@@ -7,6 +7,7 @@
 #include "../engine/model.h"
 #include "../engine/model_shard.h"
 #include "../engine/tokenizer.h"
+#include "../quant/qconv.h"
 #include "cli.h"
 
 static void info_usage(FILE *out)
@@ -109,20 +110,26 @@ int cli_info(int argc, char **argv)
     printf("rms epsilon   %g\n", cfg.eps);
     printf("output        %s\n", cfg.tied_output ? "tied to token_embd" : "output.weight");
 
+    /* by the file's type; the bytes are those in memory, after any conversion at open */
     uint64_t count[64] = {0}, bytes[64] = {0}, params = 0;
+    enum qtype read_as[64];
     for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        unsigned ty = (unsigned)t->type < 64 ? (unsigned)t->type : 63;
+        unsigned ty = t->file_type < 64 ? t->file_type : 63;
         count[ty]++;
         bytes[ty] += t->nbytes;
+        read_as[ty] = t->type;
         params += t->n_elems;
     }
     printf("tensors       %llu (%.1f M parameters)\n", (unsigned long long)gguf_tensor_count(f),
            (double)params / 1e6);
-    for (unsigned ty = 0; ty < 64; ty++)
-        if (count[ty])
-            printf("  %-6s %4llu tensors %8.2f MiB\n", qtype_name(ty),
-                   (unsigned long long)count[ty], (double)bytes[ty] / (1024.0 * 1024.0));
+    for (unsigned ty = 0; ty < 64; ty++) {
+        if (!count[ty]) continue;
+        printf("  %-6s %4llu tensors %8.2f MiB", qconv_type(ty) ? qconv_name(ty) : qtype_name(ty),
+               (unsigned long long)count[ty], (double)bytes[ty] / (1024.0 * 1024.0));
+        if (qconv_type(ty)) printf(" (read as %s)", qtype_name(read_as[ty]));
+        printf("\n");
+    }
     if (tp > 0 && (rc = print_tp(f, &cfg, tp, &err))) {
         fprintf(stderr, "quern info: %s\n", err.msg);
         tokenizer_free(tok);

@@ -210,11 +210,25 @@ END_TEST
 START_TEST(unsupported_tensor_type)
 {
     struct spec s = good;
-    s.tensor_type = 12; /* Q4_K */
+    s.tensor_type = 10; /* Q2_K: neither read nor converted */
     struct buf b = build(&s);
     struct qerr err = {0};
     ck_assert_int_eq(open_buf(&b, &err), QERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(err.msg, "type 12"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "type 10"));
+    free(b.p);
+}
+END_TEST
+
+/* A type converted on reading (Q4_K: 256-element blocks) whose rows (8 elements) hold no whole
+ * block: refused before anything is converted. */
+START_TEST(converted_type_short_rows)
+{
+    struct spec s = good;
+    s.tensor_type = 12;
+    struct buf b = build(&s);
+    struct qerr err = {0};
+    ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not a multiple of the Q4_K block (256)"));
     free(b.p);
 }
 END_TEST
@@ -432,6 +446,7 @@ int main(void)
     tcase_add_test(tc, offset_past_end);
     tcase_add_test(tc, offset_unaligned);
     tcase_add_test(tc, unsupported_tensor_type);
+    tcase_add_test(tc, converted_type_short_rows);
     tcase_add_test(tc, too_many_dims);
     tcase_add_test(tc, huge_counts_and_lengths);
     tcase_add_test(tc, missing_file);

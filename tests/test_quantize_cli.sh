@@ -3,7 +3,8 @@
 # errors, files quern info and quern generate read, no partial file after any failure (also a
 # real ENOSPC on a 1 MiB tmpfs where a mount namespace can be had), eval's statistics, and the
 # gguf Python package (llama.cpp's own reader and reference quantizers) reading the output and
-# agreeing byte for byte with our Q4_0 blocks. Needs QUERN_BIN and QUERN_MODEL (meson's env).
+# agreeing byte for byte with our Q4_0 blocks, and its decoders the reference for the types
+# quern converts on reading (tests/kquant_model.py). Needs QUERN_BIN and QUERN_MODEL (meson's env).
 set -u
 bin=${QUERN_BIN:?}
 model=${QUERN_MODEL:?}
@@ -188,6 +189,23 @@ EOF
   else
     fail "gguf Python package check"
   fi
+  # the types quern converts as it reads a file (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): the real model
+  # with its first layers in them, against a copy holding gguf-py's decoding of those weights
+  if "$py" "$(dirname "$0")/kquant_model.py" "$model" "$tmp/kq.gguf" "$tmp/kq_ref.gguf"; then
+    expect 0 'Q4_K +2 tensors .*read as Q4_1' -- info --model "$tmp/kq.gguf"
+    expect 0 'top-1 agreement' -- eval --model "$tmp/kq.gguf" --ref "$tmp/kq_ref.gguf" \
+      --precision f32 "${ev[@]}"
+    kl=$(awk '$1 == "mean" && $2 == "KL" {print $3}' "$tmp/out")
+    top=$(awk '$1 == "top-1" {print $3}' "$tmp/out")
+    echo "   converted types vs gguf-py's decoding: mean KL $kl, top-1 $top %"
+    awk -v k="$kl" -v t="$top" 'BEGIN { exit !(k >= 0 && k < 0.002 && t >= 98) }' ||
+      fail "converted types: mean KL $kl, top-1 $top % against gguf-py's decoding"
+    expect 0 '' -- generate --model "$tmp/kq.gguf" --prompt "The capital of France is" -n 8 \
+      --temp 0 --threads 2
+  else
+    fail "kquant_model.py could not write the converted-type model"
+  fi
+  rm -f "$tmp/kq.gguf" "$tmp/kq_ref.gguf"
 fi
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
