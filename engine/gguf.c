@@ -233,6 +233,15 @@ static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t id
     return 0;
 }
 
+/* The pages wholly inside [p, p + n) of the mapping, read for the last time: let the kernel drop
+ * them from this process (they stay valid, a private read-only mapping of the file). */
+static void drop_pages(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failure costs only RSS */
+}
+
 /* Each tensor of a qconv.h type, rewritten in its target type into one buffer the file owns
  * (64-byte aligned each). */
 static int convert_tensors(struct gguf_file *f, struct qerr *err)
@@ -254,6 +263,7 @@ static int convert_tensors(struct gguf_file *f, struct qerr *err)
         if (t->file_type == (uint32_t)t->type) continue;
         size_t n = qtype_row_bytes(t->type, t->n_elems);
         qconv_row(t->file_type, t->data, at, t->n_elems);
+        drop_pages(t->data, t->nbytes);
         t->data = at;
         t->nbytes = n;
         at += (n + 63) & ~(size_t)63;
