@@ -3,6 +3,7 @@
  * quantize_row_q8_0 makes from the values llama.cpp would compute. */
 #include "qconv.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "quantize.h"
@@ -226,6 +227,13 @@ static void q4k_to_q4_1(const struct block_q4_k *b, struct block_q4_1 *out)
     }
 }
 
+static bool finite_block(const float *x)
+{
+    for (int j = 0; j < QK; j++)
+        if (!isfinite(x[j])) return false;
+    return true;
+}
+
 void qconv_row(uint32_t t, const void *src, void *dst, size_t n)
 {
     if (t == QCONV_Q4_K) {
@@ -250,6 +258,16 @@ void qconv_row(uint32_t t, const void *src, void *dst, size_t n)
     float x[QK_K];
     for (size_t i = 0; i < n / be; i++) {
         qconv_dequantize_row(t, (const uint8_t *)src + i * bb, x, be);
-        quantize_row_q8_0(x, (struct block_q8_0 *)dst + i * (be / QK), be);
+        for (size_t k = 0; k < be / QK; k++) {
+            struct block_q8_0 *o = (struct block_q8_0 *)dst + i * (be / QK) + k;
+            if (finite_block(x + k * QK)) {
+                quantize_row_q8_0(x + k * QK, o, QK);
+                continue;
+            }
+            /* a NaN or infinite scale in the file: every element NaN, which the load's scan
+             * reports (quantize_row_q8_0 wants finite inputs) */
+            o->d = 0x7e00;
+            memset(o->qs, 1, sizeof o->qs);
+        }
     }
 }

@@ -9,7 +9,8 @@
  *   Q5_1, Q5_K, Q6_K -> Q8_0: dequantized and requantized (quantize_row_q8_0); each element moves
  *                 by at most half a Q8_0 step and the step's fp16 rounding (amax / 254 + amax /
  *                 2048 of its block), against the file's own step of about amax / 15.5 (Q5) or
- *                 amax / 31.5 (Q6) in a (sub-)block
+ *                 amax / 31.5 (Q6) in a (sub-)block; a block with a NaN or infinity (a
+ *                 non-finite scale in the file) becomes a Q8_0 block of NaNs
  *
  * Block layouts (ggml-common.h; QK_K = 256 elements a super-block):
  *   Q5_0: fp16 d, uint8 qh[4], uint8 qs[16]:             x = d * (q - 16)

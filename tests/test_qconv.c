@@ -194,6 +194,28 @@ START_TEST(conversions_bound)
 }
 END_TEST
 
+/* A file's NaN or infinite scale: the requantized block is all NaN (the load's scan reports
+ * it), where quantize_row_q8_0 would convert a NaN to int8. */
+START_TEST(nonfinite_scale)
+{
+    static const uint32_t types[] = {QCONV_Q5_1, QCONV_Q5_K, QCONV_Q6_K};
+    static const uint16_t bad[] = {0x7c00, 0xfc00, 0x7e00}; /* +Inf, -Inf, NaN */
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t bi = 0; bi < 3; bi++) {
+            uint32_t t = types[ti];
+            uint8_t src[QK_K / 32 * 24 + 210], dst[QK_K / 32 * 34];
+            float got[QK_K];
+            random_blocks(t, src, QK_K);
+            memcpy(src + (t == QCONV_Q6_K ? 208 : 0), &bad[bi], 2);
+            qconv_row(t, src, dst, QK_K);
+            qtype_dequantize_row(QTYPE_Q8_0, dst, got, QK_K);
+            for (int j = 0; j < QK; j++)
+                ck_assert_msg(isnan(got[j]), "%s, scale 0x%04x: element %d is %g", qconv_name(t),
+                              bad[bi], j, got[j]);
+        }
+}
+END_TEST
+
 START_TEST(names_and_sizes)
 {
     ck_assert(qconv_type(QCONV_Q4_K) && qconv_type(QCONV_Q5_0) && !qconv_type(QTYPE_Q4_1));
@@ -214,6 +236,7 @@ int main(void)
     tcase_add_test(tc, q6k_decode_known);
     tcase_add_test(tc, q5_decode_known);
     tcase_add_test(tc, conversions_bound);
+    tcase_add_test(tc, nonfinite_scale);
     tcase_add_test(tc, names_and_sizes);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
