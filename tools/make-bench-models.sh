@@ -2,7 +2,10 @@
 # make-bench-models.sh — derive the benchmark model variants from the default model.
 #
 # From models/SmolLM2-135M-Instruct.Q4_1.gguf (token_embd Q8_0, layers Q4_1) make
-#   models/SmolLM2-135M-Instruct.Q8_0.gguf and models/SmolLM2-135M-Instruct.Q4_0.gguf
+#   models/SmolLM2-135M-Instruct.Q8_0.gguf, models/SmolLM2-135M-Instruct.Q4_0.gguf and
+#   models/SmolLM2-135M-Instruct.Q4_K_M.gguf (llama.cpp's most downloaded mix; on SmolLM2's
+#   576-wide rows mostly Q5_0, with Q4_K and Q6_K where rows are 1536 wide: quern converts
+#   those types as it reads the file, docs/quant.md)
 # with llama.cpp's llama-quantize --allow-requantize. Requantizing from Q4_1 is lossy;
 # these files are for speed comparisons only, not for quality.
 #
@@ -22,7 +25,7 @@ QUANT=$LLAMA_BIN/llama-quantize
 
 base=${SRC%.gguf}
 base=${base%.*}  # strip the quant suffix (.Q4_1)
-for type in Q8_0 Q4_0; do
+for type in Q8_0 Q4_0 Q4_K_M; do
     out=$base.$type.gguf
     if [[ -f "$out" && "$out" -nt "$SRC" ]]; then
         echo "make-bench-models: $out is up to date" >&2
