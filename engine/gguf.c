@@ -235,15 +235,6 @@ static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t id
     return 0;
 }
 
-/* The pages wholly inside [p, p + n) of the mapping, read for the last time: let the kernel drop
- * them from this process (they stay valid, a private read-only mapping of the file). */
-static void drop_pages(const void *p, size_t n)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failure costs only RSS */
-}
-
 /* A piece of one tensor's conversion: elements [first, first + count) of tensor `tensor`. */
 struct conv_piece {
     uint64_t tensor, first, count;
@@ -327,7 +318,7 @@ static int convert_tensors(struct gguf_file *f, struct qerr *err)
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         struct gguf_tensor *t = &f->tensors[i];
         if (!dst[i]) continue;
-        drop_pages(t->data, t->nbytes);
+        gguf_drop_pages(f, t->data, t->nbytes); /* read for the last time */
         t->data = dst[i];
         t->nbytes = qtype_row_bytes(t->type, t->n_elems);
     }
@@ -478,10 +469,13 @@ uint64_t gguf_file_size(const struct gguf_file *f)
 {
     return f->size;
 }
-bool gguf_maps(const struct gguf_file *f, const void *p)
+void gguf_drop_pages(const struct gguf_file *f, const void *p, size_t n)
 {
     const uint8_t *b = p;
-    return f->map && b >= f->map && b < f->map + f->size;
+    if (!f->map || b < f->map || b >= f->map + f->size) return; /* madvise would zero it */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)b + page - 1) & ~(page - 1), hi = ((uintptr_t)b + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failure costs only RSS */
 }
 uint64_t gguf_kv_count(const struct gguf_file *f)
 {

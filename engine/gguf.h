@@ -70,8 +70,10 @@ void gguf_close(struct gguf_file *f);
 const char *gguf_path(const struct gguf_file *f);
 uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_file_size(const struct gguf_file *f);
-/* True when p points into the file's read-only mapping (not at a converted tensor). */
-bool gguf_maps(const struct gguf_file *f, const void *p);
+/* Lets the kernel drop this process's pages of the file wholly inside [p, p + n): they stay
+ * valid (a private read-only mapping) and fault back in if read. Memory outside the mapping (a
+ * converted tensor, a caller's copy) is left alone. */
+void gguf_drop_pages(const struct gguf_file *f, const void *p, size_t n);
 
 uint64_t gguf_kv_count(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i);

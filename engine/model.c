@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "../kernels/comm.h"
 #include "../kernels/nvtx.h"
@@ -261,14 +259,8 @@ static int report_nonfinite(const struct model *m, const struct gguf_file *f, st
  * scalar CPU kernels', reads one row a token there). */
 static void drop_file_pages(const struct gguf_file *f, const struct bweight *w)
 {
-    /* never memory of our own (a tensor converted at open, a shard's copy): it would read back
-     * as zeros */
-    if (!w->impl || !gguf_maps(f, w->host)) return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    size_t n = (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols);
-    uintptr_t lo = ((uintptr_t)w->host + page - 1) & ~(page - 1);
-    uintptr_t hi = ((uintptr_t)w->host + n) & ~(page - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* a hint: failure costs only RSS */
+    if (w->impl)
+        gguf_drop_pages(f, w->host, (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols));
 }
 
 /* Each weight's pages go as soon as it is packed, so a load never holds two copies of the model,
