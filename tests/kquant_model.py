@@ -24,6 +24,11 @@ def f16(x):
     return np.asarray(x, dtype=np.float32).astype(np.float16)
 
 
+def nonzero(a):
+    """a with its zeros replaced by 1: a divisor for blocks whose scale is 0."""
+    return np.where(a != 0, a, 1)
+
+
 def pack_k_scales(sc, m):
     """ggml's 12-byte layout of 8 six-bit scales and minimums (get_scale_min_k4's inverse)."""
     sc = sc.astype(np.uint8)
@@ -42,10 +47,9 @@ def k_scales(x, levels):
     scale = (sub.max(axis=2) - mn) / levels
     d = f16(scale.max(axis=1) / 63).astype(np.float32)
     dmin = f16((-mn).max(axis=1) / 63).astype(np.float32)
-    safe = lambda a: np.where(a > 0, a, 1)
-    sc = np.clip(np.rint(scale / safe(d)[:, None]), 0, 63)
-    m = np.clip(np.rint(-mn / safe(dmin)[:, None]), 0, 63)
-    step = safe(d[:, None] * sc)
+    sc = np.clip(np.rint(scale / nonzero(d)[:, None]), 0, 63)
+    m = np.clip(np.rint(-mn / nonzero(dmin)[:, None]), 0, 63)
+    step = nonzero(d[:, None] * sc)
     q = np.clip(np.rint((sub + (dmin[:, None] * m)[:, :, None]) / step[:, :, None]), 0, levels)
     return d, dmin, sc, m, q.astype(np.uint8)
 
@@ -74,9 +78,8 @@ def encode_q6_k(x):
     peak = np.take_along_axis(sub, amax_i[:, :, None], axis=2)[:, :, 0]
     scale = peak / -32
     d = f16(np.abs(scale).max(axis=1) / 127).astype(np.float32)
-    safe = lambda a: np.where(a != 0, a, 1)
-    sc = np.clip(np.rint(scale / safe(d)[:, None]), -128, 127)
-    step = safe(d[:, None] * sc)
+    sc = np.clip(np.rint(scale / nonzero(d)[:, None]), -128, 127)
+    step = nonzero(d[:, None] * sc)
     q = (np.clip(np.rint(sub / step[:, :, None]), -32, 31) + 32).astype(np.uint8)
     nb = q.shape[0]
     q = q.reshape(nb, 256)
@@ -94,7 +97,7 @@ def encode_q6_k(x):
 
 def encode(x, qtype):
     """x: [rows, cols] floats -> [rows, bytes per row] uint8 of qtype."""
-    rows, cols = x.shape
+    rows = x.shape[0]
     if qtype in (T.Q5_0, T.Q5_1):
         return quants.quantize(x, qtype)
     flat = x.reshape(-1, QK_K).astype(np.float32)

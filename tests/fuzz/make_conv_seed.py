@@ -6,6 +6,7 @@ package (tests/test_quantize_cli.sh's venv) when the seed should change:
 
   build/venv-gguf/bin/python tests/fuzz/make_conv_seed.py"""
 import os
+import sys
 
 import numpy as np
 
@@ -14,14 +15,13 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(here))
+from kquant_model import copy_fields  # noqa: E402  (tests/, beside this folder)
+
 src = gguf.GGUFReader(os.path.join(here, "corpus/gguf/tiny-bpe.gguf"))
 out = gguf.GGUFWriter(os.path.join(here, "corpus/gguf/tiny-conv.gguf"),
                       src.fields["general.architecture"].contents())
-for f in src.fields.values():
-    if f.name.startswith("GGUF.") or f.name in ("general.alignment", "general.architecture"):
-        continue
-    sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-    out.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+copy_fields(src, out)
 for i, t in enumerate(src.tensors):
     shape = [int(n) for n in reversed(t.shape)]
     if len(shape) == 2 and t.name.startswith("blk."):
