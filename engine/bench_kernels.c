@@ -307,6 +307,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
             *slot = malloc((size_t)ctx * 4);
     int32_t table[32];
     for (int i = 0; i < 32; i++) table[i] = i;
+    const struct rope_spec rs = {.rot_dim = hd, .base = 10000.0f, .scale = 1.0f};
     printf("\nother ops, %s, %d thread(s): microseconds per call, fastest of 5 windows (batch of n "
            "tokens; attention at context %d)\n",
            cpu_isa_name(backend_cpu_isa(be)), bo->n_threads, ctx);
@@ -339,7 +340,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
                         be->ops->silu_mul(be, o, u, (size_t)n * ffn);
                         break;
                     case 2:
-                        be->ops->rope(be, o, pos, n, heads, hd, hd, 10000.0f);
+                        be->ops->rope(be, o, pos, n, heads, hd, &rs);
                         break;
                     case 3:
                         be->ops->attention(be, o, x, kc, vc, &b, &s);

@@ -75,6 +75,65 @@ static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *
 
 #define LAYER_TENSORS 9
 
+/* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
+ * rope.scale_linear) stretches every wavelength when the scaling type is linear or unset and is
+ * ignored under "none"; YaRN and LongRoPE are not implemented, so their files are refused rather
+ * than run wrong. Llama 3.1 and later keep per-pair divisors in the tensor rope_freqs.weight
+ * (rot_dim / 2 values, written by llama.cpp's converter from the rope_scaling of the model's
+ * config). */
+static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+{
+    const char *a = cfg->arch;
+    char key[128];
+    struct gguf_str type = {"linear", 6};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    int rc = gguf_get_str(f, key, &type, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if (!gguf_str_eq(type, "linear") && !gguf_str_eq(type, "none"))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: rope scaling '%.*s' (quern runs none, linear and Llama 3's "
+                        "rope_freqs)",
+                        gguf_path(f), (int)(type.len > 40 ? 40 : type.len), type.ptr);
+    float factor = 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    rc = gguf_get_f32(f, key, &factor, err);
+    if (rc == QERR_NOTFOUND) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", a);
+        rc = gguf_get_f32(f, key, &factor, err);
+    }
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if (!(factor >= 0) || isinf(factor))
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %g is out of range", gguf_path(f),
+                        key, factor);
+    cfg->rope_scale = factor != 0 && gguf_str_eq(type, "linear") ? 1.0f / factor : 1.0f;
+
+    const struct gguf_tensor *t = gguf_tensor_find(f, "rope_freqs.weight");
+    if (!t) return 0;
+    int pairs = cfg->rot_dim / 2;
+    if (t->n_dims != 1 || t->ne[0] != (uint64_t)pairs ||
+        (t->type != QTYPE_F32 && t->type != QTYPE_F16 && t->type != QTYPE_BF16))
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: tensor 'rope_freqs.weight' is %s [%llu] x %u dims; the rope needs "
+                        "F32 [%d]",
+                        gguf_path(f), qtype_name(t->type), (unsigned long long)t->ne[0], t->n_dims,
+                        pairs);
+    qtype_dequantize_row(t->type, t->data, cfg->rope_factors, (size_t)pairs);
+    for (int i = 0; i < pairs; i++)
+        if (!(cfg->rope_factors[i] > 0) || isinf(cfg->rope_factors[i]))
+            return qerr_set(err, QERR_FORMAT, "%s: rope_freqs.weight[%d] = %g (must be > 0)",
+                            gguf_path(f), i, cfg->rope_factors[i]);
+    cfg->n_rope_factors = pairs;
+    return 0;
+}
+
+struct rope_spec model_rope_spec(const struct model_config *cfg)
+{
+    return (struct rope_spec){.rot_dim = cfg->rot_dim,
+                              .base = cfg->rope_base,
+                              .scale = cfg->rope_scale,
+                              .factors = cfg->n_rope_factors ? cfg->rope_factors : NULL};
+}
+
 int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -122,6 +181,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (cfg->rot_dim > cfg->head_dim || cfg->rot_dim % 2)
         return qerr_set(err, QERR_FORMAT, "%s: rope.dimension_count %d vs head dimension %d",
                         gguf_path(f), cfg->rot_dim, cfg->head_dim);
+    if ((rc = read_rope_scaling(f, cfg, err))) return rc;
     const struct gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
     if (!emb)
         return qerr_set(err, QERR_FORMAT, "%s: missing tensor token_embd.weight", gguf_path(f));
@@ -659,6 +719,7 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
                                .n_kv_heads = nkv,
                                .head_dim = c->head_dim,
                                .scale = 1.0f / sqrtf((float)c->head_dim)};
+    const struct rope_spec rope = model_rope_spec(c);
 
     ops->embed(be, &m->tok_embd, a->tokens, n, a->x);
     ops->rmsnorm(be, a->xn, a->x, m->layers[0].attn_norm, n, dim, c->eps);
@@ -668,8 +729,8 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         const struct bweight *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
         float *qkv_out[3] = {a->q, a->k, a->v};
         backend_matmul_shared(be, qkv, 3, a->xn, n, qkv_out);
-        ops->rope(be, a->q, a->pos, n, nq, c->head_dim, c->rot_dim, c->rope_base);
-        ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, c->rot_dim, c->rope_base);
+        ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rope);
+        ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rope);
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);

@@ -17,8 +17,16 @@ struct model_config {
     int n_layers, dim, ffn_dim, n_heads, n_kv_heads, head_dim, rot_dim;
     int vocab, ctx_len;
     float eps, rope_base;
+    /* rope scaling (struct rope_spec): linear scale 1 / rope.scaling.factor, and Llama 3.1's
+     * per-pair frequency divisors from the tensor rope_freqs.weight (n_rope_factors 0: none) */
+    float rope_scale;
+    int n_rope_factors;
+    float rope_factors[ROPE_MAX_PAIRS];
     bool tied_output;
 };
+
+/* The model's rotary embedding for the backend's rope op; points into cfg. */
+struct rope_spec model_rope_spec(const struct model_config *cfg);
 
 struct model_opts {
     int max_batch_tokens; /* largest n_tokens a forward may be given */

@@ -12,6 +12,7 @@
 #ifndef QUERN_BACKEND_H
 #define QUERN_BACKEND_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +22,52 @@
 #include "../quant/qtypes.h"
 
 struct backend;
+
+/* A model's rotary position embedding. The pair (x[2i], x[2i+1]) of a head's first rot_dim dims,
+ * at position p, turns by p * rope_inv_freq(rs, i) radians: base^(-2i/rot_dim), times scale
+ * (linear scaling: 1 / rope.scaling.factor), divided by factors[i] (Llama 3.1's per-pair
+ * rope_freqs; NULL: none), as llama.cpp's ggml_rope_ext computes without YaRN. */
+#define ROPE_MAX_PAIRS 256
+struct rope_spec {
+    int rot_dim; /* even, <= head_dim, <= 2 * ROPE_MAX_PAIRS */
+    float base, scale;
+    const float *factors; /* [rot_dim / 2] or NULL */
+};
+
+/* In double, so an angle keeps its phase at positions of 1e5; with scale 1 and no factors the
+ * bits are pow's alone. */
+static inline double rope_inv_freq(const struct rope_spec *rs, int i)
+{
+    double f = pow((double)rs->base, -(double)(2 * i) / rs->rot_dim) * (double)rs->scale;
+    return rs->factors ? f / (double)rs->factors[i] : f;
+}
+
+/* A copy of a rope_spec (its factors included) that caches of rope_inv_freq are keyed by. */
+struct rope_key {
+    int rot_dim;
+    float base, scale;
+    bool has_factors;
+    float factors[ROPE_MAX_PAIRS];
+};
+
+static inline bool rope_key_matches(const struct rope_key *k, const struct rope_spec *rs)
+{
+    if (k->rot_dim != rs->rot_dim || k->base != rs->base || k->scale != rs->scale ||
+        k->has_factors != (rs->factors != NULL))
+        return false;
+    for (int i = 0; rs->factors && i < rs->rot_dim / 2; i++)
+        if (k->factors[i] != rs->factors[i]) return false;
+    return true;
+}
+
+static inline void rope_key_set(struct rope_key *k, const struct rope_spec *rs)
+{
+    k->rot_dim = rs->rot_dim;
+    k->base = rs->base;
+    k->scale = rs->scale;
+    k->has_factors = rs->factors != NULL;
+    for (int i = 0; rs->factors && i < rs->rot_dim / 2; i++) k->factors[i] = rs->factors[i];
+}
 
 /* A weight matrix W [rows][cols] as the file stores it (quant blocks run along cols). y = x W^T:
  * x has cols entries per token, y has rows. */
@@ -85,11 +132,11 @@ struct backend_ops {
     void (*add)(struct backend *be, float *x, const float *y, size_t n);
     /* y[n][rows] = x[n][cols] W^T */
     void (*matmul)(struct backend *be, const struct bweight *w, const float *x, int n, float *y);
-    /* Rotates the first rot_dim dims of each head of x[n][n_heads][head_dim] in place by
-     * pos * freq_base^(-2i/rot_dim), pairing adjacent dims (x[2i], x[2i+1]) as GGUF llama
-     * files expect. */
+    /* Rotates the first rs->rot_dim dims of each head of x[n][n_heads][head_dim] in place as
+     * struct rope_spec says, pairing adjacent dims (x[2i], x[2i+1]) as GGUF llama files
+     * expect. */
     void (*rope)(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
-                 int rot_dim, float freq_base);
+                 const struct rope_spec *rs);
     /* Writes k[n][kv_dim], v[n][kv_dim] into the caches at b->slot; cache layout
      * [n_blocks * block_size] slots of kv_dim elements, backend_kv_bytes(be, kv_dim) bytes each
      * (fp32; fp16 rounded to nearest even; or, on the CPU, Q8_0 blocks). */

@@ -114,11 +114,11 @@ static void w_matmul_shared(struct backend *be, const struct bweight *const *w, 
     HOOKED("matmul_shared", w[0], bytes, flops, n, in->ops->matmul_shared(in, w, n_w, x, n, y));
 }
 
-static void w_rope(struct backend *be, float *x, const int32_t *pos, int n, int nh, int hd, int rd,
-                   float base)
+static void w_rope(struct backend *be, float *x, const int32_t *pos, int n, int nh, int hd,
+                   const struct rope_spec *rs)
 {
-    HOOKED("rope", NULL, 2.0 * n * nh * hd * F4, 3.0 * n * nh * rd, n,
-           in->ops->rope(in, x, pos, n, nh, hd, rd, base));
+    HOOKED("rope", NULL, 2.0 * n * nh * hd * F4, 3.0 * n * nh * rs->rot_dim, n,
+           in->ops->rope(in, x, pos, n, nh, hd, rs));
 }
 
 static void w_kv_write(struct backend *be, void *kc, void *vc, const float *k, const float *v,

@@ -1,5 +1,6 @@
 /* quern info: what a GGUF file holds, as quern reads it. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -106,7 +107,17 @@ int cli_info(int argc, char **argv)
         "KV cache      %.1f KiB/token f16, %.1f f32, %.1f q8 (%.0f MiB f16 at the full context)\n",
         kv_elems * 2 / 1024, kv_elems * 4 / 1024, kv_elems * 34 / 32 / 1024,
         kv_elems * 2 * cfg.ctx_len / 1048576);
-    printf("rope base     %g\n", cfg.rope_base);
+    printf("rope base     %g", cfg.rope_base);
+    if (cfg.rope_scale != 1.0f) printf(", linear scaling x%g", 1.0 / cfg.rope_scale);
+    if (cfg.n_rope_factors) {
+        float lo = cfg.rope_factors[0], hi = lo;
+        for (int i = 1; i < cfg.n_rope_factors; i++) {
+            lo = fminf(lo, cfg.rope_factors[i]);
+            hi = fmaxf(hi, cfg.rope_factors[i]);
+        }
+        printf(", rope_freqs divisors %g..%g", lo, hi);
+    }
+    printf("\n");
     printf("rms epsilon   %g\n", cfg.eps);
     printf("output        %s\n", cfg.tied_output ? "tied to token_embd" : "output.weight");
 

@@ -483,7 +483,8 @@ static void replay_step(struct backend *be, const struct bweight *w, float *dx, 
     }
     be->ops->rmsnorm(be, dxn, dx, dnorm, n, (int)w->cols, 1e-5f);
     be->ops->matmul(be, w, dxn, n, dy);
-    be->ops->rope(be, dy, dpos, n, (int)w->rows / 64, 64, 64, 10000.0f);
+    const struct rope_spec rs = {.rot_dim = 64, .base = 10000.0f, .scale = 1.0f};
+    be->ops->rope(be, dy, dpos, n, (int)w->rows / 64, 64, &rs);
     be->ops->add(be, dy, dy, (size_t)n * (size_t)w->rows);
     if (bracket) ck_assert(be->ops->step_end(be));
 }
@@ -551,21 +552,29 @@ START_TEST(rope_matches_reference)
 {
     tu_seed(0x20be);
     const int cfg[][3] = {{64, 64, 9}, {64, 32, 3}, {128, 128, 32}, {48, 16, 1}, {20, 10, 2}};
+    float factors[64];
+    for (int i = 0; i < 64; i++) factors[i] = 1.0f + (float)(tu_rnd() % 3100) / 100.0f;
     size_t exact = 0, total = 0;
-    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
-        int hd = cfg[c][0], rot = cfg[c][1], heads = cfg[c][2], n = 1 + (int)(tu_rnd() % 64);
+    /* each shape twice, with and without linear scaling and per-pair factors, so frequencies
+     * kept from the last call under another spec would show */
+    for (size_t c = 0; c < 2 * sizeof cfg / sizeof cfg[0]; c++) {
+        const int *g = cfg[c % (sizeof cfg / sizeof cfg[0])];
+        int hd = g[0], rot = g[1], heads = g[2], n = 1 + (int)(tu_rnd() % 64);
         size_t len = (size_t)n * (size_t)heads * (size_t)hd;
         float *x = malloc(len * 4), *r = malloc(len * 4), *o = malloc(len * 4);
         int32_t *pos = malloc((size_t)n * 4);
         for (int t = 0; t < n; t++) pos[t] = (int32_t)(tu_rnd() % 100000);
         tu_fill(x, len, 2.0f);
         memcpy(r, x, len * 4);
-        float base = c % 2 ? 10000.0f : 500000.0f;
+        struct rope_spec rs = {.rot_dim = rot,
+                               .base = c % 2 ? 10000.0f : 500000.0f,
+                               .scale = c % 3 == 1 ? 0.125f : 1.0f,
+                               .factors = c % 3 == 2 ? factors : NULL};
         float *dx = dev_upload(gpu, x, len * 4);
         int32_t *dpos = dev_upload(gpu, pos, (size_t)n * 4);
-        gpu->ops->rope(gpu, dx, dpos, n, heads, hd, rot, base);
+        gpu->ops->rope(gpu, dx, dpos, n, heads, hd, &rs);
         dev_read(gpu, o, dx, len * 4);
-        ref_rope(r, pos, n, heads, hd, rot, base);
+        ref_rope(r, pos, n, heads, hd, &rs);
         for (size_t k = 0; k < len; k++) {
             exact += memcmp(&o[k], &r[k], 4) == 0;
             ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * 16.0, "rope hd %d rot %d [%zu]: %.9g vs %.9g",

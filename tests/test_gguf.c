@@ -1,6 +1,7 @@
 /* GGUF reader: the real model file, and corrupt files built byte by byte: each must give one
  * clear error naming the field, never a crash or a read outside the file. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,6 +384,112 @@ START_TEST(block_count_beyond_the_tensors)
 }
 END_TEST
 
+/* A one-layer llama config (rot_dim 4: two rope pairs) with ten 4-float tensors, so
+ * model_config_read can succeed, and the rope scaling given: scaling type (NULL: none written),
+ * factor under key (NULL: none), and rope_freqs.weight of n_freqs values (0: none). */
+static struct gguf_file *rope_file(const char *type, const char *key, float factor,
+                                   const float *freqs, int n_freqs, char **path)
+{
+    int n_tensors = 10 + (n_freqs > 0);
+    struct buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, (uint64_t)n_tensors);
+    put_u64(&b, 8 + (type != NULL) + (key != NULL));
+    kv_str(&b, "general.architecture", "llama");
+    kv_u32(&b, "llama.block_count", 1);
+    kv_u32(&b, "llama.embedding_length", 8);
+    kv_u32(&b, "llama.feed_forward_length", 16);
+    kv_u32(&b, "llama.attention.head_count", 2);
+    kv_u32(&b, "llama.context_length", 64);
+    put_str(&b, "llama.attention.layer_norm_rms_epsilon");
+    put_u32(&b, GGUF_F32);
+    float eps = 1e-5f;
+    put(&b, &eps, 4);
+    kv_u32(&b, "llama.rope.dimension_count", 4);
+    if (type) kv_str(&b, "llama.rope.scaling.type", type);
+    if (key) {
+        put_str(&b, key);
+        put_u32(&b, GGUF_F32);
+        put(&b, &factor, 4);
+    }
+    for (int i = 0; i < n_tensors; i++) {
+        char name[32];
+        snprintf(name, sizeof name, i == 0 ? "token_embd.weight" : "t%d", i);
+        bool rf = n_freqs > 0 && i == n_tensors - 1;
+        put_str(&b, rf ? "rope_freqs.weight" : name);
+        put_u32(&b, rf ? 1 : 2);
+        put_u64(&b, rf ? (uint64_t)n_freqs : 4);
+        if (!rf) put_u64(&b, 1);
+        put_u32(&b, QTYPE_F32);
+        put_u64(&b, (uint64_t)i * 32);
+    }
+    while (b.n % 32) put(&b, "", 1);
+    for (int i = 0; i < n_tensors; i++) {
+        float v[8] = {0.5f, 0.5f, 0.5f, 0.5f};
+        if (n_freqs > 0 && i == n_tensors - 1) memcpy(v, freqs, (size_t)n_freqs * 4);
+        put(&b, v, 32);
+    }
+    *path = tu_write_temp(b.p, b.n);
+    free(b.p);
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(*path, &f, &err) == 0, "%s", err.msg);
+    return f;
+}
+
+static int rope_config(const char *type, const char *key, float factor, const float *freqs,
+                       int n_freqs, struct model_config *cfg, struct qerr *err)
+{
+    char *path;
+    struct gguf_file *f = rope_file(type, key, factor, freqs, n_freqs, &path);
+    int rc = model_config_read(f, cfg, err);
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    return rc;
+}
+
+/* Rope scaling as llama.cpp reads it: a factor scales linearly when the type is linear or
+ * unset (under either key), not under "none"; rope_freqs.weight gives per-pair divisors; YaRN
+ * is refused by name, and divisors of the wrong count or value are format errors. */
+START_TEST(rope_scaling_config)
+{
+    struct model_config cfg;
+    struct qerr err = {0};
+    const float two[2] = {1.0f, 8.0f};
+    ck_assert_int_eq(rope_config(NULL, NULL, 0, NULL, 0, &cfg, &err), 0);
+    ck_assert_float_eq(cfg.rope_scale, 1.0f);
+    ck_assert_int_eq(cfg.n_rope_factors, 0);
+    ck_assert_int_eq(rope_config("linear", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err), 0);
+    ck_assert_float_eq(cfg.rope_scale, 0.25f);
+    ck_assert_int_eq(rope_config(NULL, "llama.rope.scale_linear", 2, NULL, 0, &cfg, &err), 0);
+    ck_assert_float_eq(cfg.rope_scale, 0.5f);
+    ck_assert_int_eq(rope_config("none", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err), 0);
+    ck_assert_float_eq(cfg.rope_scale, 1.0f);
+    ck_assert_int_eq(rope_config(NULL, NULL, 0, two, 2, &cfg, &err), 0);
+    ck_assert_int_eq(cfg.n_rope_factors, 2);
+    ck_assert_float_eq(cfg.rope_factors[1], 8.0f);
+    struct rope_spec rs = model_rope_spec(&cfg);
+    ck_assert_ptr_eq(rs.factors, cfg.rope_factors);
+    ck_assert_float_eq(cfg.rope_base, 10000.0f);
+    ck_assert(rope_inv_freq(&rs, 1) == pow(10000.0, -0.5) / 8.0);
+
+    ck_assert_int_eq(rope_config("yarn", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err),
+                     QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "rope scaling 'yarn'"), "%s", err.msg);
+    ck_assert_int_eq(rope_config(NULL, "llama.rope.scaling.factor", -2, NULL, 0, &cfg, &err),
+                     QERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "llama.rope.scaling.factor"), "%s", err.msg);
+    const float three[3] = {1, 2, 3}, zero[2] = {1, 0};
+    ck_assert_int_eq(rope_config(NULL, NULL, 0, three, 3, &cfg, &err), QERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "rope_freqs.weight") && strstr(err.msg, "F32 [2]"), "%s",
+                  err.msg);
+    ck_assert_int_eq(rope_config(NULL, NULL, 0, zero, 2, &cfg, &err), QERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "rope_freqs.weight[1] = 0"), "%s", err.msg);
+}
+END_TEST
+
 START_TEST(real_model)
 {
     struct gguf_file *f;
@@ -452,6 +559,7 @@ int main(void)
     tcase_add_test(tc, missing_file);
     tcase_add_test(tc, missing_key_and_bad_arch);
     tcase_add_test(tc, block_count_beyond_the_tensors);
+    tcase_add_test(tc, rope_scaling_config);
     tcase_add_test(tc, real_model);
     tcase_add_test(tc, real_model_truncated);
     suite_add_tcase(s, tc);

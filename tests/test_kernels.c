@@ -528,23 +528,34 @@ START_TEST(rope_matches_reference_exactly)
 {
     tu_seed(0x20be);
     const int cfg[][3] = {{64, 64, 9}, {64, 32, 3}, {128, 128, 2}, {48, 16, 1}, {20, 10, 2}};
+    float factors[64];
+    for (int i = 0; i < 64; i++) factors[i] = 1.0f + (float)(tu_rnd() % 3100) / 100.0f;
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
         struct backend *be = make_backend(all_isas[i], MATMUL_F32, 2);
-        for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
-            int hd = cfg[c][0], rot = cfg[c][1], heads = cfg[c][2], n = 1 + (int)(tu_rnd() % 64);
+        /* each shape twice, with and without linear scaling and per-pair factors, so a table
+         * kept from the last call under another spec would show */
+        for (size_t c = 0; c < 2 * sizeof cfg / sizeof cfg[0]; c++) {
+            const int *g = cfg[c % (sizeof cfg / sizeof cfg[0])];
+            int hd = g[0], rot = g[1], heads = g[2], n = 1 + (int)(tu_rnd() % 64);
             size_t len = (size_t)n * (size_t)heads * (size_t)hd;
             float *x = malloc(len * 4), *r = malloc(len * 4);
             int32_t *pos = malloc((size_t)n * 4);
             for (int t = 0; t < n; t++) pos[t] = (int32_t)(tu_rnd() % 9000);
             tu_fill(x, len, 2.0f);
             memcpy(r, x, len * 4);
-            float base = c % 2 ? 10000.0f : 100000.0f;
-            be->ops->rope(be, x, pos, n, heads, hd, rot, base);
-            ref_rope(r, pos, n, heads, hd, rot, base);
+            bool scaled = c % 3 == 1;
+            struct rope_spec rs = {.rot_dim = rot,
+                                   .base = c % 2 ? 10000.0f : 100000.0f,
+                                   .scale = scaled ? 0.25f : 1.0f,
+                                   .factors = c % 3 == 2 ? factors : NULL};
+            be->ops->rope(be, x, pos, n, heads, hd, &rs);
+            ref_rope(r, pos, n, heads, hd, &rs);
             size_t at;
-            ck_assert_msg(!tu_bits_differ(x, r, len, &at), "%s rope hd %d rot %d: [%zu] %g vs %g",
-                          cpu_isa_name(all_isas[i]), hd, rot, at, x[at], r[at]);
+            ck_assert_msg(!tu_bits_differ(x, r, len, &at),
+                          "%s rope hd %d rot %d scale %g factors %d: [%zu] %g vs %g",
+                          cpu_isa_name(all_isas[i]), hd, rot, rs.scale, rs.factors != NULL, at,
+                          x[at], r[at]);
             free(x);
             free(r);
             free(pos);

@@ -392,6 +392,122 @@ static int cuda_test_device(void)
 }
 #endif
 
+/* ---- rope scaling: tests/golden/smollm2-rope.json (tools/make-golden-rope.py) ---- */
+
+static cJSON *rope_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
+
+static void rope_golden_load(void)
+{
+    const char *gp = tu_golden_path();
+    const char *slash = gp ? strrchr(gp, '/') : NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%.*ssmollm2-rope.json", slash ? (int)(slash - gp + 1) : 0, gp);
+    char *text = tu_read_file(path, NULL);
+    rope_golden = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!rope_golden) printf("model tests: cannot read %s: rope scaling not tested\n", path);
+}
+
+static const cJSON *rope_case(int i)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"), i);
+}
+
+struct rope_copy {
+    const struct gguf_file *src;
+    float freqs[ROPE_MAX_PAIRS];
+};
+
+static int fill_rope_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
+{
+    (void)err;
+    const struct rope_copy *rc = ctx;
+    if (index < gguf_tensor_count(rc->src))
+        memcpy(dst, gguf_tensor_at(rc->src, index)->data, nbytes);
+    else
+        memcpy(dst, rc->freqs, nbytes); /* the one tensor added */
+    return 0;
+}
+
+/* A copy of the real model that carries rope scaling as llama.cpp's converter writes it: Llama
+ * 3's as the tensor rope_freqs.weight (the divisors the golden file lists), linear as the keys
+ * rope.scaling.type and rope.scaling.factor. */
+static char *write_rope_model(char *dir, const cJSON *rope)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *path;
+    ck_assert_int_ge(asprintf(&path, "%s/rope.gguf", dir), 0);
+    struct gguf_writer *w;
+    struct qerr err = {0};
+    static struct rope_copy rc;
+    rc.src = file;
+    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
+        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
+                      err.msg);
+    }
+    const cJSON *freqs = cJSON_GetObjectItemCaseSensitive(rope, "freqs");
+    if (freqs) {
+        uint64_t n = (uint64_t)cJSON_GetArraySize(freqs);
+        ck_assert_uint_le(n, ROPE_MAX_PAIRS);
+        for (uint64_t i = 0; i < n; i++)
+            rc.freqs[i] = (float)cJSON_GetArrayItem(freqs, (int)i)->valuedouble;
+        ck_assert_msg(gguf_writer_add_tensor(w, "rope_freqs.weight", 1, &n, QTYPE_F32, &err) == 0,
+                      "%s", err.msg);
+    } else {
+        double factor = cJSON_GetObjectItemCaseSensitive(rope, "factor")->valuedouble;
+        ck_assert(gguf_writer_set_str(w, "llama.rope.scaling.type", "linear", 6, &err) == 0);
+        ck_assert(gguf_writer_set_f32(w, "llama.rope.scaling.factor", (float)factor, &err) == 0);
+    }
+    ck_assert_msg(gguf_writer_write(w, path, fill_rope_copy, &rc, NULL, &err) == 0, "%s", err.msg);
+    gguf_writer_free(w);
+    return path;
+}
+
+/* Llama 3's per-pair rope divisors and linear rope scaling: the golden logits (transformers with
+ * its own rope_type "llama3" / "linear") within 1e-3 and the greedy text token for token, on a
+ * copy of the model that carries the scaling; the unscaled model misses those logits by far, so
+ * the check can fail. */
+START_TEST(rope_scaling_matches_reference)
+{
+    const cJSON *c = rope_case(_i);
+    const cJSON *rope = cJSON_GetObjectItemCaseSensitive(c, "rope");
+    char dir[] = "/tmp/quern-rope-XXXXXX";
+    char *path = write_rope_model(dir, rope);
+    struct qerr err = {0};
+    struct gguf_file *rf;
+    ck_assert_msg(gguf_open(path, &rf, &err) == 0, "%s", err.msg);
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    struct model *m;
+    ck_assert_msg(model_load(rf, be, &mo, &m, &err) == 0, "%s", err.msg);
+    const struct model_config *cfg = model_get_config(m);
+    bool llama3 = cJSON_GetObjectItemCaseSensitive(rope, "freqs") != NULL;
+    ck_assert_int_eq(cfg->n_rope_factors, llama3 ? cfg->rot_dim / 2 : 0);
+    ck_assert_float_eq(cfg->rope_scale, llama3 ? 1.0f : 0.25f);
+
+    struct tm_run r = {.m = m, .be = be, .label = "quern"};
+    tm_check_case_logits(&r, c, 37, 1e-3);
+    if (!tu_sanitized()) tm_check_case_greedy(&r, c);
+    struct tm_run plain = run();
+    double off = tm_case_logit_error(&plain, c, 37);
+    printf("unscaled model on %s: worst relative logit error %.3f\n",
+           cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, off);
+    ck_assert_msg(off > 0.05, "the unscaled model matches the scaled reference (%.3f)", off);
+
+    model_free(m);
+    gguf_close(rf);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -410,6 +526,9 @@ int main(void)
     tcase_add_test(tc, padded_steps_equal_plain);
     tcase_add_test(tc, out_of_memory_names_the_allocation);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n_slow);
+    rope_golden_load();
+    int n_rope = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
+    tcase_add_loop_test(tc, rope_scaling_matches_reference, 0, n_rope);
     suite_add_tcase(s, tc);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
@@ -425,5 +544,6 @@ int main(void)
     int failed = srunner_ntests_failed(r);
     srunner_free(r);
     tm_golden_free();
+    cJSON_Delete(rope_golden);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -19,8 +19,9 @@ bool tm_golden_load(void);
 void tm_golden_free(void);
 int tm_n_cases(void);
 const cJSON *tm_case(int i);
-/* Case i's token ids under key ("prompt_ids", "greedy_ids"), malloc'd. */
+/* Case i's token ids under key ("prompt_ids", "greedy_ids"), malloc'd; tm_ids: any case's. */
 int32_t *tm_case_ids(int i, const char *key, size_t *n);
+int32_t *tm_ids(const cJSON *c, const char *key, size_t *n);
 
 /* A model under test. status, when set, is the backend's sticky error (backend_cuda_status),
  * checked after every forward so a device error is named rather than seen as wrong logits. */
@@ -34,6 +35,10 @@ struct tm_run {
 /* Golden case i's top logits within tol relative (|got - ref| / max(|ref|, 1)) over its prompt and
  * greedy text, prefilled in chunks of `chunk`; prints and returns the worst. */
 double tm_check_logits(const struct tm_run *r, int i, int chunk, double tol);
+/* The same for a case from another golden file, laid out as smollm2.json's (name, prompt_ids,
+ * greedy_ids, top2_gap, logits); tm_case_logit_error only measures (asserts nothing). */
+double tm_check_case_logits(const struct tm_run *r, const cJSON *c, int chunk, double tol);
+double tm_case_logit_error(const struct tm_run *r, const cJSON *c, int chunk);
 /* The same with int8 activations (MATMUL_Q8, as llama.cpp computes): the top-5 logits within
  * 1.5 (the spread llama.cpp itself shows, tests/golden/README.md) and the reference's top-1 kept
  * wherever its margin exceeds 1; prints and returns the worst difference. */
@@ -42,6 +47,7 @@ double tm_check_logits_q8(const struct tm_run *r, int i, int chunk);
  * the first step where the reference's top-2 gap is under 1e-3 (a near-tie may break either
  * way; after it the texts legitimately diverge). */
 void tm_check_greedy(const struct tm_run *r, int i);
+void tm_check_case_greedy(const struct tm_run *r, const cJSON *c);
 /* Case 4's prompt gets bit-identical logits alone and in batches of 2, 7 and 33 sequences mixed
  * with prefill chunks of case 1's prompt, both when it is prefilled and when it decodes. The
  * model needs 1024 batch tokens, 64 logits and 33 * 8 blocks of 16. */

@@ -369,6 +369,7 @@ def write_readme(versions, sha, tok_disagree, gen_report, notes, gen_out):
              "will also diverge from `greedy_ids` at steps with a small `top2_gap`. Note that for the chat prompts the "
              "very first generated token is already a near-tie (gap 0.08-0.14 at the last prompt position), and "
              "llama.cpp picks differently there for two of the three chat prompts.\n")
+    L.append('`smollm2-rope.json` (`tools/make-golden-rope.py`, run by `tools/make-golden.sh` after `make-golden.py`) holds the same kind of reference for rope scaling: transformers with its own `rope_type` "llama3" (factor 8, low/high frequency factors 1 and 4, an original context of 64 tokens, so that the scaling moves the logits at short positions) and "linear" (factor 4), on two chat prompts of this file: 32 greedy tokens, top-2 gaps and top-5 logits at four positions each; for "llama3" also the `rope_freqs.weight` divisors that llama.cpp\'s converter derives from that config (checked against the ratio of transformers\' own inverse frequencies). `tests/test_model.c` writes them into a copy of the model as a GGUF file carries them.' + "\n")
     L.append("## Regenerate\n")
     L.append("```\ntools/make-golden.sh\n```\n")
     L.append("It creates `.venv-golden/` (git-ignored), installs torch (the CPU-only wheel index when reachable, "

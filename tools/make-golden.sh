@@ -33,4 +33,5 @@ if ! "$VENV/bin/python" -c 'import llama_cpp' 2>/dev/null; then
 fi
 
 if [ "${1:-}" = "--install-only" ]; then exit 0; fi
-exec "$VENV/bin/python" "$ROOT/tools/make-golden.py" "$@"
+"$VENV/bin/python" "$ROOT/tools/make-golden.py" "$@"
+exec "$VENV/bin/python" "$ROOT/tools/make-golden-rope.py"

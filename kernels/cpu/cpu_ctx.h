@@ -10,11 +10,10 @@
  * read them: row p holds cos[rot_dim] = (c0, c0, c1, c1, ...) and sin[rot_dim] =
  * (-s0, s0, -s1, s1, ...), each angle computed exactly as ref_rope computes it. */
 struct rope_table {
-    float freq_base;
-    int rot_dim;
-    int n_pos;        /* rows filled */
-    int cap;          /* rows allocated */
-    float *cos, *sin; /* [cap][rot_dim] */
+    struct rope_key key; /* the rope_spec the rows were computed for */
+    int n_pos;           /* rows filled */
+    int cap;             /* rows allocated */
+    float *cos, *sin;    /* [cap][rot_dim] */
 };
 
 struct cpu_ctx {
@@ -46,7 +45,7 @@ void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w,
                  float eps);
 void cpu_add(struct backend *be, float *x, const float *y, size_t n);
 void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
-              int rot_dim, float freq_base);
+              const struct rope_spec *rs);
 void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,
                   const struct attn_batch *b, int kv_dim);
 void cpu_attention(struct backend *be, float *out, const float *q, const void *k_cache,

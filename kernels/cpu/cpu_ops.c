@@ -162,15 +162,15 @@ void cpu_rope_table_free(struct rope_table *rt)
     *rt = (struct rope_table){0};
 }
 
-/* Makes rows 0..need-1 of the table valid for (freq_base, rot_dim); false when out of memory. */
-static bool rope_table_fill(struct rope_table *rt, int need, float freq_base, int rot_dim)
+/* Makes rows 0..need-1 of the table valid for rs; false when out of memory. */
+static bool rope_table_fill(struct rope_table *rt, int need, const struct rope_spec *rs)
 {
-    if (rt->rot_dim != rot_dim || rt->freq_base != freq_base) {
+    if (!rope_key_matches(&rt->key, rs)) {
         cpu_rope_table_free(rt);
-        rt->rot_dim = rot_dim;
-        rt->freq_base = freq_base;
+        rope_key_set(&rt->key, rs);
     }
     if (need <= rt->n_pos) return true;
+    int rot_dim = rs->rot_dim;
     if (need > rt->cap) {
         int cap = rt->cap ? rt->cap : 256;
         while (cap < need) cap *= 2;
@@ -183,12 +183,14 @@ static bool rope_table_fill(struct rope_table *rt, int need, float freq_base, in
         rt->sin = ns;
         rt->cap = cap;
     }
+    double inv[ROPE_MAX_PAIRS];
+    for (int i = 0; i < rot_dim / 2; i++) inv[i] = rope_inv_freq(rs, i);
     for (int p = rt->n_pos; p < need; p++) {
         float *cr = rt->cos + (size_t)p * (size_t)rot_dim,
               *sr = rt->sin + (size_t)p * (size_t)rot_dim;
         for (int d = 0; d < rot_dim; d += 2) {
             /* the expression ref_rope evaluates, so the results match it bit for bit */
-            double theta = (double)p * pow((double)freq_base, -(double)d / rot_dim);
+            double theta = (double)p * inv[d / 2];
             float co = (float)cos(theta), si = (float)sin(theta);
             cr[d] = co;
             cr[d + 1] = co;
@@ -222,13 +224,14 @@ static void rope_task(void *arg, int task, int worker)
 }
 
 void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
-              int rot_dim, float freq_base)
+              const struct rope_spec *rs)
 {
+    int rot_dim = rs->rot_dim;
     struct cpu_ctx *c = ctx_of(be);
     int need = 0;
     for (int i = 0; i < n; i++) need = pos[i] + 1 > need ? pos[i] + 1 : need;
-    if (rot_dim <= 0 || !rope_table_fill(&c->rope, need, freq_base, rot_dim)) {
-        ref_rope(x, pos, n, n_heads, head_dim, rot_dim, freq_base); /* same values, slower */
+    if (rot_dim <= 0 || !rope_table_fill(&c->rope, need, rs)) {
+        ref_rope(x, pos, n, n_heads, head_dim, rs); /* same values, slower */
         return;
     }
     struct rope_job j = {.k = c->k,

@@ -69,15 +69,14 @@ void ref_rmsnorm(float *out, const float *x, const float *w, int n, int dim, flo
     }
 }
 
-void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, int rot_dim,
-              float freq_base)
+void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+              const struct rope_spec *rs)
 {
     for (int i = 0; i < n; i++)
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)i * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
-            for (int d = 0; d < rot_dim; d += 2) {
-                /* double for the angle: positions reach 1e5 and float loses the phase */
-                double theta = (double)pos[i] * pow((double)freq_base, -(double)d / rot_dim);
+            for (int d = 0; d < rs->rot_dim; d += 2) {
+                double theta = (double)pos[i] * rope_inv_freq(rs, d / 2);
                 float c = (float)cos(theta), s = (float)sin(theta);
                 float a = v[d], b = v[d + 1];
                 v[d] = a * c - b * s;

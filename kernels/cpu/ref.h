@@ -47,8 +47,8 @@ void ref_matmul_rows(const struct bweight *w, const float *x, int n, float *y, i
 
 void ref_embed(const struct bweight *table, const int32_t *tokens, int n, float *out);
 void ref_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
-void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim, int rot_dim,
-              float freq_base);
+void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
+              const struct rope_spec *rs);
 void ref_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
                   const struct attn_batch *b, int kv_dim);
 /* The same into an fp16 cache (f32_to_fp16: nearest even). */

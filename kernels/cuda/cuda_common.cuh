@@ -86,9 +86,8 @@ struct cuda_ctx {
     void *arena;
     size_t arena_bytes;
     int64_t arena_cols;
-    /* the rope frequencies of the last (base, rot_dim) seen */
-    float rope_base;
-    int rope_rot;
+    /* the rope frequencies of the last rope_spec seen */
+    struct rope_key rope_key;
     struct rope_freqs rope;
     /* the first error an op met */
     int err_code;
@@ -245,7 +244,7 @@ void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float
                      float eps);
 void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);
 void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
-                  int head_dim, int rot_dim, float freq_base);
+                  int head_dim, const struct rope_spec *rs);
 void cuda_op_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k,
                       const float *v, const struct attn_batch *b, int kv_dim);
 void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,

@@ -224,19 +224,18 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int n, int n_heads, in
 }
 
 void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
-                  int head_dim, int rot_dim, float freq_base)
+                  int head_dim, const struct rope_spec *rs)
 {
     struct cuda_ctx *c = cuda_ctx_of(be);
+    int rot_dim = rs->rot_dim;
     if (n <= 0 || n_heads <= 0 || rot_dim <= 0) return;
     if (rot_dim > head_dim || rot_dim % 2 || rot_dim / 2 > CUDA_MAX_ROPE_PAIRS) {
         cuda_fail(c, QERR_INVALID, "cuda: rope: rot_dim %d, head_dim %d", rot_dim, head_dim);
         return;
     }
-    if (c->rope_rot != rot_dim || c->rope_base != freq_base) {
-        for (int d = 0; d < rot_dim; d += 2)
-            c->rope.inv[d / 2] = pow((double)freq_base, -(double)d / rot_dim);
-        c->rope_rot = rot_dim;
-        c->rope_base = freq_base;
+    if (!rope_key_matches(&c->rope_key, rs)) {
+        for (int i = 0; i < rot_dim / 2; i++) c->rope.inv[i] = rope_inv_freq(rs, i);
+        rope_key_set(&c->rope_key, rs);
     }
     cuda_use_device(c);
     size_t total = (size_t)n * (size_t)n_heads * (size_t)(rot_dim / 2);
