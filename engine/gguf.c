@@ -29,7 +29,14 @@ struct gguf_file {
     struct gguf_tensor *tensors;
     uint64_t alignment;
     uint64_t data_offset;
-    void *converted; /* the tensors of qconv.h types, in their target types */
+    /* Per tensor, for those of qconv.h types (NULL for the others): the bytes in the mapping,
+     * and the copy in the target type (t->data), freed by gguf_tensor_release and made again
+     * by gguf_tensor_bytes. The copies are a cache behind the file's const interface; conv_lock
+     * guards them. */
+    const uint8_t **conv_src;
+    uint8_t **conv_mem;
+    pthread_mutex_t conv_lock;
+    bool conv_lock_made;
 };
 
 struct cursor {
@@ -240,10 +247,9 @@ struct conv_piece {
     uint64_t tensor, first, count;
 };
 
-/* The conversions of one file, shared by the threads that run them. */
+/* The conversions of one call, shared by the threads that run them. */
 struct conv_job {
     const struct gguf_file *f;
-    uint8_t *const *dst; /* [n_tensors]: each converted tensor's destination */
     const struct conv_piece *pieces;
     size_t n_pieces;
     atomic_size_t next;
@@ -262,47 +268,47 @@ static void *conv_worker(void *arg)
         const struct gguf_tensor *t = &j->f->tensors[p->tensor];
         uint64_t be = qconv_block_elems(t->file_type);
         const uint8_t *src =
-            (const uint8_t *)t->data + p->first / be * qconv_block_bytes(t->file_type);
-        uint8_t *out = j->dst[p->tensor] + qtype_row_bytes(t->type, p->first);
+            j->f->conv_src[p->tensor] + p->first / be * qconv_block_bytes(t->file_type);
+        uint8_t *out = j->f->conv_mem[p->tensor] + qtype_row_bytes(t->type, p->first);
         qconv_row(t->file_type, src, out, p->count);
     }
     return NULL;
 }
 
-/* Each tensor of a qconv.h type, rewritten in its target type into one buffer the file owns
- * (64-byte aligned each), in pieces over as many threads as the machine has cores: a requantized
- * element costs about 4 ns, half a minute for an 8B model's on one core. */
-static int convert_tensors(struct gguf_file *f, struct qerr *err)
+static bool is_converted(const struct gguf_file *f, uint64_t i)
 {
-    size_t total = 0, n_pieces = 0;
-    for (uint64_t i = 0; i < f->n_tensors; i++) {
+    return f->conv_src && f->conv_src[i];
+}
+
+/* Converts tensors [lo, hi) of qconv.h types that have no copy yet into new copies (64-byte
+ * aligned), in pieces over as many threads as the machine has cores: a requantized element costs
+ * about 4 ns, half a minute for an 8B model's on one core. */
+static int convert_range(struct gguf_file *f, uint64_t lo, uint64_t hi, struct qerr *err)
+{
+    size_t n_pieces = 0;
+    for (uint64_t i = lo; i < hi; i++) {
+        if (!is_converted(f, i) || f->conv_mem[i]) continue;
         const struct gguf_tensor *t = &f->tensors[i];
-        if (t->file_type == (uint32_t)t->type) continue;
-        total += (qtype_row_bytes(t->type, t->n_elems) + 63) & ~(size_t)63;
+        size_t bytes = qtype_row_bytes(t->type, t->n_elems);
+        f->conv_mem[i] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!f->conv_mem[i])
+            return qerr_set(err, QERR_NOMEM,
+                            "%s: out of memory converting tensor '%.*s' (%zu bytes)", f->path,
+                            (int)(t->name.len > 64 ? 64 : t->name.len), t->name.ptr, bytes);
         n_pieces += (t->n_elems + CONV_PIECE - 1) / CONV_PIECE;
     }
-    if (!total) return 0;
-    f->converted = aligned_alloc(64, total);
-    uint8_t **dst = calloc(f->n_tensors, sizeof *dst);
+    if (!n_pieces) return 0;
     struct conv_piece *pieces = malloc(n_pieces * sizeof *pieces);
-    if (!f->converted || !dst || !pieces) {
-        free(dst);
-        free(pieces);
-        return qerr_set(err, QERR_NOMEM, "%s: out of memory converting its tensors (%zu bytes)",
-                        f->path, total);
-    }
-    uint8_t *at = f->converted;
+    if (!pieces) return qerr_set(err, QERR_NOMEM, "%s: out of memory converting tensors", f->path);
     size_t np = 0;
-    for (uint64_t i = 0; i < f->n_tensors; i++) {
+    for (uint64_t i = lo; i < hi; i++) {
         const struct gguf_tensor *t = &f->tensors[i];
-        if (t->file_type == (uint32_t)t->type) continue;
-        dst[i] = at;
-        at += (qtype_row_bytes(t->type, t->n_elems) + 63) & ~(size_t)63;
+        if (!is_converted(f, i) || t->data) continue; /* converted before this call */
         for (uint64_t e = 0; e < t->n_elems; e += CONV_PIECE)
             pieces[np++] = (struct conv_piece){
                 i, e, t->n_elems - e < CONV_PIECE ? t->n_elems - e : CONV_PIECE};
     }
-    struct conv_job job = {.f = f, .dst = dst, .pieces = pieces, .n_pieces = np};
+    struct conv_job job = {.f = f, .pieces = pieces, .n_pieces = np};
     atomic_init(&job.next, 0);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t n_threads = cores < 1 ? 1 : (size_t)cores;
@@ -315,16 +321,74 @@ static int convert_tensors(struct gguf_file *f, struct qerr *err)
         started++;
     conv_worker(&job);
     for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
-    for (uint64_t i = 0; i < f->n_tensors; i++) {
+    for (uint64_t i = lo; i < hi; i++) {
         struct gguf_tensor *t = &f->tensors[i];
-        if (!dst[i]) continue;
-        gguf_drop_pages(f, t->data, t->nbytes); /* read for the last time */
-        t->data = dst[i];
-        t->nbytes = qtype_row_bytes(t->type, t->n_elems);
+        if (!is_converted(f, i) || t->data) continue;
+        t->data = f->conv_mem[i];
+        /* read for now: its pages go until a release asks for the tensor again */
+        gguf_drop_pages(f, f->conv_src[i],
+                        t->n_elems / qconv_block_elems(t->file_type) *
+                            qconv_block_bytes(t->file_type));
     }
-    free(dst);
     free(pieces);
     return 0;
+}
+
+/* Every tensor of a qconv.h type, rewritten in its target type at open. */
+static int convert_tensors(struct gguf_file *f, struct qerr *err)
+{
+    bool any = false;
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        any |= f->tensors[i].file_type != (uint32_t)f->tensors[i].type;
+    if (!any) return 0;
+    f->conv_src = calloc(f->n_tensors, sizeof *f->conv_src);
+    f->conv_mem = calloc(f->n_tensors, sizeof *f->conv_mem);
+    if (!f->conv_src || !f->conv_mem)
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory converting its tensors", f->path);
+    if (pthread_mutex_init(&f->conv_lock, NULL) != 0)
+        return qerr_set(err, QERR_NOMEM, "%s: cannot make a lock", f->path);
+    f->conv_lock_made = true;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        struct gguf_tensor *t = &f->tensors[i];
+        if (t->file_type == (uint32_t)t->type) continue;
+        f->conv_src[i] = t->data;
+        t->data = NULL;
+        t->nbytes = qtype_row_bytes(t->type, t->n_elems);
+    }
+    return convert_range(f, 0, f->n_tensors, err);
+}
+
+int gguf_tensor_bytes(const struct gguf_file *cf, const struct gguf_tensor *ct, const void **out,
+                      struct qerr *err)
+{
+    *out = ct->data;
+    if (ct->data) return 0;
+    struct gguf_file *f = (struct gguf_file *)cf; /* its cache of converted copies */
+    uint64_t i = (uint64_t)(ct - f->tensors);
+    if (i >= f->n_tensors || !is_converted(f, i))
+        return qerr_set(err, QERR_INVALID, "%s: tensor '%.*s' has no bytes", f->path,
+                        (int)(ct->name.len > 64 ? 64 : ct->name.len), ct->name.ptr);
+    pthread_mutex_lock(&f->conv_lock);
+    int rc = convert_range(f, i, i + 1, err);
+    *out = f->tensors[i].data;
+    pthread_mutex_unlock(&f->conv_lock);
+    return rc;
+}
+
+void gguf_tensor_release(const struct gguf_file *cf, const struct gguf_tensor *ct)
+{
+    struct gguf_file *f = (struct gguf_file *)cf;
+    uint64_t i = (uint64_t)(ct - f->tensors);
+    if (i >= f->n_tensors) return;
+    if (!is_converted(f, i)) {
+        gguf_drop_pages(f, ct->data, ct->nbytes);
+        return;
+    }
+    pthread_mutex_lock(&f->conv_lock);
+    free(f->conv_mem[i]);
+    f->conv_mem[i] = NULL;
+    f->tensors[i].data = NULL;
+    pthread_mutex_unlock(&f->conv_lock);
 }
 
 static int parse(struct gguf_file *f, struct qerr *err)
@@ -452,7 +516,10 @@ void gguf_close(struct gguf_file *f)
     free(f->kv);
     free(f->tensors);
     if (f->map) munmap((void *)f->map, f->size);
-    free(f->converted);
+    for (uint64_t i = 0; f->conv_mem && i < f->n_tensors; i++) free(f->conv_mem[i]);
+    free(f->conv_mem);
+    free(f->conv_src);
+    if (f->conv_lock_made) pthread_mutex_destroy(&f->conv_lock);
     free(f->path);
     free(f);
 }

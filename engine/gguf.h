@@ -58,7 +58,8 @@ struct gguf_tensor {
     uint64_t n_elems;
     uint64_t nbytes;
     const void *data;   /* inside the mapping, aligned to the file's alignment; or, for a type
-                           converted at open (file_type), in memory the file owns */
+                           converted at open (file_type), in memory the file owns, NULL once
+                           released (gguf_tensor_release) */
     uint32_t file_type; /* the type in the file: type, or a qconv.h type read as type */
 };
 
@@ -74,6 +75,15 @@ uint64_t gguf_file_size(const struct gguf_file *f);
  * valid (a private read-only mapping) and fault back in if read. Memory outside the mapping (a
  * converted tensor, a caller's copy) is left alone. */
 void gguf_drop_pages(const struct gguf_file *f, const void *p, size_t n);
+
+/* A tensor's bytes in its type: t->data, or for a converted tensor that was released, a new
+ * conversion of the file's bytes (the same bytes again). Safe from several threads. */
+int gguf_tensor_bytes(const struct gguf_file *f, const struct gguf_tensor *t, const void **out,
+                      struct qerr *err);
+/* The caller is done with t's bytes (a backend packed its own copy). A converted tensor's copy
+ * is freed (t->data becomes NULL until gguf_tensor_bytes makes it again); the file's own bytes
+ * only lose their pages (gguf_drop_pages). Pointers into the freed copy must not be used. */
+void gguf_tensor_release(const struct gguf_file *f, const struct gguf_tensor *t);
 
 uint64_t gguf_kv_count(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i);

@@ -51,13 +51,16 @@ static int fill(void *vctx, uint64_t index, void *dst, size_t nbytes, struct qer
     const struct fill_ctx *c = vctx;
     const struct gguf_tensor *t = gguf_tensor_at(c->in, index);
     const struct plan *p = &c->plan[index];
+    const void *bytes;
+    int rc = gguf_tensor_bytes(c->in, t, &bytes, err); /* a released converted tensor again */
+    if (rc) return rc;
     if (p->copy) {
-        memcpy(dst, t->data, nbytes);
+        memcpy(dst, bytes, nbytes);
         return 0;
     }
     size_t ne0 = (size_t)t->ne[0], rows = (size_t)(t->n_elems / t->ne[0]);
     size_t src_rb = qtype_row_bytes(t->type, ne0), dst_rb = qtype_row_bytes(p->dst, ne0);
-    const unsigned char *src = t->data;
+    const unsigned char *src = bytes;
     unsigned char *out = dst;
     for (size_t r = 0; r < rows; r++) {
         qtype_dequantize_row(t->type, src + r * src_rb, c->row, ne0);

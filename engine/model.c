@@ -274,9 +274,9 @@ static uint64_t count_nonfinite(enum qtype type, const uint8_t *p, uint64_t n_el
     return bad;
 }
 
-static void scan_tensor(struct model *m, const struct gguf_tensor *t)
+static void scan_tensor(struct model *m, const struct gguf_tensor *t, const void *bytes)
 {
-    uint64_t n = count_nonfinite(t->type, t->data, t->n_elems);
+    uint64_t n = count_nonfinite(t->type, bytes, t->n_elems);
     if (!n) return;
     if (!m->bad.first) {
         m->bad.first = t;
@@ -319,8 +319,28 @@ static int report_nonfinite(const struct model *m, const struct gguf_file *f, st
  * scalar CPU kernels', reads one row a token there). */
 static void drop_file_pages(const struct gguf_file *f, const struct bweight *w)
 {
-    if (w->impl)
+    if (w->impl && w->host)
         gguf_drop_pages(f, w->host, (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols));
+}
+
+/* After the backend made its own copy of a weight (impl), it reads only that (backend.h), so a
+ * second copy goes: this rank's column shard, and a tensor converted at open once the last
+ * rank has packed it (an 8B Q4_K_M file's converted copy is the model's size again); w->host
+ * then is NULL. The file's own pages are dropped (drop_file_pages). */
+static void release_host(struct model *m, const struct gguf_file *f, const struct gguf_tensor *t,
+                         struct bweight *w, void **own)
+{
+    if (!w->impl) return; /* the backend reads w->host */
+    if (own && *own) {
+        free(*own);
+        *own = NULL;
+        w->host = NULL;
+    }
+    if (t->file_type != (uint32_t)t->type) {
+        w->host = NULL;
+        if (m->sh.rank == m->sh.n_ranks - 1) gguf_tensor_release(f, t);
+    }
+    drop_file_pages(f, w);
 }
 
 /* Each weight's pages go as soon as it is packed, so a load never holds two copies of the model,
@@ -353,11 +373,13 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: --tp %d: %s's shard of columns [%lld, %lld) cuts a quant block",
                         gguf_path(f), m->sh.n_ranks, name, (long long)c0, (long long)(c0 + nc));
+    const void *bytes;
+    if ((rc = gguf_tensor_bytes(f, t, &bytes, err))) return rc;
     size_t row_bytes = qtype_row_bytes(t->type, (size_t)cols);
     w->type = t->type;
     w->rows = nr;
     w->cols = nc;
-    w->host = (const uint8_t *)t->data + (size_t)r0 * row_bytes;
+    w->host = (const uint8_t *)bytes + (size_t)r0 * row_bytes;
     if (nc != cols) {
         size_t part = qtype_row_bytes(t->type, (size_t)nc);
         size_t skip = qtype_row_bytes(t->type, (size_t)c0);
@@ -369,9 +391,9 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
         *own = p;
         w->host = p;
     }
-    if (m->sh.rank == 0) scan_tensor(m, t); /* every rank reads the file: one report */
+    if (m->sh.rank == 0) scan_tensor(m, t, bytes); /* every rank reads the file: one report */
     if ((rc = m->be->ops->weight_prepare(m->be, w, err))) return rc;
-    drop_file_pages(f, w);
+    release_host(m, f, t, w, own);
     return 0;
 }
 
@@ -387,7 +409,9 @@ static int load_vector(struct model *m, const struct gguf_file *f, const char *n
     const struct gguf_tensor *t = NULL;
     int rc = find_tensor(f, name, n, 1, &t, err);
     if (rc) return rc;
-    scan_tensor(m, t);
+    const void *bytes;
+    if ((rc = gguf_tensor_bytes(f, t, &bytes, err))) return rc;
+    scan_tensor(m, t, bytes);
     float *host = malloc((size_t)n * sizeof *host);
     float *dev = m->be->ops->buf_alloc(m->be, (size_t)n * sizeof *dev);
     if (!host || !dev) {
@@ -395,7 +419,7 @@ static int load_vector(struct model *m, const struct gguf_file *f, const char *n
         if (dev) m->be->ops->buf_free(m->be, dev);
         return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
     }
-    qtype_dequantize_row(t->type, t->data, host, (size_t)n);
+    qtype_dequantize_row(t->type, bytes, host, (size_t)n);
     m->be->ops->buf_write(m->be, dev, host, (size_t)n * sizeof *dev);
     free(host);
     *out = dev;
@@ -581,7 +605,7 @@ void model_free_rank(struct model *m)
             struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                     &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-                if (ws[i]->host) be->ops->weight_release(be, ws[i]);
+                if (ws[i]->host || ws[i]->impl) be->ops->weight_release(be, ws[i]);
             if (ly->attn_norm) be->ops->buf_free(be, (void *)ly->attn_norm);
             if (ly->ffn_norm) be->ops->buf_free(be, (void *)ly->ffn_norm);
             if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);
@@ -591,8 +615,9 @@ void model_free_rank(struct model *m)
         }
         free(m->layers);
     }
-    if (m->tok_embd.host) be->ops->weight_release(be, &m->tok_embd);
-    if (m->output.host && !m->cfg.tied_output) be->ops->weight_release(be, &m->output);
+    if (m->tok_embd.host || m->tok_embd.impl) be->ops->weight_release(be, &m->tok_embd);
+    if ((m->output.host || m->output.impl) && !m->cfg.tied_output)
+        be->ops->weight_release(be, &m->output);
     if (m->output_norm) be->ops->buf_free(be, m->output_norm);
     free_acts(m);
     free(m);

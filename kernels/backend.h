@@ -118,7 +118,9 @@ struct backend_ops {
     void (*buf_write)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*buf_read)(struct backend *be, void *dst, const void *src, size_t bytes);
 
-    /* Repacks or uploads w->host into w->impl. Called once per weight at load. */
+    /* Repacks or uploads w->host into w->impl. Called once per weight at load. A backend that
+     * sets w->impl reads only impl from then on (every op, embed included), so the caller may
+     * free w->host; one that leaves impl NULL reads w->host at every step. */
     int (*weight_prepare)(struct backend *be, struct bweight *w, struct qerr *err);
     void (*weight_release)(struct backend *be, struct bweight *w);
 

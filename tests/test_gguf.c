@@ -490,6 +490,70 @@ START_TEST(rope_scaling_config)
 }
 END_TEST
 
+/* A converted tensor's copy can be released after use and is made again, with the same bytes,
+ * when asked for; a tensor of the file's own type keeps its bytes through a release. */
+START_TEST(converted_tensor_release_and_remake)
+{
+    struct buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 2); /* tensors */
+    put_u64(&b, 1); /* kvs */
+    kv_str(&b, "general.architecture", "llama");
+    const char *names[2] = {"q", "n"};
+    for (int i = 0; i < 2; i++) {
+        put_str(&b, names[i]);
+        put_u32(&b, 2);
+        put_u64(&b, 64);
+        put_u64(&b, 2);
+        put_u32(&b, i == 0 ? 6u /* Q5_0 */ : QTYPE_F32);
+        put_u64(&b, i == 0 ? 0 : 96);
+    }
+    while (b.n % 32) put(&b, "", 1);
+    for (int blk = 0; blk < 4; blk++) { /* fp16 scale, 4 bytes of high bits, 16 of nibbles */
+        uint16_t d = (uint16_t)(0x3c00 + blk);
+        put(&b, &d, 2);
+        for (int k = 0; k < 20; k++) {
+            uint8_t v = (uint8_t)(37 * blk + 11 * k);
+            put(&b, &v, 1);
+        }
+    }
+    while (b.n % 32) put(&b, "", 1);
+    for (int k = 0; k < 128; k++) {
+        float v = (float)k;
+        put(&b, &v, 4);
+    }
+    char *path = tu_write_temp(b.p, b.n);
+    struct gguf_file *f;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(path, &f, &err) == 0, "%s", err.msg);
+    const struct gguf_tensor *q = gguf_tensor_find(f, "q"), *n = gguf_tensor_find(f, "n");
+    ck_assert_int_eq(q->type, QTYPE_Q8_0);
+    ck_assert_uint_eq(q->file_type, 6);
+    ck_assert_uint_eq(q->nbytes, 4 * 34);
+    uint8_t first[4 * 34];
+    memcpy(first, q->data, sizeof first);
+    for (int round = 0; round < 2; round++) {
+        gguf_tensor_release(f, q);
+        ck_assert_ptr_null(q->data);
+        const void *again;
+        ck_assert_msg(gguf_tensor_bytes(f, q, &again, &err) == 0, "%s", err.msg);
+        ck_assert_ptr_eq(again, q->data);
+        ck_assert_mem_eq(again, first, sizeof first);
+    }
+    const void *nb = n->data, *got;
+    gguf_tensor_release(f, n);
+    ck_assert_ptr_eq(n->data, nb);
+    ck_assert_int_eq(gguf_tensor_bytes(f, n, &got, &err), 0);
+    ck_assert_ptr_eq(got, nb);
+    ck_assert_float_eq(((const float *)got)[127], 127.0f);
+    gguf_close(f);
+    unlink(path);
+    free(path);
+    free(b.p);
+}
+END_TEST
+
 START_TEST(real_model)
 {
     struct gguf_file *f;
@@ -560,6 +624,7 @@ int main(void)
     tcase_add_test(tc, missing_key_and_bad_arch);
     tcase_add_test(tc, block_count_beyond_the_tensors);
     tcase_add_test(tc, rope_scaling_config);
+    tcase_add_test(tc, converted_tensor_release_and_remake);
     tcase_add_test(tc, real_model);
     tcase_add_test(tc, real_model_truncated);
     suite_add_tcase(s, tc);

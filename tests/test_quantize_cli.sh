@@ -202,6 +202,9 @@ EOF
       fail "converted types: mean KL $kl, top-1 $top % against gguf-py's decoding"
     expect 0 '' -- generate --model "$tmp/kq.gguf" --prompt "The capital of France is" -n 8 \
       --temp 0 --threads 2
+    # two ranks read each converted tensor; the last frees it once packed (model.c release_host)
+    expect 0 '' -- generate --model "$tmp/kq.gguf" --prompt "The capital of France is" -n 8 \
+      --temp 0 --threads 1 --tp 2
   else
     fail "kquant_model.py could not write the converted-type model"
   fi

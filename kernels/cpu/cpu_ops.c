@@ -24,7 +24,8 @@ static struct cpu_ctx *ctx_of(struct backend *be)
     return be->ctx;
 }
 
-/* The largest row embed unpacks on the stack (Q8_0 at 8192 columns is 8704 bytes). */
+/* The most of a row embed unpacks at once, on the stack (Q8_0 at 8192 columns is 8704 bytes); a
+ * longer row goes in pieces: the table's file bytes may be gone (backend.h: weight_prepare). */
 #define EMBED_ROW_MAX 16384
 #define EMBED_TOKENS  8 /* rows per embed task */
 
@@ -41,11 +42,17 @@ static void embed_task(void *arg, int task, int worker)
     const struct embed_job *j = arg;
     int t0 = task * EMBED_TOKENS, t1 = t0 + EMBED_TOKENS < j->n ? t0 + EMBED_TOKENS : j->n;
     size_t cols = (size_t)j->table->cols;
+    const struct qpack *p = j->table->impl;
+    size_t be = qtype_block_elems(j->table->type), bb = qtype_block_bytes(j->table->type);
+    int64_t nb = (int64_t)(cols / be), step = (int64_t)(EMBED_ROW_MAX / bb);
     _Alignas(64) uint8_t row[EMBED_ROW_MAX];
-    for (int i = t0; i < t1; i++) {
-        qpack_unpack_row(j->table->impl, j->tokens[i], row);
-        qtype_dequantize_row(j->table->type, row, j->out + (size_t)i * cols, cols);
-    }
+    for (int i = t0; i < t1; i++)
+        for (int64_t b0 = 0; b0 < nb; b0 += step) { /* a longer row than the buffer in pieces */
+            int64_t n = nb - b0 < step ? nb - b0 : step;
+            qpack_unpack_blocks(p, j->tokens[i], b0, n, row);
+            qtype_dequantize_row(j->table->type, row, j->out + (size_t)i * cols + (size_t)b0 * be,
+                                 (size_t)n * be);
+        }
 }
 
 /* A packed table's rows come from its qpack, in memory since the load; the file's pages behind
@@ -57,8 +64,7 @@ static void embed_task(void *arg, int task, int worker)
 void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
                float *out)
 {
-    size_t rb = qtype_row_bytes(table->type, (size_t)table->cols);
-    if (!table->impl || rb > EMBED_ROW_MAX) {
+    if (!table->impl) {
         ref_embed(table, tokens, n, out);
         return;
     }

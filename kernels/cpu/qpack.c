@@ -96,12 +96,17 @@ void qpack_free(struct qpack *p)
 
 void qpack_unpack_row(const struct qpack *p, int64_t r, void *out)
 {
+    qpack_unpack_blocks(p, r, 0, p->nb, out);
+}
+
+void qpack_unpack_blocks(const struct qpack *p, int64_t r, int64_t b0, int64_t nb, void *out)
+{
     size_t d_off, m_off, qs_off, qs_len;
     block_fields(p->type, &d_off, &m_off, &qs_off, &qs_len);
     size_t bb = qtype_block_bytes(p->type);
     int64_t g = r / QPACK_ROWS, lane = r % QPACK_ROWS;
-    for (int64_t b = 0; b < p->nb; b++) {
-        uint8_t *blk = (uint8_t *)out + (size_t)b * bb;
+    for (int64_t b = b0; b < b0 + nb; b++) {
+        uint8_t *blk = (uint8_t *)out + (size_t)(b - b0) * bb;
         const uint16_t *sc = qpack_scales(p, g, b);
         memcpy(blk + d_off, &sc[lane], 2);
         if (p->type == QTYPE_Q4_1) memcpy(blk + m_off, &sc[QPACK_ROWS + lane], 2);

@@ -46,6 +46,8 @@ int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err);
 void qpack_free(struct qpack *p);
 /* Writes row r back in the file's layout (qtype_row_bytes(type, cols) bytes): the inverse. */
 void qpack_unpack_row(const struct qpack *p, int64_t r, void *out);
+/* Blocks [b0, b0 + nb) of row r, in the file's layout (nb blocks of bytes at out). */
+void qpack_unpack_blocks(const struct qpack *p, int64_t r, int64_t b0, int64_t nb, void *out);
 
 /* Block b's scales of group g: d[16] then (Q4_1) m[16]. */
 static inline const uint16_t *qpack_scales(const struct qpack *p, int64_t g, int64_t b)
