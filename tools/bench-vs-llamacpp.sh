@@ -165,29 +165,50 @@ def tensors(path):
             out[name] = (typ, dims, ne // be * bb, dims[0] // be * bb)
         return out
 
+# the types quern converts as it opens a file (quant/qconv.h): what it reads instead
+CONV = {6: 8, 7: 8, 12: 3, 13: 8, 14: 8}
+
+def per_token(ts, conv):
+    """Bytes a decoded token reads: every weight once, one embedding row, and the embedding
+    again when it is also the output matrix."""
+    def size(t, full):
+        be, bb = T[conv.get(t[0], t[0])]
+        n = t[1][0]
+        for x in t[1][1:] if full else []: n *= x
+        return n // be * bb
+    total = sum(size(t, True) for t in ts.values())
+    emb = ts.get("token_embd.weight")
+    out = total
+    if emb:
+        out += size(emb, False) - size(emb, True)   # the embedding lookup reads one row
+        if "output.weight" not in ts: out += size(emb, True)   # the tied output matrix reads all
+    return out
+
 for path in sys.argv[1:]:
     ts = tensors(path)
     total = sum(t[2] for t in ts.values())
     emb = ts.get("token_embd.weight")
     tied = "output.weight" not in ts
-    per_tok = total
-    if emb:
-        per_tok += emb[3] - emb[2]        # the embedding lookup reads one row
-        if tied: per_tok += emb[2]        # the tied output matrix reads all of it
+    per_tok = per_token(ts, {})
+    per_tok_quern = per_token(ts, CONV)
     by_type = {}
     for name, t in ts.items():
         if len(t[1]) >= 2 and name != "token_embd.weight":
             by_type[t[0]] = by_type.get(t[0], 0) + t[2]
     main = N.get(max(by_type, key=by_type.get), "?") if by_type else "?"
-    print("%s\t%s\t%s\t%d\t%d\t%s" % (path, main, N.get(emb[0], str(emb[0])) if emb else "-",
-                                       total, per_tok, "tied" if tied else "untied"))
+    print("%s\t%s\t%s\t%d\t%d\t%s\t%d" % (path, main, N.get(emb[0], str(emb[0])) if emb else "-",
+                                           total, per_tok, "tied" if tied else "untied",
+                                           per_tok_quern))
 PY
 
-declare -A label bpt bw_dram bw_fit
+# bpt: what llama.cpp reads a token (the file's types); qbpt: what quern reads, the types it
+# converts at open (K-quants, Q5_0/Q5_1) counted as what they become
+declare -A label bpt qbpt bw_dram bw_fit
 for f in "${models[@]}"; do
-    IFS=$'\t' read -r _ main embt _total per_tok tied < <(python3 "$work/gguf_bpt.py" "$f")
+    IFS=$'\t' read -r _ main embt _total per_tok tied per_tok_q < <(python3 "$work/gguf_bpt.py" "$f")
     label[$f]="$main (embd $embt)"
     bpt[$f]=$per_tok
+    qbpt[$f]=$per_tok_q
 done
 
 # ---- memory read bandwidth ----
@@ -413,15 +434,20 @@ if [[ $do_bw -eq 1 ]]; then
         for t in $threads; do
             for i in $isas; do
                 qv=$(val "${res[$f,$t,quern-$i]}" tg) lv=$(val "${res[$f,$t,llama]}" tg)
-                awk -v b="${bpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" -v q="$qv" -v l="$lv" \
-                    -v lab="${label[$f]}" -v t="$t" -v isa="$i" 'BEGIN {
-                    m = bw * 1e9 / b; mf = bf * 1e9 / b
-                    printf "| %s | %s | %s | %.2f | %.1f | %s | %s | %s | %s | %.2f | %.1f | %s | %s |\n",
-                        lab, t, isa, b / 1e6, m,
-                        q == "" ? "-" : sprintf("%.2f", q), q == "" ? "-" : sprintf("%.0f%%", 100 * q / m),
+                awk -v b="${bpt[$f]}" -v qb="${qbpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" \
+                    -v q="$qv" -v l="$lv" -v lab="${label[$f]}" -v t="$t" -v isa="$i" 'BEGIN {
+                    # quern against the bytes it reads, llama.cpp against those of the file (the
+                    # same unless quern converted some types at open: then both, quern first)
+                    m = bw * 1e9 / b; mf = bf * 1e9 / b; qm = bw * 1e9 / qb; qmf = bf * 1e9 / qb
+                    two = qb != b
+                    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n",
+                        lab, t, isa,
+                        two ? sprintf("%.2f / %.2f", qb / 1e6, b / 1e6) : sprintf("%.2f", b / 1e6),
+                        two ? sprintf("%.1f / %.1f", qm, m) : sprintf("%.1f", m),
+                        q == "" ? "-" : sprintf("%.2f", q), q == "" ? "-" : sprintf("%.0f%%", 100 * q / qm),
                         l == "" ? "-" : sprintf("%.2f", l), l == "" ? "-" : sprintf("%.0f%%", 100 * l / m),
-                        bf, mf,
-                        q == "" ? "-" : sprintf("%.0f%%", 100 * q / mf), l == "" ? "-" : sprintf("%.0f%%", 100 * l / mf) }'
+                        bf, two ? sprintf("%.1f / %.1f", qmf, mf) : sprintf("%.1f", mf),
+                        q == "" ? "-" : sprintf("%.0f%%", 100 * q / qmf), l == "" ? "-" : sprintf("%.0f%%", 100 * l / mf) }'
             done
         done
     done
