@@ -475,6 +475,8 @@ static char *write_rope_model(char *dir, const cJSON *rope)
  * the check can fail. */
 START_TEST(rope_scaling_matches_reference)
 {
+    /* under the sanitizers, one prompt a scaling: the code reached is the same for both */
+    if (tu_sanitized() && _i % 2) return;
     const cJSON *c = rope_case(_i);
     const cJSON *rope = cJSON_GetObjectItemCaseSensitive(c, "rope");
     char dir[] = "/tmp/quern-rope-XXXXXX";
@@ -526,10 +528,14 @@ int main(void)
     tcase_add_test(tc, padded_steps_equal_plain);
     tcase_add_test(tc, out_of_memory_names_the_allocation);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n_slow);
-    rope_golden_load();
-    int n_rope = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
-    tcase_add_loop_test(tc, rope_scaling_matches_reference, 0, n_rope);
     suite_add_tcase(s, tc);
+    rope_golden_load();
+    TCase *rt = tcase_create("rope");
+    tcase_set_timeout(rt, 300);
+    tcase_add_checked_fixture(rt, setup, teardown);
+    int n_rope = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
+    tcase_add_loop_test(rt, rope_scaling_matches_reference, 0, n_rope);
+    suite_add_tcase(s, rt);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
     tcase_add_checked_fixture(nf, open_file, close_file);

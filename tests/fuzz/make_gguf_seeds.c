@@ -1,7 +1,8 @@
-/* make_gguf_seeds: writes the GGUF seeds of the fuzz corpus (tests/fuzz/corpus/gguf/), two tiny
+/* make_gguf_seeds: writes the GGUF seeds of the fuzz corpus (tests/fuzz/corpus/gguf/), three tiny
  * but complete Llama models made with the project's GGUF writer: tiny-spm.gguf (a SentencePiece
- * vocabulary, a Llama-2 chat template) and tiny-bpe.gguf (a byte-level BPE vocabulary with
- * merges, SmolLM2's ChatML template). Each is a few tens of KB, so the fuzzer mutates a whole
+ * vocabulary, a Llama-2 chat template), tiny-bpe.gguf (a byte-level BPE vocabulary with merges,
+ * SmolLM2's ChatML template) and tiny-rope.gguf (tiny-bpe with rope scaling: linear, and a
+ * rope_freqs.weight tensor). Each is a few tens of KB, so the fuzzer mutates a whole
  * model quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
  *
  *   build-fuzz/tests/fuzz/make_gguf_seeds tests/fuzz/corpus/gguf
@@ -203,13 +204,18 @@ static int bpe_vocab(struct gguf_writer *w, const char *chat_template, int *voca
     return rc;
 }
 
-static int write_model(const char *path, bool spm, const char *chat_template, struct qerr *err)
+/* rope_scaled: linear rope scaling and Llama 3's per-pair divisors (rope_freqs.weight, all 1) */
+static int write_model(const char *path, bool spm, const char *chat_template, bool rope_scaled,
+                       struct qerr *err)
 {
     struct gguf_writer *w = NULL;
     struct tiny_tensor ts[16];
     int n = 0, vocab = 0;
     int rc = gguf_writer_init(&w, err);
-    if (!rc) rc = model_keys(w, spm ? "tiny spm" : "tiny bpe", err);
+    if (!rc) rc = model_keys(w, spm ? "tiny spm" : rope_scaled ? "tiny rope" : "tiny bpe", err);
+    if (!rc && rope_scaled)
+        rc = gguf_writer_set_str(w, "llama.rope.scaling.type", "linear", 6, err);
+    if (!rc && rope_scaled) rc = gguf_writer_set_f32(w, "llama.rope.scaling.factor", 2.0f, err);
     if (!rc) rc = spm ? spm_vocab(w, &vocab, err) : bpe_vocab(w, chat_template, &vocab, err);
     const uint64_t kv = KV_HEADS * (DIM / HEADS);
     if (!rc) rc = add(w, ts, &n, "token_embd.weight", DIM, (uint64_t)vocab, err);
@@ -223,6 +229,7 @@ static int write_model(const char *path, bool spm, const char *chat_template, st
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_gate.weight", DIM, FFN, err);
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_up.weight", DIM, FFN, err);
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_down.weight", FFN, DIM, err);
+    if (!rc && rope_scaled) rc = add(w, ts, &n, "rope_freqs.weight", DIM / HEADS / 2, 0, err);
     if (!rc) rc = gguf_writer_write(w, path, fill, ts, NULL, err);
     gguf_writer_free(w);
     return rc;
@@ -249,9 +256,11 @@ int main(int argc, char **argv)
     gguf_close(f);
     char path[4096];
     snprintf(path, sizeof path, "%s/tiny-spm.gguf", argv[1]);
-    int rc = write_model(path, true, NULL, &err);
+    int rc = write_model(path, true, NULL, false, &err);
     snprintf(path, sizeof path, "%s/tiny-bpe.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, &err);
+    if (!rc) rc = write_model(path, false, chat, false, &err);
+    snprintf(path, sizeof path, "%s/tiny-rope.gguf", argv[1]);
+    if (!rc) rc = write_model(path, false, chat, true, &err);
     free(chat);
     if (rc) {
         fprintf(stderr, "make_gguf_seeds: %s\n", err.msg);
