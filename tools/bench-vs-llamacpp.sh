@@ -12,7 +12,9 @@
 # buffer, per thread count) and prints the decode roofline per file: bytes of weights read per
 # generated token (every tensor in full, except token_embd: one row for the lookup, plus all of
 # it again when the output matrix is tied to it; parsed from the GGUF with the Python stdlib)
-# divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it. A second
+# divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it (quern's
+# of the bytes it reads: a file's K-quant and Q5_0/Q5_1 tensors as the Q4_1/Q8_0 they become at
+# open, both figures shown where they differ). A second
 # ceiling uses bandwidth measured on a buffer the size of those bytes, which counts what the
 # L3 cache holds between tokens.
 #
@@ -46,7 +48,7 @@ LLAMA_BIN=${LLAMA_BIN:-$ROOT/third_party/llama.cpp/build/bin}
 IK_BIN=${IK_BIN:-$ROOT/third_party/ik_llama.cpp/build/bin}
 reps=3 pp=512 tg=128 threads="1 2" raw="" do_bw=1 rounds=1 idle_wait=60 quern_args="" isas=""
 models=()
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         -r|--reps) reps=$2; shift 2 ;;
