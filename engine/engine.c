@@ -805,7 +805,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     e->tok = tok;
     e->be = be;
     e->vocab = cfg.vocab;
-    e->ctx_len = o->ctx_len > 0 && o->ctx_len < cfg.ctx_len ? o->ctx_len : cfg.ctx_len;
+    struct model_opts ro = {.rope_freq_base = o->rope_freq_base, .rope_scale = o->rope_scale};
+    int cap = model_ctx_limit(&cfg, &ro); /* a context stretched by --rope-scale */
+    e->ctx_len = o->ctx_len > 0 && o->ctx_len < cap ? o->ctx_len : cap;
     int blocks = o->kv_blocks;
     /* a draft model's K/V share the target's blocks: each block costs both */
     struct model_config dcfg = {0};
@@ -847,7 +849,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                             .kv_block_size = o->kv_block_size,
                             .tp = o->tp,
                             .tp_backends = o->tp_backends,
-                            .tp_comms = o->tp_comms};
+                            .tp_comms = o->tp_comms,
+                            .rope_freq_base = o->rope_freq_base,
+                            .rope_scale = o->rope_scale};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_mutex_init(&e->gvocab_mu, NULL);
@@ -888,6 +892,7 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         /* a draft round has a row per drafting sequence; more are split over forwards */
         struct model_opts dmo = mo;
         dmo.max_logits = o->max_seqs < 16 ? o->max_seqs : 16;
+        dmo.rope_freq_base = dmo.rope_scale = 0; /* the draft's own file says */
         if ((rc = spec_model_create(o->draft_file, tok, be, &dmo, &e->draft, err))) goto fail;
         spec_model_time_into(e->draft, &e->draft_cost);
         e->draft_prior = spec_model_cost_prior(o->draft_file, f);

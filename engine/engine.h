@@ -43,7 +43,10 @@ struct engine_opts {
     int kv_blocks;        /* KV blocks in the pool; 0: derive from kv_mem */
     size_t kv_mem;        /* bytes for the KV pool when kv_blocks is 0 (default 256 MiB) */
     int ctx_len;          /* max prompt + output tokens per request; 0: the model's */
-    bool prefix_cache;    /* reuse cached full blocks of identical prefixes (default on) */
+    /* model_opts' rope overrides (0: the file's); a rope_scale lets ctx_len reach the model's
+     * context times the factor it adds to the file's own */
+    float rope_freq_base, rope_scale;
+    bool prefix_cache; /* reuse cached full blocks of identical prefixes (default on) */
     /* With prefix_cache: a prompt that goes on to match only the first tokens of a cached block
      * takes those tokens' K/V too, copied into a block of its own (default on; a backend without
      * buf_copy computes them instead) */

@@ -126,6 +126,20 @@ static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg
     return 0;
 }
 
+void model_config_override(struct model_config *cfg, const struct model_opts *opts)
+{
+    if (opts->rope_freq_base > 0) cfg->rope_base = opts->rope_freq_base;
+    if (opts->rope_scale > 0) cfg->rope_scale = 1.0f / opts->rope_scale;
+}
+
+int model_ctx_limit(const struct model_config *cfg, const struct model_opts *opts)
+{
+    if (!(opts->rope_scale > 0)) return cfg->ctx_len;
+    double extra = (double)opts->rope_scale * (double)cfg->rope_scale; /* new / file factor */
+    double n = (double)cfg->ctx_len * (extra > 1 ? extra : 1);
+    return n > (double)(1 << 24) ? 1 << 24 : (int)n;
+}
+
 struct rope_spec model_rope_spec(const struct model_config *cfg)
 {
     return (struct rope_spec){.rot_dim = cfg->rot_dim,
@@ -516,6 +530,7 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     m->opts = *opts;
     int rc = model_config_read(f, &m->cfg, err);
     if (rc) goto fail;
+    model_config_override(&m->cfg, opts);
     const struct model_config *c = &m->cfg;
     if (sh)
         m->sh = *sh;

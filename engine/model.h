@@ -39,6 +39,9 @@ struct model_opts {
     void (*warn)(void *ctx, const char *msg);
     void *warn_ctx;
     bool reject_nonfinite;
+    /* llama.cpp's --rope-freq-base and --rope-scale: > 0 replaces the file's rope.freq_base,
+     * and its linear rope scaling factor (rope_freqs divisors stay); 0: the file's. */
+    float rope_freq_base, rope_scale;
     /* Tensor parallelism (engine/model_tp.h): tp > 1 splits the model over tp ranks
      * (engine/model_shard.h), rank r on tp_backends[r] (tp_backends[0] is be) with its handle
      * tp_comms[r] on one communicator group (kernels/comm.h); they must outlive the model.
@@ -86,6 +89,11 @@ struct comm;
 
 /* Reads the configuration from GGUF metadata, checking every required key and tensor shape. */
 int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err);
+/* Applies model_opts' rope overrides to a config read from the file. */
+void model_config_override(struct model_config *cfg, const struct model_opts *opts);
+/* The longest context a model read with opts' overrides supports: the trained length of cfg (as
+ * read from the file), times the factor opts->rope_scale adds to the file's own scaling. */
+int model_ctx_limit(const struct model_config *cfg, const struct model_opts *opts);
 
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
                struct model **out, struct qerr *err);

@@ -50,28 +50,37 @@ bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision
     "                    result never depends on its batch; slower prefill). The CPU always is\n"
 
 /* --kv-type, --gemm, --gemm-min-tokens: the backend knobs a user may set
- * (kernels/backend_select.h), the same on every subcommand that makes a backend. The other
- * knobs are the environment's test and debug switches (docs/ARCHITECTURE.md, "Knobs"). */
+ * (kernels/backend_select.h), and --rope-freq-base, --rope-scale: the model's (model_opts), the
+ * same on every subcommand that makes a backend. The other knobs are the environment's test and
+ * debug switches (docs/ARCHITECTURE.md, "Knobs"). */
 struct cli_knobs {
     const char *kv_type, *gemm;
     int gemm_min_tokens;
+    float rope_freq_base, rope_scale; /* 0: the file's */
 };
-enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN };
+enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN, CLI_O_ROPE_BASE, CLI_O_ROPE_SCALE };
 #define CLI_KNOB_OPTIONS                                                                           \
     {"kv-type", required_argument, 0, CLI_O_KV_TYPE}, {"gemm", required_argument, 0, CLI_O_GEMM},  \
+        {"gemm-min-tokens", required_argument, 0, CLI_O_GEMM_MIN},                                 \
+        {"rope-freq-base", required_argument, 0, CLI_O_ROPE_BASE},                                 \
     {                                                                                              \
-        "gemm-min-tokens", required_argument, 0, CLI_O_GEMM_MIN                                    \
+        "rope-scale", required_argument, 0, CLI_O_ROPE_SCALE                                       \
     }
 #define CLI_KNOBS_HELP                                                                             \
     "  --kv-type f16|f32|q8 the KV cache's element (default: the backend's: CPU f16, or f32\n"     \
     "                    with --precision f32; CUDA f16); q8 (CPU only): Q8_0 blocks,\n"           \
     "                    0.53x f16's bytes, as llama.cpp's -ctk/-ctv q8_0\n"                       \
     "  --gemm mma|cublas   GPU: the GEMM for large batches (default mma)\n"                        \
-    "  --gemm-min-tokens N GPU: batches of N or more tokens take the GEMM (default 128)\n"
+    "  --gemm-min-tokens N GPU: batches of N or more tokens take the GEMM (default 128)\n"         \
+    "  --rope-freq-base F  the rope base frequency instead of the file's rope.freq_base\n"         \
+    "  --rope-scale F      linear rope scaling by F instead of the file's (as llama.cpp's;\n"      \
+    "                    lets serve's --ctx reach F times the trained context)\n"
 /* Takes the knob option `code` (CLI_O_*) with its argument; false after a one-line error. */
 bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k);
-/* Puts the knobs into a backend request. */
+/* Puts the knobs into a backend request; cli_knobs_model: the model's into model options. */
 void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
+struct model_opts;
+void cli_knobs_model(const struct cli_knobs *k, struct model_opts *mo);
 
 /* --spec off|ngram|draft, --spec-k N and --draft-model PATH: speculative decoding
  * (engine/spec.h), the same on serve, generate and bench. Off unless asked:

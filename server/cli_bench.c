@@ -231,6 +231,8 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
+    o.rope_freq_base = a->knobs.rope_freq_base;
+    o.rope_scale = a->knobs.rope_scale;
     struct trace *tr = NULL;
     int rc =
         a->trace_path ? trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, err) : 0;
@@ -433,6 +435,7 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
     mo.tp = a->grp->n;
     mo.tp_backends = a->grp->be;
     mo.tp_comms = a->grp->comm;
+    cli_knobs_model(&a->knobs, &mo);
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
     if (rc) {
@@ -585,6 +588,7 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
                             .tp = a->grp->n,
                             .tp_backends = a->grp->be,
                             .tp_comms = a->grp->comm};
+    cli_knobs_model(&a->knobs, &mo);
     if (mo.max_batch_tokens < 1) mo.max_batch_tokens = 1;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
@@ -777,6 +781,8 @@ int cli_bench(int argc, char **argv)
         case CLI_O_KV_TYPE:
         case CLI_O_GEMM:
         case CLI_O_GEMM_MIN:
+        case CLI_O_ROPE_BASE:
+        case CLI_O_ROPE_SCALE:
             if (!cli_knob_arg("bench", c, optarg, &a.knobs)) return EXIT_USAGE;
             continue;
         case CLI_O_SPEC:

@@ -113,6 +113,8 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
         case CLI_O_KV_TYPE:
         case CLI_O_GEMM:
         case CLI_O_GEMM_MIN:
+        case CLI_O_ROPE_BASE:
+        case CLI_O_ROPE_SCALE:
             if (!cli_knob_arg("eval", c, optarg, &a->knobs)) return EXIT_USAGE;
             break;
         case 'h':
@@ -174,6 +176,7 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
                             .tp = l->grp.n,
                             .tp_backends = l->grp.be,
                             .tp_comms = l->grp.comm};
+    cli_knobs_model(&a->knobs, &mo);
     return model_load(l->f, l->grp.be[0], &mo, &l->m, err);
 }
 

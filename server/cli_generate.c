@@ -178,6 +178,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case CLI_O_KV_TYPE:
         case CLI_O_GEMM:
         case CLI_O_GEMM_MIN:
+        case CLI_O_ROPE_BASE:
+        case CLI_O_ROPE_SCALE:
             if (!cli_knob_arg("generate", c, optarg, &a->knobs)) return EXIT_USAGE;
             break;
         case O_PREC:
@@ -298,11 +300,14 @@ int cli_generate(int argc, char **argv)
     }
     struct model_config cfg;
     if ((rc = model_config_read(f, &cfg, &err))) goto out;
+    struct model_opts ro = {0};
+    cli_knobs_model(&a.knobs, &ro);
+    int ctx_limit = model_ctx_limit(&cfg, &ro);
     size_t total = n_ids + (size_t)a.n_predict;
-    if (total > (size_t)cfg.ctx_len) {
+    if (total > (size_t)ctx_limit) {
         rc = qerr_set(&err, QERR_FULL,
                       "prompt (%zu tokens) + -n %ld exceeds the context length of %d tokens", n_ids,
-                      a.n_predict, cfg.ctx_len);
+                      a.n_predict, ctx_limit);
         goto out;
     }
     struct backend_request req = {.device = a.device,
@@ -322,6 +327,7 @@ int cli_generate(int argc, char **argv)
                             .tp = grp.n,
                             .tp_backends = grp.be,
                             .tp_comms = grp.comm};
+    cli_knobs_model(&a.knobs, &mo);
     if (a.trace_path &&
         ((rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, &err)) ||
          (grp.n == 1 && (rc = trace_wrap_backend(tr, grp.be[0], &traced, &err)))))
@@ -331,6 +337,7 @@ int cli_generate(int argc, char **argv)
         /* one sequence: a row of logits per draft round */
         struct model_opts dmo = mo;
         dmo.max_logits = 1;
+        dmo.rope_freq_base = dmo.rope_scale = 0; /* the draft's own file says */
         if ((rc = spec_model_create(a.spec.draft_file, tok, grp.be[0], &dmo, &dm, &err))) {
             qerr_wrap(&err, "--draft-model %s", a.spec.draft_model);
             goto out;

@@ -314,6 +314,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case CLI_O_KV_TYPE:
         case CLI_O_GEMM:
         case CLI_O_GEMM_MIN:
+        case CLI_O_ROPE_BASE:
+        case CLI_O_ROPE_SCALE:
             if (!cli_knob_arg("serve", c, optarg, &o->knobs)) return EXIT_USAGE;
             break;
         case CLI_O_SPEC:
@@ -398,6 +400,8 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->max_queue) eo.max_queue = o->max_queue;
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
+    eo.rope_freq_base = o->knobs.rope_freq_base;
+    eo.rope_scale = o->knobs.rope_scale;
     eo.stall_timeout_s = o->stall_timeout_s;
     struct cli_spec sp = o->spec;
     if ((rc = cli_spec_open(&sp, err))) return rc;

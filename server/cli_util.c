@@ -6,6 +6,8 @@
 
 #include "cli.h"
 
+#include "../engine/model.h"
+
 bool cli_parse_int(const char *text, long lo, long hi, long *out)
 {
     if (!text || !*text) return false;
@@ -107,13 +109,30 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
         if (!cli_parse_int(text, 1, 1 << 20, &v)) break;
         k->gemm_min_tokens = (int)v;
         return true;
+    case CLI_O_ROPE_BASE:
+    case CLI_O_ROPE_SCALE: {
+        char *end;
+        errno = 0;
+        double d = strtod(text, &end);
+        if (errno || end == text || *end || !(d > 0) || d > 1e12) break;
+        *(code == CLI_O_ROPE_BASE ? &k->rope_freq_base : &k->rope_scale) = (float)d;
+        return true;
+    }
     }
     fprintf(stderr, "quern %s: '%s': %s\n", prog, text,
-            code == CLI_O_KV_TYPE ? "--kv-type wants f16, f32 or q8"
-            : code == CLI_O_GEMM
-                ? "--gemm wants mma or cublas"
-                : "--gemm-min-tokens wants 1..1048576 (for never: --batch-invariant)");
+            code == CLI_O_KV_TYPE     ? "--kv-type wants f16, f32 or q8"
+            : code == CLI_O_GEMM      ? "--gemm wants mma or cublas"
+            : code == CLI_O_GEMM_MIN  ? "--gemm-min-tokens wants 1..1048576 (for never: "
+                                        "--batch-invariant)"
+            : code == CLI_O_ROPE_BASE ? "--rope-freq-base wants a number > 0"
+                                      : "--rope-scale wants a number > 0");
     return false;
+}
+
+void cli_knobs_model(const struct cli_knobs *k, struct model_opts *mo)
+{
+    mo->rope_freq_base = k->rope_freq_base;
+    mo->rope_scale = k->rope_scale;
 }
 
 void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r)

@@ -42,6 +42,14 @@ expect 2 "-n '99999999999'" -- generate --model "$model" --prompt hi -n 99999999
 expect 2 'not a number' -- generate --model "$model" --prompt hi --temp abc
 expect 2 'unexpected argument' -- info --model "$model" extra
 expect 1 'exceeds the context length' -- generate --model "$model" --prompt hi -n 1000000
+# --rope-scale / --rope-freq-base (llama.cpp's): checked, and the scale stretches the context
+expect 2 '--rope-scale wants a number > 0' -- generate --model "$model" --prompt hi --rope-scale 0
+expect 2 '--rope-freq-base wants a number > 0' -- generate --model "$model" --prompt hi \
+  --rope-freq-base abc
+expect 1 'context length of 8192 tokens' -- generate --model "$model" --prompt hi -n 9000
+expect 1 'context length of 16384 tokens' -- generate --model "$model" --prompt hi -n 20000 \
+  --rope-scale 2
+expect 0 '' -- generate --model "$model" --prompt hi -n 2 --rope-scale 2 --rope-freq-base 50000
 expect 1 'cannot open' -- generate --model "$tmp/nope.gguf" --prompt hi
 expect 0 'architecture +llama' -- info --model "$model"
 expect 0 'Q4_1 +210 tensors' -- info --model "$model"

@@ -510,6 +510,43 @@ START_TEST(rope_scaling_matches_reference)
 }
 END_TEST
 
+/* --rope-scale / --rope-freq-base (model_opts): the unscaled file loaded with a linear factor
+ * of 4 gives the golden linear-scaling logits; a base given replaces the file's. */
+START_TEST(rope_overrides)
+{
+    const cJSON *c = NULL;
+    for (int i = 0; i < cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
+         i++) {
+        const cJSON *rope = cJSON_GetObjectItemCaseSensitive(rope_case(i), "rope");
+        if (cJSON_GetObjectItemCaseSensitive(rope, "factor")) c = rope_case(i);
+        if (c) break;
+    }
+    ck_assert_ptr_nonnull(c);
+    double factor =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "rope"), "factor")
+            ->valuedouble;
+    struct model_opts mo = {.max_batch_tokens = 1024,
+                            .max_logits = 64,
+                            .kv_blocks = 33 * 8,
+                            .kv_block_size = 16,
+                            .rope_scale = (float)factor};
+    struct qerr err = {0};
+    struct model *m;
+    ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+    ck_assert_float_eq(model_get_config(m)->rope_scale, (float)(1.0 / factor));
+    struct tm_run r = {.m = m, .be = be, .label = "quern --rope-scale"};
+    tm_check_case_logits(&r, c, 37, 1e-3);
+    model_free(m);
+
+    mo.rope_scale = 0;
+    mo.rope_freq_base = 500000.0f;
+    ck_assert_msg(model_load(file, be, &mo, &m, &err) == 0, "%s", err.msg);
+    ck_assert_float_eq(model_get_config(m)->rope_base, 500000.0f);
+    ck_assert_float_eq(model_get_config(m)->rope_scale, 1.0f);
+    model_free(m);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -535,6 +572,7 @@ int main(void)
     tcase_add_checked_fixture(rt, setup, teardown);
     int n_rope = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
     tcase_add_loop_test(rt, rope_scaling_matches_reference, 0, n_rope);
+    tcase_add_test(rt, rope_overrides);
     suite_add_tcase(s, rt);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
