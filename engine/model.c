@@ -77,10 +77,41 @@ static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *
 
 /* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
  * rope.scale_linear) stretches every wavelength when the scaling type is linear or unset and is
- * ignored under "none"; YaRN and LongRoPE are not implemented, so their files are refused rather
- * than run wrong. Llama 3.1 and later keep per-pair divisors in the tensor rope_freqs.weight
- * (rot_dim / 2 values, written by llama.cpp's converter from the rope_scaling of the model's
- * config). */
+ * ignored under "none". Llama 3.1 and later keep per-pair divisors in the tensor
+ * rope_freqs.weight (rot_dim / 2 values, written by llama.cpp's converter from the rope_scaling
+ * of the model's config). YaRN (ggml's rope_yarn) blends, pair by pair, the scaled frequency
+ * (low frequencies) with the unscaled one (high), over a ramp between the pairs that turn
+ * beta_fast and beta_slow times in the original context, and scales cos and sin by
+ * attn_factor * (1 + 0.1 ln factor): the blend becomes divisors beside rope_freqs', the scale
+ * rope_mscale. LongRoPE and others are refused rather than run wrong. */
+static int read_f32_opt(const struct gguf_file *f, const char *arch, const char *suffix, float *v,
+                        struct qerr *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_f32(f, key, v, err);
+    if (rc == QERR_NOTFOUND) return 0;
+    if (!rc && (!isfinite(*v) || *v < 0))
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %g is out of range", gguf_path(f),
+                        key, *v);
+    return rc;
+}
+
+/* The factor by which YaRN divides pair i's frequency: 1 / ((1 - mix) / factor + mix), mix
+ * being 1 for fast pairs (kept) and 0 for slow ones (scaled), linear in between. */
+static double yarn_divisor(int i, int rot_dim, float base, int n_ctx_orig, float factor,
+                           float beta_fast, float beta_slow, float ext_factor)
+{
+    double lb = log((double)base);
+    double lo = floor(rot_dim * log(n_ctx_orig / (beta_fast * 2 * M_PI)) / (2 * lb));
+    double hi = ceil(rot_dim * log(n_ctx_orig / (beta_slow * 2 * M_PI)) / (2 * lb));
+    if (lo < 0) lo = 0;
+    if (hi > rot_dim - 1) hi = rot_dim - 1;
+    double y = (i - lo) / fmax(0.001, hi - lo);
+    double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * ext_factor;
+    return 1.0 / ((1.0 - mix) / factor + mix);
+}
+
 static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     const char *a = cfg->arch;
@@ -89,9 +120,10 @@ static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     int rc = gguf_get_str(f, key, &type, err);
     if (rc && rc != QERR_NOTFOUND) return rc;
-    if (!gguf_str_eq(type, "linear") && !gguf_str_eq(type, "none"))
+    bool yarn = gguf_str_eq(type, "yarn");
+    if (!gguf_str_eq(type, "linear") && !gguf_str_eq(type, "none") && !yarn)
         return qerr_set(err, QERR_UNSUPPORTED,
-                        "%s: rope scaling '%.*s' (quern runs none, linear and Llama 3's "
+                        "%s: rope scaling '%.*s' (quern runs none, linear, yarn and Llama 3's "
                         "rope_freqs)",
                         gguf_path(f), (int)(type.len > 40 ? 40 : type.len), type.ptr);
     float factor = 0;
@@ -106,23 +138,48 @@ static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg
         return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %g is out of range", gguf_path(f),
                         key, factor);
     cfg->rope_scale = factor != 0 && gguf_str_eq(type, "linear") ? 1.0f / factor : 1.0f;
+    cfg->rope_mscale = 1.0f;
 
-    const struct gguf_tensor *t = gguf_tensor_find(f, "rope_freqs.weight");
-    if (!t) return 0;
     int pairs = cfg->rot_dim / 2;
-    if (t->n_dims != 1 || t->ne[0] != (uint64_t)pairs ||
-        (t->type != QTYPE_F32 && t->type != QTYPE_F16 && t->type != QTYPE_BF16))
+    for (int i = 0; i < pairs; i++) cfg->rope_factors[i] = 1.0f;
+    const struct gguf_tensor *t = gguf_tensor_find(f, "rope_freqs.weight");
+    if (t) {
+        if (t->n_dims != 1 || t->ne[0] != (uint64_t)pairs ||
+            (t->type != QTYPE_F32 && t->type != QTYPE_F16 && t->type != QTYPE_BF16))
+            return qerr_set(err, QERR_FORMAT,
+                            "%s: tensor 'rope_freqs.weight' is %s [%llu] x %u dims; the rope "
+                            "needs F32 [%d]",
+                            gguf_path(f), qtype_name(t->type), (unsigned long long)t->ne[0],
+                            t->n_dims, pairs);
+        qtype_dequantize_row(t->type, t->data, cfg->rope_factors, (size_t)pairs);
+        for (int i = 0; i < pairs; i++)
+            if (!(cfg->rope_factors[i] > 0) || isinf(cfg->rope_factors[i]))
+                return qerr_set(err, QERR_FORMAT, "%s: rope_freqs.weight[%d] = %g (must be > 0)",
+                                gguf_path(f), i, cfg->rope_factors[i]);
+        cfg->n_rope_factors = pairs;
+    }
+    if (!yarn || factor <= 1) return 0; /* YaRN at a factor of 1 changes nothing */
+    int n_ctx_orig = cfg->ctx_len;
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+    uint32_t orig;
+    rc = gguf_get_u32(f, key, &orig, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if (!rc) n_ctx_orig = (int)orig;
+    float beta_fast = 32, beta_slow = 1, ext = 1, attn = 1;
+    if ((rc = read_f32_opt(f, a, "rope.scaling.yarn_beta_fast", &beta_fast, err)) ||
+        (rc = read_f32_opt(f, a, "rope.scaling.yarn_beta_slow", &beta_slow, err)) ||
+        (rc = read_f32_opt(f, a, "rope.scaling.yarn_ext_factor", &ext, err)) ||
+        (rc = read_f32_opt(f, a, "rope.scaling.attn_factor", &attn, err)))
+        return rc;
+    if (n_ctx_orig < 1 || !(beta_fast > 0) || !(beta_slow > 0))
         return qerr_set(err, QERR_FORMAT,
-                        "%s: tensor 'rope_freqs.weight' is %s [%llu] x %u dims; the rope needs "
-                        "F32 [%d]",
-                        gguf_path(f), qtype_name(t->type), (unsigned long long)t->ne[0], t->n_dims,
-                        pairs);
-    qtype_dequantize_row(t->type, t->data, cfg->rope_factors, (size_t)pairs);
+                        "%s: YaRN original context %d, beta_fast %g, beta_slow %g out of range",
+                        gguf_path(f), n_ctx_orig, beta_fast, beta_slow);
     for (int i = 0; i < pairs; i++)
-        if (!(cfg->rope_factors[i] > 0) || isinf(cfg->rope_factors[i]))
-            return qerr_set(err, QERR_FORMAT, "%s: rope_freqs.weight[%d] = %g (must be > 0)",
-                            gguf_path(f), i, cfg->rope_factors[i]);
+        cfg->rope_factors[i] *= (float)yarn_divisor(i, cfg->rot_dim, cfg->rope_base, n_ctx_orig,
+                                                    factor, beta_fast, beta_slow, ext);
     cfg->n_rope_factors = pairs;
+    if (ext != 0) cfg->rope_mscale = attn * (1.0f + 0.1f * logf(factor));
     return 0;
 }
 
@@ -145,7 +202,8 @@ struct rope_spec model_rope_spec(const struct model_config *cfg)
     return (struct rope_spec){.rot_dim = cfg->rot_dim,
                               .base = cfg->rope_base,
                               .scale = cfg->rope_scale,
-                              .factors = cfg->n_rope_factors ? cfg->rope_factors : NULL};
+                              .factors = cfg->n_rope_factors ? cfg->rope_factors : NULL,
+                              .mscale = cfg->rope_mscale};
 }
 
 int model_config_read(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)

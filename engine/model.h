@@ -17,9 +17,10 @@ struct model_config {
     int n_layers, dim, ffn_dim, n_heads, n_kv_heads, head_dim, rot_dim;
     int vocab, ctx_len;
     float eps, rope_base;
-    /* rope scaling (struct rope_spec): linear scale 1 / rope.scaling.factor, and Llama 3.1's
-     * per-pair frequency divisors from the tensor rope_freqs.weight (n_rope_factors 0: none) */
-    float rope_scale;
+    /* rope scaling (struct rope_spec): linear scale 1 / rope.scaling.factor; per-pair frequency
+     * divisors (n_rope_factors 0: none) from Llama 3.1's tensor rope_freqs.weight and YaRN's
+     * blend; YaRN's attention factor rope_mscale (1: none) */
+    float rope_scale, rope_mscale;
     int n_rope_factors;
     float rope_factors[ROPE_MAX_PAIRS];
     bool tied_output;

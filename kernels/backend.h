@@ -24,15 +24,23 @@
 struct backend;
 
 /* A model's rotary position embedding. The pair (x[2i], x[2i+1]) of a head's first rot_dim dims,
- * at position p, turns by p * rope_inv_freq(rs, i) radians: base^(-2i/rot_dim), times scale
- * (linear scaling: 1 / rope.scaling.factor), divided by factors[i] (Llama 3.1's per-pair
- * rope_freqs; NULL: none), as llama.cpp's ggml_rope_ext computes without YaRN. */
+ * at position p, turns by theta = p * rope_inv_freq(rs, i) radians: base^(-2i/rot_dim), times
+ * scale (linear scaling: 1 / rope.scaling.factor), divided by factors[i] (Llama 3.1's per-pair
+ * rope_freqs, or YaRN's blend of scaled and unscaled frequencies; NULL: none), and is scaled by
+ * mscale (YaRN's attention factor): cos(theta) * mscale and sin(theta) * mscale, each rounded
+ * to float once, as llama.cpp's ggml_rope_ext computes. */
 #define ROPE_MAX_PAIRS 256
 struct rope_spec {
     int rot_dim; /* even, <= head_dim, <= 2 * ROPE_MAX_PAIRS */
     float base, scale;
     const float *factors; /* [rot_dim / 2] or NULL */
+    float mscale;         /* 0: none (1) */
 };
+
+static inline double rope_mscale(const struct rope_spec *rs)
+{
+    return rs->mscale > 0 ? (double)rs->mscale : 1.0;
+}
 
 /* In double, so an angle keeps its phase at positions of 1e5; with scale 1 and no factors the
  * bits are pow's alone. */
@@ -45,7 +53,7 @@ static inline double rope_inv_freq(const struct rope_spec *rs, int i)
 /* A copy of a rope_spec (its factors included) that caches of rope_inv_freq are keyed by. */
 struct rope_key {
     int rot_dim;
-    float base, scale;
+    float base, scale, mscale;
     bool has_factors;
     float factors[ROPE_MAX_PAIRS];
 };
@@ -53,7 +61,7 @@ struct rope_key {
 static inline bool rope_key_matches(const struct rope_key *k, const struct rope_spec *rs)
 {
     if (k->rot_dim != rs->rot_dim || k->base != rs->base || k->scale != rs->scale ||
-        k->has_factors != (rs->factors != NULL))
+        k->mscale != rs->mscale || k->has_factors != (rs->factors != NULL))
         return false;
     for (int i = 0; rs->factors && i < rs->rot_dim / 2; i++)
         if (k->factors[i] != rs->factors[i]) return false;
@@ -65,6 +73,7 @@ static inline void rope_key_set(struct rope_key *k, const struct rope_spec *rs)
     k->rot_dim = rs->rot_dim;
     k->base = rs->base;
     k->scale = rs->scale;
+    k->mscale = rs->mscale;
     k->has_factors = rs->factors != NULL;
     for (int i = 0; rs->factors && i < rs->rot_dim / 2; i++) k->factors[i] = rs->factors[i];
 }

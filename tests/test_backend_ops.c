@@ -555,8 +555,8 @@ START_TEST(rope_matches_reference)
     float factors[64];
     for (int i = 0; i < 64; i++) factors[i] = 1.0f + (float)(tu_rnd() % 3100) / 100.0f;
     size_t exact = 0, total = 0;
-    /* each shape twice, with and without linear scaling and per-pair factors, so frequencies
-     * kept from the last call under another spec would show */
+    /* each shape twice, with and without linear scaling, per-pair factors and YaRN's attention
+     * factor, so frequencies kept from the last call under another spec would show */
     for (size_t c = 0; c < 2 * sizeof cfg / sizeof cfg[0]; c++) {
         const int *g = cfg[c % (sizeof cfg / sizeof cfg[0])];
         int hd = g[0], rot = g[1], heads = g[2], n = 1 + (int)(tu_rnd() % 64);
@@ -569,7 +569,8 @@ START_TEST(rope_matches_reference)
         struct rope_spec rs = {.rot_dim = rot,
                                .base = c % 2 ? 10000.0f : 500000.0f,
                                .scale = c % 3 == 1 ? 0.125f : 1.0f,
-                               .factors = c % 3 == 2 ? factors : NULL};
+                               .factors = c % 3 == 2 ? factors : NULL,
+                               .mscale = c % 4 == 3 ? 1.1386294f : 0};
         float *dx = dev_upload(gpu, x, len * 4);
         int32_t *dpos = dev_upload(gpu, pos, (size_t)n * 4);
         gpu->ops->rope(gpu, dx, dpos, n, heads, hd, &rs);

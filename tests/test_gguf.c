@@ -452,7 +452,8 @@ static int rope_config(const char *type, const char *key, float factor, const fl
 
 /* Rope scaling as llama.cpp reads it: a factor scales linearly when the type is linear or
  * unset (under either key), not under "none"; rope_freqs.weight gives per-pair divisors; YaRN
- * is refused by name, and divisors of the wrong count or value are format errors. */
+ * becomes divisors and an attention factor; other types are refused by name, and divisors of
+ * the wrong count or value are format errors. */
 START_TEST(rope_scaling_config)
 {
     struct model_config cfg;
@@ -475,9 +476,17 @@ START_TEST(rope_scaling_config)
     ck_assert_float_eq(cfg.rope_base, 10000.0f);
     ck_assert(rope_inv_freq(&rs, 1) == pow(10000.0, -0.5) / 8.0);
 
-    ck_assert_int_eq(rope_config("yarn", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err),
+    /* YaRN, factor 4 over the original 64 positions (rot_dim 4, base 10000): pair 0 turns
+     * more than beta_fast = 32 times there (kept), pair 1 fewer than beta_slow = 1 (scaled) */
+    ck_assert_int_eq(rope_config("yarn", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err), 0);
+    ck_assert_int_eq(cfg.n_rope_factors, 2);
+    ck_assert_float_eq_tol(cfg.rope_factors[0], 1.0f, 1e-6f);
+    ck_assert_float_eq_tol(cfg.rope_factors[1], 4.0f, 1e-6f);
+    ck_assert_float_eq(cfg.rope_scale, 1.0f);
+    ck_assert_float_eq_tol(cfg.rope_mscale, 1.0f + 0.1f * logf(4.0f), 1e-6f);
+    ck_assert_int_eq(rope_config("longrope", "llama.rope.scaling.factor", 4, NULL, 0, &cfg, &err),
                      QERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "rope scaling 'yarn'"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "rope scaling 'longrope'"), "%s", err.msg);
     ck_assert_int_eq(rope_config(NULL, "llama.rope.scaling.factor", -2, NULL, 0, &cfg, &err),
                      QERR_FORMAT);
     ck_assert_msg(strstr(err.msg, "llama.rope.scaling.factor"), "%s", err.msg);

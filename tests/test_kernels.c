@@ -535,8 +535,8 @@ START_TEST(rope_matches_reference_exactly)
     for (int i = 0; i < N_ISAS; i++) {
         if (!cpu_isa_supported(all_isas[i])) continue;
         struct backend *be = make_backend(all_isas[i], MATMUL_F32, 2);
-        /* each shape twice, with and without linear scaling and per-pair factors, so a table
-         * kept from the last call under another spec would show */
+        /* each shape twice, with and without linear scaling, per-pair factors and YaRN's
+         * attention factor, so a table kept from the last call under another spec would show */
         for (size_t c = 0; c < 2 * sizeof cfg / sizeof cfg[0]; c++) {
             const int *g = cfg[c % (sizeof cfg / sizeof cfg[0])];
             int hd = g[0], rot = g[1], heads = g[2], n = 1 + (int)(tu_rnd() % 64);
@@ -550,7 +550,8 @@ START_TEST(rope_matches_reference_exactly)
             struct rope_spec rs = {.rot_dim = rot,
                                    .base = c % 2 ? 10000.0f : 100000.0f,
                                    .scale = scaled ? 0.25f : 1.0f,
-                                   .factors = c % 3 == 2 ? factors : NULL};
+                                   .factors = c % 3 == 2 ? factors : NULL,
+                                   .mscale = c % 4 == 3 ? 1.1386294f : 0};
             be->ops->rope(be, x, pos, n, heads, hd, &rs);
             ref_rope(r, pos, n, heads, hd, &rs);
             size_t at;

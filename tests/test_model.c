@@ -430,8 +430,8 @@ static int fill_rope_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, s
 }
 
 /* A copy of the real model that carries rope scaling as llama.cpp's converter writes it: Llama
- * 3's as the tensor rope_freqs.weight (the divisors the golden file lists), linear as the keys
- * rope.scaling.type and rope.scaling.factor. */
+ * 3's as the tensor rope_freqs.weight (the divisors the golden file lists), linear and YaRN as
+ * the keys rope.scaling.type, rope.scaling.factor (and rope.scaling.original_context_length). */
 static char *write_rope_model(char *dir, const cJSON *rope)
 {
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -460,19 +460,24 @@ static char *write_rope_model(char *dir, const cJSON *rope)
         ck_assert_msg(gguf_writer_add_tensor(w, "rope_freqs.weight", 1, &n, QTYPE_F32, &err) == 0,
                       "%s", err.msg);
     } else {
+        const char *type = cJSON_GetObjectItemCaseSensitive(rope, "type")->valuestring;
         double factor = cJSON_GetObjectItemCaseSensitive(rope, "factor")->valuedouble;
-        ck_assert(gguf_writer_set_str(w, "llama.rope.scaling.type", "linear", 6, &err) == 0);
+        const cJSON *orig = cJSON_GetObjectItemCaseSensitive(rope, "original_context_length");
+        ck_assert(gguf_writer_set_str(w, "llama.rope.scaling.type", type, strlen(type), &err) == 0);
         ck_assert(gguf_writer_set_f32(w, "llama.rope.scaling.factor", (float)factor, &err) == 0);
+        if (orig)
+            ck_assert(gguf_writer_set_u32(w, "llama.rope.scaling.original_context_length",
+                                          (uint32_t)orig->valueint, &err) == 0);
     }
     ck_assert_msg(gguf_writer_write(w, path, fill_rope_copy, &rc, NULL, &err) == 0, "%s", err.msg);
     gguf_writer_free(w);
     return path;
 }
 
-/* Llama 3's per-pair rope divisors and linear rope scaling: the golden logits (transformers with
- * its own rope_type "llama3" / "linear") within 1e-3 and the greedy text token for token, on a
- * copy of the model that carries the scaling; the unscaled model misses those logits by far, so
- * the check can fail. */
+/* Llama 3's per-pair rope divisors, linear rope scaling and YaRN: the golden logits
+ * (transformers with its own rope_type "llama3" / "linear" / "yarn") within 1e-3 and the greedy
+ * text token for token, on a copy of the model that carries the scaling; the unscaled model
+ * misses those logits by far, so the check can fail. */
 START_TEST(rope_scaling_matches_reference)
 {
     /* under the sanitizers, one prompt a scaling: the code reached is the same for both */
@@ -489,9 +494,11 @@ START_TEST(rope_scaling_matches_reference)
     struct model *m;
     ck_assert_msg(model_load(rf, be, &mo, &m, &err) == 0, "%s", err.msg);
     const struct model_config *cfg = model_get_config(m);
-    bool llama3 = cJSON_GetObjectItemCaseSensitive(rope, "freqs") != NULL;
-    ck_assert_int_eq(cfg->n_rope_factors, llama3 ? cfg->rot_dim / 2 : 0);
-    ck_assert_float_eq(cfg->rope_scale, llama3 ? 1.0f : 0.25f);
+    const char *type = cJSON_GetObjectItemCaseSensitive(rope, "type")->valuestring;
+    bool linear = strcmp(type, "linear") == 0;
+    ck_assert_int_eq(cfg->n_rope_factors, linear ? 0 : cfg->rot_dim / 2);
+    ck_assert_float_eq(cfg->rope_scale, linear ? 0.25f : 1.0f);
+    ck_assert(strcmp(type, "yarn") == 0 ? cfg->rope_mscale > 1.0f : cfg->rope_mscale == 1.0f);
 
     struct tm_run r = {.m = m, .be = be, .label = "quern"};
     tm_check_case_logits(&r, c, 37, 1e-3);
@@ -518,7 +525,8 @@ START_TEST(rope_overrides)
     for (int i = 0; i < cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rope_golden, "cases"));
          i++) {
         const cJSON *rope = cJSON_GetObjectItemCaseSensitive(rope_case(i), "rope");
-        if (cJSON_GetObjectItemCaseSensitive(rope, "factor")) c = rope_case(i);
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(rope, "type")->valuestring, "linear"))
+            c = rope_case(i);
         if (c) break;
     }
     ck_assert_ptr_nonnull(c);

@@ -12,6 +12,8 @@ rope scalings it implements itself:
     so that the scaling moves the logits at the test's short positions.
   * "linear": rope.scaling.type "linear", rope.scaling.factor 4 (transformers' rope_type
     "linear").
+  * "yarn": rope.scaling.type "yarn", factor 4, rope.scaling.original_context_length 64
+    (transformers' rope_type "yarn": its own blend of the frequencies and attention factor).
 
 For each, the greedy continuation of two golden prompts (token ids taken from
 tests/golden/smollm2.json), the top-2 gap at every step and the top-5 logits at four
@@ -41,6 +43,7 @@ SCALINGS = [
     ("llama3", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     ("linear", {"rope_type": "linear", "factor": 4.0}),
+    ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
 ]
 
 
@@ -106,6 +109,8 @@ def main():
             rope["freqs"] = converter_factors(sc, base, head_dim)
         else:
             rope["factor"] = sc["factor"]
+        if sname == "yarn":
+            rope["original_context_length"] = sc["original_max_position_embeddings"]
         # transformers itself must scale: its inverse frequencies differ from the plain model's
         inv = m.model.rotary_emb.inv_freq.numpy()
         inv0 = plain.model.rotary_emb.inv_freq.numpy()

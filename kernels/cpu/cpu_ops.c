@@ -191,13 +191,14 @@ static bool rope_table_fill(struct rope_table *rt, int need, const struct rope_s
     }
     double inv[ROPE_MAX_PAIRS];
     for (int i = 0; i < rot_dim / 2; i++) inv[i] = rope_inv_freq(rs, i);
+    double ms = rope_mscale(rs);
     for (int p = rt->n_pos; p < need; p++) {
         float *cr = rt->cos + (size_t)p * (size_t)rot_dim,
               *sr = rt->sin + (size_t)p * (size_t)rot_dim;
         for (int d = 0; d < rot_dim; d += 2) {
             /* the expression ref_rope evaluates, so the results match it bit for bit */
             double theta = (double)p * inv[d / 2];
-            float co = (float)cos(theta), si = (float)sin(theta);
+            float co = (float)(cos(theta) * ms), si = (float)(sin(theta) * ms);
             cr[d] = co;
             cr[d + 1] = co;
             sr[d] = -si;

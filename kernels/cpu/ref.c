@@ -77,7 +77,8 @@ void ref_rope(float *x, const int32_t *pos, int n, int n_heads, int head_dim,
             float *v = x + ((size_t)i * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
             for (int d = 0; d < rs->rot_dim; d += 2) {
                 double theta = (double)pos[i] * rope_inv_freq(rs, d / 2);
-                float c = (float)cos(theta), s = (float)sin(theta);
+                float c = (float)(cos(theta) * rope_mscale(rs)),
+                      s = (float)(sin(theta) * rope_mscale(rs));
                 float a = v[d], b = v[d + 1];
                 v[d] = a * c - b * s;
                 v[d + 1] = a * s + b * c;

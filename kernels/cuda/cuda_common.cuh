@@ -32,6 +32,7 @@ extern "C" {
  * to the kernel by value (2 KiB of the 4 KiB parameter space). */
 struct rope_freqs {
     double inv[CUDA_MAX_ROPE_PAIRS];
+    double mscale; /* rope_mscale */
 };
 
 #define GRAPH_SLOTS 32

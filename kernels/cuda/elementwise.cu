@@ -216,7 +216,7 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int n, int n_heads, in
         double theta = (double)pos[t] * f.inv[i];
         double sd, cd;
         sincos(theta, &sd, &cd);
-        float cs = (float)cd, sn = (float)sd;
+        float cs = (float)(cd * f.mscale), sn = (float)(sd * f.mscale);
         float a = v[0], b = v[1];
         v[0] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
         v[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
@@ -235,6 +235,7 @@ void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n
     }
     if (!rope_key_matches(&c->rope_key, rs)) {
         for (int i = 0; i < rot_dim / 2; i++) c->rope.inv[i] = rope_inv_freq(rs, i);
+        c->rope.mscale = rope_mscale(rs);
         rope_key_set(&c->rope_key, rs);
     }
     cuda_use_device(c);
