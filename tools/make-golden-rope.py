@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference data for rope scaling: tests/golden/smollm2-rope.json.
 
-The default model run by Hugging Face transformers (fp32, from the same GGUF file) with two
+The default model run by Hugging Face transformers (fp32, from the same GGUF file) with three
 rope scalings it implements itself:
 
   * "llama3": Llama 3.1's frequency-dependent scaling (transformers' rope_type "llama3"). A
