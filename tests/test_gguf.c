@@ -340,6 +340,23 @@ START_TEST(missing_key_and_bad_arch)
 }
 END_TEST
 
+/* The eight keys of a small llama config (embedding 8, two heads of 4, rope over all 4 dims), with
+ * block_count as given. */
+static void put_small_llama_keys(struct buf *b, uint32_t block_count)
+{
+    kv_str(b, "general.architecture", "llama");
+    kv_u32(b, "llama.block_count", block_count);
+    kv_u32(b, "llama.embedding_length", 8);
+    kv_u32(b, "llama.feed_forward_length", 16);
+    kv_u32(b, "llama.attention.head_count", 2);
+    kv_u32(b, "llama.context_length", 64);
+    put_str(b, "llama.attention.layer_norm_rms_epsilon");
+    put_u32(b, GGUF_F32);
+    float eps = 1e-5f;
+    put(b, &eps, 4);
+    kv_u32(b, "llama.rope.dimension_count", 4);
+}
+
 /* A config that passes every key's own check but counts more layers than the file has tensors
  * for (what the fuzzer found: a block_count of 2^24 made the loader ask for 3.4 GB): refused by
  * model_config_read, naming the count. */
@@ -350,17 +367,7 @@ START_TEST(block_count_beyond_the_tensors)
     put_u32(&b, 3);
     put_u64(&b, 1); /* tensors */
     put_u64(&b, 8); /* kvs */
-    kv_str(&b, "general.architecture", "llama");
-    kv_u32(&b, "llama.block_count", 1u << 24);
-    kv_u32(&b, "llama.embedding_length", 8);
-    kv_u32(&b, "llama.feed_forward_length", 16);
-    kv_u32(&b, "llama.attention.head_count", 2);
-    kv_u32(&b, "llama.context_length", 64);
-    put_str(&b, "llama.attention.layer_norm_rms_epsilon");
-    put_u32(&b, GGUF_F32);
-    float eps = 1e-5f;
-    put(&b, &eps, 4);
-    kv_u32(&b, "llama.rope.dimension_count", 4);
+    put_small_llama_keys(&b, 1u << 24);
     put_str(&b, "token_embd.weight");
     put_u32(&b, 2);
     put_u64(&b, 8);
@@ -396,17 +403,7 @@ static struct gguf_file *rope_file(const char *type, const char *key, float fact
     put_u32(&b, 3);
     put_u64(&b, (uint64_t)n_tensors);
     put_u64(&b, 8 + (type != NULL) + (key != NULL));
-    kv_str(&b, "general.architecture", "llama");
-    kv_u32(&b, "llama.block_count", 1);
-    kv_u32(&b, "llama.embedding_length", 8);
-    kv_u32(&b, "llama.feed_forward_length", 16);
-    kv_u32(&b, "llama.attention.head_count", 2);
-    kv_u32(&b, "llama.context_length", 64);
-    put_str(&b, "llama.attention.layer_norm_rms_epsilon");
-    put_u32(&b, GGUF_F32);
-    float eps = 1e-5f;
-    put(&b, &eps, 4);
-    kv_u32(&b, "llama.rope.dimension_count", 4);
+    put_small_llama_keys(&b, 1);
     if (type) kv_str(&b, "llama.rope.scaling.type", type);
     if (key) {
         put_str(&b, key);

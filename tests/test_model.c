@@ -243,6 +243,24 @@ END_TEST
 
 /* ---- weights holding NaN/Inf ---- */
 
+/* A writer holding the real model's keys and tensor infos, for a changed copy of it. */
+static struct gguf_writer *writer_of_model(void)
+{
+    struct gguf_writer *w;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
+        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
+                      err.msg);
+    }
+    return w;
+}
+
 /* A copy of the real model with 10 NaN scales and 2 Inf minimums in blk.3.attn_q.weight (Q4_1)
  * and one Inf in blk.7.ffn_norm.weight (F32). */
 static int fill_poisoned(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
@@ -269,18 +287,8 @@ static char *write_poisoned_model(char *dir)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char *path;
     ck_assert_int_ge(asprintf(&path, "%s/poisoned.gguf", dir), 0);
-    struct gguf_writer *w;
+    struct gguf_writer *w = writer_of_model();
     struct qerr err = {0};
-    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
-    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
-        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
-    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(file, i);
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
-                      err.msg);
-    }
     ck_assert_msg(gguf_writer_write(w, path, fill_poisoned, file, NULL, &err) == 0, "%s", err.msg);
     gguf_writer_free(w);
     return path;
@@ -437,20 +445,10 @@ static char *write_rope_model(char *dir, const cJSON *rope)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char *path;
     ck_assert_int_ge(asprintf(&path, "%s/rope.gguf", dir), 0);
-    struct gguf_writer *w;
+    struct gguf_writer *w = writer_of_model();
     struct qerr err = {0};
     static struct rope_copy rc;
     rc.src = file;
-    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
-    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
-        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
-    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(file, i);
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
-                      err.msg);
-    }
     const cJSON *freqs = cJSON_GetObjectItemCaseSensitive(rope, "freqs");
     if (freqs) {
         uint64_t n = (uint64_t)cJSON_GetArraySize(freqs);
