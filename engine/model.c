@@ -75,15 +75,7 @@ static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *
 
 #define LAYER_TENSORS 9
 
-/* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
- * rope.scale_linear) stretches every wavelength when the scaling type is linear or unset and is
- * ignored under "none". Llama 3.1 and later keep per-pair divisors in the tensor
- * rope_freqs.weight (rot_dim / 2 values, written by llama.cpp's converter from the rope_scaling
- * of the model's config). YaRN (ggml's rope_yarn) blends, pair by pair, the scaled frequency
- * (low frequencies) with the unscaled one (high), over a ramp between the pairs that turn
- * beta_fast and beta_slow times in the original context, and scales cos and sin by
- * attn_factor * (1 + 0.1 ln factor): the blend becomes divisors beside rope_freqs', the scale
- * rope_mscale. LongRoPE and others are refused rather than run wrong. */
+/* An optional finite, non-negative f32 under "ARCH.SUFFIX": *v is left as it is when absent. */
 static int read_f32_opt(const struct gguf_file *f, const char *arch, const char *suffix, float *v,
                         struct qerr *err)
 {
@@ -112,6 +104,15 @@ static double yarn_divisor(int i, int rot_dim, float base, int n_ctx_orig, float
     return 1.0 / ((1.0 - mix) / factor + mix);
 }
 
+/* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
+ * rope.scale_linear) stretches every wavelength when the scaling type is linear or unset and is
+ * ignored under "none". Llama 3.1 and later keep per-pair divisors in the tensor
+ * rope_freqs.weight (rot_dim / 2 values, written by llama.cpp's converter from the rope_scaling
+ * of the model's config). YaRN (ggml's rope_yarn) blends, pair by pair, the scaled frequency
+ * (low frequencies) with the unscaled one (high), over a ramp between the pairs that turn
+ * beta_fast and beta_slow times in the original context, and scales cos and sin by
+ * attn_factor * (1 + 0.1 ln factor): the blend becomes divisors beside rope_freqs', the scale
+ * rope_mscale. LongRoPE and others are refused rather than run wrong. */
 static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     const char *a = cfg->arch;
@@ -127,16 +128,9 @@ static int read_rope_scaling(const struct gguf_file *f, struct model_config *cfg
                         "rope_freqs)",
                         gguf_path(f), (int)(type.len > 40 ? 40 : type.len), type.ptr);
     float factor = 0;
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
-    rc = gguf_get_f32(f, key, &factor, err);
-    if (rc == QERR_NOTFOUND) {
-        snprintf(key, sizeof key, "%s.rope.scale_linear", a);
-        rc = gguf_get_f32(f, key, &factor, err);
-    }
-    if (rc && rc != QERR_NOTFOUND) return rc;
-    if (!(factor >= 0) || isinf(factor))
-        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %g is out of range", gguf_path(f),
-                        key, factor);
+    if ((rc = read_f32_opt(f, a, "rope.scaling.factor", &factor, err)) ||
+        (factor == 0 && (rc = read_f32_opt(f, a, "rope.scale_linear", &factor, err))))
+        return rc;
     cfg->rope_scale = factor != 0 && gguf_str_eq(type, "linear") ? 1.0f / factor : 1.0f;
     cfg->rope_mscale = 1.0f;
 

@@ -111,10 +111,8 @@ bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs
         return true;
     case CLI_O_ROPE_BASE:
     case CLI_O_ROPE_SCALE: {
-        char *end;
-        errno = 0;
-        double d = strtod(text, &end);
-        if (errno || end == text || *end || !(d > 0) || d > 1e12) break;
+        double d;
+        if (!cli_parse_float(text, 1e-30, 1e12, &d)) break;
         *(code == CLI_O_ROPE_BASE ? &k->rope_freq_base : &k->rope_scale) = (float)d;
         return true;
     }
