@@ -50,6 +50,26 @@ static void be_matmul(struct backend *be, const struct bweight *w0, const float 
 }
 
 static const enum qtype quant_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1};
+
+/* Q8_0 values moved into [-16, 15], as every tensor of a Q5_0 file is once gguf_open has read it
+ * as Q8_0 (qconv.h): -16 and 15 both occur in any block of random bytes, nearly always. */
+static void squeeze_to_five_bits(struct bweight *w)
+{
+    struct block_q8_0 *blk = (struct block_q8_0 *)w->host;
+    for (int64_t i = 0; i < w->rows * (w->cols / QK); i++)
+        for (int j = 0; j < QK; j++) blk[i].qs[j] = (int8_t)((blk[i].qs[j] & 31) - 16);
+}
+
+/* The packed kinds the kernels meet: each quant type's own layout, then Q8_0 values that fit five
+ * bits, which qpack stores as QPACK_Q5_0. */
+#define N_PACKED 4
+static const char *const packed_names[N_PACKED] = {"Q8_0", "Q4_0", "Q4_1", "Q8_0 in 5 bits"};
+
+static void make_packed_weight(struct bweight *w, size_t kind, int64_t rows, int64_t cols)
+{
+    tu_make_weight(w, kind < 3 ? quant_types[kind] : QTYPE_Q8_0, rows, cols);
+    if (kind == 3) squeeze_to_five_bits(w);
+}
 static const int64_t odd_rows[] = {1, 7, 16, 17, 33, 100};
 static const int64_t odd_cols[] = {32, 96, 576, 1536};
 static const int odd_n[] = {1, 2, 3, 5, 8, 13, 37, 64};
@@ -59,28 +79,103 @@ static const int odd_n[] = {1, 2, 3, 5, 8, 13, 37, 64};
 START_TEST(qpack_roundtrip)
 {
     tu_seed(0x1234567);
-    for (size_t ti = 0; ti < 3; ti++)
+    const enum qpack_layout layouts[N_PACKED] = {QPACK_Q8_0, QPACK_Q4_0, QPACK_Q4_1, QPACK_Q5_0};
+    for (size_t ti = 0; ti < N_PACKED; ti++)
         for (size_t ri = 0; ri < sizeof odd_rows / sizeof odd_rows[0]; ri++)
             for (size_t ci = 0; ci < sizeof odd_cols / sizeof odd_cols[0]; ci++) {
                 struct bweight w;
-                tu_make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
+                make_packed_weight(&w, ti, odd_rows[ri], odd_cols[ci]);
                 struct qpack *p;
                 struct qerr err = {0};
                 ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+                ck_assert_msg(p->layout == layouts[ti], "%s %lld x %lld: layout %d",
+                              packed_names[ti], (long long)w.rows, (long long)w.cols, p->layout);
                 size_t rb = qtype_row_bytes(w.type, (size_t)w.cols);
                 uint8_t *row = malloc(rb);
                 for (int64_t r = 0; r < w.rows; r++) {
                     qpack_unpack_row(p, r, row);
                     ck_assert_msg(!memcmp(row, (const uint8_t *)w.host + (size_t)r * rb, rb),
-                                  "%s %lld x %lld: row %lld does not round-trip",
-                                  qtype_name(w.type), (long long)w.rows, (long long)w.cols,
-                                  (long long)r);
+                                  "%s %lld x %lld: row %lld does not round-trip", packed_names[ti],
+                                  (long long)w.rows, (long long)w.cols, (long long)r);
                 }
                 ck_assert_int_eq(p->data_bytes % 64, 0);
                 free(row);
                 qpack_free(p);
                 tu_free_weight(&w);
             }
+}
+END_TEST
+
+/* The five-bit layout is taken exactly when every value fits: one value of 16 or -17 anywhere
+ * keeps the 8-bit one. Its bytes per row and block are the Q5_0 file's 22, and the padded last
+ * group's rows are zeros (their outputs are never stored). */
+START_TEST(qpack_five_bit_layout)
+{
+    tu_seed(0x5b175);
+    struct bweight w;
+    make_packed_weight(&w, 3, 33, 96);
+    struct qpack *p;
+    struct qerr err = {0};
+    ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(p->layout, QPACK_Q5_0);
+    ck_assert_uint_eq(p->quant_bytes + p->scale_bytes, 22 * QPACK_ROWS);
+    qpack_free(p);
+    struct block_q8_0 *blk = (struct block_q8_0 *)w.host;
+    const int8_t outside[] = {16, -17, 127, -128};
+    for (size_t i = 0; i < sizeof outside; i++) {
+        int8_t keep = blk[97].qs[31];
+        blk[97].qs[31] = outside[i];
+        ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+        ck_assert_msg(p->layout == QPACK_Q8_0, "a value of %d took the five-bit layout",
+                      outside[i]);
+        qpack_free(p);
+        blk[97].qs[31] = keep;
+    }
+    tu_free_weight(&w);
+}
+END_TEST
+
+/* The largest sums five-bit weights make: every value 15 (stored as 31) or -16 (stored as 0)
+ * against activations all +-1 (quantized to +-127), where a 256-bit kernel's int16 pair sums
+ * would wrap if held over a whole block. GEMV (1 token) and tiles (5, 16). */
+START_TEST(five_bit_extremes_match_reference)
+{
+    const int64_t rows = 33, cols = 576;
+    const int8_t values[] = {15, -16};
+    const float xs[] = {1.0f, -1.0f};
+    const int ns[] = {1, 5, 16};
+    float *x = malloc((size_t)16 * cols * sizeof *x), *y = malloc((size_t)16 * rows * sizeof *y);
+    float *yq = malloc((size_t)16 * rows * sizeof *yq);
+    for (size_t vi = 0; vi < sizeof values; vi++)
+        for (size_t xi = 0; xi < 2; xi++) {
+            struct bweight w;
+            tu_make_weight(&w, QTYPE_Q8_0, rows, cols);
+            struct block_q8_0 *blk = (struct block_q8_0 *)w.host;
+            for (int64_t i = 0; i < rows * (cols / QK); i++) memset(blk[i].qs, values[vi], QK);
+            for (int64_t i = 0; i < 16 * cols; i++) x[i] = xs[xi];
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int n = ns[ni];
+                struct q8act a;
+                tu_q8_quantize(&a, x, n, cols);
+                ref_matmul_q8_rows(&w, &a, n, yq, 0, rows);
+                for (int i = 1; i < N_ISAS; i++) {
+                    if (!cpu_isa_supported(all_isas[i])) continue;
+                    struct backend *be = make_backend(all_isas[i], MATMUL_Q8, 1);
+                    be_matmul(be, &w, x, n, y);
+                    size_t at;
+                    ck_assert_msg(!tu_bits_differ(y, yq, (size_t)n * rows, &at),
+                                  "%s, values %d, x %g, n %d: y[%zu] = %.9g, reference %.9g",
+                                  cpu_isa_name(all_isas[i]), values[vi], xs[xi], n, at, y[at],
+                                  yq[at]);
+                    backend_destroy(be);
+                }
+                tu_q8_free(&a);
+            }
+            tu_free_weight(&w);
+        }
+    free(x);
+    free(y);
+    free(yq);
 }
 END_TEST
 
@@ -136,13 +231,13 @@ START_TEST(matmul_matches_reference)
     int shrink = tu_sanitized();
     int runs[N_ISAS] = {0};
     double worst_f32[N_ISAS] = {0};
-    for (size_t ti = 0; ti < 3; ti++)
+    for (size_t ti = 0; ti < N_PACKED; ti++)
         for (size_t ri = 0; ri < sizeof odd_rows / sizeof odd_rows[0]; ri++)
             for (size_t ci = 0; ci < sizeof odd_cols / sizeof odd_cols[0]; ci++) {
                 if (shrink && odd_cols[ci] > 576) continue;
                 int n = odd_n[(ri + ci + ti) % (sizeof odd_n / sizeof odd_n[0])];
                 struct bweight w;
-                tu_make_weight(&w, quant_types[ti], odd_rows[ri], odd_cols[ci]);
+                make_packed_weight(&w, ti, odd_rows[ri], odd_cols[ci]);
                 size_t ny = (size_t)n * (size_t)w.rows;
                 float *x = malloc((size_t)n * (size_t)w.cols * sizeof *x);
                 tu_fill(x, (size_t)n * (size_t)w.cols, 1.0f);
@@ -162,14 +257,14 @@ START_TEST(matmul_matches_reference)
                     size_t at;
                     ck_assert_msg(!tu_bits_differ(y, yq, ny, &at),
                                   "%s Q8 %s %lld x %lld n %d: y[%zu] = %.9g, reference %.9g",
-                                  cpu_isa_name(all_isas[i]), qtype_name(w.type), (long long)w.rows,
+                                  cpu_isa_name(all_isas[i]), packed_names[ti], (long long)w.rows,
                                   (long long)w.cols, n, at, y[at], yq[at]);
                     backend_destroy(be);
                     be = make_backend(all_isas[i], MATMUL_F32, 2);
                     be_matmul(be, &w, x, n, y);
                     double e = tu_matmul_error(&w, x, n, y, yref);
                     ck_assert_msg(e <= 1e-5, "%s F32 %s %lld x %lld n %d: error %.3g",
-                                  cpu_isa_name(all_isas[i]), qtype_name(w.type), (long long)w.rows,
+                                  cpu_isa_name(all_isas[i]), packed_names[ti], (long long)w.rows,
                                   (long long)w.cols, n, e);
                     if (e > worst_f32[i]) worst_f32[i] = e;
                     backend_destroy(be);
@@ -195,9 +290,9 @@ START_TEST(matmul_prefetch_variants)
     if (!cpu_isa_supported(CPU_ISA_AVX512)) return;
     tu_seed(0x9f1);
     const int ns[] = {1, 8, 13};
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < N_PACKED; ti++) {
         struct bweight w;
-        tu_make_weight(&w, quant_types[ti], 100, 1536);
+        make_packed_weight(&w, ti, 100, 1536);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
             int n = ns[ni];
             size_t ny = (size_t)n * (size_t)w.rows;
@@ -221,7 +316,7 @@ START_TEST(matmul_prefetch_variants)
                 size_t at;
                 ck_assert_msg(!tu_bits_differ(y, yq, ny, &at),
                               "avx512 prefetch %s, %s n %d: y[%zu] = %.9g, reference %.9g",
-                              cpu_prefetch_name(pfs[p]), qtype_name(w.type), n, at, y[at], yq[at]);
+                              cpu_prefetch_name(pfs[p]), packed_names[ti], n, at, y[at], yq[at]);
                 backend_destroy(be);
             }
             tu_q8_free(&a);
@@ -282,9 +377,9 @@ START_TEST(matmul_batch_and_thread_invariant)
 {
     tu_seed(0xba7c4);
     const int n = 37;
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < N_PACKED; ti++) {
         struct bweight w;
-        tu_make_weight(&w, quant_types[ti], 45, 576);
+        make_packed_weight(&w, ti, 45, 576);
         float *x = malloc((size_t)n * 576 * sizeof *x);
         tu_fill(x, (size_t)n * 576, 1.0f);
         float *yb = malloc((size_t)n * 45 * sizeof *yb), *y1 = malloc(45 * sizeof *y1);
@@ -299,7 +394,7 @@ START_TEST(matmul_batch_and_thread_invariant)
                     size_t at;
                     ck_assert_msg(!tu_bits_differ(y1, yb + (size_t)t * 45, 45, &at),
                                   "%s %s precision %d: token %d differs alone vs in a batch",
-                                  cpu_isa_name(all_isas[i]), qtype_name(w.type), p, t);
+                                  cpu_isa_name(all_isas[i]), packed_names[ti], p, t);
                 }
                 /* prefixes of the batch: different tiles (every remainder of 8 and of 4
                  * tokens), same values */
@@ -308,7 +403,7 @@ START_TEST(matmul_batch_and_thread_invariant)
                     be_matmul(be, &w, x, m, yt);
                     ck_assert_msg(!tu_bits_differ(yt, yb, (size_t)m * 45, &at),
                                   "%s %s precision %d: the first %d tokens differ at %zu",
-                                  cpu_isa_name(all_isas[i]), qtype_name(w.type), p, m, at);
+                                  cpu_isa_name(all_isas[i]), packed_names[ti], p, m, at);
                 }
                 backend_destroy(be);
                 for (int th = 1; th <= 3; th += 2) {
@@ -340,7 +435,8 @@ START_TEST(matmul_shared_equals_separate_calls)
     const int64_t rows[] = {576, 192, 45, 1536};
     const enum qtype sets[][4] = {{QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0},
                                   {QTYPE_Q4_1, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0},
-                                  {QTYPE_Q4_0, QTYPE_F16, QTYPE_Q4_0, QTYPE_Q4_1}};
+                                  {QTYPE_Q4_0, QTYPE_F16, QTYPE_Q4_0, QTYPE_Q4_1},
+                                  {QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q4_1, QTYPE_Q8_0}};
     float *x = malloc((size_t)70 * cols * sizeof *x);
     tu_fill(x, (size_t)70 * cols, 1.0f);
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
@@ -348,6 +444,7 @@ START_TEST(matmul_shared_equals_separate_calls)
         float *ys[4], *yone[4];
         for (int k = 0; k < 4; k++) {
             tu_make_weight(&w[k], sets[si][k], rows[k], cols);
+            if (si == 3 && k != 0 && sets[si][k] == QTYPE_Q8_0) squeeze_to_five_bits(&w[k]);
             ys[k] = malloc((size_t)70 * (size_t)rows[k] * sizeof(float));
             yone[k] = malloc((size_t)70 * (size_t)rows[k] * sizeof(float));
         }
@@ -415,10 +512,10 @@ START_TEST(embed_matches_reference)
         if (!cpu_isa_supported(all_isas[i])) continue;
         for (int threads = 1; threads <= 2; threads++) {
             struct backend *be = make_backend(all_isas[i], MATMUL_Q8, threads);
-            for (size_t ti = 0; ti < 3; ti++)
+            for (size_t ti = 0; ti < N_PACKED; ti++)
                 for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                     struct bweight w0, w;
-                    tu_make_weight(&w0, quant_types[ti], shapes[si][0], shapes[si][1]);
+                    make_packed_weight(&w0, ti, shapes[si][0], shapes[si][1]);
                     w = w0;
                     struct qerr err = {0};
                     ck_assert_msg(be->ops->weight_prepare(be, &w, &err) == 0, "%s", err.msg);
@@ -436,7 +533,7 @@ START_TEST(embed_matches_reference)
                         ck_assert_msg(!tu_bits_differ(y, r, len, &at),
                                       "%s %d thread(s) %s %lld x %lld, %d tokens: [%zu] %.9g vs "
                                       "%.9g",
-                                      cpu_isa_name(all_isas[i]), threads, qtype_name(w.type),
+                                      cpu_isa_name(all_isas[i]), threads, packed_names[ti],
                                       (long long)w.rows, (long long)w.cols, n, at, y[at], r[at]);
                         free(y);
                         free(r);
@@ -1266,6 +1363,8 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, isa_selection);
     tcase_add_test(tc, qpack_roundtrip);
+    tcase_add_test(tc, qpack_five_bit_layout);
+    tcase_add_test(tc, five_bit_extremes_match_reference);
     tcase_add_test(tc, qpack_rejects_bad_shapes);
     tcase_add_test(tc, quantize_q8_matches_reference);
     tcase_add_loop_test(tc, matmul_matches_reference, 0, 2);

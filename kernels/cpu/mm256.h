@@ -22,9 +22,23 @@ MM256_TGT MM256_INLINE __m256i mm256_bcast4(const int8_t *p)
 }
 
 /* The constant the unsigned weights carry: w = stored - offset. */
-MM256_INLINE int32_t mm256_type_offset(enum qtype type)
+MM256_INLINE int32_t mm256_type_offset(enum qpack_layout type)
 {
-    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    return type == QPACK_Q8_0 ? 128 : type == QPACK_Q4_0 ? 8 : type == QPACK_Q5_0 ? 16 : 0;
+}
+
+/* 16 in each byte of half h of a QPACK_Q5_0 block's operand register k whose fifth bit is set,
+ * 0 in the others (qpack.h: bits 32h..32h+31 of word k): each byte picks its bit's byte of the
+ * 32, ORs in every other bit, and compares with all ones. */
+MM256_TGT MM256_INLINE __m256i mm256_fifth_bits(const uint8_t *qs, int k, int h)
+{
+    int32_t bits;
+    memcpy(&bits, qs + QPACK_Q5_BITS_OFFSET + 8 * k + 4 * h, sizeof bits);
+    const __m256i pick =
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i others = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
+    __m256i v = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), pick), others);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(-1)), _mm256_set1_epi8(16));
 }
 
 /* Rows of half h of group g that exist (0..8). */

@@ -115,7 +115,7 @@ TGT INLINE void keep_order(__m256i *v)
  * (16 for Q8_0, with the signs) spilled them and the accumulators to the stack every block. The
  * integer sums are exact, so the new order of their terms changes no bit. */
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8act *a, int t0,
-                        const int T, const enum qtype type, struct pf_walk *pw, float *y)
+                        const int T, const enum qpack_layout type, struct pf_walk *pw, float *y)
 {
     int valid = mm256_half_rows(w, g, h);
     if (!valid) return;
@@ -127,11 +127,11 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t *sc = qpack_scales(w, g, b) + HALF * h;
-        const uint8_t *qs = qpack_quants(w, g, b) + 32 * h;
+        const uint8_t *qb = qpack_quants(w, g, b), *qs = qb + 32 * h;
         pf_walk_step(pw, w, g, h * nb + b, 2 * nb, PF_L1);
         const int8_t *xb = a->q + (size_t)t0 * cols + (size_t)b * QK;
         __m256i isum[TMAX];
-        if (type == QTYPE_Q8_0) {
+        if (type == QPACK_Q8_0) {
             for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
                 __m256i sw =
@@ -145,13 +145,19 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                 }
             }
         } else {
-            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3 */
+            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3.
+             * A pair of products fits int16 8 times over for 4-bit weights (8 x 3810), 4 times
+             * for 5-bit ones (4 x 7874): those widen to int32 every two chunks. */
             __m256i p[TMAX];
             for (int t = 0; t < T; t++) p[t] = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 __m256i v = _mm256_load_si256((const __m256i *)(qs + 64 * c));
                 __m256i lo = _mm256_and_si256(v, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (type == QPACK_Q5_0) {
+                    lo = _mm256_or_si256(lo, mm256_fifth_bits(qb, c, h));
+                    hi = _mm256_or_si256(hi, mm256_fifth_bits(qb, c + 4, h));
+                }
                 for (int t = 0; t < T; t++) {
                     const int8_t *xt = xb + (size_t)t * cols;
                     p[t] =
@@ -159,11 +165,16 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
                     p[t] = _mm256_add_epi16(
                         p[t], _mm256_maddubs_epi16(hi, mm256_bcast4(xt + 16 + 4 * c)));
                     keep_order(&p[t]);
+                    if (type == QPACK_Q5_0 && c == 1) {
+                        isum[t] = _mm256_madd_epi16(p[t], ones);
+                        p[t] = _mm256_setzero_si256();
+                    }
                 }
             }
             for (int t = 0; t < T; t++) {
-                isum[t] = _mm256_madd_epi16(p[t], ones);
-                if (type == QTYPE_Q4_0) {
+                __m256i last = _mm256_madd_epi16(p[t], ones);
+                isum[t] = type == QPACK_Q5_0 ? _mm256_add_epi32(isum[t], last) : last;
+                if (type == QPACK_Q4_0 || type == QPACK_Q5_0) {
                     size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
                     isum[t] = _mm256_add_epi32(
                         isum[t], _mm256_set1_epi32(-mm256_type_offset(type) * a->sum[tb]));
@@ -176,7 +187,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
             __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[tb]));
             acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[t]), acc[t]);
         }
-        if (type == QTYPE_Q4_1) {
+        if (type == QPACK_Q4_1) {
             __m256 mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
             for (int t = 0; t < T; t++) {
                 size_t tb = (size_t)(t0 + t) * (size_t)nb + (size_t)b;
@@ -195,7 +206,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, int h, const struct q8
  * The kernel alone, one thread, 1536x576: 1.1-1.5x q8_tile's GB/s with the weight in cache,
  * 1.04-1.13x streamed from DRAM. */
 TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8act *a, int t,
-                              struct pf_walk *pw, const enum qtype type, float *y)
+                              struct pf_walk *pw, const enum qpack_layout type, float *y)
 {
     const int64_t nb = w->nb;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80),
@@ -208,7 +219,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
         size_t tb = (size_t)t * (size_t)nb + (size_t)b;
         const int8_t *xb = a->q + (size_t)t * (size_t)a->cols + (size_t)b * QK;
         __m256i s0, s1;
-        if (type == QTYPE_Q8_0) {
+        if (type == QPACK_Q8_0) {
             s0 = _mm256_setzero_si256();
             s1 = _mm256_setzero_si256();
             for (int c = 0; c < 8; c++) {
@@ -223,22 +234,40 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
                 s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
             }
         } else {
-            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3 */
+            /* chunk c: the low nibbles are elements 4c..4c+3, the high ones 16+4c..16+4c+3
+             * (5-bit weights widen to int32 every two chunks, as in q8_tile) */
             __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+            __m256i f0 = _mm256_setzero_si256(), f1 = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 __m256i xl = mm256_bcast4(xb + 4 * c), xh = mm256_bcast4(xb + 16 + 4 * c);
                 __m256i v0 = _mm256_load_si256((const __m256i *)(qs + 64 * c));
                 __m256i v1 = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32));
+                __m256i l0 = _mm256_and_si256(v0, m4), l1 = _mm256_and_si256(v1, m4);
                 __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
                 __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
-                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_and_si256(v0, m4), xl));
-                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_and_si256(v1, m4), xl));
+                if (type == QPACK_Q5_0) {
+                    l0 = _mm256_or_si256(l0, mm256_fifth_bits(qs, c, 0));
+                    l1 = _mm256_or_si256(l1, mm256_fifth_bits(qs, c, 1));
+                    h0 = _mm256_or_si256(h0, mm256_fifth_bits(qs, c + 4, 0));
+                    h1 = _mm256_or_si256(h1, mm256_fifth_bits(qs, c + 4, 1));
+                }
+                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(l0, xl));
+                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(l1, xl));
                 p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(h0, xh));
                 p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(h1, xh));
+                if (type == QPACK_Q5_0 && c == 1) {
+                    f0 = _mm256_madd_epi16(p0, ones);
+                    f1 = _mm256_madd_epi16(p1, ones);
+                    p0 = p1 = _mm256_setzero_si256();
+                }
             }
             s0 = _mm256_madd_epi16(p0, ones);
             s1 = _mm256_madd_epi16(p1, ones);
-            if (type == QTYPE_Q4_0) {
+            if (type == QPACK_Q5_0) {
+                s0 = _mm256_add_epi32(s0, f0);
+                s1 = _mm256_add_epi32(s1, f1);
+            }
+            if (type == QPACK_Q4_0 || type == QPACK_Q5_0) {
                 __m256i o = _mm256_set1_epi32(-mm256_type_offset(type) * a->sum[tb]);
                 s0 = _mm256_add_epi32(s0, o);
                 s1 = _mm256_add_epi32(s1, o);
@@ -249,7 +278,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
         __m256 d1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + HALF)));
         acc0 = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), _mm256_cvtepi32_ps(s0), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), _mm256_cvtepi32_ps(s1), acc1);
-        if (type == QTYPE_Q4_1) {
+        if (type == QPACK_Q4_1) {
             __m256 xs = _mm256_set1_ps(a->s[tb]);
             const uint16_t *m = sc + QPACK_ROWS;
             acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)m)), xs, acc0);
@@ -263,7 +292,7 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
 }
 
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                          int t0, int t1, float *y, const enum qtype type)
+                          int t0, int t1, float *y, const enum qpack_layout type)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     for (int64_t g = g0; g < g1; g++) {
@@ -288,15 +317,18 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 TGT void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                         int t0, int t1, float *y)
 {
-    switch (w->type) {
-    case QTYPE_Q8_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0);
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0);
         break;
-    case QTYPE_Q4_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0);
+    case QPACK_Q4_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0);
         break;
-    case QTYPE_Q4_1:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1);
+    case QPACK_Q4_1:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1);
+        break;
+    case QPACK_Q5_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;
@@ -315,7 +347,8 @@ TGT INLINE __m256i byte_sel(int j)
 
 /* The float path, as in mm_avx512.c: four partial sums by k mod 4 per row and token. */
 TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x, const float *xs,
-                         int t0, const int T, const enum qtype type, struct pf_walk *pw, float *y)
+                         int t0, const int T, const enum qpack_layout type, struct pf_walk *pw,
+                         float *y)
 {
     int valid = mm256_half_rows(w, g, h);
     if (!valid) return;
@@ -331,15 +364,17 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
         for (int t = 0; t < T; t++)
             for (int j = 0; j < 4; j++) part[t][j] = _mm256_setzero_ps();
         __m256i W[8];
-        if (type == QTYPE_Q8_0)
+        if (type == QPACK_Q8_0)
             for (int c = 0; c < 8; c++)
                 W[c] = _mm256_load_si256((const __m256i *)(qs + 64 * c + 32 * h));
         else
             load_nibbles(qs, h, W);
+        if (type == QPACK_Q5_0)
+            for (int c = 0; c < 8; c++) W[c] = _mm256_or_si256(W[c], mm256_fifth_bits(qs, c, h));
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < 4; j++) {
                 __m256i wi = _mm256_shuffle_epi8(W[c], byte_sel(j));
-                if (type != QTYPE_Q4_1) wi = _mm256_sub_epi32(wi, offv);
+                if (type != QPACK_Q4_1) wi = _mm256_sub_epi32(wi, offv);
                 __m256 wf = _mm256_cvtepi32_ps(wi);
                 for (int t = 0; t < T; t++) {
                     const float *xt = x + (size_t)(t0 + t) * (size_t)cols + b * QK;
@@ -349,13 +384,13 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
             }
         __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)sc));
         __m256 mw = _mm256_setzero_ps();
-        if (type == QTYPE_Q4_1)
+        if (type == QPACK_Q4_1)
             mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + QPACK_ROWS)));
         for (int t = 0; t < T; t++) {
             __m256 sum = _mm256_add_ps(_mm256_add_ps(part[t][0], part[t][1]),
                                        _mm256_add_ps(part[t][2], part[t][3]));
             acc[t] = _mm256_fmadd_ps(dw, sum, acc[t]);
-            if (type == QTYPE_Q4_1)
+            if (type == QPACK_Q4_1)
                 acc[t] = _mm256_fmadd_ps(
                     mw, _mm256_broadcast_ss(xs + (size_t)(t0 + t) * (size_t)nb + (size_t)b),
                     acc[t]);
@@ -367,7 +402,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
 }
 
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                           int64_t g1, int t0, int t1, float *y, const enum qtype type)
+                           int64_t g1, int t0, int t1, float *y, const enum qpack_layout type)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     for (int64_t g = g0; g < g1; g++)
@@ -381,15 +416,18 @@ TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *x
 TGT void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                          int64_t g1, int t0, int t1, float *y)
 {
-    switch (w->type) {
-    case QTYPE_Q8_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0);
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q8_0);
         break;
-    case QTYPE_Q4_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0);
+    case QPACK_Q4_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_0);
         break;
-    case QTYPE_Q4_1:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1);
+    case QPACK_Q4_1:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_1);
+        break;
+    case QPACK_Q5_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;

@@ -16,6 +16,7 @@
  * four partial sums by k mod 4, each summed over k in a fixed order; then
  * acc = fma(d, (p0 + p1) + (p2 + p3), acc), plus fma(m, sum(x of the block), acc) for Q4_1. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "kern.h"
 #include "pf_walk.h"
@@ -51,11 +52,20 @@ TGT void avx512_block_sums(const float *x, int64_t cols, float *xs)
             _mm512_add_ps(_mm512_loadu_ps(x + b * QK), _mm512_loadu_ps(x + b * QK + 16)));
 }
 
-/* The 8 operand registers of block b of a group: W[c] holds elements 4c..4c+3 of the 16 rows as
- * unsigned bytes (nibbles for 4-bit types, w + 128 for Q8_0). */
-TGT INLINE void load_block(const uint8_t *qs, enum qtype type, __m512i W[8])
+/* Operand register k of a QPACK_Q5_0 block with its fifth bits: 16 added to each byte whose bit
+ * is set in word k of the bit chunk (a byte mask, one masked add). */
+TGT INLINE __m512i fifth_bits(__m512i w, const uint8_t *qs, int k)
 {
-    if (type == QTYPE_Q8_0) {
+    uint64_t m;
+    memcpy(&m, qs + QPACK_Q5_BITS_OFFSET + 8 * k, sizeof m);
+    return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(16));
+}
+
+/* The 8 operand registers of block b of a group: W[c] holds elements 4c..4c+3 of the 16 rows as
+ * unsigned bytes (nibbles for 4-bit types, w + 16 for the 5-bit layout, w + 128 for Q8_0). */
+TGT INLINE void load_block(const uint8_t *qs, enum qpack_layout type, __m512i W[8])
+{
+    if (type == QPACK_Q8_0) {
         for (int c = 0; c < 8; c++) W[c] = _mm512_load_si512(qs + 64 * c);
         return;
     }
@@ -65,6 +75,8 @@ TGT INLINE void load_block(const uint8_t *qs, enum qtype type, __m512i W[8])
         W[c] = _mm512_and_si512(v, m4);
         W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
+    if (type == QPACK_Q5_0)
+        for (int c = 0; c < 8; c++) W[c] = fifth_bits(W[c], qs, c);
 }
 
 /* acc + the dot products of W's 4-byte groups with the 4 bytes at p, broadcast. Written as
@@ -77,9 +89,9 @@ TGT INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p)
 }
 
 /* The constant the unsigned weights carry: w = stored - offset. */
-INLINE int32_t type_offset(enum qtype type)
+INLINE int32_t type_offset(enum qpack_layout type)
 {
-    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+    return type == QPACK_Q8_0 ? 128 : type == QPACK_Q4_0 ? 8 : type == QPACK_Q5_0 ? 16 : 0;
 }
 
 TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v)
@@ -107,7 +119,7 @@ TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v
  *   30.7-30.8, Q8_0 49152x576 37.1-38.8 / 38.4-38.7 (of a 40 GB/s read loop); no software
  *   prefetch 15-17 (Q4_1). */
 TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
-                        const int T, const enum qtype type, struct pf_walk *pw, const int L1,
+                        const int T, const enum qpack_layout type, struct pf_walk *pw, const int L1,
                         float *y)
 {
     const int64_t nb = w->nb;
@@ -123,7 +135,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
         const uint16_t *sc = qpack_scales(w, g, b);
         __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
         __m512 mw = _mm512_setzero_ps();
-        if (type == QTYPE_Q4_1)
+        if (type == QPACK_Q4_1)
             mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
         const uint8_t *qs = qpack_quants(w, g, b);
         pf_walk_to(pw, qs + w->quant_bytes, L1);
@@ -142,7 +154,7 @@ TGT INLINE void q8_tile(const struct qpack *w, int64_t g, const struct q8act *a,
             }
             __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[tb]));
             acc[t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), acc[t]);
-            if (type == QTYPE_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[tb]), acc[t]);
+            if (type == QPACK_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[tb]), acc[t]);
         }
     }
 #pragma GCC unroll 8
@@ -171,8 +183,8 @@ TGT INLINE __m512i bcast4(const int8_t *p)
  * faster. Each (row, token) still gets its block's exact integer sum and then q8_tile's float
  * steps, so the results are the same bits. */
 TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
-                         const int T, const enum qtype type, struct pf_walk *pw, int64_t pass,
-                         int64_t passes, const int L1, float *y)
+                         const int T, const enum qpack_layout type, struct pf_walk *pw,
+                         int64_t pass, int64_t passes, const int L1, float *y)
 {
     /* Walking a fixed distance ahead, the first pass over a pair would stream it from DRAM with
      * a quarter of the arithmetic and the other passes none (a 16-token decode step ran 16 %
@@ -197,7 +209,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
             i0[t] = off ? _mm512_set1_epi32(-off * a->sum[tb]) : _mm512_setzero_si512();
             i1[t] = i0[t];
         }
-        if (type == QTYPE_Q8_0) {
+        if (type == QPACK_Q8_0) {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m512i w0 = _mm512_load_si512(qs0 + 64 * c), w1 = _mm512_load_si512(qs1 + 64 * c);
@@ -216,6 +228,12 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
                 __m512i lo0 = _mm512_and_si512(v0, m4), lo1 = _mm512_and_si512(v1, m4);
                 __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
                 __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+                if (type == QPACK_Q5_0) {
+                    lo0 = fifth_bits(lo0, qs0, c);
+                    lo1 = fifth_bits(lo1, qs1, c);
+                    hi0 = fifth_bits(hi0, qs0, c + 4);
+                    hi1 = fifth_bits(hi1, qs1, c + 4);
+                }
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
@@ -236,7 +254,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
             acc0[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, dt), _mm512_cvtepi32_ps(i0[t]), acc0[t]);
             acc1[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, dt), _mm512_cvtepi32_ps(i1[t]), acc1[t]);
         }
-        if (type == QTYPE_Q4_1) {
+        if (type == QPACK_Q4_1) {
             __m512 mw0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc0 + QPACK_ROWS)));
             __m512 mw1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc1 + QPACK_ROWS)));
 #pragma GCC unroll 4
@@ -255,7 +273,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
 }
 
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                          int t0, int t1, float *y, const enum qtype type, const int L1)
+                          int t0, int t1, float *y, const enum qpack_layout type, const int L1)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, L1);
     int64_t g = g0;
@@ -321,15 +339,18 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 TGT INLINE void q8_types(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                          int t0, int t1, float *y, const int L1)
 {
-    switch (w->type) {
-    case QTYPE_Q8_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0, L1);
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0, L1);
         break;
-    case QTYPE_Q4_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0, L1);
+    case QPACK_Q4_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0, L1);
         break;
-    case QTYPE_Q4_1:
-        q8_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1, L1);
+    case QPACK_Q4_1:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1, L1);
+        break;
+    case QPACK_Q5_0:
+        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0, L1);
         break;
     default:
         break;
@@ -358,7 +379,7 @@ TGT INLINE __m512i byte_sel(int j)
 #define F32_TMAX 4
 
 TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const float *xs, int t0,
-                         const int T, const enum qtype type, struct pf_walk *pw, float *y)
+                         const int T, const enum qpack_layout type, struct pf_walk *pw, float *y)
 {
     const int64_t nb = w->nb, cols = w->cols;
     const __m512i offv = _mm512_set1_epi32(type_offset(type));
@@ -377,7 +398,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < 4; j++) {
                 __m512i wi = _mm512_shuffle_epi8(W[c], byte_sel(j));
-                if (type != QTYPE_Q4_1) wi = _mm512_sub_epi32(wi, offv);
+                if (type != QPACK_Q4_1) wi = _mm512_sub_epi32(wi, offv);
                 __m512 wf = _mm512_cvtepi32_ps(wi);
                 for (int t = 0; t < T; t++) {
                     const float *xt = x + (size_t)(t0 + t) * (size_t)cols + b * QK;
@@ -385,13 +406,13 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
                 }
             }
         __m512 mw = _mm512_setzero_ps();
-        if (type == QTYPE_Q4_1)
+        if (type == QPACK_Q4_1)
             mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
         for (int t = 0; t < T; t++) {
             __m512 sum = _mm512_add_ps(_mm512_add_ps(part[t][0], part[t][1]),
                                        _mm512_add_ps(part[t][2], part[t][3]));
             acc[t] = _mm512_fmadd_ps(dw, sum, acc[t]);
-            if (type == QTYPE_Q4_1)
+            if (type == QPACK_Q4_1)
                 acc[t] = _mm512_fmadd_ps(
                     mw, _mm512_set1_ps(xs[(size_t)(t0 + t) * (size_t)nb + (size_t)b]), acc[t]);
         }
@@ -400,7 +421,7 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
 }
 
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                           int64_t g1, int t0, int t1, float *y, const enum qtype type)
+                           int64_t g1, int t0, int t1, float *y, const enum qpack_layout type)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, 0);
     for (int64_t g = g0; g < g1; g++) {
@@ -419,15 +440,18 @@ TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *x
 TGT void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
                            int64_t g1, int t0, int t1, float *y)
 {
-    switch (w->type) {
-    case QTYPE_Q8_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q8_0);
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q8_0);
         break;
-    case QTYPE_Q4_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_0);
+    case QPACK_Q4_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_0);
         break;
-    case QTYPE_Q4_1:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QTYPE_Q4_1);
+    case QPACK_Q4_1:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_1);
+        break;
+    case QPACK_Q5_0:
+        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;

@@ -26,8 +26,8 @@
  * group ahead, the next group's lines spread over this group's passes (as q8_tile2 in
  * mm_avx512.c), so the memory works through every pass and not the first alone. */
 TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a, int t0,
-                         const int T, const enum qtype type, struct pf_walk *pw, int64_t pass,
-                         int64_t passes, float *y)
+                         const int T, const enum qpack_layout type, struct pf_walk *pw,
+                         int64_t pass, int64_t passes, float *y)
 {
     const int64_t nb = w->nb;
     const size_t cols = (size_t)a->cols;
@@ -52,7 +52,7 @@ TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a
             i0[t] = off ? _mm256_set1_epi32(-off * a->sum[tb]) : _mm256_setzero_si256();
             i1[t] = i0[t];
         }
-        if (type == QTYPE_Q8_0) {
+        if (type == QPACK_Q8_0) {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m256i w0 = _mm256_load_si256((const __m256i *)(qs + 64 * c));
@@ -73,6 +73,12 @@ TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a
                 __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
                 __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
                 __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+                if (type == QPACK_Q5_0) {
+                    lo0 = _mm256_or_si256(lo0, mm256_fifth_bits(qs, c, 0));
+                    lo1 = _mm256_or_si256(lo1, mm256_fifth_bits(qs, c, 1));
+                    hi0 = _mm256_or_si256(hi0, mm256_fifth_bits(qs, c + 4, 0));
+                    hi1 = _mm256_or_si256(hi1, mm256_fifth_bits(qs, c + 4, 1));
+                }
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xt = xb + (size_t)t * cols;
@@ -92,7 +98,7 @@ TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a
             acc0[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw0, dt), _mm256_cvtepi32_ps(i0[t]), acc0[t]);
             acc1[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw1, dt), _mm256_cvtepi32_ps(i1[t]), acc1[t]);
         }
-        if (type == QTYPE_Q4_1) {
+        if (type == QPACK_Q4_1) {
             const uint16_t *m = sc + QPACK_ROWS;
             __m256 mw0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)m));
             __m256 mw1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(m + HALF)));
@@ -114,7 +120,7 @@ TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a
 }
 
 TGT INLINE void q8v_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                           int t0, int t1, float *y, const enum qtype type)
+                           int t0, int t1, float *y, const enum qpack_layout type)
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
     const int64_t passes = (t1 - t0 + TMAX - 1) / TMAX;
@@ -142,15 +148,18 @@ TGT INLINE void q8v_groups(const struct qpack *w, const struct q8act *a, int64_t
 TGT void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                            int t0, int t1, float *y)
 {
-    switch (w->type) {
-    case QTYPE_Q8_0:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q8_0);
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0);
         break;
-    case QTYPE_Q4_0:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_0);
+    case QPACK_Q4_0:
+        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0);
         break;
-    case QTYPE_Q4_1:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QTYPE_Q4_1);
+    case QPACK_Q4_1:
+        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1);
+        break;
+    case QPACK_Q5_0:
+        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;

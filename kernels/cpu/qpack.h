@@ -12,9 +12,16 @@
  *                hold elements 4c..4c+3 and the high nibbles elements 16+4c..16+4c+3
  *     Q8_0:      8 chunks; chunk c, dword r = elements 4c..4c+3 of row r, each stored as
  *                w + 128 (w XOR 0x80): unsigned, as vpdpbusd wants its first operand
+ *     Q8_0 whose every value lies in [-16, 15] (layout QPACK_Q5_0; a Q5_0 tensor of the file,
+ *                which gguf_open reads as Q8_0, qconv.h): w + 16 in five bits, Q5_0's bytes.
+ *                The Q4_0 layout's 4 chunks hold the low 4 bits, then one chunk of fifth
+ *                bits: 8 words of 64 bits, word k for operand register k (k < 4: the low
+ *                nibbles of chunk k, k >= 4: the high nibbles of chunk k - 4), bit 4r + j =
+ *                byte j of dword r. A 512-bit register takes its word as a byte mask; a 256-bit
+ *                half h (rows 8h..8h+7) takes bits 32h..32h+31.
  *
- * Bytes per row and block stay those of the file (20 for Q4_1, 18 for Q4_0, 34 for Q8_0): decode
- * reads exactly as much memory as the GGUF tensor holds. */
+ * Bytes per row and block stay those of the file (20 for Q4_1, 18 for Q4_0, 34 for Q8_0, 22 for
+ * a Q5_0 file's tensor): decode reads exactly as much memory as the GGUF tensor holds. */
 #ifndef QUERN_QPACK_H
 #define QUERN_QPACK_H
 
@@ -26,13 +33,25 @@
 
 #define QPACK_ROWS 16
 
+/* How a group's quants are stored: what the kernels branch on. */
+enum qpack_layout {
+    QPACK_Q8_0,
+    QPACK_Q4_0,
+    QPACK_Q4_1,
+    QPACK_Q5_0, /* Q8_0 values in [-16, 15], in five bits (above) */
+};
+
+/* Bytes of the fifth-bit chunk of a QPACK_Q5_0 block, after its 4 nibble chunks. */
+#define QPACK_Q5_BITS_OFFSET 256
+
 struct qpack {
-    enum qtype type;
+    enum qtype type;          /* what the values are (the file's type, as read) */
+    enum qpack_layout layout; /* how they are stored */
     int64_t rows, cols;
     int64_t nb;         /* 32-blocks per row */
     int64_t ngroups;    /* ceil(rows / 16) */
     size_t scale_bytes; /* per block: 32, or 64 with Q4_1's minimums */
-    size_t quant_bytes; /* per block: 256 (4-bit) or 512 (8-bit) */
+    size_t quant_bytes; /* per block: 256 (4-bit), 320 (5-bit) or 512 (8-bit) */
     size_t scales_size; /* nb * scale_bytes rounded up to 64 */
     size_t group_bytes; /* scales_size + nb * quant_bytes */
     uint8_t *data;      /* [ngroups][group_bytes], 64-byte aligned */
@@ -41,7 +60,8 @@ struct qpack {
 
 /* True for the types qpack_create handles. */
 bool qpack_type(enum qtype t);
-/* Packs w->host (the file's rows) into a new qpack. */
+/* Packs w->host (the file's rows) into a new qpack: a Q8_0 weight whose values all fit five bits
+ * takes QPACK_Q5_0 (0.65x the bytes, the same values). */
 int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err);
 void qpack_free(struct qpack *p);
 /* Writes row r back in the file's layout (qtype_row_bytes(type, cols) bytes): the inverse. */
