@@ -13,8 +13,8 @@
 # generated token (every tensor in full, except token_embd: one row for the lookup, plus all of
 # it again when the output matrix is tied to it; parsed from the GGUF with the Python stdlib)
 # divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it (quern's
-# of the bytes it reads: a file's K-quant and Q5_0/Q5_1 tensors as the Q4_1/Q8_0 they become at
-# open, both figures shown where they differ). A second
+# of the bytes it reads: a file's K-quant and Q5_1 tensors as the Q4_1/Q8_0 they become at
+# open, both figures shown where they differ; Q5_0 keeps its bytes on the CPU). A second
 # ceiling uses bandwidth measured on a buffer the size of those bytes, which counts what the
 # L3 cache holds between tokens.
 #
@@ -167,8 +167,10 @@ def tensors(path):
             out[name] = (typ, dims, ne // be * bb, dims[0] // be * bb)
         return out
 
-# the types quern converts as it opens a file (quant/qconv.h): what it reads instead
-CONV = {6: 8, 7: 8, 12: 3, 13: 8, 14: 8}
+# the types quern converts as it opens a file (quant/qconv.h): what it reads instead. Q5_0 is
+# read as Q8_0 too, but the CPU kernels pack those values back into five bits, the file's 22
+# bytes a block (kernels/cpu/qpack.h), so it costs what it does in the file.
+CONV = {7: 8, 12: 3, 13: 8, 14: 8}
 
 def per_token(ts, conv):
     """Bytes a decoded token reads: every weight once, one embedding row, and the embedding
@@ -204,7 +206,7 @@ for path in sys.argv[1:]:
 PY
 
 # bpt: what llama.cpp reads a token (the file's types); qbpt: what quern reads, the types it
-# converts at open (K-quants, Q5_0/Q5_1) counted as what they become
+# converts at open (K-quants, Q5_1) counted as what they become
 declare -A label bpt qbpt bw_dram bw_fit
 for f in "${models[@]}"; do
     IFS=$'\t' read -r _ main embt _total per_tok tied per_tok_q < <(python3 "$work/gguf_bpt.py" "$f")
