@@ -29,18 +29,6 @@ void bench_decode_model_opts(int max_batch, int ctx, int steps, struct model_opt
                               .kv_block_size = BENCH_BS};
 }
 
-double bench_decode_weight_bytes(const struct gguf_file *f)
-{
-    bool tied = gguf_tensor_find(f, "output.weight") == NULL;
-    double b = 0;
-    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        if (!tied && gguf_str_eq(t->name, "token_embd.weight")) continue;
-        b += (double)t->nbytes;
-    }
-    return b;
-}
-
 int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, int batch, int ctx,
                      int steps, uint64_t seed, struct backend *prof, struct decode_bench *out,
                      struct qerr *err)

@@ -11,7 +11,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
 #include "model.h"
 
 struct decode_bench {
@@ -23,10 +22,6 @@ struct decode_bench {
 
 /* Model options that fit bench_decode_run up to max_batch sequences of ctx + steps positions. */
 void bench_decode_model_opts(int max_batch, int ctx, int steps, struct model_opts *mo);
-
-/* Bytes of weights one decode step reads: every tensor but the token embedding, which only
- * gives rows, unless the output matrix is tied to it (no output.weight). */
-double bench_decode_weight_bytes(const struct gguf_file *f);
 
 /* Runs one measurement on m (loaded on be with bench_decode_model_opts for at least `batch`).
  * prof: NULL, or the profile wrapper (kernels/backend_profile.h) that be is or wraps, reset as the

@@ -512,10 +512,7 @@ static int bench_model(const char *path, const struct backend_cpu_opts *bo, int 
         fprintf(stderr, "%s\n", err.msg);
         goto out;
     }
-    /* bytes a decode step reads: every matrix once (the tied embedding as the output matrix) */
-    double wbytes = 0;
-    for (uint64_t i = 0; i < gguf_tensor_count(f); i++)
-        wbytes += (double)gguf_tensor_at(f, i)->nbytes;
+    double wbytes = model_weight_bytes(m); /* what a decode step reads */
     const struct model_config *c = model_get_config(m);
     int32_t *prompt = malloc((size_t)pp * sizeof *prompt);
     for (int i = 0; i < pp; i++) prompt[i] = (int32_t)(bench_rng_next(&rng) % (uint64_t)c->vocab);

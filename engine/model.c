@@ -690,6 +690,26 @@ void model_free_rank(struct model *m)
     free(m);
 }
 
+double model_weight_bytes(const struct model *m)
+{
+    const struct backend *be = m->be;
+    const struct model_config *c = &m->cfg;
+    bool logits = m->sh.rank == 0; /* the only rank that applies the output matrix */
+    double b = (double)c->dim * sizeof(float);
+    if (logits) b += (double)backend_weight_bytes(be, &m->output);
+    if (!logits || !c->tied_output)
+        b += (double)qtype_row_bytes(m->tok_embd.type, (size_t)m->tok_embd.cols);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer *ly = &m->layers[l];
+        const struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                                      &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            b += (double)backend_weight_bytes(be, ws[i]);
+        b += 2.0 * (double)c->dim * sizeof(float);
+    }
+    return m->tp ? b + model_tp_weight_bytes(m->tp) : b;
+}
+
 const struct model_config *model_get_config(const struct model *m)
 {
     return &m->cfg;

@@ -105,6 +105,11 @@ const struct model_opts *model_get_opts(const struct model *m);
  * count, a multiple of 32, which backend_kv_bytes turns into a backend's bytes). */
 size_t model_kv_bytes_per_token(const struct model_config *cfg, size_t elem_bytes);
 
+/* Bytes of weights one decode step reads, every rank's together: each layer's matrices and the
+ * output matrix as the backend holds them (backend_weight_bytes: the CPU's five-bit Q5_0, say),
+ * the norms' floats, one embedding row (the whole table when it is the output matrix). */
+double model_weight_bytes(const struct model *m);
+
 /* Whether batches may carry kv_copies (the backend copies between its buffers). */
 bool model_can_copy_kv(const struct model *m);
 

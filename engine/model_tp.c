@@ -91,6 +91,13 @@ int model_tp_forward(struct tp_group *g, const struct model_batch *b, float *log
     return qerr_set(err, g->rc[first], "tp rank %d: %s", first, g->err[first].msg);
 }
 
+double model_tp_weight_bytes(const struct tp_group *g)
+{
+    double b = 0;
+    for (int r = 1; r < g->n; r++) b += model_weight_bytes(g->rank[r]);
+    return b;
+}
+
 void model_tp_free(struct tp_group *g)
 {
     if (!g) return;

@@ -32,6 +32,8 @@ int model_tp_load(const struct gguf_file *f, struct backend *be, const struct mo
                   struct model **out, struct qerr *err);
 int model_tp_forward(struct tp_group *g, const struct model_batch *b, float *logits,
                      struct qerr *err);
+/* model_weight_bytes of ranks 1.. (rank 0 counts its own). */
+double model_tp_weight_bytes(const struct tp_group *g);
 /* Stops the rank threads and frees every rank's model but rank 0's. */
 void model_tp_free(struct tp_group *g);
 

@@ -132,6 +132,10 @@ struct backend_ops {
      * free w->host; one that leaves impl NULL reads w->host at every step. */
     int (*weight_prepare)(struct backend *be, struct bweight *w, struct qerr *err);
     void (*weight_release)(struct backend *be, struct bweight *w);
+    /* Bytes one pass over a prepared w reads: what the backend holds (the CPU packs a Q5_0
+     * file's tensors, read as Q8_0, back into five bits). NULL: the type's rows
+     * (backend_weight_bytes). */
+    size_t (*weight_bytes)(const struct backend *be, const struct bweight *w);
 
     /* out[n][cols] = rows tokens[i] of table, dequantized. */
     void (*embed)(struct backend *be, const struct bweight *table, const int32_t *tokens, int n,
@@ -244,6 +248,12 @@ static inline void backend_matmul_shared(struct backend *be, const struct bweigh
         return;
     }
     for (int i = 0; i < n_w; i++) be->ops->matmul(be, w[i], x, n, y[i]);
+}
+
+static inline size_t backend_weight_bytes(const struct backend *be, const struct bweight *w)
+{
+    if (be->ops->weight_bytes) return be->ops->weight_bytes(be, w);
+    return (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols);
 }
 
 static inline size_t backend_kv_elem_bytes(const struct backend *be)

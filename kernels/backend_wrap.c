@@ -67,10 +67,16 @@ static void w_release(struct backend *be, struct bweight *w)
     in->ops->weight_release(in, w);
 }
 
+static size_t w_weight_bytes(const struct backend *be, const struct bweight *w)
+{
+    const struct wrap *x = be->ctx;
+    return backend_weight_bytes(x->inner, w);
+}
+
 static void w_embed(struct backend *be, const struct bweight *t, const int32_t *tok, int n,
                     float *out)
 {
-    double row = (double)qtype_row_bytes(t->type, (size_t)t->cols);
+    double row = (double)backend_weight_bytes(wrap_of(be)->inner, t) / (double)t->rows;
     HOOKED("embed", NULL, n * (row + (double)t->cols * F4), 0, n,
            in->ops->embed(in, t, tok, n, out));
 }
@@ -96,7 +102,7 @@ static void w_add_rmsnorm(struct backend *be, float *o, float *x, const float *y
 
 static void w_matmul(struct backend *be, const struct bweight *w, const float *x, int n, float *y)
 {
-    double wbytes = (double)w->rows * (double)qtype_row_bytes(w->type, (size_t)w->cols);
+    double wbytes = (double)backend_weight_bytes(wrap_of(be)->inner, w);
     HOOKED("matmul", w, wbytes + (double)n * (double)(w->rows + w->cols) * F4,
            2.0 * n * (double)w->rows * (double)w->cols, n, in->ops->matmul(in, w, x, n, y));
 }
@@ -106,7 +112,7 @@ static void w_matmul_shared(struct backend *be, const struct bweight *const *w, 
 {
     double bytes = 0, flops = 0;
     for (int i = 0; i < n_w; i++) {
-        bytes += (double)w[i]->rows * (double)qtype_row_bytes(w[i]->type, (size_t)w[i]->cols) +
+        bytes += (double)backend_weight_bytes(wrap_of(be)->inner, w[i]) +
                  (double)n * (double)w[i]->rows * F4;
         flops += 2.0 * n * (double)w[i]->rows * (double)w[i]->cols;
     }
@@ -228,6 +234,7 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
         .buf_write = w_write,
         .buf_read = w_read,
         .weight_prepare = w_prepare,
+        .weight_bytes = w_weight_bytes,
         .weight_release = w_release,
         .embed = w_embed,
         .rmsnorm = w_rmsnorm,

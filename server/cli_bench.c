@@ -442,7 +442,7 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
         backend_destroy(prof);
         return rc;
     }
-    double wb = bench_decode_weight_bytes(f);
+    double wb = model_weight_bytes(m);
     if (a->json)
         printf("{\"context\": %d, \"steps\": %d, \"weight_bytes\": %.0f, \"decode\": [", ctx, steps,
                wb);

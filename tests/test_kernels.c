@@ -120,6 +120,19 @@ START_TEST(qpack_five_bit_layout)
     ck_assert_int_eq(p->layout, QPACK_Q5_0);
     ck_assert_uint_eq(p->quant_bytes + p->scale_bytes, 22 * QPACK_ROWS);
     qpack_free(p);
+    /* what the backend says a pass reads: the packed bytes (3 groups of 16 rows, 3 blocks
+     * each, the scales padded to 64), the file's rows where nothing is packed (scalar) */
+    for (int i = 0; i < N_ISAS; i++) {
+        if (!cpu_isa_supported(all_isas[i])) continue;
+        struct backend *be = make_backend(all_isas[i], MATMUL_Q8, 1);
+        struct bweight pw = w;
+        ck_assert_msg(be->ops->weight_prepare(be, &pw, &err) == 0, "%s", err.msg);
+        size_t want = all_isas[i] == CPU_ISA_SCALAR ? 33 * 3 * sizeof(struct block_q8_0)
+                                                    : 3 * (128 + 3 * 320);
+        ck_assert_uint_eq(backend_weight_bytes(be, &pw), want);
+        be->ops->weight_release(be, &pw);
+        backend_destroy(be);
+    }
     struct block_q8_0 *blk = (struct block_q8_0 *)w.host;
     const int8_t outside[] = {16, -17, 127, -128};
     for (size_t i = 0; i < sizeof outside; i++) {

@@ -55,6 +55,20 @@ START_TEST(logits_match_reference)
 }
 END_TEST
 
+/* What a decode step reads, as the backend holds the weights: SmolLM2's rows are whole 16-row
+ * groups and its blocks fill whole 64-byte scale records, so the packed copies are exactly the
+ * file's bytes, and with the output matrix tied to the embedding every tensor is read once. */
+START_TEST(weight_bytes_are_the_files)
+{
+    double file_bytes = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++)
+        file_bytes += (double)gguf_tensor_at(file, i)->nbytes;
+    ck_assert(model_get_config(model)->tied_output);
+    ck_assert_msg(model_weight_bytes(model) == file_bytes, "%.0f bytes a step, the file %.0f",
+                  model_weight_bytes(model), file_bytes);
+}
+END_TEST
+
 /* With int8 activations (MATMUL_Q8, as llama.cpp computes) the logits move by quantization noise:
  * the reference's top-1 must stay top-1 wherever its margin is clear, and the top-5 logits stay
  * within the spread llama.cpp itself shows against the same reference (tests/golden/README.md). */
@@ -570,6 +584,7 @@ int main(void)
     tcase_add_test(tc, logits_batch_invariant);
     tcase_add_test(tc, padded_steps_equal_plain);
     tcase_add_test(tc, out_of_memory_names_the_allocation);
+    tcase_add_test(tc, weight_bytes_are_the_files);
     tcase_add_loop_test(tc, q8_logits_near_reference, 0, n_slow);
     suite_add_tcase(s, tc);
     rope_golden_load();

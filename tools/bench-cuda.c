@@ -265,7 +265,7 @@ static void bench_decode_model(struct backend *be, const char *label, const stru
     struct model *m;
     double t0 = bench_now_s();
     if (model_load(f, be, &mo, &m, &err)) die("model_load", &err);
-    double load_s = bench_now_s() - t0, wb = bench_decode_weight_bytes(f);
+    double load_s = bench_now_s() - t0, wb = model_weight_bytes(m);
     uint64_t cap0, rep0, cap, rep;
     backend_cuda_graph_counts(be, &cap0, &rep0);
     for (int bi = 0; bi < 3; bi++)
@@ -304,7 +304,7 @@ static void profile_decode_model(struct backend *be, const char *label, const st
     bench_decode_model_opts(64, ctx, steps, &mo);
     struct model *m;
     if (model_load(f, prof, &mo, &m, &err)) die("model_load (profiled)", &err);
-    const double wb = bench_decode_weight_bytes(f);
+    const double wb = model_weight_bytes(m);
     const struct bench_ceilings c = {.read_gbs = copy_gbps};
     struct bench_rng rng = BENCH_RNG_INIT;
     for (int bi = 0; bi < 2; bi++) {

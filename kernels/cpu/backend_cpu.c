@@ -108,6 +108,13 @@ static void cpu_weight_release(struct backend *be, struct bweight *w)
     w->impl = NULL;
 }
 
+static size_t cpu_weight_bytes(const struct backend *be, const struct bweight *w)
+{
+    (void)be;
+    const struct qpack *p = w->impl;
+    return p ? p->data_bytes : (size_t)w->rows * qtype_row_bytes(w->type, (size_t)w->cols);
+}
+
 static size_t cpu_kv_elem_bytes(const struct backend *be)
 {
     const struct cpu_ctx *c = be->ctx;
@@ -134,6 +141,7 @@ static const struct backend_ops cpu_ops = {
     .buf_read = cpu_buf_copy,
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
+    .weight_bytes = cpu_weight_bytes,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add = cpu_add,

@@ -282,6 +282,7 @@ static const struct backend_ops cuda_ops = {
     /* .buf_read = */ cuda_buf_read,
     /* .weight_prepare = */ cuda_op_weight_prepare,
     /* .weight_release = */ cuda_op_weight_release,
+    /* .weight_bytes = */ NULL, /* the type's rows: what the decode kernels read */
     /* .embed = */ cuda_op_embed,
     /* .rmsnorm = */ cuda_op_rmsnorm,
     /* .add = */ cuda_op_add,
