@@ -233,11 +233,24 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
     rc = gguf_get_f32(f, key, &cfg->rope_base, err);
     if (rc && rc != QERR_NOTFOUND) return rc;
-    if (cfg->dim % cfg->n_heads || cfg->n_heads % cfg->n_kv_heads)
+    /* attention.key_length: a head size other than embedding_length / head_count (Mistral Nemo
+     * and Small: 5120 wide, 32 heads of 128); q then has head_count x key_length rows and the
+     * output projection as many columns */
+    int key_len = 0, value_len = 0;
+    rc = get_u32_pos(f, a, "attention.key_length", &key_len, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    rc = get_u32_pos(f, a, "attention.value_length", &value_len, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    if ((!key_len && cfg->dim % cfg->n_heads) || cfg->n_heads % cfg->n_kv_heads)
         return qerr_set(err, QERR_FORMAT,
                         "%s: embedding_length %d, head_count %d, head_count_kv %d do not divide",
                         gguf_path(f), cfg->dim, cfg->n_heads, cfg->n_kv_heads);
-    cfg->head_dim = cfg->dim / cfg->n_heads;
+    cfg->head_dim = key_len ? key_len : cfg->dim / cfg->n_heads;
+    if (value_len && value_len != cfg->head_dim)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: attention.value_length %d differs from the key size %d (quern's "
+                        "caches hold one size)",
+                        gguf_path(f), value_len, cfg->head_dim);
     if (cfg->head_dim > 512 || cfg->head_dim % 2)
         return qerr_set(err, QERR_UNSUPPORTED, "%s: head dimension %d (quern handles even <= 512)",
                         gguf_path(f), cfg->head_dim);
@@ -620,10 +633,11 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         if ((rc = load_weight_part(m, f, name, cols, rows, r0, nr, c0, nc, &ly->field, own, err))) \
             goto fail;                                                                             \
     } while (0)
-        LOADW(wq, "attn_q", c->dim, c->dim, s->q0 * hd, s->nq * hd, 0, c->dim, NULL);
+        LOADW(wq, "attn_q", c->dim, c->n_heads * hd, s->q0 * hd, s->nq * hd, 0, c->dim, NULL);
         LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
         LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
-        LOADW(wo, "attn_output", c->dim, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd, &ly->own[0]);
+        LOADW(wo, "attn_output", c->n_heads * hd, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd,
+              &ly->own[0]);
         LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
         LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
         LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, &ly->own[1]);

@@ -567,6 +567,158 @@ START_TEST(rope_overrides)
 }
 END_TEST
 
+/* ---- a head size of its own: tests/golden/smollm2-head-dim.json (tools/make-golden-head-dim.py)
+ */
+
+static cJSON *head_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
+
+static cJSON *golden_beside(const char *name)
+{
+    const char *gp = tu_golden_path();
+    const char *slash = gp ? strrchr(gp, '/') : NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - gp + 1) : 0, gp, name);
+    char *text = tu_read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!j) printf("model tests: cannot read %s: its cases are not run\n", path);
+    return j;
+}
+
+struct head_cut {
+    const struct gguf_file *src;
+    int keep[16], n_keep, head_dim;
+};
+
+/* q's rows and the output projection's columns of the kept heads; every other tensor as it is */
+static int fill_head_cut(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
+{
+    (void)err;
+    const struct head_cut *hc = ctx;
+    const struct gguf_tensor *t = gguf_tensor_at(hc->src, index);
+    const uint8_t *src = t->data;
+    uint8_t *out = dst;
+    size_t hd = (size_t)hc->head_dim;
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]);
+    if (strstr(name, ".attn_q.weight")) {
+        for (int i = 0; i < hc->n_keep; i++)
+            memcpy(out + (size_t)i * hd * rb, src + (size_t)hc->keep[i] * hd * rb, hd * rb);
+    } else if (strstr(name, ".attn_output.weight")) {
+        size_t head_bytes = qtype_row_bytes(t->type, hd), cut_rb = head_bytes * (size_t)hc->n_keep;
+        for (uint64_t r = 0; r < t->ne[1]; r++)
+            for (int i = 0; i < hc->n_keep; i++)
+                memcpy(out + r * cut_rb + (size_t)i * head_bytes,
+                       src + r * rb + (size_t)hc->keep[i] * head_bytes, head_bytes);
+    } else {
+        memcpy(out, src, nbytes);
+    }
+    return 0;
+}
+
+/* A copy of the real model with only the golden file's kept query heads: head_count 6 and
+ * key_length / value_length 64 against embedding_length 576, as a file whose head size is its
+ * own says it (Mistral Nemo's 32 x 128 in 5120). */
+static char *write_head_cut_model(char *dir, struct head_cut *hc)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *path;
+    ck_assert_int_ge(asprintf(&path, "%s/heads.gguf", dir), 0);
+    struct gguf_writer *w;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
+    for (uint64_t i = 0; i < gguf_kv_count(file); i++)
+        ck_assert_msg(gguf_writer_copy_kv(w, gguf_kv_at(file, i), &err) == 0, "%s", err.msg);
+    ck_assert(gguf_writer_remove(w, "llama.attention.head_count"));
+    ck_assert(gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)hc->n_keep, &err) ==
+              0);
+    ck_assert(gguf_writer_set_u32(w, "llama.attention.key_length", (uint32_t)hc->head_dim, &err) ==
+              0);
+    ck_assert(
+        gguf_writer_set_u32(w, "llama.attention.value_length", (uint32_t)hc->head_dim, &err) == 0);
+    uint64_t cut = (uint64_t)hc->n_keep * (uint64_t)hc->head_dim;
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(file, i);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        uint64_t ne[GGUF_MAX_DIMS];
+        memcpy(ne, t->ne, sizeof ne);
+        if (strstr(name, ".attn_q.weight")) ne[1] = cut;
+        if (strstr(name, ".attn_output.weight")) ne[0] = cut;
+        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, ne, t->type, &err) == 0, "%s",
+                      err.msg);
+    }
+    hc->src = file;
+    ck_assert_msg(gguf_writer_write(w, path, fill_head_cut, hc, NULL, &err) == 0, "%s", err.msg);
+    gguf_writer_free(w);
+    return path;
+}
+
+/* attention.key_length: the golden logits of the six-head cut (transformers, head_dim 64,
+ * hidden 576) within 1e-3 and its greedy text token for token; the head size and the q/o shapes
+ * come from the keys, not from embedding_length / head_count (which would say 96). */
+START_TEST(own_head_size_matches_reference)
+{
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(head_golden, "cases"), _i);
+    struct head_cut hc = {.head_dim =
+                              cJSON_GetObjectItemCaseSensitive(head_golden, "head_dim")->valueint};
+    const cJSON *keep = cJSON_GetObjectItemCaseSensitive(head_golden, "keep_heads");
+    hc.n_keep = cJSON_GetArraySize(keep);
+    ck_assert_int_le(hc.n_keep, 16);
+    for (int i = 0; i < hc.n_keep; i++) hc.keep[i] = cJSON_GetArrayItem(keep, i)->valueint;
+    char dir[] = "/tmp/quern-heads-XXXXXX";
+    char *path = write_head_cut_model(dir, &hc);
+    struct qerr err = {0};
+    struct gguf_file *hf;
+    ck_assert_msg(gguf_open(path, &hf, &err) == 0, "%s", err.msg);
+    struct model_opts mo = {
+        .max_batch_tokens = 1024, .max_logits = 64, .kv_blocks = 33 * 8, .kv_block_size = 16};
+    struct model *m;
+    ck_assert_msg(model_load(hf, be, &mo, &m, &err) == 0, "%s", err.msg);
+    const struct model_config *cfg = model_get_config(m);
+    ck_assert_int_eq(cfg->n_heads, hc.n_keep);
+    ck_assert_int_eq(cfg->head_dim, hc.head_dim);
+    ck_assert_int_eq(cfg->dim, 576);
+    struct tm_run r = {.m = m, .be = be, .label = "quern, six heads"};
+    tm_check_case_logits(&r, c, 37, 1e-3);
+    if (!tu_sanitized()) tm_check_case_greedy(&r, c);
+    model_free(m);
+    gguf_close(hf);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+}
+END_TEST
+
+/* A value_length other than key_length is refused by name (quern's caches hold one size). */
+START_TEST(value_length_must_match)
+{
+    char dir[] = "/tmp/quern-heads-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *path;
+    ck_assert_int_ge(asprintf(&path, "%s/v.gguf", dir), 0);
+    struct gguf_writer *w = writer_of_model();
+    struct qerr err = {0};
+    ck_assert(gguf_writer_set_u32(w, "llama.attention.key_length", 64, &err) == 0);
+    ck_assert(gguf_writer_set_u32(w, "llama.attention.value_length", 128, &err) == 0);
+    static struct rope_copy rc;
+    rc.src = file;
+    ck_assert_msg(gguf_writer_write(w, path, fill_rope_copy, &rc, NULL, &err) == 0, "%s", err.msg);
+    gguf_writer_free(w);
+    struct gguf_file *vf;
+    ck_assert_msg(gguf_open(path, &vf, &err) == 0, "%s", err.msg);
+    struct model_config cfg;
+    ck_assert_int_eq(model_config_read(vf, &cfg, &err), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "attention.value_length 128 differs from the key size 64"), "%s",
+                  err.msg);
+    gguf_close(vf);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -595,6 +747,17 @@ int main(void)
     tcase_add_loop_test(rt, rope_scaling_matches_reference, 0, n_rope);
     tcase_add_test(rt, rope_overrides);
     suite_add_tcase(s, rt);
+    head_golden = golden_beside("smollm2-head-dim.json");
+    TCase *ht = tcase_create("head_dim");
+    tcase_set_timeout(ht, 300);
+    tcase_add_checked_fixture(ht, setup, teardown);
+    if (head_golden)
+        tcase_add_loop_test(ht, own_head_size_matches_reference, 0,
+                            tu_sanitized() ? 1
+                                           : cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(
+                                                 head_golden, "cases")));
+    tcase_add_test(ht, value_length_must_match);
+    suite_add_tcase(s, ht);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
     tcase_add_checked_fixture(nf, open_file, close_file);
@@ -610,5 +773,6 @@ int main(void)
     srunner_free(r);
     tm_golden_free();
     cJSON_Delete(rope_golden);
+    cJSON_Delete(head_golden);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -34,4 +34,5 @@ fi
 
 if [ "${1:-}" = "--install-only" ]; then exit 0; fi
 "$VENV/bin/python" "$ROOT/tools/make-golden.py" "$@"
-exec "$VENV/bin/python" "$ROOT/tools/make-golden-rope.py"
+"$VENV/bin/python" "$ROOT/tools/make-golden-rope.py"
+exec "$VENV/bin/python" "$ROOT/tools/make-golden-head-dim.py"
