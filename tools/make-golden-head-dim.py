@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from golden_record import greedy_record
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models")
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,26 +80,9 @@ def main():
     out_cases = []
     for pname in PROMPTS:
         prompt = cases[pname]["prompt_ids"]
-        seq = list(prompt)
-        for _ in range(N_NEW):
-            seq.append(int(np.argmax(full_logits(cut, seq)[-1])))
-        greedy = seq[len(prompt):]
-        L = full_logits(cut, seq)
-        L9 = full_logits(full, seq)
-        gaps = []
-        for i in range(N_NEW):
-            row = L[len(prompt) - 1 + i]
-            top2 = np.argsort(-row, kind="stable")[:2]
-            gaps.append(float(row[top2[0]] - row[top2[1]]))
-        entries = []
-        worst_full = 0.0
-        for pos in (len(prompt) - 1, len(prompt) + 7, len(prompt) + 15, len(seq) - 2):
-            row = L[pos]
-            top = [int(t) for t in np.argsort(-row, kind="stable")[:TOPK]]
-            entries.append({"pos": pos, "top_ids": top, "top_logits": [float(row[t]) for t in top]})
-            for t in top:
-                worst_full = max(worst_full,
-                                 abs(float(L9[pos][t]) - float(row[t])) / max(abs(float(row[t])), 1.0))
+        greedy, gaps, entries, worst_full = greedy_record(
+            lambda ids: full_logits(cut, ids), prompt, N_NEW, (0, 8, 16), TOPK,
+            other=lambda ids: full_logits(full, ids))
         out_cases.append({"name": f"heads6-{pname}", "prompt_ids": prompt, "greedy_ids": greedy,
                           "top2_gap": gaps, "logits": entries, "full_model_worst_rel_diff": worst_full})
         print(f"heads6-{pname}: the nine-head model's worst relative top-5 logit difference "

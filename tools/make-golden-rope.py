@@ -30,6 +30,8 @@ import sys
 
 import numpy as np
 
+from golden_record import greedy_record
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models")
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -120,27 +122,9 @@ def main():
             assert np.allclose(ratio, rope["freqs"], rtol=1e-5), (ratio, rope["freqs"])
         for pname in PROMPTS:
             prompt = cases[pname]["prompt_ids"]
-            seq = list(prompt)
-            for _ in range(N_NEW):
-                seq.append(int(np.argmax(full_logits(m, seq)[-1])))
-            greedy = seq[len(prompt):]
-            L = full_logits(m, seq)
-            L0 = full_logits(plain, seq)
-            gaps = []
-            for i in range(N_NEW):
-                row = L[len(prompt) - 1 + i]
-                top2 = np.argsort(-row, kind="stable")[:2]
-                gaps.append(float(row[top2[0]] - row[top2[1]]))
-            entries = []
-            worst_plain = 0.0
-            for pos in (len(prompt) - 1, len(prompt) + 9, len(prompt) + 19, len(seq) - 2):
-                row = L[pos]
-                top = [int(t) for t in np.argsort(-row, kind="stable")[:TOPK]]
-                entries.append({"pos": pos, "top_ids": top,
-                                "top_logits": [float(row[t]) for t in top]})
-                for t in top:
-                    worst_plain = max(worst_plain,
-                                      abs(float(L0[pos][t]) - float(row[t])) / max(abs(float(row[t])), 1.0))
+            greedy, gaps, entries, worst_plain = greedy_record(
+                lambda ids: full_logits(m, ids), prompt, N_NEW, (0, 10, 20), TOPK,
+                other=lambda ids: full_logits(plain, ids))
             out_cases.append({"name": f"{sname}-{pname}", "rope": rope, "prompt_ids": prompt,
                               "greedy_ids": greedy, "top2_gap": gaps, "logits": entries,
                               "unscaled_worst_rel_diff": worst_plain,
