@@ -29,3 +29,18 @@ def greedy_record(logits_of, prompt, n_new, offsets, topk, other=None):
                 worst = max(worst, abs(float(L_other[pos][t]) - float(row[t])) /
                             max(abs(float(row[t])), 1.0))
     return seq[len(prompt):], gaps, entries, worst
+
+
+def golden_cases(golden_path, model_path):
+    """tests/golden/smollm2.json's generate cases by name, and the model file's sha256, which
+    must be the one that file was made from."""
+    import hashlib
+    import json
+    import sys
+
+    golden = json.load(open(golden_path))
+    with open(model_path, "rb") as fh:
+        sha = hashlib.sha256(fh.read()).hexdigest()
+    if sha != golden["model_sha256"]:
+        sys.exit(f"model sha256 {sha} is not the golden file's {golden['model_sha256']}")
+    return {c["name"]: c for c in golden["generate"]}, sha

@@ -16,14 +16,12 @@ records them.
 
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-head-dim.py
 """
-import hashlib
 import json
 import os
-import sys
 
 import numpy as np
 
-from golden_record import greedy_record
+from golden_record import golden_cases, greedy_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models")
@@ -43,12 +41,7 @@ def main():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    golden = json.load(open(GOLDEN))
-    cases = {c["name"]: c for c in golden["generate"]}
-    with open(os.path.join(MODEL_DIR, MODEL_FILE), "rb") as fh:
-        sha = hashlib.sha256(fh.read()).hexdigest()
-    if sha != golden["model_sha256"]:
-        sys.exit(f"model sha256 {sha} is not the golden file's {golden['model_sha256']}")
+    cases, sha = golden_cases(GOLDEN, os.path.join(MODEL_DIR, MODEL_FILE))
 
     full = AutoModelForCausalLM.from_pretrained(MODEL_DIR, gguf_file=MODEL_FILE,
                                                 dtype=torch.float32)
