@@ -150,10 +150,11 @@ END_TEST
 
 /* The largest sums five-bit weights make: every value 15 (stored as 31) or -16 (stored as 0)
  * against activations all +-1 (quantized to +-127), where a 256-bit kernel's int16 pair sums
- * would wrap if held over a whole block. GEMV (1 token) and tiles (5, 16). */
+ * would wrap if held over a whole block. GEMV (1 token) and tiles (5, 16); rows of 576 and of
+ * 2080 (65 blocks: wider than the AVX-512 pair tile widens, so one-group tiles run them). */
 START_TEST(five_bit_extremes_match_reference)
 {
-    const int64_t rows = 33, cols = 576;
+    const int64_t rows = 33, cols = _i ? 2080 : 576;
     const int8_t values[] = {15, -16};
     const float xs[] = {1.0f, -1.0f};
     const int ns[] = {1, 5, 16};
@@ -177,9 +178,10 @@ START_TEST(five_bit_extremes_match_reference)
                     be_matmul(be, &w, x, n, y);
                     size_t at;
                     ck_assert_msg(!tu_bits_differ(y, yq, (size_t)n * rows, &at),
-                                  "%s, values %d, x %g, n %d: y[%zu] = %.9g, reference %.9g",
-                                  cpu_isa_name(all_isas[i]), values[vi], xs[xi], n, at, y[at],
-                                  yq[at]);
+                                  "%s, values %d, x %g, %lld columns, n %d: y[%zu] = %.9g, "
+                                  "reference %.9g",
+                                  cpu_isa_name(all_isas[i]), values[vi], xs[xi], (long long)cols, n,
+                                  at, y[at], yq[at]);
                     backend_destroy(be);
                 }
                 tu_q8_free(&a);
@@ -1377,7 +1379,7 @@ int main(void)
     tcase_add_test(tc, isa_selection);
     tcase_add_test(tc, qpack_roundtrip);
     tcase_add_test(tc, qpack_five_bit_layout);
-    tcase_add_test(tc, five_bit_extremes_match_reference);
+    tcase_add_loop_test(tc, five_bit_extremes_match_reference, 0, 2);
     tcase_add_test(tc, qpack_rejects_bad_shapes);
     tcase_add_test(tc, quantize_q8_matches_reference);
     tcase_add_loop_test(tc, matmul_matches_reference, 0, 2);

@@ -173,11 +173,13 @@ TGT INLINE __m512i bcast4(const int8_t *p)
 
 #define T2MAX 4 /* most tokens per two-group tile */
 
-/* A QPACK_Q5_0 pair that several passes of tokens read (a prompt) is widened to bytes once, into
- * WIDE_BLOCKS x 512 bytes a group on the stack (64 KiB for the pair: rows up to 2048 wide), and the
- * passes run the Q8_0 tile on that with the five-bit offset (Q5_WIDE, this file's own layout):
- * each pass unpacking the nibbles and fifth bits again made a 512-token prefill of a Q5_0 file
- * 0.92-0.95x as fast as the same file read as Q8_0 (one thread), widened 0.99-1.01x. */
+/* A QPACK_Q5_0 pair is widened to bytes once, into WIDE_BLOCKS x 512 bytes a group on the stack
+ * (64 KiB for the pair: rows up to 2048 wide), and the passes of tokens run the Q8_0 tile on that
+ * with the five-bit offset (Q5_WIDE, this file's own layout): each pass unpacking the nibbles and
+ * fifth bits again made a 512-token prefill of a Q5_0 file 0.92-0.95x as fast as the same file
+ * read as Q8_0 (one thread), widened 0.99-1.01x. So the pair tile never reads five bits itself
+ * (an instantiation less: this file's compile under the fuzz build's clang and sanitizers had
+ * doubled with one). */
 #define WIDE_BLOCKS 64
 #define Q5_WIDE     ((enum qpack_layout)(QPACK_Q5_0 + 1))
 
@@ -238,12 +240,6 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
                 __m512i lo0 = _mm512_and_si512(v0, m4), lo1 = _mm512_and_si512(v1, m4);
                 __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
                 __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
-                if (type == QPACK_Q5_0) {
-                    lo0 = fifth_bits(lo0, qs0, c);
-                    lo1 = fifth_bits(lo1, qs1, c);
-                    hi0 = fifth_bits(hi0, qs0, c + 4);
-                    hi1 = fifth_bits(hi1, qs1, c + 4);
-                }
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xb = a->q + (size_t)(t0 + t) * (size_t)a->cols + (size_t)b * QK;
@@ -326,18 +322,19 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 {
     struct pf_walk pw = pf_walk_start(w, g0, g1, L1);
     int64_t g = g0;
-    if (t1 - t0 >= KERN_PAIR_MIN_TOKENS)
+    /* five-bit pairs only widened (rows wider than that take the one-group tile) */
+    if (t1 - t0 >= KERN_PAIR_MIN_TOKENS && (type != QPACK_Q5_0 || w->nb <= WIDE_BLOCKS))
         for (; g + 2 <= g1; g += 2) {
-            if (type == QPACK_Q5_0 && t1 - t0 > 2 * T2MAX && w->nb <= WIDE_BLOCKS) {
+            if (type == QPACK_Q5_0) {
                 _Alignas(64) uint8_t wide[2][WIDE_BLOCKS * 512];
                 widen_q5_group(w, g, wide[0]);
                 widen_q5_group(w, g + 1, wide[1]);
                 const uint8_t *const qbase[2] = {wide[0], wide[1]};
                 q8_pair_passes(w, g, a, t0, t1, Q5_WIDE, qbase, 512, &pw, L1, y);
-                continue;
+            } else {
+                const uint8_t *const qbase[2] = {qpack_quants(w, g, 0), qpack_quants(w, g + 1, 0)};
+                q8_pair_passes(w, g, a, t0, t1, type, qbase, w->quant_bytes, &pw, L1, y);
             }
-            const uint8_t *const qbase[2] = {qpack_quants(w, g, 0), qpack_quants(w, g + 1, 0)};
-            q8_pair_passes(w, g, a, t0, t1, type, qbase, w->quant_bytes, &pw, L1, y);
         }
     for (; g < g1; g++)
         for (int t = t0; t < t1;) {
