@@ -9,7 +9,9 @@
 # that fails on a file gets its error in its cell instead of a number.
 #
 # It also measures memory read bandwidth (a small C read loop compiled here with gcc, 1 GiB
-# buffer, per thread count) and prints the decode roofline per file: bytes of weights read per
+# buffer, per thread count: at the start, and again just before and just after every run, whose
+# decode rate is set against the mean of those two) and prints the decode roofline per file:
+# bytes of weights read per
 # generated token (every tensor in full, except token_embd: one row for the lookup, plus all of
 # it again when the output matrix is tied to it; parsed from the GGUF with the Python stdlib)
 # divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it (quern's
@@ -106,15 +108,22 @@ wait_idle() {
 }
 # measure OUT ERR CMD...: waits for idle, runs CMD >OUT 2>ERR and sets $others to the % of all
 # cores' time that other processes used while it ran
-others=""
+# With bw_threads set (and the bandwidth probe built), it also reads the 1 GiB bandwidth on that
+# many threads just before and just after the run into $run_bw ("BEFORE AFTER", GB/s): these
+# machines' bandwidth moves by 1.5x between phases of minutes, so a decode rate is only
+# comparable to the bandwidth of its own moment.
+others="" run_bw="" bw_threads=""
 measure() {
-    local out=$1 err=$2 b0 t0 b1 t1 w0 w1 tf
+    local out=$1 err=$2 b0 t0 b1 t1 w0 w1 tf bw0="" bw1=""
     shift 2
     wait_idle
     tf=$work/time.$$
+    [[ -n $bw_threads && -x $work/membw ]] && bw0=$("$work/membw" "$bw_threads" 1024 5)
     read -r b0 t0 < <(cpu_busy); w0=$EPOCHREALTIME
     { TIMEFORMAT='%U %S'; time "$@" >"$out" 2>"$err"; } 2>"$tf" || true
     read -r b1 t1 < <(cpu_busy); w1=$EPOCHREALTIME
+    [[ -n $bw0 ]] && bw1=$("$work/membw" "$bw_threads" 1024 5)
+    run_bw="${bw0:+$bw0 $bw1}"
     others=$(awk -v b="$((b1 - b0))" -v hz="$(getconf CLK_TCK)" -v w0="$w0" -v w1="$w1" -v n="$ncpu" \
         '{ own = $1 + $2 } END { o = (b / hz - own) / ((w1 - w0) * n) * 100; printf "%.0f", o < 0 ? 0 : o }' "$tf")
 }
@@ -319,7 +328,7 @@ except Exception:
     fail()
 PY
 }
-declare -A res oth
+declare -A res oth rbw
 llama_commit="" llama_cpu=""
 # better NEW OLD WHICH(2|4: pp|tg field): true when result NEW beats OLD (errors lose)
 better() {
@@ -333,6 +342,7 @@ for ((round = 1; round <= rounds; round++)); do
         for t in $threads; do
             n=$((n + 1))
             tag=$(basename "$f" .gguf).t$t.r$round
+            [[ $do_bw -eq 1 ]] && bw_threads=$t
             for prog in $(for i in $isas; do echo "quern-$i"; done) $peers; do
                 log "[$n] round $round: $prog $(basename "$f") threads=$t"
                 if [[ $prog == quern-* ]]; then
@@ -348,13 +358,12 @@ for ((round = 1; round <= rounds; round++)); do
                         "$LLAMA_BIN/llama-bench" -m "$f" -p "$pp" -n "$tg" -t "$t" -r "$reps" -o json
                 fi
                 r=$(cell "$work/$tag.$prog.json" "$work/$tag.$prog.err" "${prog%%-*}")
-                log "    -> $r  (others used ${others}% of the CPUs)"
+                log "    -> $r  (others used ${others}% of the CPUs${run_bw:+; read GB/s before, after: $run_bw})"
                 echo "$others" >"$work/$tag.$prog.others"
+                [[ -z $run_bw ]] || echo "$run_bw" >"$work/$tag.$prog.bw"
                 # pp and tg of one program come from the same round: the one with the best sum
-                if better "$r" "${res[$f,$t,$prog]:-}"; then
-                    res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others
-                elif [[ -z ${res[$f,$t,$prog]:-} ]]; then
-                    res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others
+                if better "$r" "${res[$f,$t,$prog]:-}" || [[ -z ${res[$f,$t,$prog]:-} ]]; then
+                    res[$f,$t,$prog]=$r oth[$f,$t,$prog]=$others rbw[$f,$t,$prog]=$run_bw
                 fi
             done
             if [[ -z "$llama_commit" ]]; then
@@ -430,26 +439,44 @@ if [[ $do_bw -eq 1 ]]; then
     echo
     echo "## decode roofline (weights only; KV cache reads not counted)"
     echo
-    echo "read bandwidth, 1 GiB buffer:$(for t in $threads; do printf " %s thread(s) %s GB/s;" "$t" "${bw_dram[$t]}"; done)"
+    echo "read bandwidth at the start, 1 GiB buffer:$(for t in $threads; do printf " %s thread(s) %s GB/s;" "$t" "${bw_dram[$t]}"; done)"
+    echo "Each decode rate is set against the 1 GiB read bandwidth measured just before and just"
+    echo "after its own run (the mean of the two; both shown), since this bandwidth moves between"
+    echo "phases of the machine; the cache-aware ceiling uses a buffer of the bytes read a token,"
+    echo "measured at the start."
     echo
-    echo "| type | threads | quern kernels | MB read / token | DRAM roofline t/s | quern tg t/s | % | llama.cpp tg t/s | % | BW at that size GB/s | cache-aware roofline t/s | quern % | llama.cpp % |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    khdr="" ksep=""
+    [[ $peers == *ik* ]] && { khdr=" ik -rtr 1 tg t/s | read GB/s around it | % |"; ksep="---|---|---|"; }
+    echo "| type | threads | quern kernels | MB read / token | quern tg t/s | read GB/s around it | DRAM roofline t/s | % | llama.cpp tg t/s | read GB/s around it | % |$khdr BW at that size GB/s (start) | cache-aware roofline t/s | quern % | llama.cpp % |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|$ksep---|---|---|---|"
     for f in "${models[@]}"; do
         for t in $threads; do
             for i in $isas; do
-                qv=$(val "${res[$f,$t,quern-$i]}" tg) lv=$(val "${res[$f,$t,llama]}" tg)
-                awk -v b="${bpt[$f]}" -v qb="${qbpt[$f]}" -v bw="${bw_dram[$t]}" -v bf="${bw_fit[$f,$t]}" \
-                    -v q="$qv" -v l="$lv" -v lab="${label[$f]}" -v t="$t" -v isa="$i" 'BEGIN {
-                    # quern against the bytes it reads, llama.cpp against those of the file (the
+                qv=$(val "${res[$f,$t,quern-$i]}" tg) lv=$(val "${res[$f,$t,llama]}" tg) kv=""
+                [[ $peers == *ik* ]] && kv=$(val "${res[$f,$t,ik]:-ERR}" tg)
+                awk -v b="${bpt[$f]}" -v qb="${qbpt[$f]}" -v bf="${bw_fit[$f,$t]}" \
+                    -v qbw="${rbw[$f,$t,quern-$i]:-}" -v lbw="${rbw[$f,$t,llama]:-}" \
+                    -v kbw="${rbw[$f,$t,ik]:-}" -v ik="$([[ $peers == *ik* ]] && echo 1 || echo 0)" \
+                    -v q="$qv" -v l="$lv" -v k="$kv" -v lab="${label[$f]}" -v t="$t" -v isa="$i" '
+                function mean(s,   x, n) { n = split(s, x, " "); return n == 2 ? (x[1] + x[2]) / 2 : 0 }
+                function shown(s,   x) { split(s, x, " "); return s == "" ? "-" : sprintf("%s (%s, %s)", sprintf("%.1f", mean(s)), x[1], x[2]) }
+                # rate v against bandwidth string s for B bytes a token
+                function pct(v, s, B) { return v == "" || mean(s) == 0 ? "-" : sprintf("%.0f%%", 100 * v / (mean(s) * 1e9 / B)) }
+                BEGIN {
+                    # quern against the bytes it reads, the peers against those of the file (the
                     # same unless quern converted some types at open: then both, quern first)
-                    m = bw * 1e9 / b; mf = bf * 1e9 / b; qm = bw * 1e9 / qb; qmf = bf * 1e9 / qb
                     two = qb != b
-                    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n",
+                    qm = mean(qbw) * 1e9 / qb; mf = bf * 1e9 / b; qmf = bf * 1e9 / qb
+                    row = sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
                         lab, t, isa,
                         two ? sprintf("%.2f / %.2f", qb / 1e6, b / 1e6) : sprintf("%.2f", b / 1e6),
-                        two ? sprintf("%.1f / %.1f", qm, m) : sprintf("%.1f", m),
-                        q == "" ? "-" : sprintf("%.2f", q), q == "" ? "-" : sprintf("%.0f%%", 100 * q / qm),
-                        l == "" ? "-" : sprintf("%.2f", l), l == "" ? "-" : sprintf("%.0f%%", 100 * l / m),
+                        q == "" ? "-" : sprintf("%.2f", q), shown(qbw),
+                        qm == 0 ? "-" : sprintf("%.1f", qm), pct(q, qbw, qb),
+                        l == "" ? "-" : sprintf("%.2f", l), shown(lbw), pct(l, lbw, b))
+                    if (ik)
+                        row = row sprintf(" %s | %s | %s |", k == "" ? "-" : sprintf("%.2f", k),
+                                          shown(kbw), pct(k, kbw, b))
+                    printf "%s %.2f | %s | %s | %s |\n", row,
                         bf, two ? sprintf("%.1f / %.1f", qmf, mf) : sprintf("%.1f", mf),
                         q == "" ? "-" : sprintf("%.0f%%", 100 * q / qmf), l == "" ? "-" : sprintf("%.0f%%", 100 * l / mf) }'
             done
