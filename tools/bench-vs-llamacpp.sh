@@ -459,7 +459,7 @@ if [[ $do_bw -eq 1 ]]; then
                     -v kbw="${rbw[$f,$t,ik]:-}" -v ik="$([[ $peers == *ik* ]] && echo 1 || echo 0)" \
                     -v q="$qv" -v l="$lv" -v k="$kv" -v lab="${label[$f]}" -v t="$t" -v isa="$i" '
                 function mean(s,   x, n) { n = split(s, x, " "); return n == 2 ? (x[1] + x[2]) / 2 : 0 }
-                function shown(s,   x) { split(s, x, " "); return s == "" ? "-" : sprintf("%s (%s, %s)", sprintf("%.1f", mean(s)), x[1], x[2]) }
+                function shown(s,   x) { split(s, x, " "); return s == "" ? "-" : sprintf("%.1f (%s, %s)", mean(s), x[1], x[2]) }
                 # rate v against bandwidth string s for B bytes a token
                 function pct(v, s, B) { return v == "" || mean(s) == 0 ? "-" : sprintf("%.0f%%", 100 * v / (mean(s) * 1e9 / B)) }
                 BEGIN {
