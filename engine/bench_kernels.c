@@ -286,27 +286,34 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    const int dim = 576, ffn = 1536, heads = 9, kvh = 3, hd = 64, ctx = 512;
+    const int dim = 576, ffn = 1536, heads = 9, kvh = 3, hd = 64, block = 16;
     int maxn = 0;
     for (int i = 0; i < n_batches; i++) maxn = batches[i] > maxn ? batches[i] : maxn;
+    /* the batch is the context's last n tokens: a batch over 512 gets a context its size */
+    const int ctx = maxn > 512 ? (maxn + block - 1) / block * block : 512, n_table = ctx / block;
+    /* one sequence of ctx positions, the batch being its last n tokens */
+    size_t kv = (size_t)ctx * kvh * hd;
     float *x = malloc((size_t)maxn * ffn * 4), *u = malloc((size_t)maxn * ffn * 4);
     float *w = malloc(dim * 4), *o = calloc((size_t)maxn * ffn, 4);
+    float *kc = malloc(kv * 4), *vc = malloc(kv * 4);
+    int32_t *pos = malloc((size_t)ctx * 4), *seq = calloc((size_t)ctx, 4),
+            *slot = malloc((size_t)ctx * 4), *table = malloc((size_t)n_table * 4);
+    int rc = 0;
+    if (!x || !u || !w || !o || !kc || !vc || !pos || !seq || !slot || !table) {
+        fprintf(stderr, "bench --kernels: out of memory for the other ops at batch %d\n", maxn);
+        rc = 1;
+        goto out;
+    }
     for (size_t i = 0; i < (size_t)maxn * ffn; i++) {
         x[i] = bench_rng_float(&rng);
         u[i] = bench_rng_float(&rng);
     }
     for (int i = 0; i < dim; i++) w[i] = bench_rng_float(&rng);
-    /* one sequence of ctx positions, the batch being its last n tokens */
-    size_t kv = (size_t)ctx * kvh * hd;
-    float *kc = malloc(kv * 4), *vc = malloc(kv * 4);
     for (size_t i = 0; i < kv; i++) {
         kc[i] = bench_rng_float(&rng);
         vc[i] = bench_rng_float(&rng);
     }
-    int32_t *pos = malloc((size_t)ctx * 4), *seq = calloc((size_t)ctx, 4),
-            *slot = malloc((size_t)ctx * 4);
-    int32_t table[32];
-    for (int i = 0; i < 32; i++) table[i] = i;
+    for (int i = 0; i < n_table; i++) table[i] = i;
     const struct rope_spec rs = {.rot_dim = hd, .base = 10000.0f, .scale = 1.0f};
     printf("\nother ops, %s, %d thread(s): microseconds per call, fastest of 5 windows (batch of n "
            "tokens; attention at context %d)\n",
@@ -324,7 +331,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
                 pos[i] = ctx - n + i;
                 slot[i] = pos[i];
             }
-            struct attn_batch b = {n, pos, seq, slot, 1, table, 32, 16};
+            struct attn_batch b = {n, pos, seq, slot, 1, table, n_table, block};
             struct attn_shape s = {heads, kvh, hd, 0.125f};
             double best = 1e30;
             for (int win = 0; win < 5; win++) {
@@ -355,6 +362,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
         }
         printf("\n");
     }
+out:
     free(x);
     free(u);
     free(w);
@@ -364,8 +372,9 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     free(pos);
     free(seq);
     free(slot);
+    free(table);
     backend_destroy(be);
-    return 0;
+    return rc;
 }
 
 /* A decode batch's attention over an fp16 KV cache as the engine lays it out: SEQS sequences at
