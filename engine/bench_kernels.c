@@ -19,6 +19,7 @@
  *    attention of a decode batch over an fp16 KV cache (from DRAM and cached).
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
+#include <errno.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -584,6 +585,36 @@ out:
     return rc ? 1 : 0;
 }
 
+/* A whole number in [lo, hi], the whole of s: else false (atoi read "abc" as 0, "-5" as -5). */
+static bool parse_count(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* --batches: 1-16 token counts in 1..MAX_BATCH, comma-separated. */
+#define MAX_BATCH 8192
+static bool parse_batch_list(const char *text, int *batches, int *n_batches)
+{
+    int n = 0;
+    for (const char *p = text; *p;) {
+        char item[16];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || n == 16) return false;
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (!parse_count(item, 1, MAX_BATCH, &batches[n++])) return false;
+        p += len;
+        if (*p == ',' && !*++p) return false; /* a trailing comma */
+    }
+    *n_batches = n;
+    return n > 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512]\n"
@@ -603,7 +634,10 @@ int bench_kernels_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--threads") && v) {
-            bo.n_threads = atoi(v);
+            if (!parse_count(v, 1, 1024, &bo.n_threads)) {
+                fprintf(stderr, "quern bench --kernels: --threads '%s': want 1..1024\n", v);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--isa") && v) {
             int isa = cpu_isa_parse(v);
@@ -616,23 +650,28 @@ int bench_kernels_main(int argc, char **argv)
             bo.precision = !strcmp(v, "q8") ? MATMUL_Q8 : MATMUL_F32;
             i++;
         } else if (!strcmp(a, "--batches") && v) {
-            n_batches = 0;
-            for (char *s = (char *)v; *s && n_batches < 16;) {
-                batches[n_batches++] = (int)strtol(s, &s, 10);
-                if (*s == ',')
-                    s++;
-                else
-                    break;
+            if (!parse_batch_list(v, batches, &n_batches)) {
+                fprintf(stderr,
+                        "quern bench --kernels: --batches '%s': want up to 16 token counts in "
+                        "1..%d, comma-separated\n",
+                        v, MAX_BATCH);
+                return 2;
             }
             i++;
         } else if (!strcmp(a, "--model") && v) {
             model = v;
             i++;
         } else if (!strcmp(a, "--pp") && v) {
-            pp = atoi(v);
+            if (!parse_count(v, 16, 1 << 20, &pp)) {
+                fprintf(stderr, "quern bench --kernels: --pp '%s': want 16 or more\n", v);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--tg") && v) {
-            tg = atoi(v);
+            if (!parse_count(v, 2, 1 << 20, &tg)) {
+                fprintf(stderr, "quern bench --kernels: --tg '%s': want 2 or more\n", v);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--no-kernels")) {
             kernels = 0;
@@ -644,7 +683,6 @@ int bench_kernels_main(int argc, char **argv)
         }
     }
     if (bo.n_threads <= 0) bo.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (pp < 16 || tg < 2 || n_batches < 1) return usage(), 2;
     /* as every other command: $QUERN_CPU_ISA picks the kernels unless --isa did */
     const char *env_isa = getenv("QUERN_CPU_ISA");
     if (!isa_given && env_isa && *env_isa) {

@@ -154,6 +154,9 @@ if ! grep -Eq "^30 layers' KV \(from DRAM\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/o
   echo "FAIL: bench --kernels printed no decode-batch attention row"; fails=$((fails + 1))
 fi
 QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avxvnni, avx512 or auto' -- bench --kernels
+# its numbers are checked before it runs (it took 0, -5 and 'abc' as batches and printed tables)
+expect 2 "--batches '1,0': want up to 16 token counts in 1..8192" -- bench --kernels --batches 1,0
+expect 2 "--threads 'x': want 1..1024" -- bench --kernels --threads x
 for s in "--temp 0" "--temp 0.8 --seed 4"; do
   # shellcheck disable=SC2086
   "$bin" generate --model "$model" --chat $s -n 40 --spec off --prompt "$copy" >"$tmp/a" 2>/dev/null
