@@ -19,7 +19,6 @@
  *    attention of a decode batch over an fp16 KV cache (from DRAM and cached).
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
-#include <errno.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -585,35 +584,8 @@ out:
     return rc ? 1 : 0;
 }
 
-/* A whole number in [lo, hi], the whole of s: else false (atoi read "abc" as 0, "-5" as -5). */
-static bool parse_count(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
-/* --batches: 1-16 token counts in 1..MAX_BATCH, comma-separated. */
+/* --batches: token counts up to this (the other ops' buffers are sized by the largest) */
 #define MAX_BATCH 8192
-static bool parse_batch_list(const char *text, int *batches, int *n_batches)
-{
-    int n = 0;
-    for (const char *p = text; *p;) {
-        char item[16];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof item || n == 16) return false;
-        memcpy(item, p, len);
-        item[len] = 0;
-        if (!parse_count(item, 1, MAX_BATCH, &batches[n++])) return false;
-        p += len;
-        if (*p == ',' && !*++p) return false; /* a trailing comma */
-    }
-    *n_batches = n;
-    return n > 0;
-}
 
 static void usage(void)
 {
@@ -634,7 +606,7 @@ int bench_kernels_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--threads") && v) {
-            if (!parse_count(v, 1, 1024, &bo.n_threads)) {
+            if (!bench_parse_count(v, 1, 1024, &bo.n_threads)) {
                 fprintf(stderr, "quern bench --kernels: --threads '%s': want 1..1024\n", v);
                 return 2;
             }
@@ -650,7 +622,7 @@ int bench_kernels_main(int argc, char **argv)
             bo.precision = !strcmp(v, "q8") ? MATMUL_Q8 : MATMUL_F32;
             i++;
         } else if (!strcmp(a, "--batches") && v) {
-            if (!parse_batch_list(v, batches, &n_batches)) {
+            if (!bench_parse_counts(v, 1, MAX_BATCH, batches, 16, &n_batches)) {
                 fprintf(stderr,
                         "quern bench --kernels: --batches '%s': want up to 16 token counts in "
                         "1..%d, comma-separated\n",
@@ -662,13 +634,13 @@ int bench_kernels_main(int argc, char **argv)
             model = v;
             i++;
         } else if (!strcmp(a, "--pp") && v) {
-            if (!parse_count(v, 16, 1 << 20, &pp)) {
+            if (!bench_parse_count(v, 16, 1 << 20, &pp)) {
                 fprintf(stderr, "quern bench --kernels: --pp '%s': want 16 or more\n", v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--tg") && v) {
-            if (!parse_count(v, 2, 1 << 20, &tg)) {
+            if (!bench_parse_count(v, 2, 1 << 20, &tg)) {
                 fprintf(stderr, "quern bench --kernels: --tg '%s': want 2 or more\n", v);
                 return 2;
             }

@@ -1,6 +1,7 @@
 /* bench_util: shared benchmark helpers (bench_util.h). */
 #include "bench_util.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,4 +51,31 @@ void *bench_random_weights(struct bench_rng *r, enum qtype t, int64_t rows, int6
         }
     }
     return p;
+}
+
+bool bench_parse_count(const char *text, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+bool bench_parse_counts(const char *text, long lo, long hi, int *out, int max, int *n)
+{
+    int k = 0;
+    for (const char *p = text; *p;) {
+        char item[24];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || k == max) return false;
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (!bench_parse_count(item, lo, hi, &out[k++])) return false;
+        p += len;
+        if (*p == ',' && !*++p) return false; /* a trailing comma */
+    }
+    *n = k;
+    return k > 0;
 }

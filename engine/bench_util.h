@@ -1,8 +1,10 @@
 /* bench_util: what the benchmarks share (engine/bench_*.c, tools/bench-cuda.c): a clock, a
- * seeded random stream the caller owns, and random weights in a file's block layout. */
+ * seeded random stream the caller owns, random weights in a file's block layout, and the
+ * parsing of their count options. */
 #ifndef QUERN_BENCH_UTIL_H
 #define QUERN_BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,5 +29,11 @@ float bench_rng_float(struct bench_rng *r); /* uniform in [-1, 1) */
  * NULL when out of memory. */
 void *bench_random_weights(struct bench_rng *r, enum qtype t, int64_t rows, int64_t cols,
                            float d_scale, float m_scale);
+
+/* A whole number in [lo, hi] that is all of text, into *out; else false. */
+bool bench_parse_count(const char *text, long lo, long hi, int *out);
+/* 1..max comma-separated counts in [lo, hi] (no empty item, no trailing comma) into out[],
+ * their number into *n; else false. */
+bool bench_parse_counts(const char *text, long lo, long hi, int *out, int max, int *n);
 
 #endif

@@ -27,6 +27,7 @@
 #include "../engine/bench_decode.h"
 #include "../engine/bench_kernels.h"
 #include "../engine/bench_profile.h"
+#include "../engine/bench_util.h"
 #include "../engine/engine.h"
 #include "../engine/generate.h"
 #include "../engine/synth.h"
@@ -370,20 +371,7 @@ static bool stop_after_first(void *ctx, int32_t t, const float *l)
 static bool parse_batches(const char *text, struct bench_args *a)
 {
     a->n_decode = 0;
-    const char *p = text;
-    while (*p) {
-        char item[16];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof item || a->n_decode == 16) return false;
-        memcpy(item, p, len);
-        item[len] = 0;
-        long v;
-        if (!cli_parse_int(item, 1, 1024, &v)) return false;
-        a->decode_batches[a->n_decode++] = (int)v;
-        p += len;
-        if (*p == ',') p++;
-    }
-    return a->n_decode > 0;
+    return bench_parse_counts(text, 1, 1024, a->decode_batches, 16, &a->n_decode);
 }
 
 /* With --profile, *prof wraps be (kernels/backend_profile.h; the caller destroys it before be);
