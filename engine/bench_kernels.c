@@ -289,9 +289,9 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
     const int dim = 576, ffn = 1536, heads = 9, kvh = 3, hd = 64, block = 16;
     int maxn = 0;
     for (int i = 0; i < n_batches; i++) maxn = batches[i] > maxn ? batches[i] : maxn;
-    /* the batch is the context's last n tokens: a batch over 512 gets a context its size */
+    /* one sequence of ctx positions, the batch being its last n tokens (so a batch over 512
+     * gets a context its size) */
     const int ctx = maxn > 512 ? (maxn + block - 1) / block * block : 512, n_table = ctx / block;
-    /* one sequence of ctx positions, the batch being its last n tokens */
     size_t kv = (size_t)ctx * kvh * hd;
     float *x = malloc((size_t)maxn * ffn * 4), *u = malloc((size_t)maxn * ffn * 4);
     float *w = malloc(dim * 4), *o = calloc((size_t)maxn * ffn, 4);
@@ -585,7 +585,8 @@ out:
 }
 
 /* --batches: token counts up to this (the other ops' buffers are sized by the largest) */
-#define MAX_BATCH 8192
+#define MAX_BATCH  8192
+#define MAX_COUNTS 16 /* batch sizes a run takes */
 
 static void usage(void)
 {
@@ -602,7 +603,7 @@ int bench_kernels_main(int argc, char **argv)
     const char *model = NULL;
     int pp = 512, tg = 64, both = 1, kernels = 1, profile = 0;
     bool isa_given = false;
-    int batches[16] = {1, 8, 64, 512}, n_batches = 4;
+    int batches[MAX_COUNTS] = {1, 8, 64, 512}, n_batches = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--threads") && v) {
@@ -622,11 +623,11 @@ int bench_kernels_main(int argc, char **argv)
             bo.precision = !strcmp(v, "q8") ? MATMUL_Q8 : MATMUL_F32;
             i++;
         } else if (!strcmp(a, "--batches") && v) {
-            if (!bench_parse_counts(v, 1, MAX_BATCH, batches, 16, &n_batches)) {
+            if (!bench_parse_counts(v, 1, MAX_BATCH, batches, MAX_COUNTS, &n_batches)) {
                 fprintf(stderr,
-                        "quern bench --kernels: --batches '%s': want up to 16 token counts in "
+                        "quern bench --kernels: --batches '%s': want up to %d token counts in "
                         "1..%d, comma-separated\n",
-                        v, MAX_BATCH);
+                        v, MAX_COUNTS, MAX_BATCH);
                 return 2;
             }
             i++;

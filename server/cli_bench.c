@@ -371,7 +371,8 @@ static bool stop_after_first(void *ctx, int32_t t, const float *l)
 static bool parse_batches(const char *text, struct bench_args *a)
 {
     a->n_decode = 0;
-    return bench_parse_counts(text, 1, 1024, a->decode_batches, 16, &a->n_decode);
+    int max = (int)(sizeof a->decode_batches / sizeof *a->decode_batches);
+    return bench_parse_counts(text, 1, 1024, a->decode_batches, max, &a->n_decode);
 }
 
 /* With --profile, *prof wraps be (kernels/backend_profile.h; the caller destroys it before be);
