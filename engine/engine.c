@@ -356,12 +356,8 @@ static void hold_off_stops(const struct engine *e, const struct seq *s, float *l
 /* The n most likely tokens of a logits row with their log-probabilities, most likely first. */
 void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event *ev)
 {
-    float maxl = logits[0];
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > maxl) maxl = logits[i];
-    double sum = 0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - maxl));
-    float lse = maxl + (float)log(sum);
+    /* sample_logprob's terms, so a chosen token's entry here equals its own logprob */
+    struct log_softmax ls = sample_log_softmax(logits, vocab);
     /* insertion into a sorted list of at most n (<= 20) raw logits */
     ev->n_top = 0;
     for (int i = 0; i < vocab; i++) {
@@ -374,7 +370,8 @@ void engine_top_logprobs(const float *logits, int vocab, int n, struct req_event
         }
         ev->top[k] = (struct token_logprob){i, v};
     }
-    for (int k = 0; k < ev->n_top; k++) ev->top[k].logprob -= lse;
+    for (int k = 0; k < ev->n_top; k++)
+        ev->top[k].logprob = sample_log_softmax_at(ls, ev->top[k].logprob);
 }
 
 /* Samples the next token of s from its logits row (into *sampled) and advances the request.

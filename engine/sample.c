@@ -290,10 +290,20 @@ int32_t sampler_pick(struct sampler *s, const float *logits)
     return draw(s, m, sum);
 }
 
-float sample_logprob(const float *logits, int vocab, int32_t token)
+struct log_softmax sample_log_softmax(const float *logits, int vocab)
 {
     float maxl = logits[sample_argmax(logits, vocab)];
     double sum = 0;
     for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] - maxl));
-    return (float)((double)(logits[token] - maxl) - log(sum));
+    return (struct log_softmax){maxl, log(sum)};
+}
+
+float sample_log_softmax_at(struct log_softmax ls, float logit)
+{
+    return (float)((double)(logit - ls.max) - ls.log_sum);
+}
+
+float sample_logprob(const float *logits, int vocab, int32_t token)
+{
+    return sample_log_softmax_at(sample_log_softmax(logits, vocab), logits[token]);
 }

@@ -60,6 +60,15 @@ int32_t sampler_sample(struct sampler *s, float *logits);
 int32_t sampler_pick(struct sampler *s, const float *logits);
 /* Log-softmax of the unmodified logits at token: the log-probability a client sees. */
 float sample_logprob(const float *logits, int vocab, int32_t token);
+/* A row's log-softmax terms, so that many tokens' log-probabilities (top_logprobs) come out as
+ * sample_logprob gives each, bit for bit: the largest logit and log(sum exp(logit - max)). */
+struct log_softmax {
+    float max;
+    double log_sum;
+};
+struct log_softmax sample_log_softmax(const float *logits, int vocab);
+/* The log-probability of a token whose logit is `logit` in the row of ls. */
+float sample_log_softmax_at(struct log_softmax ls, float logit);
 /* The lowest id of the largest of x[0..n) (NaNs never win; 0 when x[0] is NaN): greedy
  * decoding's choice, the same on every run. */
 int32_t sample_argmax(const float *x, int n);

@@ -228,6 +228,9 @@ def test_completion(d):
     check(all(len(t) <= 3 for t in lp["top_logprobs"]) and
           all(v <= 0 for v in lp["token_logprobs"]) and
           lp["text_offset"] == sorted(lp["text_offset"]), "completion logprobs are consistent", lp)
+    check(all(top.get(t) == v for t, v, top in
+              zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])),
+          "completion logprobs: each greedy token's logprob equals its top_logprobs entry", lp)
     # token-id prompt gives the same text as the string
     st, _, r2 = d.post("/v1/completions", {"prompt": tok["tokens"], "max_tokens": 12,
                                            "temperature": 0})
@@ -256,6 +259,11 @@ def test_completion(d):
                         c["choices"][0]["finish_reason"]) and
               all(len(e["top_logprobs"]) <= 2 and isinstance(e["bytes"], list) for e in content),
               "chat logprobs: one entry per token, top_logprobs <= 2", content[:2])
+        # a token among its top_logprobs has the same log-probability there, to the last bit
+        same = [(e["logprob"], a["logprob"]) for e in content for a in e["top_logprobs"]
+                if a["token"] == e["token"]]
+        check(len(same) == len(content) and all(x == y for x, y in same),
+              "chat logprobs: each greedy token's logprob equals its top_logprobs entry", same)
         check(c["choices"][0]["finish_reason"] == "stop", "chat: finish_reason stop at EOS", c)
     st, _, t = d.post("/tokenize", {"messages": [{"role": "user",
                                                   "content": "What is the capital of France?"}]})
