@@ -442,11 +442,12 @@ END_TEST
 
 /* matmul_shared: weights that read one input, run as one job, give the bits of one matmul call
  * each: quantized weights of one type (shared activations), a mix of types (Q4_1 wants block
- * sums on the f32 path), a float weight among them (a job of its own), 1-3 threads. */
+ * sums on the f32 path), a float weight among them (a job of its own), 1-3 threads (3: spans of
+ * odd ends across the parts, and stealing). */
 START_TEST(matmul_shared_equals_separate_calls)
 {
     tu_seed(0x5ba7ed);
-    const int cols = 576, ns[] = {1, 5, 70};
+    const int cols = 576, ns[] = {1, 5, 70, 16}; /* 1-64 tokens: spans a thread (cpu_matmul.c) */
     const int64_t rows[] = {576, 192, 45, 1536};
     const enum qtype sets[][4] = {{QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0, QTYPE_Q8_0},
                                   {QTYPE_Q4_1, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q8_0},

@@ -24,6 +24,7 @@ static void cpu_destroy(struct backend *be)
     pool_destroy(c->pool);
     cpu_rope_table_free(&c->rope);
     free(c->scratch);
+    free(c->spans);
     free(c);
     free(be);
 }
@@ -182,8 +183,15 @@ int backend_cpu_create(const struct backend_cpu_opts *opts, struct backend **out
     c->kv = opts->kv_q8 ? KV_Q8 : opts->kv_f16 ? KV_F16 : KV_F32;
     c->k = cpu_kernels_with(isa, opts->prefetch);
     c->n_threads = n;
+    c->spans = aligned_alloc(64, (size_t)n * sizeof *c->spans);
+    if (!c->spans) {
+        free(be);
+        free(c);
+        return qerr_set(err, QERR_NOMEM, "cpu backend: out of memory");
+    }
     rc = pool_create(n, &c->pool, err);
     if (rc) {
+        free(c->spans);
         free(be);
         free(c);
         return rc;

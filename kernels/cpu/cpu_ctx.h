@@ -3,6 +3,8 @@
 #ifndef QUERN_CPU_CTX_H
 #define QUERN_CPU_CTX_H
 
+#include <stdatomic.h>
+
 #include "kern.h"
 #include "threadpool.h"
 
@@ -16,9 +18,16 @@ struct rope_table {
     float *cos, *sin;    /* [cap][rot_dim] */
 };
 
+/* A thread's run of a few-token matmul job's row groups (cpu_matmul.c): the next group its owner
+ * reads (front) and the end (back), front | back << 32, on a line of its own. */
+struct mm_span {
+    _Alignas(64) _Atomic uint64_t fb;
+};
+
 struct cpu_ctx {
     struct threadpool *pool;
     int n_threads;
+    struct mm_span *spans; /* [n_threads]: the running job's, one job at a time */
     enum matmul_precision precision;
     enum cpu_isa isa;
     enum kv_kind kv; /* the KV cache's element (ref.h): kv_write rounds or quantizes, attention

@@ -6,12 +6,16 @@
  *   packed weight + MATMUL_F32:  k->matmul_f32 (Q4_1 first gets per-block sums of x)
  *   float weight types:  k->matmul_float (4 x 4 register tiles over rows x tokens)
  *   scalar ISA:  the reference kernels, split the same way
- * The tokens run in chunks that fit the scratch (normally all at once); the work of a chunk is
- * cut into (row groups x up to 64 tokens) tasks, about four per thread (one for up to FEW_TOKENS),
- * claimed dynamically. A task never splits a dot product, so neither the cut nor the thread count
- * changes a value. cpu_matmul_shared runs weights that read the same input (q, k, v; gate, up) as
- * one job: the activations are prepared once and one pool job (one wait) covers all of them. */
+ * The tokens run in chunks that fit the scratch (normally all at once). A chunk of up to 64 tokens
+ * (a decode step, a draft being verified, a short prompt) on several threads is one span of row
+ * groups a thread, read as one weight stream, with threads that finish first taking the back half
+ * of the others' (mm_span_task); a larger chunk is cut into (row groups x up to 64 tokens) tasks,
+ * about four per thread, claimed dynamically. Neither cut splits a dot product, so neither the cut
+ * nor the thread count changes a value. cpu_matmul_shared runs weights that read the same input
+ * (q, k, v; gate, up) as one job: the activations are prepared once and one pool job (one wait)
+ * covers all of them. */
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +26,8 @@
 #define PREP_TOKENS      8  /* tokens per activation-prep task */
 #define PREP_PARALLEL    16 /* tokens from which the prep itself runs on the pool */
 #define TASKS_PER_THREAD 4
-/* A few tokens' matmul (a decode batch of 1-8, a draft being verified) is mostly a weight stream,
- * and each task restarts one: its first lines wait a full DRAM round trip before the prefetch
- * walker (pf_walk.h) runs ahead. So each thread gets one task, a run of whole groups. Zen 5, 2
- * threads, `quern bench --pp 16 --tg 128 --reps 2`, tokens/s, medians of 4-5 alternating rounds,
- * 2 tasks a thread / 1: in a phase where two threads read 81 GB/s, Q4_0 727 / 827, Q4_1 675 /
- * 752, Q8_0 499 / 551 (Q4_0 then at 92 % of the read roofline); where they read 42 GB/s (one
- * thread as much), 601 / 612, 548 / 558, 360 / 361; with a busy loop on one of the two vCPUs,
- * 292-334 / 302-319. `--decode-batches 1,2,4,8`, ms a step, 2 / 1: 1.47 / 1.28-1.31, 1.60-1.62 /
- * 1.46-1.54, 2.03 / 1.84-1.88, 3.23-3.32 / 3.10-3.13. (On the Zen 4, 1 a thread had measured
- * +17 % on Q4_0 and level on Q8_0 against 4; 2 was kept then as slack for a preempted thread,
- * which the busy-loop rounds above do not show to matter.) From 9 tokens a step is compute-bound
- * and the threads' balance counts: 4 a thread. */
-#define TASKS_PER_THREAD_FEW 1
-#define FEW_TOKENS           8
+/* The span a thread's owner claims at a time from its front, at least (mm_span_task) */
+#define SPAN_CLAIM_UNITS 2
 
 static size_t align64(size_t n)
 {
@@ -92,6 +84,9 @@ struct mm_job {
     int tok_per_task;
     int n_parts;
     struct mm_part part[MM_PARTS_MAX];
+    /* a few tokens' job: a span of the parts' groups (concatenated) a thread */
+    int n_spans;
+    struct mm_span *span;
 };
 
 static void prep_task(void *arg, int task, int worker)
@@ -111,24 +106,16 @@ static void prep_task(void *arg, int task, int worker)
     }
 }
 
-static void mm_task(void *arg, int task, int worker)
+/* Part pt's groups [g0, g1) for tokens [t0, t1); the kernel's weight prefetch runs on to group
+ * g_pf (>= g1), where the caller reads on next, so its calls are one stream. */
+static void mm_run(const struct mm_job *j, const struct mm_part *pt, int64_t g0, int64_t g1,
+                   int64_t g_pf, int t0, int t1)
 {
-    (void)worker;
-    struct mm_job *j = arg;
-    int pi = 0;
-    while (pi + 1 < j->n_parts && task >= j->part[pi + 1].first_task) pi++;
-    const struct mm_part *pt = &j->part[pi];
-    int64_t local = task - pt->first_task;
-    int64_t ui = local % pt->unit_tasks, ti = local / pt->unit_tasks;
-    int64_t g0 = ui * pt->units_per_task;
-    int64_t g1 = g0 + pt->units_per_task < pt->units ? g0 + pt->units_per_task : pt->units;
-    int t0 = (int)ti * j->tok_per_task;
-    int t1 = t0 + j->tok_per_task < j->n ? t0 + j->tok_per_task : j->n;
     if (pt->p) {
         if (j->q8)
-            j->k->matmul_q8(pt->p, &j->a, g0, g1, t0, t1, pt->y);
+            j->k->matmul_q8(pt->p, &j->a, g0, g1, g_pf, t0, t1, pt->y);
         else
-            j->k->matmul_f32(pt->p, j->x, j->xs, g0, g1, t0, t1, pt->y);
+            j->k->matmul_f32(pt->p, j->x, j->xs, g0, g1, g_pf, t0, t1, pt->y);
         return;
     }
     const struct bweight *w = pt->w;
@@ -147,6 +134,130 @@ static void mm_task(void *arg, int task, int worker)
         ref_matmul_q8_rows(w, &a, t1 - t0, y, r0, r1);
     } else {
         ref_matmul_rows(w, j->x + (size_t)t0 * (size_t)w->cols, t1 - t0, y, r0, r1);
+    }
+}
+
+static void mm_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct mm_job *j = arg;
+    int pi = 0;
+    while (pi + 1 < j->n_parts && task >= j->part[pi + 1].first_task) pi++;
+    const struct mm_part *pt = &j->part[pi];
+    int64_t local = task - pt->first_task;
+    int64_t ui = local % pt->unit_tasks, ti = local / pt->unit_tasks;
+    int64_t g0 = ui * pt->units_per_task;
+    int64_t g1 = g0 + pt->units_per_task < pt->units ? g0 + pt->units_per_task : pt->units;
+    int t0 = (int)ti * j->tok_per_task;
+    int t1 = t0 + j->tok_per_task < j->n ? t0 + j->tok_per_task : j->n;
+    mm_run(j, pt, g0, g1, g1, t0, t1);
+}
+
+/* Units [u0, u1) of the parts' concatenated groups, all tokens; prefetch runs on to unit u_pf
+ * within each part. */
+static void mm_run_units(const struct mm_job *j, int64_t u0, int64_t u1, int64_t u_pf)
+{
+    int64_t base = 0;
+    for (int i = 0; i < j->n_parts && u0 < u1; i++) {
+        const struct mm_part *pt = &j->part[i];
+        int64_t end = base + pt->units;
+        if (u0 < end) {
+            int64_t g0 = u0 - base, g1 = (u1 < end ? u1 : end) - base;
+            int64_t g_pf = (u_pf < end ? u_pf : end) - base;
+            mm_run(j, pt, g0, g1, g_pf < g1 ? g1 : g_pf, 0, j->n);
+            u0 = base + g1;
+        }
+        base = end;
+    }
+}
+
+/* Where span i of n begins: an even unit (the last span ends at the job's end). */
+static uint64_t span_edge(int64_t units, int i, int n)
+{
+    return i == n ? (uint64_t)units : (uint64_t)(units * i / n) & ~(uint64_t)1;
+}
+
+static inline uint64_t span_word(uint64_t front, uint64_t back)
+{
+    return front | back << 32;
+}
+
+/* The span's owner takes a quarter of what its span has left from the front (an even count, at
+ * least SPAN_CLAIM_UNITS, at most all): [*u0, *u1), and *back, the span's end when it did. False
+ * when the span is done. Even counts keep the pair tile's groups together (spans start even). */
+static bool span_take_front(_Atomic uint64_t *fb, uint64_t *u0, uint64_t *u1, uint64_t *back)
+{
+    uint64_t v = atomic_load_explicit(fb, memory_order_relaxed);
+    for (;;) {
+        uint64_t f = v & 0xffffffffu, b = v >> 32;
+        if (f >= b) return false;
+        uint64_t take = ((b - f) / 4) & ~(uint64_t)1;
+        take = take > SPAN_CLAIM_UNITS ? take : SPAN_CLAIM_UNITS;
+        take = take < b - f ? take : b - f;
+        if (atomic_compare_exchange_weak_explicit(fb, &v, span_word(f + take, b),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *u0 = f;
+            *u1 = f + take;
+            *back = b;
+            return true;
+        }
+    }
+}
+
+/* A thread out of work takes the back half of what the span has left (an even count, at least
+ * SPAN_CLAIM_UNITS): [*u0, *u1). False when less is left. */
+static bool span_take_back(_Atomic uint64_t *fb, uint64_t *u0, uint64_t *u1)
+{
+    uint64_t v = atomic_load_explicit(fb, memory_order_relaxed);
+    for (;;) {
+        uint64_t f = v & 0xffffffffu, b = v >> 32;
+        uint64_t half = b > f ? ((b - f) / 2) & ~(uint64_t)1 : 0;
+        if (half < SPAN_CLAIM_UNITS) return false;
+        uint64_t mid = b - half;
+        if (atomic_compare_exchange_weak_explicit(fb, &v, span_word(f, mid), memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *u0 = mid;
+            *u1 = b;
+            return true;
+        }
+    }
+}
+
+/* A job of up to 64 tokens (a decode step's weight streams; from 9 tokens compute-bound, yet
+ * still fed from DRAM): task i is span i, a run of whole groups that its thread reads front to
+ * back in claims of a quarter of what is left, its kernel calls one prefetch stream (their
+ * horizon, mm_run_units); a thread that runs out takes the back half of the span with the most
+ * left, again and again. So each thread restarts its weight stream once, where every task
+ * restarts one (its first lines wait a DRAM round trip before the walker, pf_walk.h, runs
+ * ahead), and the threads still end together where a fixed cut would leave one waiting. On the
+ * Zen 4, 2 threads, against four tasks a thread (from 9 tokens; one from 1 to 8):
+ * `bench --kernels --batches 16` from DRAM, the 1536x576 Q4_1 matmul 52-55 against 57-61 us;
+ * `bench --decode-batches 4,16 --pp 160`, 5 alternating rounds, ms a step, batch 4 4.83 / 5.06,
+ * batch 16 13.49 / 14.58 (each round faster); `bench --requests 32 --input-len 128
+ * --output-len 64`, 3 rounds, C = 16 571-582 against 500-569 output tok/s (docs/benchmarks.md,
+ * 2026-12-06 04:33 UTC). The one-task-a-thread cut it replaces for 1-8 tokens had measured on
+ * Zen 5, 2 tasks a thread / 1, tg128 Q4_0 727 / 827 where two threads read 81 GB/s. Each group
+ * is still one kernel call's, over all the tokens: which thread runs it changes no bit. */
+static void mm_span_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    struct mm_job *j = arg;
+    uint64_t u0, u1, back;
+    while (span_take_front(&j->span[task].fb, &u0, &u1, &back))
+        mm_run_units(j, (int64_t)u0, (int64_t)u1, (int64_t)back);
+    for (;;) {
+        int best = -1;
+        uint64_t most = 2 * SPAN_CLAIM_UNITS - 1;
+        for (int i = 0; i < j->n_spans; i++) {
+            uint64_t v = atomic_load_explicit(&j->span[i].fb, memory_order_relaxed);
+            uint64_t f = v & 0xffffffffu, b = v >> 32;
+            if (b > f && b - f > most) {
+                most = b - f;
+                best = i;
+            }
+        }
+        if (best < 0 || !span_take_back(&j->span[best].fb, &u0, &u1)) return;
+        mm_run_units(j, (int64_t)u0, (int64_t)u1, (int64_t)u1);
     }
 }
 
@@ -178,8 +289,9 @@ static bool can_share(const struct cpu_ctx *c, const struct bweight *a, const st
 }
 
 /* Runs ws[0..nw) (can_share, nw <= MM_PARTS_MAX) on x[n]: the activations prepared once per
- * chunk of tokens, then every weight's (row groups x tokens) tasks in one pool job, about
- * TASKS_PER_THREAD per thread in all, each weight's rows cut evenly. */
+ * chunk of tokens, then one pool job for all the weights: a span a thread (mm_span_task) for up
+ * to TOK_TILE tokens, else (row groups x tokens) tasks, about TASKS_PER_THREAD per thread in
+ * all, each weight's rows cut evenly. */
 static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int nw, const float *x,
                        int n, float *const *ys)
 {
@@ -217,9 +329,20 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
                 for (int t = 0; t < prep_tasks; t++) prep_task(&j, t, 0);
         }
         j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
+        if (cnt <= TOK_TILE && c->n_threads > 1) {
+            for (int i = 0; i < nw; i++) j.part[i].y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
+            j.n_spans = c->n_threads;
+            j.span = c->spans;
+            for (int i = 0; i < j.n_spans; i++)
+                atomic_store_explicit(&j.span[i].fb,
+                                      span_word(span_edge(all_units, i, j.n_spans),
+                                                span_edge(all_units, i + 1, j.n_spans)),
+                                      memory_order_relaxed); /* pool_run publishes them */
+            pool_run(c->pool, mm_span_task, &j, j.n_spans);
+            continue;
+        }
         int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
-        int per = cnt <= FEW_TOKENS ? TASKS_PER_THREAD_FEW : TASKS_PER_THREAD;
-        int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * per : 1;
+        int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * TASKS_PER_THREAD : 1;
         int64_t upt = (all_units * tok_tasks + target - 1) / target;
         /* whole pairs of groups (KERN_PAIR_MIN_TOKENS): no task ends on a lone one */
         if (cnt >= KERN_PAIR_MIN_TOKENS && upt > 1) upt += upt & 1;

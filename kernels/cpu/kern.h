@@ -29,13 +29,16 @@ struct cpu_kernels {
     void (*quantize_q8)(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
     /* Sums of each 32-block of one token row (the float path's Q4_1 minimum term). */
     void (*block_sums)(const float *x, int64_t cols, float *xs);
-    /* y[t][r] (row stride w->rows) for the rows of groups [g0, g1) and tokens [t0, t1).
-     * NULL in the scalar table, which runs the reference on the file's layout instead. */
-    void (*matmul_q8)(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
-                      int t1, float *y);
-    /* The float path on the packed layout: x[n][cols], xs[n][nb] from block_sums (Q4_1). */
+    /* y[t][r] (row stride w->rows) for the rows of groups [g0, g1) and tokens [t0, t1). The
+     * weight prefetch (pf_walk.h) runs on to group gp (>= g1), where the caller reads next, so a
+     * run of calls over consecutive groups streams as one call would. NULL in the scalar table,
+     * which runs the reference on the file's layout instead. */
+    void (*matmul_q8)(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                      int64_t gp, int t0, int t1, float *y);
+    /* The float path on the packed layout: x[n][cols], xs[n][nb] from block_sums (Q4_1); gp as
+     * matmul_q8's. */
     void (*matmul_f32)(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                       int64_t g1, int t0, int t1, float *y);
+                       int64_t g1, int64_t gp, int t0, int t1, float *y);
     /* Float weights (F32/F16/BF16, the file's rows): y for rows [r0, r1) and tokens [t0, t1).
      * NULL in the scalar table (ref_matmul_rows). */
     void (*matmul_float)(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
@@ -119,10 +122,10 @@ void scalar_attention(float *out, const float *q, const float *k_cache, const fl
 /* AVX2 + FMA + F16C */
 void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
 void avx2_block_sums(const float *x, int64_t cols, float *xs);
-void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
-                    int t1, float *y);
+void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                    int64_t gp, int t0, int t1, float *y);
 void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0, int64_t g1,
-                     int t0, int t1, float *y);
+                     int64_t gp, int t0, int t1, float *y);
 void avx2_matmul_float(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
                        int t1, float *y);
 void avx2_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
@@ -155,18 +158,18 @@ void avx2_attention_q8_part(float *out, const float *q, const uint8_t *k_cache,
                             const struct attn_parts *pp);
 
 /* AVX2 + FMA + F16C + AVX-VNNI: the AVX2 kernels but this one */
-void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
-                       int t1, float *y);
+void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                       int64_t gp, int t0, int t1, float *y);
 
 /* AVX-512 F/BW/VL/VNNI */
 void avx512_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum);
 void avx512_block_sums(const float *x, int64_t cols, float *xs);
-void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int t0,
-                      int t1, float *y);
+void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                      int64_t gp, int t0, int t1, float *y);
 void avx512_matmul_q8_l1(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                         int t0, int t1, float *y); /* its weight prefetch into L1 */
+                         int64_t gp, int t0, int t1, float *y); /* its weight prefetch into L1 */
 void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                       int64_t g1, int t0, int t1, float *y);
+                       int64_t g1, int64_t gp, int t0, int t1, float *y);
 void avx512_matmul_float(const struct bweight *w, const float *x, int64_t r0, int64_t r1, int t0,
                          int t1, float *y);
 void avx512_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);

@@ -292,9 +292,9 @@ TGT INLINE void q8_gemv_group(const struct qpack *w, int64_t g, const struct q8a
 }
 
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                          int t0, int t1, float *y, const enum qpack_layout type)
+                          int64_t gp, int t0, int t1, float *y, const enum qpack_layout type)
 {
-    struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
+    struct pf_walk pw = pf_walk_start(w, g0, gp, PF_L1);
     for (int64_t g = g0; g < g1; g++) {
         if (t1 - t0 == 1 && mm256_half_rows(w, g, 1) == HALF) {
             q8_gemv_group(w, g, a, t0, &pw, type, y);
@@ -315,20 +315,20 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 }
 
 TGT void avx2_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                        int t0, int t1, float *y)
+                        int64_t gp, int t0, int t1, float *y)
 {
     switch (w->layout) {
     case QPACK_Q8_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q8_0);
         break;
     case QPACK_Q4_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_0);
         break;
     case QPACK_Q4_1:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_1);
         break;
     case QPACK_Q5_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;
@@ -402,9 +402,10 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, int h, const float *x
 }
 
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                           int64_t g1, int t0, int t1, float *y, const enum qpack_layout type)
+                           int64_t g1, int64_t gp, int t0, int t1, float *y,
+                           const enum qpack_layout type)
 {
-    struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
+    struct pf_walk pw = pf_walk_start(w, g0, gp, PF_L1);
     for (int64_t g = g0; g < g1; g++)
         for (int h = 0; h < 2; h++) {
             int t = t0;
@@ -414,20 +415,20 @@ TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *x
 }
 
 TGT void avx2_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                         int64_t g1, int t0, int t1, float *y)
+                         int64_t g1, int64_t gp, int t0, int t1, float *y)
 {
     switch (w->layout) {
     case QPACK_Q8_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q8_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q8_0);
         break;
     case QPACK_Q4_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q4_0);
         break;
     case QPACK_Q4_1:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_1);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q4_1);
         break;
     case QPACK_Q5_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q5_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;

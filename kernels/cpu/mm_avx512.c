@@ -318,9 +318,10 @@ TGT INLINE void widen_q5_group(const struct qpack *w, int64_t g, uint8_t *out)
 }
 
 TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                          int t0, int t1, float *y, const enum qpack_layout type, const int L1)
+                          int64_t gp, int t0, int t1, float *y, const enum qpack_layout type,
+                          const int L1)
 {
-    struct pf_walk pw = pf_walk_start(w, g0, g1, L1);
+    struct pf_walk pw = pf_walk_start(w, g0, gp, L1);
     int64_t g = g0;
     /* five-bit pairs only widened (rows wider than that take the one-group tile) */
     if (t1 - t0 >= KERN_PAIR_MIN_TOKENS && (type != QPACK_Q5_0 || w->nb <= WIDE_BLOCKS))
@@ -373,20 +374,20 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 }
 
 TGT INLINE void q8_types(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                         int t0, int t1, float *y, const int L1)
+                         int64_t gp, int t0, int t1, float *y, const int L1)
 {
     switch (w->layout) {
     case QPACK_Q8_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0, L1);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q8_0, L1);
         break;
     case QPACK_Q4_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0, L1);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_0, L1);
         break;
     case QPACK_Q4_1:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1, L1);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_1, L1);
         break;
     case QPACK_Q5_0:
-        q8_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0, L1);
+        q8_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q5_0, L1);
         break;
     default:
         break;
@@ -394,15 +395,15 @@ TGT INLINE void q8_types(const struct qpack *w, const struct q8act *a, int64_t g
 }
 
 TGT void avx512_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                          int t0, int t1, float *y)
+                          int64_t gp, int t0, int t1, float *y)
 {
-    q8_types(w, a, g0, g1, t0, t1, y, 0);
+    q8_types(w, a, g0, g1, gp, t0, t1, y, 0);
 }
 
 TGT void avx512_matmul_q8_l1(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                             int t0, int t1, float *y)
+                             int64_t gp, int t0, int t1, float *y)
 {
-    q8_types(w, a, g0, g1, t0, t1, y, 1);
+    q8_types(w, a, g0, g1, gp, t0, t1, y, 1);
 }
 
 /* pshufb control moving byte j of every dword to its low byte, zeroing the rest */
@@ -457,9 +458,10 @@ TGT INLINE void f32_tile(const struct qpack *w, int64_t g, const float *x, const
 }
 
 TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                           int64_t g1, int t0, int t1, float *y, const enum qpack_layout type)
+                           int64_t g1, int64_t gp, int t0, int t1, float *y,
+                           const enum qpack_layout type)
 {
-    struct pf_walk pw = pf_walk_start(w, g0, g1, 0);
+    struct pf_walk pw = pf_walk_start(w, g0, gp, 0);
     for (int64_t g = g0; g < g1; g++) {
         int t = t0;
         for (; t + 4 <= t1; t += 4) f32_tile(w, g, x, xs, t, 4, type, &pw, y);
@@ -474,20 +476,20 @@ TGT INLINE void f32_groups(const struct qpack *w, const float *x, const float *x
 }
 
 TGT void avx512_matmul_f32(const struct qpack *w, const float *x, const float *xs, int64_t g0,
-                           int64_t g1, int t0, int t1, float *y)
+                           int64_t g1, int64_t gp, int t0, int t1, float *y)
 {
     switch (w->layout) {
     case QPACK_Q8_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q8_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q8_0);
         break;
     case QPACK_Q4_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q4_0);
         break;
     case QPACK_Q4_1:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q4_1);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q4_1);
         break;
     case QPACK_Q5_0:
-        f32_groups(w, x, xs, g0, g1, t0, t1, y, QPACK_Q5_0);
+        f32_groups(w, x, xs, g0, g1, gp, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;

@@ -120,9 +120,9 @@ TGT INLINE void q8v_tile(const struct qpack *w, int64_t g, const struct q8act *a
 }
 
 TGT INLINE void q8v_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                           int t0, int t1, float *y, const enum qpack_layout type)
+                           int64_t gp, int t0, int t1, float *y, const enum qpack_layout type)
 {
-    struct pf_walk pw = pf_walk_start(w, g0, g1, PF_L1);
+    struct pf_walk pw = pf_walk_start(w, g0, gp, PF_L1);
     const int64_t passes = (t1 - t0 + TMAX - 1) / TMAX;
     for (int64_t g = g0; g < g1; g++) {
         int64_t pass = 0;
@@ -146,20 +146,20 @@ TGT INLINE void q8v_groups(const struct qpack *w, const struct q8act *a, int64_t
 }
 
 TGT void avxvnni_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                           int t0, int t1, float *y)
+                           int64_t gp, int t0, int t1, float *y)
 {
     switch (w->layout) {
     case QPACK_Q8_0:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q8_0);
+        q8v_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q8_0);
         break;
     case QPACK_Q4_0:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_0);
+        q8v_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_0);
         break;
     case QPACK_Q4_1:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q4_1);
+        q8v_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_1);
         break;
     case QPACK_Q5_0:
-        q8v_groups(w, a, g0, g1, t0, t1, y, QPACK_Q5_0);
+        q8v_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q5_0);
         break;
     default:
         break;
