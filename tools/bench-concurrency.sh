@@ -37,6 +37,12 @@ for q in "${querns[@]}"; do
     [[ -x $q ]] || { echo "bench-concurrency.sh: no quern at $q (build it first)" >&2; exit 1; }
 done
 quern=${querns[0]}
+# a build's name in the table: its file name, or (when two builds share one, as build/server/quern
+# and another tree's) the path it was given, so that neither their rows nor their medians mix
+uniq_names=$(for q in "${querns[@]}"; do basename "$q"; done | sort -u | wc -l)
+label() {
+    if [[ $uniq_names -lt ${#querns[@]} ]]; then printf '%s' "${1// /_}"; else basename "$1"; fi
+}
 [[ -f $model ]] || { echo "bench-concurrency.sh: no model at $model" >&2; exit 1; }
 if [[ -z $isas ]]; then
     isas=native
@@ -68,9 +74,9 @@ for r in $(seq "$rounds"); do
     for isa in $isas; do for q in "${querns[@]}"; do
         one=$(run "$q" "$isa" 1)
         many=$(run "$q" "$isa" "$conc")
-        python3 - "$q" "$isa" "$r" "$one" "$many" "$results" <<'EOF'
-import json, os, sys
-q, isa, r = os.path.basename(sys.argv[1]), sys.argv[2], sys.argv[3]
+        python3 - "$(label "$q")" "$isa" "$r" "$one" "$many" "$results" <<'EOF'
+import json, sys
+q, isa, r = sys.argv[1], sys.argv[2], sys.argv[3]
 one, many, out = json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
 for j in (one, many):
     if j["failed"]:

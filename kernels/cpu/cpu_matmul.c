@@ -233,11 +233,11 @@ static bool span_take_back(_Atomic uint64_t *fb, uint64_t *u0, uint64_t *u1)
  * Zen 4, 2 threads, against four tasks a thread (from 9 tokens; one from 1 to 8):
  * `bench --kernels --batches 16` from DRAM, the 1536x576 Q4_1 matmul 52-55 against 57-61 us;
  * `bench --decode-batches 4,16 --pp 160`, 5 alternating rounds, ms a step, batch 4 4.83 / 5.06,
- * batch 16 13.49 / 14.58 (each round faster); `bench --requests 32 --input-len 128
- * --output-len 64`, 3 rounds, C = 16 571-582 against 500-569 output tok/s (docs/benchmarks.md,
- * 2026-12-06 04:33 UTC). The one-task-a-thread cut it replaces for 1-8 tokens had measured on
- * Zen 5, 2 tasks a thread / 1, tg128 Q4_0 727 / 827 where two threads read 81 GB/s. Each group
- * is still one kernel call's, over all the tokens: which thread runs it changes no bit. */
+ * batch 16 13.49 / 14.58 (each round faster); whole serving runs, whose prefill this leaves
+ * alone, within their noise (docs/benchmarks.md, 2026-12-06 04:33 UTC). The one-task-a-thread cut
+ * it replaces for 1-8 tokens had measured on Zen 5, 2 tasks a thread / 1, tg128 Q4_0 727 / 827
+ * where two threads read 81 GB/s. Each group is still one kernel call's, over all the tokens: which
+ * thread runs it changes no bit. */
 static void mm_span_task(void *arg, int task, int worker)
 {
     (void)worker;
