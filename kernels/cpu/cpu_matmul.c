@@ -26,7 +26,8 @@
 #define PREP_TOKENS      8  /* tokens per activation-prep task */
 #define PREP_PARALLEL    16 /* tokens from which the prep itself runs on the pool */
 #define TASKS_PER_THREAD 4
-/* The span a thread's owner claims at a time from its front, at least (mm_span_task) */
+/* The fewest row groups a span's owner claims from its front, or another thread takes from its
+ * back (mm_span_task) */
 #define SPAN_CLAIM_UNITS 2
 
 static size_t align64(size_t n)
@@ -84,7 +85,7 @@ struct mm_job {
     int tok_per_task;
     int n_parts;
     struct mm_part part[MM_PARTS_MAX];
-    /* a few tokens' job: a span of the parts' groups (concatenated) a thread */
+    /* a job of up to TOK_TILE tokens: a span of the parts' groups (concatenated) a thread */
     int n_spans;
     struct mm_span *span;
 };
@@ -328,9 +329,8 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
             else
                 for (int t = 0; t < prep_tasks; t++) prep_task(&j, t, 0);
         }
-        j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
+        for (int i = 0; i < nw; i++) j.part[i].y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
         if (cnt <= TOK_TILE && c->n_threads > 1) {
-            for (int i = 0; i < nw; i++) j.part[i].y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
             j.n_spans = c->n_threads;
             j.span = c->spans;
             for (int i = 0; i < j.n_spans; i++)
@@ -341,6 +341,7 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
             pool_run(c->pool, mm_span_task, &j, j.n_spans);
             continue;
         }
+        j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
         int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
         int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * TASKS_PER_THREAD : 1;
         int64_t upt = (all_units * tok_tasks + target - 1) / target;
@@ -349,7 +350,6 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
         int tasks = 0;
         for (int i = 0; i < nw; i++) {
             struct mm_part *pt = &j.part[i];
-            pt->y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
             pt->units_per_task = upt < 1 ? 1 : upt > pt->units ? pt->units : upt;
             pt->unit_tasks = (pt->units + pt->units_per_task - 1) / pt->units_per_task;
             pt->first_task = tasks;
