@@ -18,8 +18,8 @@ struct rope_table {
     float *cos, *sin;    /* [cap][rot_dim] */
 };
 
-/* A thread's run of a few-token matmul job's row groups (cpu_matmul.c): the next group its owner
- * reads (front) and the end (back), front | back << 32, on a line of its own. */
+/* A thread's run of row groups in a matmul job of up to 64 tokens (cpu_matmul.c): the next group
+ * its owner reads (front) and the end (back), front | back << 32, on a line of its own. */
 struct mm_span {
     _Alignas(64) _Atomic uint64_t fb;
 };
