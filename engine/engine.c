@@ -1028,8 +1028,10 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
         return qerr_set(err, QERR_INVALID, "stop: at most %d stop strings and %d stop ids",
                         ENGINE_MAX_STOPS, ENGINE_MAX_STOPS);
     for (int i = 0; i < r->n_stop_strings; i++)
-        if (!r->stop_strings[i] || !*r->stop_strings[i] || strlen(r->stop_strings[i]) > 200)
-            return qerr_set(err, QERR_INVALID, "stop: strings must have 1..200 bytes");
+        if (!r->stop_strings[i] || !*r->stop_strings[i] ||
+            strlen(r->stop_strings[i]) > ENGINE_MAX_STOP_BYTES)
+            return qerr_set(err, QERR_INVALID, "stop: strings must have 1..%d bytes",
+                            ENGINE_MAX_STOP_BYTES);
     if (r->n_logit_bias < 0 || r->n_logit_bias > ENGINE_MAX_LOGIT_BIAS ||
         (r->n_logit_bias > 0 && !r->logit_bias))
         return qerr_set(err, QERR_INVALID, "logit_bias: at most %d tokens", ENGINE_MAX_LOGIT_BIAS);

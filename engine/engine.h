@@ -114,6 +114,7 @@ enum engine_pooling {
 };
 
 #define ENGINE_MAX_STOPS        8
+#define ENGINE_MAX_STOP_BYTES   200 /* the longest stop string */
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_MAX_LOGIT_BIAS   1024
 

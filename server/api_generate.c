@@ -431,6 +431,23 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
     return 0;
 }
 
+/* The request field an engine check names at the head of its message ("min_tokens: 9 is not
+ * in ...", "top_p 2 not in ..."), copied into field; false for none. */
+static bool engine_error_field(const char *msg, char field[64])
+{
+    static const char fields[] = " prompt max_tokens min_tokens stop_token_ids stop logit_bias "
+                                 "top_logprobs prompt_logprobs temperature top_k top_p min_p "
+                                 "repetition_penalty presence_penalty frequency_penalty ";
+    size_t n = strcspn(msg, ": ");
+    /* "prompt (84 tokens) + max_tokens ..." names no one field */
+    if (n == 0 || n > 32 || msg[n] == '\0' || (msg[n] == ' ' && msg[n + 1] == '(')) return false;
+    char key[36];
+    snprintf(key, sizeof key, " %.*s ", (int)n, msg);
+    if (!strstr(fields, key)) return false;
+    snprintf(field, 64, "%.*s", (int)n, msg);
+    return true;
+}
+
 int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
 {
     if (q->code == QERR_FULL && (atomic_load(&s->state) != SERVE_READY || strstr(q->msg, "drain")))
@@ -438,8 +455,12 @@ int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
     if (q->code == QERR_FULL)
         return oai_error_set(e, 429, "rate_limit_error", "queue_full", NULL,
                              "the request queue is full (%s); retry later", q->msg);
-    if (q->code == QERR_INVALID)
-        return oai_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", q->msg);
+    if (q->code == QERR_INVALID) {
+        char field[64];
+        bool named = engine_error_field(q->msg, field);
+        return oai_error_set(e, 400, "invalid_request_error", named ? "invalid_value" : NULL,
+                             named ? field : NULL, "%s", q->msg);
+    }
     return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", q->msg);
 }
 

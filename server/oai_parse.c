@@ -288,6 +288,9 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
     const cJSON *s = oai_field(root, "stop");
     if (!s) return 0;
     if (cJSON_IsString(s)) {
+        if (strlen(s->valuestring) > ENGINE_MAX_STOP_BYTES)
+            return bad(e, "stop", "'stop' has %zu bytes; at most %d are allowed",
+                       strlen(s->valuestring), ENGINE_MAX_STOP_BYTES);
         if (*s->valuestring) r->stop[r->n_stop++] = s->valuestring;
         return 0;
     }
@@ -300,6 +303,9 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
     cJSON_ArrayForEach(x, s)
     {
         if (!cJSON_IsString(x)) return bad(e, "stop", "'stop' must hold only strings");
+        if (strlen(x->valuestring) > ENGINE_MAX_STOP_BYTES)
+            return bad(e, "stop", "'stop' string %d has %zu bytes; at most %d are allowed",
+                       r->n_stop, strlen(x->valuestring), ENGINE_MAX_STOP_BYTES);
         if (*x->valuestring) r->stop[r->n_stop++] = x->valuestring;
     }
     return 0;

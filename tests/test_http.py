@@ -354,8 +354,16 @@ def test_min_tokens_and_stop_ids(d):
     check(st == 200 and r["usage"]["completion_tokens"] >= 4,
           "min_tokens holds a stop id back too", r)
     st, _, r = d.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5})
-    check(st == 400 and "min_tokens" in r["error"]["message"],
-          "min_tokens over max_tokens: a 400 that says so", r)
+    check(st == 400 and "min_tokens" in r["error"]["message"] and
+          r["error"]["param"] == "min_tokens" and r["error"]["code"] == "invalid_value",
+          "min_tokens over max_tokens: a 400 that says so and names the field", r)
+    st, _, r = d.post("/v1/completions", {"prompt": "x", "max_tokens": 4,
+                                          "stop_token_ids": [10 ** 6]})
+    check(st == 400 and r["error"]["param"] == "stop_token_ids",
+          "a stop id past the vocabulary: a 400 naming stop_token_ids", r)
+    st, _, r = d.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "stop": ["ab", "c" * 201]})
+    check(st == 400 and r["error"]["param"] == "stop" and "201" in r["error"]["message"],
+          "a stop string over 200 bytes: a 400 naming stop and its length", r)
 
 
 def test_streaming(d):
