@@ -425,9 +425,12 @@ static int parse(struct gguf_file *f, struct qerr *err)
             return qerr_set(err, QERR_FORMAT, "%s: general.alignment has type %s, want u32",
                             f->path, gguf_vtype_name(al->type));
         memcpy(&a, al->value, 4);
-        if (a == 0 || (a & (a - 1)))
-            return qerr_set(err, QERR_FORMAT, "%s: general.alignment %u is not a power of two",
-                            f->path, a);
+        /* the GGUF spec's rule: a multiple of 8, which keeps every tensor's fp16 and f32
+         * fields aligned in the mapping (an odd one put a Q5_1 block's scale at an odd address) */
+        if (a < 8 || (a & (a - 1)))
+            return qerr_set(err, QERR_FORMAT,
+                            "%s: general.alignment %u is not a power of two of at least 8", f->path,
+                            a);
         f->alignment = a;
     }
 

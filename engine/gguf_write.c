@@ -342,9 +342,9 @@ static int get_alignment(const struct gguf_writer *w, uint64_t *out, struct qerr
     if (!kv) return 0;
     uint32_t a = 0;
     if (kv->type == GGUF_U32) memcpy(&a, kv->val, 4);
-    if (kv->type != GGUF_U32 || a == 0 || (a & (a - 1)))
+    if (kv->type != GGUF_U32 || a < 8 || (a & (a - 1)))
         return qerr_set(err, QERR_INVALID,
-                        "gguf writer: general.alignment must be a u32 power of two");
+                        "gguf writer: general.alignment must be a u32 power of two of at least 8");
     *out = a;
     return 0;
 }

@@ -60,9 +60,10 @@ struct spec {
     uint64_t tensor_offset;
     uint32_t n_dims;
     uint64_t data_bytes; /* bytes of tensor data actually written */
+    uint32_t alignment;  /* general.alignment, 0 for none (32); the data is 32-aligned anyway */
 };
 
-static const struct spec good = {"GGUF", 3, QTYPE_F32, 0, 2, 8 * 4 * 4};
+static const struct spec good = {"GGUF", 3, QTYPE_F32, 0, 2, 8 * 4 * 4, 0};
 
 /* One tensor "w" of 8x4 F32 plus a few keys. */
 static struct buf build(const struct spec *s)
@@ -70,9 +71,10 @@ static struct buf build(const struct spec *s)
     struct buf b = {0};
     put(&b, s->magic, 4);
     put_u32(&b, s->version);
-    put_u64(&b, 1); /* tensors */
-    put_u64(&b, 3); /* kvs */
+    put_u64(&b, 1);                    /* tensors */
+    put_u64(&b, s->alignment ? 4 : 3); /* kvs */
     kv_str(&b, "general.architecture", "llama");
+    if (s->alignment) kv_u32(&b, "general.alignment", s->alignment);
     kv_u32(&b, "llama.block_count", 2);
     put_str(&b, "tokenizer.ggml.tokens");
     put_u32(&b, GGUF_ARRAY);
@@ -205,6 +207,27 @@ START_TEST(offset_unaligned)
     ck_assert_int_eq(open_buf(&b, &err), QERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(err.msg, "not aligned"));
     free(b.p);
+}
+END_TEST
+
+/* The spec's alignment is a multiple of 8: a smaller power of two could put a block's fp16
+ * scale (or an f32) at an odd address of the mapping (a fuzzed Q5_1 file did). */
+START_TEST(alignment_below_8)
+{
+    struct spec s = good;
+    for (uint32_t a = 1; a <= 8; a *= 2) {
+        s.alignment = a;
+        struct buf b = build(&s);
+        struct qerr err = {0};
+        int rc = open_buf(&b, &err);
+        if (a < 8) {
+            ck_assert_int_eq(rc, QERR_FORMAT);
+            ck_assert_ptr_nonnull(strstr(err.msg, "general.alignment"));
+        } else {
+            ck_assert_msg(rc == 0, "alignment 8: %s", err.msg);
+        }
+        free(b.p);
+    }
 }
 END_TEST
 
@@ -622,6 +645,7 @@ int main(void)
     tcase_add_test(tc, bad_version);
     tcase_add_test(tc, offset_past_end);
     tcase_add_test(tc, offset_unaligned);
+    tcase_add_test(tc, alignment_below_8);
     tcase_add_test(tc, unsupported_tensor_type);
     tcase_add_test(tc, converted_type_short_rows);
     tcase_add_test(tc, too_many_dims);
