@@ -252,7 +252,9 @@ char *oai_write_detokenized(const char *text, size_t len);
 size_t oai_token_text(const struct oai_vocab *v, int32_t id, char *out, size_t cap);
 
 /* A chat response body with each choice's tool calls (in format fmt) turned into
- * message.tool_calls (finish_reason "tool_calls"); takes body (freed) and returns the new one. */
+ * message.tool_calls (finish_reason "stop" becomes "tool_calls"; an output cut by max_tokens
+ * keeps "length", with the whole calls before the cut); takes body (freed) and returns the new
+ * one. oai_tools_chunks streams the same calls. */
 char *oai_tools_rewrite(char *body, const char *id, enum chat_tool_format fmt);
 /* The SSE chunks for choice index of a streamed chat with tools, whose text so far is
  * text[0..len) and of which *sent bytes went out as content already: while it runs (finish

@@ -159,7 +159,9 @@ char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int 
     }
     struct oai_tool_call *calls = NULL;
     size_t keep = len;
-    int n = finish == FINISH_STOP ? oai_parse_tool_calls(fmt, text, len, &calls, &keep) : 0;
+    /* as oai_tools_rewrite reads a whole response: the calls of any output, a cut one's too
+     * (the whole calls before the cut), only a stop's finish becoming "tool_calls" */
+    int n = oai_parse_tool_calls(fmt, text, len, &calls, &keep);
     if (n < 0) return NULL;
     if (n == 0) keep = len;
     rc |= content_chunk(&b, m, index, text, *sent, keep, usage_null);
@@ -185,7 +187,7 @@ char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int 
         }
         rc |= chunk(&b, m, index, d2, NULL, usage_null);
     }
-    const char *fin = n > 0 ? "tool_calls" : oai_finish_name(finish);
+    const char *fin = n > 0 && finish == FINISH_STOP ? "tool_calls" : oai_finish_name(finish);
     rc |= chunk(&b, m, index, cJSON_CreateObject(), fin, usage_null);
     oai_tool_calls_free(calls, n > 0 ? (size_t)n : 0);
     if (rc) {

@@ -1100,6 +1100,16 @@ struct tool_case {
 };
 
 static const struct tool_case k_tool_cases[] = {
+    /* cut by max_tokens inside a third call's tag: the two whole calls (a fuzzed-by-sampling
+     * stream once sent this as content where the whole response had the calls) */
+    {CHAT_TOOLS_HERMES,
+     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+     "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n"
+     "</tool_call>\n<tool",
+     "",
+     2,
+     {"get_weather", "get_time"},
+     {"{\"city\":\"Paris\"}", "{\"tz\":\"CET\"}"}},
     {CHAT_TOOLS_HERMES,
      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
      "\"Paris\"}}\n</tool_call>\n",
@@ -1193,45 +1203,51 @@ START_TEST(tool_call_parsers)
             ck_assert_str_eq(calls[k].arguments, c->args[k]);
         }
         oai_tool_calls_free(calls, n > 0 ? (size_t)n : 0);
-        /* the whole response: message.tool_calls, finish_reason tool_calls */
-        cJSON *body = cJSON_CreateObject(), *ch = cJSON_CreateObject(), *msg;
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "choices"), ch);
-        msg = cJSON_AddObjectToObject(ch, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", c->out);
-        cJSON_AddStringToObject(ch, "finish_reason", "stop");
-        char *text = cJSON_PrintUnformatted(body);
-        cJSON_Delete(body);
-        text = oai_tools_rewrite(text, "chatcmpl-7", c->fmt);
-        cJSON *r = cJSON_Parse(text);
-        free(text);
-        ch = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
-        msg = cJSON_GetObjectItem(ch, "message");
-        const cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
-        ck_assert_int_eq(cJSON_GetArraySize(tc), c->n);
-        ck_assert_str_eq(cJSON_GetObjectItem(ch, "finish_reason")->valuestring,
-                         c->n ? "tool_calls" : "stop");
-        for (int k = 0; k < c->n; k++) {
-            const cJSON *one = cJSON_GetArrayItem(tc, k),
-                        *fn = cJSON_GetObjectItem(one, "function");
-            ck_assert_str_eq(cJSON_GetObjectItem(one, "type")->valuestring, "function");
-            ck_assert_ptr_nonnull(cJSON_GetObjectItem(one, "id")->valuestring);
-            ck_assert_str_eq(cJSON_GetObjectItem(fn, "name")->valuestring, c->names[k]);
-            ck_assert_str_eq(cJSON_GetObjectItem(fn, "arguments")->valuestring, c->args[k]);
+        /* the whole response: message.tool_calls, finish_reason tool_calls (a cut output's
+         * whole calls too, its finish_reason kept) */
+        for (int cut = 0; cut < 2; cut++) {
+            cJSON *body = cJSON_CreateObject(), *ch = cJSON_CreateObject(), *msg;
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "choices"), ch);
+            msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", c->out);
+            cJSON_AddStringToObject(ch, "finish_reason", cut ? "length" : "stop");
+            char *text = cJSON_PrintUnformatted(body);
+            cJSON_Delete(body);
+            text = oai_tools_rewrite(text, "chatcmpl-7", c->fmt);
+            cJSON *r = cJSON_Parse(text);
+            free(text);
+            ch = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+            msg = cJSON_GetObjectItem(ch, "message");
+            const cJSON *tc = cJSON_GetObjectItem(msg, "tool_calls");
+            ck_assert_int_eq(cJSON_GetArraySize(tc), c->n);
+            ck_assert_str_eq(cJSON_GetObjectItem(ch, "finish_reason")->valuestring,
+                             cut    ? "length"
+                             : c->n ? "tool_calls"
+                                    : "stop");
+            for (int k = 0; k < c->n; k++) {
+                const cJSON *one = cJSON_GetArrayItem(tc, k),
+                            *fn = cJSON_GetObjectItem(one, "function");
+                ck_assert_str_eq(cJSON_GetObjectItem(one, "type")->valuestring, "function");
+                ck_assert_ptr_nonnull(cJSON_GetObjectItem(one, "id")->valuestring);
+                ck_assert_str_eq(cJSON_GetObjectItem(fn, "name")->valuestring, c->names[k]);
+                ck_assert_str_eq(cJSON_GetObjectItem(fn, "arguments")->valuestring, c->args[k]);
+            }
+            const cJSON *content = cJSON_GetObjectItem(msg, "content");
+            if (c->n && !*c->content)
+                ck_assert(cJSON_IsNull(content));
+            else
+                ck_assert_str_eq(content->valuestring, c->content);
+            cJSON_Delete(r);
         }
-        const cJSON *content = cJSON_GetObjectItem(msg, "content");
-        if (c->n && !*c->content)
-            ck_assert(cJSON_IsNull(content));
-        else
-            ck_assert_str_eq(content->valuestring, c->content);
-        cJSON_Delete(r);
     }
 }
 END_TEST
 
 /* The SSE chunks of one streamed output cut into pieces at cuts[0..n_cuts) (increasing):
  * the content deltas joined, and the calls as a client's accumulator rebuilds them. */
-static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cuts, size_t ci)
+static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cuts, size_t ci,
+                        enum finish_reason last)
 {
     size_t len = strlen(c->out), sent = 0;
     struct sbuf content = {0}, all = {0};
@@ -1240,7 +1256,7 @@ static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cut
     const char *finish = NULL;
     for (int k = 0; k <= n_cuts; k++) {
         size_t upto = k < n_cuts ? cuts[k] : len;
-        enum finish_reason fin = k < n_cuts ? FINISH_NONE : FINISH_STOP;
+        enum finish_reason fin = k < n_cuts ? FINISH_NONE : last;
         char *sse =
             oai_tools_chunks(meta(OAI_CHAT, -1), c->fmt, 0, c->out, upto, &sent, fin, false);
         ck_assert_ptr_nonnull(sse);
@@ -1280,7 +1296,10 @@ static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cut
                     strncat(args[idx], a->valuestring, sizeof args[idx] - strlen(args[idx]) - 1);
             }
             if (cJSON_IsString(fr)) finish = "set";
-            if (cJSON_IsString(fr)) ck_assert_str_eq(fr->valuestring, c->n ? "tool_calls" : "stop");
+            if (cJSON_IsString(fr))
+                ck_assert_str_eq(fr->valuestring, last == FINISH_LENGTH ? "length"
+                                                  : c->n                ? "tool_calls"
+                                                                        : "stop");
             cJSON_Delete(j);
             p = end;
         }
@@ -1308,14 +1327,16 @@ START_TEST(tool_call_streams)
         size_t len = strlen(c->out), cuts[512];
         ck_assert_uint_lt(len, 512);
         for (size_t k = 1; k < len; k++) cuts[k - 1] = k;
-        stream_once(c, cuts, (int)len - 1, i);
+        stream_once(c, cuts, (int)len - 1, i, FINISH_STOP);
+        /* cut by max_tokens: the calls of the whole response too (oai_tools_rewrite) */
+        stream_once(c, cuts, (int)len - 1, i, FINISH_LENGTH);
         for (int rep = 0; rep < 20; rep++) {
             int n = 0;
             for (size_t k = 1; k < len; k++) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 if (x % 5 == 0) cuts[n++] = k;
             }
-            stream_once(c, cuts, n, i);
+            stream_once(c, cuts, n, i, rep % 2 ? FINISH_LENGTH : FINISH_STOP);
         }
     }
 }
