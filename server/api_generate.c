@@ -14,6 +14,7 @@
  *     write or as a hang-up seen while waiting; either way MHD frees the stream, which aborts
  *     whatever is still running, so its KV blocks are free by the engine's next step.
  * A struct gen is owned by the handler until it is handed to the HTTP layer as a stream. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,7 @@ struct gen {
     struct oai_resp resp;
     char msg_id[48];
     char *instructions;
+    char *text_format; /* the request's text.format, printed for the echo */
     int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
     struct sbuf pending; /* streamed bytes not yet handed to MHD */
@@ -95,6 +97,7 @@ static void gen_free(struct gen *g)
     }
     free(g->ch);
     free(g->instructions);
+    cJSON_free(g->text_format);
     oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
     free(g->n_ids);
@@ -526,7 +529,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                                   : "cmpl-";
     snprintf(g->id, sizeof g->id, "%s%s", prefix, rq->log->id);
     snprintf(g->msg_id, sizeof g->msg_id, "msg_%s", rq->log->id);
-    if (r->instructions && !(g->instructions = strdup(r->instructions))) {
+    if ((r->instructions && !(g->instructions = strdup(r->instructions))) ||
+        (r->text_format && !(g->text_format = cJSON_PrintUnformatted(r->text_format)))) {
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
@@ -535,6 +539,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .model = model,
                                 .created = (long long)time(NULL),
                                 .instructions = g->instructions,
+                                .text_format = g->text_format,
                                 .max_output_tokens = r->max_tokens,
                                 .temperature = r->sample.temperature,
                                 .top_p = r->sample.top_p};

@@ -118,7 +118,8 @@ struct oai_request {
     bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
     bool add_generation_prompt; /* tokenize with messages (default true) */
     struct oai_constraint constraint;
-    struct oai_tool *tools; /* owned array; chat only */
+    const struct cJSON *text_format; /* responses: a text.format other than text (in the tree) */
+    struct oai_tool *tools;          /* owned array; chat only */
     size_t n_tools;
     enum oai_tool_choice tool_choice;
     const char *tool_choice_name; /* OAI_TOOLS_NAMED */
@@ -127,6 +128,9 @@ struct oai_request {
 
 /* Fills r->constraint from response_format / structured_outputs (400 naming the field). */
 int oai_parse_structured(const struct cJSON *root, struct oai_request *r, struct oai_error *e);
+/* The same from the Responses API's text.format ({"type": "json_schema", "name", "schema",
+ * "strict"} or {"type": "json_object"}), keeping it in r->text_format for the response's echo. */
+int oai_parse_text_format(const struct cJSON *root, struct oai_request *r, struct oai_error *e);
 /* Fills r->tools, tool_choice, parallel_tool_calls and, for required or a named function, the
  * tool-call constraint. */
 int oai_parse_tools(const struct cJSON *root, struct oai_request *r, struct oai_error *e);

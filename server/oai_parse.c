@@ -714,15 +714,9 @@ static int parse_responses(cJSON *root, struct oai_request *r, struct oai_error 
     long long l;
     if ((rc = get_int(root, "max_output_tokens", 1, 1 << 30, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
-    if ((rc = resp_tools(root, e)) || (rc = oai_parse_tools(root, r, e))) return rc;
-    const cJSON *text = oai_field(root, "text");
-    const cJSON *fmt = text && cJSON_IsObject(text) ? oai_field(text, "format") : NULL;
-    const char *ftype = NULL;
-    if (fmt && (get_str(fmt, "type", &ftype, e) < 0 || (ftype && strcmp(ftype, "text"))))
-        return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter",
-                             "text.format",
-                             "'text.format' must be {\"type\": \"text\"} on /v1/responses");
-    return 0;
+    /* the format first, as chat reads response_format before its tools */
+    if ((rc = oai_parse_text_format(root, r, e))) return rc;
+    return (rc = resp_tools(root, e)) ? rc : oai_parse_tools(root, r, e);
 }
 
 static int parse_detokenize(const cJSON *root, struct oai_request *r, struct oai_error *e)

@@ -126,8 +126,11 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
     cJSON_AddBoolToObject(o, "store", false);
     cJSON_AddNumberToObject(o, "temperature", r->temperature);
     cJSON *tx = cJSON_AddObjectToObject(o, "text");
-    cJSON *fmt = tx ? cJSON_AddObjectToObject(tx, "format") : NULL;
-    if (fmt) cJSON_AddStringToObject(fmt, "type", "text");
+    cJSON *fmt = r->text_format ? cJSON_Parse(r->text_format) : NULL;
+    if (tx && fmt)
+        cJSON_AddItemToObject(tx, "format", fmt);
+    else if (tx && (fmt = cJSON_AddObjectToObject(tx, "format")))
+        cJSON_AddStringToObject(fmt, "type", "text");
     cJSON_AddStringToObject(o, "tool_choice", "auto");
     cJSON_AddArrayToObject(o, "tools");
     cJSON_AddNumberToObject(o, "top_p", r->top_p);

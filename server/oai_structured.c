@@ -27,6 +27,33 @@ static int set(struct oai_request *r, int kind, const cJSON *printed, const char
     return 0;
 }
 
+/* A json_schema format's fields in js (chat: response_format.json_schema; Responses: text.format
+ * itself), prefix naming where they are. */
+static int schema_fields(const cJSON *js, const char *prefix, struct oai_request *r,
+                         struct oai_error *e)
+{
+    const cJSON *name = oai_field(js, "name"), *strict = oai_field(js, "strict"),
+                *desc = oai_field(js, "description"), *schema = oai_field(js, "schema");
+    char param[64];
+    const char *want = NULL;
+    if (name && !cJSON_IsString(name)) want = "name";
+    if (strict && !cJSON_IsBool(strict)) want = "strict";
+    if (desc && !cJSON_IsString(desc) && !cJSON_IsNull(desc)) want = "description";
+    if (want) {
+        snprintf(param, sizeof param, "%s.%s", prefix, want);
+        return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param,
+                             "'%s' must be a %s", param,
+                             !strcmp(want, "strict") ? "boolean" : "string");
+    }
+    if (!schema) /* OpenAI: no schema means any JSON object */
+        return set(r, GRAMMAR_JSON_OBJECT, NULL, "", prefix, e);
+    snprintf(param, sizeof param, "%s.schema", prefix);
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param,
+                             "'%s' must be an object", param);
+    return set(r, GRAMMAR_JSON_SCHEMA, schema, NULL, param, e);
+}
+
 static int response_format(const cJSON *rf, struct oai_request *r, struct oai_error *e)
 {
     const cJSON *type = oai_field(rf, "type");
@@ -46,23 +73,29 @@ static int response_format(const cJSON *rf, struct oai_request *r, struct oai_er
     if (!cJSON_IsObject(js))
         return bad(e, "response_format.json_schema",
                    "'response_format.json_schema' must be an object with a 'schema'");
-    const cJSON *name = oai_field(js, "name"), *strict = oai_field(js, "strict"),
-                *desc = oai_field(js, "description"), *schema = oai_field(js, "schema");
-    if (name && !cJSON_IsString(name))
-        return bad(e, "response_format.json_schema.name",
-                   "'response_format.json_schema.name' must be a string");
-    if (strict && !cJSON_IsBool(strict))
-        return bad(e, "response_format.json_schema.strict",
-                   "'response_format.json_schema.strict' must be a boolean");
-    if (desc && !cJSON_IsString(desc))
-        return bad(e, "response_format.json_schema.description",
-                   "'response_format.json_schema.description' must be a string");
-    if (!schema) /* OpenAI: no schema means any JSON object */
-        return set(r, GRAMMAR_JSON_OBJECT, NULL, "", "response_format.json_schema", e);
-    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
-        return bad(e, "response_format.json_schema.schema",
-                   "'response_format.json_schema.schema' must be an object");
-    return set(r, GRAMMAR_JSON_SCHEMA, schema, NULL, "response_format.json_schema.schema", e);
+    return schema_fields(js, "response_format.json_schema", r, e);
+}
+
+int oai_parse_text_format(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    const cJSON *text = oai_field(root, "text");
+    if (!text || cJSON_IsNull(text)) return 0;
+    if (!cJSON_IsObject(text)) return bad(e, "text", "'text' must be an object");
+    const cJSON *fmt = oai_field(text, "format");
+    if (!fmt || cJSON_IsNull(fmt)) return 0;
+    const cJSON *type = oai_field(fmt, "type");
+    if (!cJSON_IsObject(fmt) || !cJSON_IsString(type))
+        return bad(e, "text.format", "'text.format' must be an object with a 'type'");
+    const char *t = type->valuestring;
+    if (!strcmp(t, "text")) return 0;
+    r->text_format = fmt;
+    if (!strcmp(t, "json_object")) return set(r, GRAMMAR_JSON_OBJECT, NULL, "", "text.format", e);
+    if (strcmp(t, "json_schema"))
+        return oai_error_set(e, 400, "invalid_request_error", "invalid_value", "text.format.type",
+                             "'text.format.type' is '%.40s'; it must be text, json_object or "
+                             "json_schema",
+                             t);
+    return schema_fields(fmt, "text.format", r, e);
 }
 
 /* vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object. */

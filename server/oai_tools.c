@@ -152,8 +152,8 @@ static int tool_grammar(struct oai_request *r, const char *format, struct oai_er
     if (r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) {
         if (r->constraint.kind >= 0)
             return bad(e, "tool_choice",
-                       "'%s' required or named cannot be combined with response_format or "
-                       "structured_outputs",
+                       "'%s' required or named cannot be combined with a response format "
+                       "(response_format, text.format) or structured_outputs",
                        "tool_choice");
         return tool_constraint(r, r->tool_choice == OAI_TOOLS_NAMED ? r->tool_choice_name : NULL,
                                format, e);

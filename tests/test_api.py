@@ -324,6 +324,39 @@ def test_responses(d):
     expect(404, "another model", {"input": "x", "model": "gpt-4.1"}, "model")
 
 
+def test_responses_format(d):
+    """text.format: chat's response_format in the Responses API's flat shape, echoed back."""
+    schema = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 30},
+                                               "year": {"type": "integer"}},
+              "required": ["title", "year"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "movie", "schema": schema, "strict": True}
+    st, _, r = d.post("/v1/responses", {"input": "A movie as JSON.", "temperature": 0,
+                                        "max_output_tokens": 60, "text": {"format": fmt}})
+    st2, _, c = d.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "A movie as JSON."}], "temperature": 0,
+        "max_tokens": 60, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "movie", "schema": schema, "strict": True}}})
+    text = resp_text(r) if st == 200 else None
+    try:
+        v = json.loads(text or "")
+    except ValueError:
+        v = None
+    check(st == 200 and st2 == 200 and isinstance(v, dict) and set(v) == {"title", "year"}
+          and text == c["choices"][0]["message"]["content"] and r["text"]["format"] == fmt,
+          "responses: text.format json_schema constrains as chat's response_format, echoed",
+          f"{text!r} {r.get('text')}")
+    st, _, r = d.post("/v1/responses", {"input": "A cat as JSON.", "temperature": 0,
+                                        "max_output_tokens": 30,
+                                        "text": {"format": {"type": "json_object"}}})
+    text = resp_text(r) if st == 200 else ""
+    check(st == 200 and text.lstrip().startswith("{"), "responses: text.format json_object", r)
+    for body, param in (({"type": "xml"}, "text.format.type"),
+                        ({"type": "json_schema", "schema": 3}, "text.format.schema")):
+        st, _, r = d.post("/v1/responses", {"input": "x", "text": {"format": body}})
+        check(st == 400 and r["error"]["param"] == param, f"responses: a bad text.format: {param}",
+              r)
+
+
 WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather of a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}]
@@ -452,7 +485,7 @@ def main():
     only = os.environ.get("QUERN_TEST_ONLY", "")
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
-                  test_responses, test_responses_tools, test_sdk):
+                  test_responses, test_responses_format, test_responses_tools, test_sdk):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()

@@ -716,8 +716,39 @@ START_TEST(responses_bodies)
     ck_assert_str_eq(r.msgs[2].content, "sunny");
     ck_assert_str_eq(r.msgs[2].call_id, "c1");
     oai_request_free(&r);
-    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
-               400, "text.format");
+    /* text.format: chat's response_format in the Responses API's flat shape */
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\","
+                           "\"name\":\"m\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}}",
+                           &r, &e),
+                     0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_JSON_SCHEMA);
+    ck_assert_str_eq(r.constraint.text, "{\"type\":\"object\"}");
+    ck_assert_str_eq(r.constraint.param, "text.format.schema");
+    ck_assert_ptr_nonnull(r.text_format);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_RESPONSES,
+                           "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}", &r,
+                           &e),
+                     0);
+    ck_assert_int_eq(r.constraint.kind, GRAMMAR_JSON_OBJECT);
+    oai_request_free(&r);
+    ck_assert_int_eq(
+        parse(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\"}}}", &r, &e),
+        0);
+    ck_assert_int_eq(r.constraint.kind, -1);
+    ck_assert_ptr_null(r.text_format);
+    oai_request_free(&r);
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", 400,
+               "text.format.type");
+    expect_bad(OAI_RESPONSES,
+               "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"schema\":1}}}",
+               400, "text.format.schema");
+    expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"text\":3}", 400, "text");
+    expect_bad(OAI_RESPONSES,
+               "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}},\"tools\":[{"
+               "\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":\"required\"}",
+               400, "tool_choice");
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"messages\":[]}", 400, "messages");
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"temperature\":9}", 400, "temperature");
 }

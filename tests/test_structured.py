@@ -519,6 +519,12 @@ r = parse(model="smol", messages=[{"role": "user", "content": "Describe a person
           response_format=Person, temperature=0, max_tokens=80)
 p = r.choices[0].message.parsed
 out["parsed"] = p.model_dump() if p else None
+# the Responses API's structured outputs: text_format becomes text.format (json_schema)
+rp = getattr(c.responses, "parse", None)
+if rp:
+    r = rp(model="smol", input="Describe a person.", text_format=Person, temperature=0,
+           max_output_tokens=80)
+    out["resp_parsed"] = r.output_parsed.model_dump() if r.output_parsed else None
 tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
                          "required": ["city"], "additionalProperties": False}}}]
@@ -568,6 +574,10 @@ def test_sdk(d):
     p = out.get("parsed") or {}
     check(isinstance(p.get("name"), str) and 0 <= p.get("age", -1) <= 120,
           "SDK: parse() with a Pydantic model gives a validated object", repr(out["parsed"]))
+    if "resp_parsed" in out:
+        rp = out["resp_parsed"] or {}
+        check(rp == p, "SDK: responses.parse() with text_format gives chat's parsed object",
+              repr(out["resp_parsed"]) + " vs " + repr(p))
     check(out["call"][0] == "get_weather" and "city" in out["call"][1]
           and out["call"][2] == "tool_calls", "SDK: a required tool call", repr(out["call"]))
     check(bool(out["answer"][0]), "SDK: the tool result goes back and an answer comes",
