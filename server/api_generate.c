@@ -175,6 +175,11 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         /* content is sent as it comes, up to where a call may begin; the calls when
          * the choice ends */
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        /* the token's logprobs at once, in a chunk of their own (its text may be held back, as
+         * the start of a call): the stream carries every token's, as the whole response does */
+        if (!rc && lp)
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE, &one, 1,
+                                                 g->include_usage));
         if (!rc)
             rc = append_chunk(g, oai_tools_chunks(&g->meta, g->tool_fmt, i, c->out.text.p,
                                                   c->out.text.len, &c->streamed, fin,

@@ -483,6 +483,27 @@ def test_tools(d):
         fin = ev["choices"][0]["finish_reason"] or fin
     check(len(parts) > 3 and fin in ("stop", "length", "tool_calls"),
           "streamed with tools offered: text still comes as it is made", repr(parts)[:300])
+    # logprobs with tools: the stream carries every token's, as the whole response (they had
+    # been left out of a stream with tools); a call, then a cut one (12 tokens)
+    for body in ({"messages": q, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+                  "max_tokens": 60, "logprobs": True, "top_logprobs": 2},
+                 {"messages": q, "tools": TOOLS, "temperature": 0.9, "seed": 3, "n": 2,
+                  "max_tokens": 12, "logprobs": True}):
+        s, _, r = d.post("/v1/chat/completions", body)
+        whole = {c["index"]: [(x["token"], x["logprob"], len(x.get("top_logprobs") or []))
+                              for x in c["logprobs"]["content"]]
+                 for c in r["choices"]} if s == 200 else {}
+        streamed = {}
+        for ev in d.stream("/v1/chat/completions", dict(body, stream=True)):
+            if ev == "[DONE]":
+                continue
+            for c in ev["choices"]:
+                for x in (c.get("logprobs") or {}).get("content") or []:
+                    streamed.setdefault(c["index"], []).append(
+                        (x["token"], x["logprob"], len(x.get("top_logprobs") or [])))
+        check(whole and all(whole.values()) and streamed == whole,
+              "streamed with tools: the logprobs of every token, as the whole response's",
+              f"{repr(whole)[:200]} vs {repr(streamed)[:200]}")
     # a round trip: the call, the tool's result, the final answer
     convo = q + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
