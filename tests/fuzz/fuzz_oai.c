@@ -1,8 +1,8 @@
 /* fuzz_oai: request bodies through the OpenAI parser and validator, as the daemon's handlers run
- * them before any model work: oai_parse for the endpoint (the first byte picks completions, chat,
- * tokenize or detokenize; the rest is the body), then what a parsed request leads to without
- * the engine: the conversation and its tools written by a ChatML, a Llama 3 and a Mistral
- * template, the grammar its response_format / structured_outputs / tool_choice compiles to
+ * them before any model work: oai_parse for the endpoint (the first byte mod 5 picks completions,
+ * chat, tokenize, detokenize or responses; the rest is the body), then what a parsed request leads
+ * to without the engine: the conversation and its tools written by a ChatML, a Llama 3 and a
+ * Mistral template, the grammar its response_format / structured_outputs / tool_choice compiles to
  * (JSON Schema, regex, choice, GBNF, tool calls in each template's format), and the error body
  * of a refusal. The body is also read as a model's output for tool calls in every format,
  * whole and as a stream cut in two. Every refusal must be a 4xx naming a reason, or a 500 for
@@ -18,8 +18,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    static const enum oai_kind kinds[] = {OAI_COMPLETION, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE};
-    enum oai_kind kind = kinds[data[0] & 3];
+    static const enum oai_kind kinds[] = {OAI_COMPLETION, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE,
+                                          OAI_RESPONSES};
+    enum oai_kind kind = kinds[data[0] % 5];
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
 

@@ -59,7 +59,7 @@ def gguf_chat_template(path):
     raise SystemExit("no chat template in " + path)
 
 
-OAI_KIND = {"completion": 0, "chat": 1, "tokenize": 2, "detokenize": 3}
+OAI_KIND = {"completion": 0, "chat": 1, "tokenize": 2, "detokenize": 3, "responses": 4}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -112,6 +112,18 @@ REQUESTS = [
     ("tokenize", {"messages": [{"role": "user", "content": "hi"}],
                   "add_generation_prompt": True}),
     ("detokenize", {"tokens": [1, 9690, 198, 2]}),
+    ("responses", {"instructions": "Be brief.", "input": "Hi", "max_output_tokens": 16,
+                   "stream": True}),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "W?"}]},
+                             {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                              "arguments": "{\"city\": \"Paris\"}"},
+                             {"type": "function_call_output", "call_id": "c1", "output": "sun"}],
+                   "tools": [{"type": "function", "name": "get_weather",
+                              "parameters": TOOLS[0]["function"]["parameters"]}],
+                   "tool_choice": {"type": "function", "name": "get_weather"}}),
+    ("responses", {"input": "A person.", "text": {"format": {
+        "type": "json_schema", "name": "p", "schema": SCHEMA, "strict": True}}}),
+    ("responses", {"input": "x", "text": {"format": {"type": "json_object"}}}),
 ]
 
 
