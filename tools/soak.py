@@ -10,9 +10,10 @@ small enough to force preemption (--ctx 256 --kv-mem 12M --max-seqs 16 --max-que
 and win), plus --request-timeout 5 --stall-timeout 5 --max-connections-per-client 0 where
 `quern serve --help` lists them. Then for
 --duration seconds N clients at once, each with a fixed role:
-  well-behaved  completions and chat, streamed or not, n>1, logprobs, short/medium prompts, long
-                prompts near the context (and KV pool) limit, a few long generations; keep-alive
-                connections; a 429/503 makes it wait Retry-After
+  well-behaved  completions and chat, streamed or not, n>1, logprobs, JSON formats on some
+                chats, short/medium prompts, long prompts near the context (and KV pool) limit,
+                a few long generations; keep-alive connections; a 429/503 makes it wait
+                Retry-After
   disconnect    closes before the answer, mid-stream (FIN or RST), or mid-body, on purpose
   slow reader   tiny SO_RCVBUF; reads a few bytes every few seconds, or stops reading entirely
   idle          connects and sends nothing, or half-sent headers a byte at a time (slow-loris),
@@ -64,6 +65,12 @@ WORDS = ("time year people way day man thing woman life child world school state
          "minute idea kid body information back parent face others level office door health "
          "person art war history party result change morning reason research girl guy moment "
          "air teacher force education river mountain garden robot paint color light music").split()
+# the JSON formats of some chats: their grammars (masks, forced runs) under the same disconnects
+# and load. (Tools would too, but their definitions alone take ~330 tokens of the SmolLM2
+# template, past the soak's 256-token context.)
+SOAK_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                "n": {"type": "integer"}},
+               "required": ["name", "n"], "additionalProperties": False}
 SHORT_PROMPTS = [
     "Once upon a time", "The capital of France is", "Write a haiku about the sea.",
     "List three primary colors:", "def fibonacci(n):", "Translate 'good morning' to Spanish:",
@@ -560,6 +567,10 @@ class Soak:
             if rng.random() < 0.25 or heavy:
                 body["logprobs"] = True
                 body["top_logprobs"] = rng.randint(0, 20 if heavy else 5)
+            if rng.random() < 0.15 and not heavy:
+                body["response_format"] = rng.choice([
+                    {"type": "json_object"},
+                    {"type": "json_schema", "json_schema": {"name": "s", "schema": SOAK_SCHEMA}}])
         else:
             body["prompt"] = prompt
             if rng.random() < 0.25 or heavy:
