@@ -32,8 +32,8 @@ int api_grammar(struct serve *s, const struct oai_request *r, struct grammar **o
 
 bool api_tools_active(const struct oai_request *r)
 {
-    return (r->kind == OAI_CHAT || r->kind == OAI_RESPONSES) && r->n_tools > 0 &&
-           r->tool_choice != OAI_TOOLS_NONE;
+    return (r->kind == OAI_CHAT || r->kind == OAI_RESPONSES || r->kind == OAI_TOKENIZE) &&
+           r->n_tools > 0 && r->tool_choice != OAI_TOOLS_NONE;
 }
 
 int api_tools_prepare(struct serve *s, struct oai_request *r, struct oai_error *e)

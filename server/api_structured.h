@@ -16,6 +16,8 @@ int api_grammar(struct serve *s, const struct oai_request *r, struct grammar **o
 int api_tools_prepare(struct serve *s, struct oai_request *r, struct oai_error *e);
 /* The tool-call format of the served model's chat template (Hermes without one). */
 enum chat_tool_format api_tools_format(const struct serve *s);
-/* True when outputs of r are parsed for tool calls. */
+/* True when r's tools go into its prompt and its outputs are parsed for tool calls: a chat or a
+ * response (or a tokenize of messages, which only counts the prompt) offering tools, with
+ * tool_choice other than none. */
 bool api_tools_active(const struct oai_request *r);
 #endif

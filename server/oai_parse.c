@@ -460,7 +460,10 @@ static int parse_tokenize(const cJSON *root, struct oai_request *r, struct oai_e
     if ((rc = get_str(root, "model", &model, e)) < 0) return rc;
     if ((rc = get_bool(root, "add_generation_prompt", &r->add_generation_prompt, e)) < 0) return rc;
     if ((rc = get_bool(root, "add_special_tokens", &r->add_special, e)) < 0) return rc;
-    if (oai_field(root, "messages")) return parse_messages(root, r, e);
+    /* with the tools a chat offers, rendered by the template as chat renders them: the count
+     * is the chat request's prompt_tokens (vLLM's /tokenize takes them too) */
+    if (oai_field(root, "messages"))
+        return (rc = parse_messages(root, r, e)) ? rc : oai_parse_tools(root, r, e);
     const cJSON *p = oai_field(root, "prompt");
     if (!p || !cJSON_IsString(p))
         return bad(e, "prompt", "'prompt' (a string) or 'messages' is required");

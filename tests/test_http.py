@@ -269,6 +269,16 @@ def test_completion(d):
                                                   "content": "What is the capital of France?"}]})
     check(ok and c["usage"]["prompt_tokens"] == t["count"],
           "chat usage.prompt_tokens equals the tokenizer's count", f"{t.get('count')}")
+    # with tools the template writes their definitions: /tokenize counts them as chat does
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    q = [{"role": "user", "content": "Weather in Paris?"}]
+    st, _, c = d.post("/v1/chat/completions", {"messages": q, "tools": tools, "max_tokens": 1})
+    st2, _, t = d.post("/tokenize", {"messages": q, "tools": tools})
+    st3, _, t0 = d.post("/tokenize", {"messages": q})
+    check(st == st2 == st3 == 200 and c["usage"]["prompt_tokens"] == t["count"] > t0["count"],
+          "/tokenize with tools counts the chat's prompt_tokens",
+          f"{c.get('usage')} {t.get('count')} {t0.get('count')}")
 
 
 def test_ignored_fields(d):
