@@ -217,6 +217,7 @@ static void seq_free(struct seq *s)
     free(s->blocks);
     for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
     free(s->logit_bias);
+    free(s->pred);
     sampler_free(&s->sampler);
     free(s->hold);
     free(s->pool_sum);
@@ -988,6 +989,16 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         memcpy(s->logit_bias, r->logit_bias, (size_t)r->n_logit_bias * sizeof *s->logit_bias);
         s->n_logit_bias = r->n_logit_bias;
     }
+    /* kept only where it is drafted from */
+    if (r->n_prediction > 0 && s->spec && e->o.spec == SPEC_NGRAM) {
+        s->pred = malloc((size_t)r->n_prediction * sizeof *s->pred);
+        if (!s->pred) {
+            seq_free(s);
+            return qerr_set(err, QERR_NOMEM, "out of memory");
+        }
+        memcpy(s->pred, r->prediction, (size_t)r->n_prediction * sizeof *s->pred);
+        s->n_pred = r->n_prediction;
+    }
     s->t_submit = engine_now();
     *out = s;
     return 0;
@@ -1043,6 +1054,14 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
             return qerr_set(err, QERR_INVALID, "logit_bias: the bias of token %d is not finite",
                             r->logit_bias[i].token);
     }
+    if (r->n_prediction < 0 || r->n_prediction > e->ctx_len ||
+        (r->n_prediction > 0 && !r->prediction))
+        return qerr_set(err, QERR_INVALID, "prediction: %d tokens; at most the context's %d",
+                        r->n_prediction, e->ctx_len);
+    for (int i = 0; i < r->n_prediction; i++)
+        if (r->prediction[i] < 0 || r->prediction[i] >= e->vocab)
+            return qerr_set(err, QERR_INVALID, "prediction: token id %d is not in [0, %d)",
+                            r->prediction[i], e->vocab);
     if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
         return qerr_set(err, QERR_INVALID, "top_logprobs: %d not in 0..%d", r->top_logprobs,
                         ENGINE_MAX_TOP_LOGPROBS);

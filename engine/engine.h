@@ -162,6 +162,11 @@ struct gen_request {
      * the final event (finish reason stop), and its KV blocks freed. */
     enum engine_pooling pooling;
     bool no_spec; /* never speculate for this request, whatever engine_opts.spec says */
+    /* OpenAI's Predicted Outputs: tokens the output is expected to resemble (copied; ids in the
+     * vocabulary, at most the context length). With engine_opts.spec SPEC_NGRAM they are
+     * drafted from first (spec_draft_prediction); the output is the same bytes either way. */
+    const int32_t *prediction;
+    int n_prediction;
     /* A later choice of one client request (n > 1, or several prompts) whose first choice was
      * just queued: it may take the queue's room beyond max_queue kept for such choices
      * (ENGINE_MAX_GROUP - 1 of them), so that under overload a request of n choices is

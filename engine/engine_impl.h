@@ -73,7 +73,9 @@ struct seq {
      * the draft being verified */
     struct spec_rate spec_rate[SPEC_MATCH_CLASSES];
     int spec_cls;
-    int spec_accepted;  /* output tokens a draft had guessed (the final event's count) */
+    int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
+    int32_t *pred;     /* the request's predicted output (owned; SPEC_NGRAM only), or NULL */
+    int n_pred;
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose

@@ -269,6 +269,22 @@ int sched_logit_rows(const struct engine_opts *o)
     return rows + (k > 0 ? k * drafting : 0);
 }
 
+/* Up to k drafted tokens for s (n-gram mode): from its predicted output first, then from the
+ * drafter's sources; s->spec_cls gets the draft's class. */
+static int seq_ngram_draft(const struct engine *e, struct seq *s, int k, int32_t *draft)
+{
+    if (s->n_pred > 0) {
+        int match,
+            n = spec_draft_prediction(&e->drafter, s->pred, s->n_pred, s->tokens + s->n_prompt,
+                                      s->n_tokens - s->n_prompt, k, draft, &match);
+        if (n > 0) {
+            s->spec_cls = spec_match_class(match);
+            return n;
+        }
+    }
+    return spec_draft_classed(&e->drafter, s->tokens, s->n_tokens, k, draft, &s->spec_cls);
+}
+
 /* Pass D: drafts after the chunks that end at their sequence's last token, oldest first, in
  * the budget left. */
 static void plan_drafts(struct engine *e, int budget)
@@ -311,8 +327,7 @@ static void plan_drafts(struct engine *e, int budget)
              * and its length bounds k (a draft model's guesses form class 0) */
             s->spec_cls = 0;
             if (!e->draft) {
-                found = spec_draft_classed(&e->drafter, s->tokens, s->n_tokens, cap, draft,
-                                           &s->spec_cls);
+                found = seq_ngram_draft(e, s, cap, draft);
                 if (s->grammar) found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
                 if (found <= 0) continue;
             }
@@ -323,7 +338,7 @@ static void plan_drafts(struct engine *e, int budget)
         /* a draft model always proposes k: it runs below, once the slots are known */
         int nd = k;
         if (!e->draft && !by_cost) {
-            nd = spec_draft_classed(&e->drafter, s->tokens, s->n_tokens, k, draft, &s->spec_cls);
+            nd = seq_ngram_draft(e, s, k, draft);
             if (s->grammar) nd = seq_grammar_draft(e, s, draft, nd, k, &s->spec_cls);
         }
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;

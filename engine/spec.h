@@ -57,6 +57,14 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
 int spec_draft_classed(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
                        int *cls);
 
+/* A draft from a request's predicted output (OpenAI's Predicted Outputs), SPEC_NGRAM only: with
+ * nothing generated yet (n_out 0) the prediction's first k tokens (*match SPEC_MATCH_MAX);
+ * otherwise, for g from ngram_max down to ngram_min, the output's last g tokens found in pred,
+ * the occurrence ending nearest the output's own length (where an unedited copy would be),
+ * and up to k tokens that follow it (*match g). Returns the draft's length (0: none). */
+int spec_draft_prediction(const struct spec_drafter *d, const int32_t *pred, int n_pred,
+                          const int32_t *out, int n_out, int k, int32_t *dst, int *match);
+
 /* The agreement spec_draft counts at most. */
 #define SPEC_MATCH_MAX 16
 /* Drafts are told apart by what they rest on, since how often their tokens are kept differs

@@ -76,6 +76,37 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
     return 0;
 }
 
+int spec_draft_prediction(const struct spec_drafter *d, const int32_t *pred, int n_pred,
+                          const int32_t *out, int n_out, int k, int32_t *dst, int *match)
+{
+    *match = 0;
+    if (d->mode != SPEC_NGRAM || k <= 0 || n_pred <= 0) return 0;
+    if (k > SPEC_K_MAX) k = SPEC_K_MAX;
+    int at = -1, len = 0;
+    if (n_out == 0) {
+        at = 0; /* nothing out yet: the prediction's start */
+        len = SPEC_MATCH_MAX;
+    }
+    for (int g = d->ngram_max; at < 0 && g >= d->ngram_min; g--) {
+        if (g > n_out) continue;
+        const int32_t *tail = out + n_out - g;
+        /* of the places the output's last g tokens occur (with a token after them), the one
+         * nearest where an unedited copy would be: the output's own length */
+        int best = -1, best_dist = 0;
+        for (int j = 0; j + g < n_pred; j++) {
+            if (pred[j] != tail[0] || memcmp(pred + j, tail, (size_t)g * sizeof *pred)) continue;
+            int dist = j + g > n_out ? j + g - n_out : n_out - (j + g);
+            if (best < 0 || dist < best_dist) best = j + g, best_dist = dist;
+        }
+        if (best >= 0) at = best, len = g;
+    }
+    if (at < 0) return 0;
+    int m = n_pred - at < k ? n_pred - at : k;
+    memcpy(dst, pred + at, (size_t)m * sizeof *dst);
+    *match = len;
+    return m;
+}
+
 int spec_draft_classed(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
                        int *cls)
 {

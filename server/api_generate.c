@@ -63,6 +63,8 @@ struct gen {
     char msg_id[48];
     char *instructions;
     char *text_format; /* the request's text.format, printed for the echo */
+    int32_t *pred_ids; /* the prediction's tokens (each choice's engine request copies them) */
+    int n_pred;
     int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
     struct sbuf pending; /* streamed bytes not yet handed to MHD */
@@ -98,6 +100,7 @@ static void gen_free(struct gen *g)
     free(g->ch);
     free(g->instructions);
     cJSON_free(g->text_format);
+    free(g->pred_ids);
     oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
     free(g->n_ids);
@@ -564,6 +567,20 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         g->usage.prompt_tokens += (int)g->n_ids[p];
     }
     rq->log->prompt_tokens = g->usage.prompt_tokens;
+    /* the prediction as the output's tokens would be (no BOS); the engine drafts from it */
+    if (r->prediction && r->prediction_len) {
+        struct qerr q = {0};
+        size_t np = 0;
+        if (tokenizer_encode(s->tok, r->prediction, r->prediction_len, false, false, &g->pred_ids,
+                             &np, &q)) {
+            rc = oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
+                               q.code == QERR_NOMEM ? "server_error" : "invalid_request_error",
+                               NULL, "prediction", "prediction: %s", q.msg);
+            goto fail;
+        }
+        /* longer than the context cannot all be the output: its start is what can */
+        g->n_pred = np > (size_t)s->ctx_len ? s->ctx_len : (int)np;
+    }
     uint64_t seed = r->has_seed ? r->sample.seed : random_seed();
     for (int p = 0; p < n_prompts; p++) {
         /* the engine alone judges the context (engine_submit: QERR_TOO_LONG) */
@@ -576,6 +593,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
                                      .no_spec = r->no_spec,
+                                     .prediction = g->pred_ids,
+                                     .n_prediction = g->n_pred,
                                      /* one place in the queue for the whole request */
                                      .joins_group = i > 0,
                                      .n_stop_strings = r->n_stop,

@@ -119,7 +119,12 @@ struct oai_request {
     bool add_generation_prompt; /* tokenize with messages (default true) */
     struct oai_constraint constraint;
     const struct cJSON *text_format; /* responses: a text.format other than text (in the tree) */
-    struct oai_tool *tools;          /* owned array; chat only */
+    /* OpenAI's Predicted Outputs: prediction.content (in the tree, or joined parts owned by
+     * prediction_owned), or NULL */
+    const char *prediction;
+    size_t prediction_len;
+    char *prediction_owned;
+    struct oai_tool *tools; /* owned array; chat only */
     size_t n_tools;
     enum oai_tool_choice tool_choice;
     const char *tool_choice_name; /* OAI_TOOLS_NAMED */

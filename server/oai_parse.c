@@ -344,6 +344,50 @@ static int parse_logit_bias(const cJSON *root, struct oai_request *r, struct oai
 }
 
 /* The sampling and generation fields common to completions and chat. */
+/* prediction: {"type": "content", "content": a string or a list of text parts}. */
+static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    const cJSON *p = oai_field(root, "prediction");
+    if (!p || cJSON_IsNull(p)) return 0;
+    const cJSON *type = cJSON_IsObject(p) ? oai_field(p, "type") : NULL,
+                *c = cJSON_IsObject(p) ? oai_field(p, "content") : NULL;
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "content"))
+        return bad(e, "prediction",
+                   "'prediction' must be {\"type\": \"content\", \"content\": ...}");
+    if (cJSON_IsString(c)) {
+        r->prediction = c->valuestring;
+        r->prediction_len = strlen(c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return bad(e, "prediction.content",
+                   "'prediction.content' must be a string or a list of text parts");
+    size_t total = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, c)
+    {
+        const cJSON *t = cJSON_IsObject(x) ? oai_field(x, "text") : NULL,
+                    *xt = cJSON_IsObject(x) ? oai_field(x, "type") : NULL;
+        if (!cJSON_IsString(t) || !cJSON_IsString(xt) || strcmp(xt->valuestring, "text"))
+            return bad(e, "prediction.content",
+                       "'prediction.content' parts must be {\"type\": \"text\", \"text\": ...}");
+        total += strlen(t->valuestring);
+    }
+    if (!(r->prediction_owned = malloc(total + 1))) return oom(e);
+    size_t at = 0;
+    cJSON_ArrayForEach(x, c)
+    {
+        const char *t = oai_field(x, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(r->prediction_owned + at, t, n);
+        at += n;
+    }
+    r->prediction_owned[at] = '\0';
+    r->prediction = r->prediction_owned;
+    r->prediction_len = at;
+    return 0;
+}
+
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     struct sample_params *sp = &r->sample;
@@ -380,6 +424,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     bool spec = true;
     if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;
     r->no_spec = !spec;
+    if ((rc = parse_prediction(root, r, e))) return rc;
     if ((rc = get_bool(root, "stream", &r->stream, e)) < 0) return rc;
     const cJSON *so = oai_field(root, "stream_options");
     if (so) {
@@ -848,6 +893,7 @@ void oai_request_free(struct oai_request *r)
     free(r->constraint.text);
     free(r->tools);
     free(r->logit_bias);
+    free(r->prediction_owned);
     cJSON_Delete(r->root);
     *r = (struct oai_request){.kind = r->kind, .constraint = {.kind = -1}};
 }

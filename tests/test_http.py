@@ -849,6 +849,27 @@ def test_speculation(plain):
         check(st == 200 and o["choices"][0]["text"] == ref["choices"][0]["text"] and
               o["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0,
               "\"speculative\": false opts a request out", o)
+        # a predicted output (OpenAI's prediction): an answer that copies nothing of its
+        # prompt, predicted by its own plain text, is drafted from it and stays the same
+        story = {"messages": [{"role": "user", "content": "Tell me a story about a dragon."}],
+                 "max_tokens": 40, "temperature": 0}
+        _, _, sa = plain.post("/v1/chat/completions", story)
+        want = sa["choices"][0]["message"]["content"]
+        st, _, sb = d.post("/v1/chat/completions", story)
+        st2, _, sc = d.post("/v1/chat/completions", dict(
+            story, prediction={"type": "content", "content": [
+                {"type": "text", "text": want[:20]}, {"type": "text", "text": want[20:]}]}))
+        acc = lambda x: x["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+        check(st == st2 == 200 and sb["choices"][0]["message"]["content"] == want ==
+              sc["choices"][0]["message"]["content"] and acc(sc) > max(acc(sb), 20),
+              "prediction: the same text, most of it drafted from the predicted output",
+              f"accepted {acc(sb)} without, {acc(sc)} with")
+        for bad_pred, param in (({"type": "text", "content": "x"}, "prediction"),
+                                ({"type": "content", "content": 5}, "prediction.content"),
+                                ({"type": "content", "content": [{"type": "image"}]},
+                                 "prediction.content")):
+            st, _, r = d.post("/v1/chat/completions", dict(story, prediction=bad_pred))
+            check(st == 400 and r["error"]["param"] == param, f"a bad prediction: 400 {param}", r)
         st, _, bad = d.post("/v1/completions", dict(body, speculative="no"))
         check(st == 400 and "speculative" in json.dumps(bad), "speculative must be a boolean",
               bad)

@@ -89,6 +89,42 @@ END_TEST
 /* Earlier answers: the most recent occurrence of the longest n-gram, cut at its answer's end;
  * nothing from tokens the ring has overwritten; an answer longer than the ring keeps its end;
  * the drafter reads the history only where the context has no match. */
+/* spec_draft_prediction: the prediction's start before any output, then what follows the
+ * output's last tokens where they occur nearest the output's own length. */
+START_TEST(prediction_drafts_where_the_output_is)
+{
+    struct spec_drafter d;
+    spec_drafter_init(&d, SPEC_NGRAM);
+    const int32_t pred[] = {10, 11, 12, 13, 14, 10, 11, 15, 16, 17};
+    int32_t out[SPEC_K_MAX];
+    int match;
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, NULL, 0, 4, out, &match), 4);
+    ck_assert_int_eq(out[0], 10);
+    ck_assert_int_eq(out[3], 13);
+    ck_assert_int_eq(match, SPEC_MATCH_MAX);
+    /* seven tokens out, an edit among them: "14 10 11" ends at 7 in the prediction */
+    const int32_t gen[] = {10, 11, 12, 99, 14, 10, 11};
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 7, 8, out, &match), 3);
+    ck_assert_int_eq(out[0], 15);
+    ck_assert_int_eq(out[2], 17);
+    ck_assert_int_eq(match, 3);
+    /* two out: "10 11" occurs at 0 and 5; the one ending at 2 is where the output is */
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 2, 2, out, &match), 2);
+    ck_assert_int_eq(out[0], 12);
+    ck_assert_int_eq(out[1], 13);
+    ck_assert_int_eq(match, 2);
+    /* with six out ("... 14 10") the second "10" is nearer: "10 11" is not the tail, "14 10" is */
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 6, 1, out, &match), 1);
+    ck_assert_int_eq(out[0], 11);
+    /* nothing matches ngram_min tokens: no draft; not SPEC_NGRAM: none at all */
+    const int32_t other[] = {1, 2};
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, other, 2, 4, out, &match), 0);
+    ck_assert_int_eq(match, 0);
+    spec_drafter_init(&d, SPEC_OFF);
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, NULL, 0, 4, out, &match), 0);
+}
+END_TEST
+
 START_TEST(history_drafts_from_earlier_answers)
 {
     struct spec_history h;
@@ -952,6 +988,64 @@ START_TEST(history_lends_answers_to_later_requests)
 }
 END_TEST
 
+/* A predicted output (OpenAI's prediction) is drafted from: a greedy answer that copies nothing
+ * of its prompt, given its own plain tokens as the prediction, comes out the same with most of
+ * it from drafts; a prediction that is wrong from its first token, or sampled output, keeps the
+ * same tokens too; an engine without speculation takes the prediction and ignores it. */
+START_TEST(prediction_is_drafted_from)
+{
+    int n_out = tu_sanitized() ? 16 : 32;
+    static struct req_case c, cp, cw, cs, csp;
+    static struct result plain, with, wrong, sampled, sampled_p, off;
+    make_case(0, n_out, &c); /* a golden prompt, greedy */
+    c.r.ignore_eos = true;
+    c.r.prompt = c.prompt;
+    struct engine *e = make_history_engine(0);
+    run_one(e, &c, &plain);
+    ck_assert_int_eq(plain.n, n_out);
+    cp = c;
+    cp.r.prompt = cp.prompt;
+    cp.r.prediction = plain.tokens;
+    cp.r.n_prediction = plain.n;
+    run_one(e, &cp, &with);
+    int32_t bad[MAXOUT];
+    for (int i = 0; i < plain.n; i++) bad[i] = plain.tokens[i] == 42 ? 43 : 42;
+    cw = c;
+    cw.r.prompt = cw.prompt;
+    cw.r.prediction = bad;
+    cw.r.n_prediction = plain.n;
+    run_one(e, &cw, &wrong);
+    make_case(1, n_out, &cs); /* seeded sampling */
+    cs.r.prompt = cs.prompt;
+    run_one(e, &cs, &sampled);
+    csp = cs;
+    csp.r.prompt = csp.prompt;
+    csp.r.prediction = sampled.tokens;
+    csp.r.n_prediction = sampled.n;
+    run_one(e, &csp, &sampled_p);
+    engine_stop(e);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_free(e);
+    e = make_engine(SPEC_OFF, 64, 4, 64, 16);
+    run_one(e, &cp, &off);
+    engine_free(e);
+    printf("prediction: %d tokens, accepted %d plain, %d with its own tokens predicted, %d with a "
+           "wrong prediction; sampled %d then %d\n",
+           plain.n, plain.final.accepted_tokens, with.final.accepted_tokens,
+           wrong.final.accepted_tokens, sampled.final.accepted_tokens,
+           sampled_p.final.accepted_tokens);
+    same_tokens(&plain, &with, "with its own tokens predicted");
+    same_tokens(&plain, &wrong, "with a wrong prediction");
+    same_tokens(&plain, &off, "with a prediction and no speculation");
+    same_tokens(&sampled, &sampled_p, "sampled, with its own tokens predicted");
+    ck_assert_int_eq(off.final.accepted_tokens, 0);
+    /* the first token comes from the prefill; drafts cover most of the rest */
+    ck_assert_int_ge(with.final.accepted_tokens, n_out / 2);
+    ck_assert_int_gt(with.final.accepted_tokens, plain.final.accepted_tokens);
+    ck_assert_int_gt(sampled_p.final.accepted_tokens, sampled.final.accepted_tokens);
+}
+END_TEST
+
 START_TEST(ngram_output_equals_plain_decoding)
 {
     int n = tu_sanitized() ? 6 : MAXR, n_out = tu_sanitized() ? 16 : 32;
@@ -1307,6 +1401,7 @@ int main(void)
     TCase *unit = tcase_create("drafter");
     tcase_add_test(unit, ngram_drafts_the_latest_longest_match);
     tcase_add_test(unit, history_drafts_from_earlier_answers);
+    tcase_add_test(unit, prediction_drafts_where_the_output_is);
     tcase_add_test(unit, history_drafts_only_what_it_holds);
     tcase_add_test(unit, draft_length_follows_acceptance);
     tcase_add_test(unit, drafts_take_the_budget_left_and_roll_back);
@@ -1321,6 +1416,7 @@ int main(void)
     const TTest *tests[] = {ngram_output_equals_plain_decoding,
                             logprobs_grammar_and_opt_out,
                             history_lends_answers_to_later_requests,
+                            prediction_is_drafted_from,
                             draft_model_proposes_its_greedy_continuation,
                             draft_model_output_equals_plain_decoding,
                             draft_model_is_refused_without_the_same_vocabulary};
