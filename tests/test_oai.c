@@ -716,6 +716,26 @@ START_TEST(responses_bodies)
     ck_assert_str_eq(r.msgs[2].content, "sunny");
     ck_assert_str_eq(r.msgs[2].call_id, "c1");
     oai_request_free(&r);
+    /* prediction: a string, or text parts joined */
+    ck_assert_int_eq(parse(OAI_CHAT,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prediction\":{"
+                           "\"type\":\"content\",\"content\":[{\"type\":\"text\",\"text\":\"ab\"},"
+                           "{\"type\":\"text\",\"text\":\"c\"}]}}",
+                           &r, &e),
+                     0);
+    ck_assert_uint_eq(r.prediction_len, 3);
+    ck_assert_str_eq(r.prediction, "abc");
+    oai_request_free(&r);
+    ck_assert_int_eq(
+        parse(OAI_COMPLETION,
+              "{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\",\"content\":\"yz\"}}", &r,
+              &e),
+        0);
+    ck_assert_str_eq(r.prediction, "yz");
+    oai_request_free(&r);
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prediction\":\"x\"}", 400,
+               "prediction");
     /* text.format: chat's response_format in the Responses API's flat shape */
     ck_assert_int_eq(parse(OAI_RESPONSES,
                            "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\","

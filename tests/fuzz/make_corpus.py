@@ -124,6 +124,9 @@ REQUESTS = [
     ("responses", {"input": "A person.", "text": {"format": {
         "type": "json_schema", "name": "p", "schema": SCHEMA, "strict": True}}}),
     ("responses", {"input": "x", "text": {"format": {"type": "json_object"}}}),
+    ("chat", {"messages": [{"role": "user", "content": "Edit"}], "prediction": {
+        "type": "content", "content": [{"type": "text", "text": "def f():"},
+                                       {"type": "text", "text": "\n    return 1\n"}]}}),
 ]
 
 
