@@ -210,6 +210,14 @@ void request_release(struct request *r)
 
 /* ---- sequences ---- */
 
+/* A malloc'd copy of n elements of size bytes at src, or NULL when out of memory. */
+static void *copy_of(const void *src, size_t n, size_t size)
+{
+    void *p = malloc(n * size);
+    if (p) memcpy(p, src, n * size);
+    return p;
+}
+
 static void seq_free(struct seq *s)
 {
     if (!s) return;
@@ -980,25 +988,16 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         }
         s->n_stop_strings++;
     }
-    if (r->n_logit_bias > 0) {
-        s->logit_bias = malloc((size_t)r->n_logit_bias * sizeof *s->logit_bias);
-        if (!s->logit_bias) {
-            seq_free(s);
-            return qerr_set(err, QERR_NOMEM, "out of memory");
-        }
-        memcpy(s->logit_bias, r->logit_bias, (size_t)r->n_logit_bias * sizeof *s->logit_bias);
-        s->n_logit_bias = r->n_logit_bias;
+    /* the prediction is kept only where it is drafted from */
+    bool pred = r->n_prediction > 0 && s->spec && e->o.spec == SPEC_NGRAM;
+    if ((r->n_logit_bias > 0 && !(s->logit_bias = copy_of(r->logit_bias, (size_t)r->n_logit_bias,
+                                                          sizeof *s->logit_bias))) ||
+        (pred && !(s->pred = copy_of(r->prediction, (size_t)r->n_prediction, sizeof *s->pred)))) {
+        seq_free(s);
+        return qerr_set(err, QERR_NOMEM, "out of memory");
     }
-    /* kept only where it is drafted from */
-    if (r->n_prediction > 0 && s->spec && e->o.spec == SPEC_NGRAM) {
-        s->pred = malloc((size_t)r->n_prediction * sizeof *s->pred);
-        if (!s->pred) {
-            seq_free(s);
-            return qerr_set(err, QERR_NOMEM, "out of memory");
-        }
-        memcpy(s->pred, r->prediction, (size_t)r->n_prediction * sizeof *s->pred);
-        s->n_pred = r->n_prediction;
-    }
+    s->n_logit_bias = r->n_logit_bias > 0 ? r->n_logit_bias : 0;
+    s->n_pred = pred ? r->n_prediction : 0;
     s->t_submit = engine_now();
     *out = s;
     return 0;
