@@ -187,12 +187,11 @@ static int parse_prompt(const cJSON *root, const char *name, size_t max, struct 
     return 0;
 }
 
-/* content: a string, null, or a list of {"type":"text","text":...} parts (joined). */
-static int parse_content(const cJSON *c, size_t i, const char **out, char **owned,
+/* content (the field param): a string, null, or a list of {"type":"text","text":...} parts
+ * (joined into *owned). */
+static int parse_content(const cJSON *c, const char *param, const char **out, char **owned,
                          struct oai_error *e)
 {
-    char param[64];
-    snprintf(param, sizeof param, "messages[%zu].content", i);
     if (!c) {
         *out = "";
         return 0;
@@ -276,7 +275,9 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
             return bad(e, param, "'%s' is '%.40s'; it must be system, user or assistant", param,
                        role->valuestring);
         r->msgs[i].role = rs;
-        int rc = parse_content(oai_field(x, "content"), i, &r->msgs[i].content, &r->owned[i], e);
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        int rc =
+            parse_content(oai_field(x, "content"), param, &r->msgs[i].content, &r->owned[i], e);
         if (rc) return rc;
         i++;
     }
@@ -343,51 +344,22 @@ static int parse_logit_bias(const cJSON *root, struct oai_request *r, struct oai
     return 0;
 }
 
-/* The sampling and generation fields common to completions and chat. */
 /* prediction: {"type": "content", "content": a string or a list of text parts}. */
 static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     const cJSON *p = oai_field(root, "prediction");
     if (!p || cJSON_IsNull(p)) return 0;
-    const cJSON *type = cJSON_IsObject(p) ? oai_field(p, "type") : NULL,
-                *c = cJSON_IsObject(p) ? oai_field(p, "content") : NULL;
+    const cJSON *type = cJSON_IsObject(p) ? oai_field(p, "type") : NULL;
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "content"))
         return bad(e, "prediction",
                    "'prediction' must be {\"type\": \"content\", \"content\": ...}");
-    if (cJSON_IsString(c)) {
-        r->prediction = c->valuestring;
-        r->prediction_len = strlen(c->valuestring);
-        return 0;
-    }
-    if (!cJSON_IsArray(c))
-        return bad(e, "prediction.content",
-                   "'prediction.content' must be a string or a list of text parts");
-    size_t total = 0;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, c)
-    {
-        const cJSON *t = cJSON_IsObject(x) ? oai_field(x, "text") : NULL,
-                    *xt = cJSON_IsObject(x) ? oai_field(x, "type") : NULL;
-        if (!cJSON_IsString(t) || !cJSON_IsString(xt) || strcmp(xt->valuestring, "text"))
-            return bad(e, "prediction.content",
-                       "'prediction.content' parts must be {\"type\": \"text\", \"text\": ...}");
-        total += strlen(t->valuestring);
-    }
-    if (!(r->prediction_owned = malloc(total + 1))) return oom(e);
-    size_t at = 0;
-    cJSON_ArrayForEach(x, c)
-    {
-        const char *t = oai_field(x, "text")->valuestring;
-        size_t n = strlen(t);
-        memcpy(r->prediction_owned + at, t, n);
-        at += n;
-    }
-    r->prediction_owned[at] = '\0';
-    r->prediction = r->prediction_owned;
-    r->prediction_len = at;
-    return 0;
+    int rc = parse_content(oai_field(p, "content"), "prediction.content", &r->prediction,
+                           &r->prediction_owned, e);
+    if (!rc) r->prediction_len = strlen(r->prediction);
+    return rc;
 }
 
+/* The sampling and generation fields common to completions and chat. */
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     struct sample_params *sp = &r->sample;
