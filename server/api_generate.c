@@ -62,8 +62,8 @@ struct gen {
     struct oai_resp resp;
     char msg_id[48];
     char *instructions;
-    char *text_format; /* the request's text.format, printed for the echo */
-    int32_t *pred_ids; /* the prediction's tokens (each choice's engine request copies them) */
+    cJSON *text_format; /* the request's text.format (a copy: the request's tree goes first) */
+    int32_t *pred_ids;  /* the prediction's tokens (each choice's engine request copies them) */
     int n_pred;
     int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
@@ -99,7 +99,7 @@ static void gen_free(struct gen *g)
     }
     free(g->ch);
     free(g->instructions);
-    cJSON_free(g->text_format);
+    cJSON_Delete(g->text_format);
     free(g->pred_ids);
     oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
@@ -538,7 +538,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
     snprintf(g->id, sizeof g->id, "%s%s", prefix, rq->log->id);
     snprintf(g->msg_id, sizeof g->msg_id, "msg_%s", rq->log->id);
     if ((r->instructions && !(g->instructions = strdup(r->instructions))) ||
-        (r->text_format && !(g->text_format = cJSON_PrintUnformatted(r->text_format)))) {
+        (r->text_format && !(g->text_format = cJSON_Duplicate(r->text_format, true)))) {
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }

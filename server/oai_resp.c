@@ -126,7 +126,7 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
     cJSON_AddBoolToObject(o, "store", false);
     cJSON_AddNumberToObject(o, "temperature", r->temperature);
     cJSON *tx = cJSON_AddObjectToObject(o, "text");
-    cJSON *fmt = r->text_format ? cJSON_Parse(r->text_format) : NULL;
+    cJSON *fmt = r->text_format ? cJSON_Duplicate(r->text_format, true) : NULL;
     if (tx && fmt)
         cJSON_AddItemToObject(tx, "format", fmt);
     else if (tx && (fmt = cJSON_AddObjectToObject(tx, "format")))

@@ -24,7 +24,7 @@ struct oai_resp {
     const char *instructions; /* NULL: null */
     int max_output_tokens;    /* -1: null */
     double temperature, top_p;
-    const char *text_format;           /* text.format to echo (JSON), NULL: {"type": "text"} */
+    const struct cJSON *text_format;   /* text.format to echo, NULL: {"type": "text"} */
     const struct oai_tool_call *calls; /* the function calls after the message's text */
     size_t n_calls;
 };
