@@ -287,6 +287,7 @@ static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
     ev->completion_tokens = s->n_generated;
     ev->cached_tokens = s->cached_tokens;
     ev->accepted_tokens = s->spec_accepted;
+    ev->rejected_tokens = s->spec_drafted - s->spec_accepted;
     ev->total_ms = (now - s->t_submit) * 1e3;
     ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
     ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
@@ -545,6 +546,7 @@ static enum finish_reason spec_verify(struct engine *e, int i, int32_t t, enum f
     }
     sched_spec_settle(e, i, kept);
     s->spec_accepted += accepted;
+    s->spec_drafted += nd;
     spec_state_update(&s->spec_st, nd, accepted, e->spec_k);
     spec_rate_update(&s->spec_rate[s->spec_cls], nd, accepted);
     e->local.spec_drafts++;
@@ -610,7 +612,7 @@ static int run_step(struct engine *e)
     double t_sample = engine_now();
     e->local.steps++;
     /* what the cost-aware draft length weighs drafts against (spec_policy.h) */
-    if (e->o.spec != SPEC_OFF && !rc)
+    if (e->spec_k > 0 && !rc)
         spec_cost_record_step(&e->spec_cost, p->n_tokens, t_sample - t_forward);
     if (rc) {
         /* the step failed as a whole: fail its sequences, keep serving the others */
@@ -841,11 +843,13 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     spec_drafter_init(&e->drafter, o->spec);
     spec_cost_init(&e->spec_cost);
     spec_cost_init(&e->draft_cost);
-    if (o->spec != SPEC_OFF) {
+    if (sched_drafts(o))
         /* a draft reaches at most one block past its sequence's own (plan_drafts) */
         e->spec_k = o->spec_k < o->kv_block_size ? o->spec_k : o->kv_block_size;
+    if (o->spec != SPEC_OFF) {
         /* spares for up to 16 sequences crossing a block edge in one step, never more than a
-         * sixteenth of the pool */
+         * sixteenth of the pool (with spec off, a prediction's drafts stop at the block's end
+         * instead: the pool stays whole for those who never send one) */
         int t = o->max_seqs < 16 ? o->max_seqs : 16;
         e->spare_target = blocks / 16 < t ? blocks / 16 : t;
     }
@@ -974,7 +978,8 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     }
     /* grammars and logprobs need nothing of their own: each kept position runs seq_advance,
      * which masks, samples and reports from that position's own row, in order */
-    s->spec = e->o.spec != SPEC_OFF && !r->no_spec;
+    /* with spec off, a request's prediction is its only drafter */
+    s->spec = !r->no_spec && e->spec_k > 0 && (e->o.spec != SPEC_OFF || r->n_prediction > 0);
     spec_state_init(&s->spec_st, e->spec_k);
     spec_rates_init(s->spec_rate);
     detok_init(&s->detok);
@@ -989,7 +994,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         s->n_stop_strings++;
     }
     /* the prediction is kept only where it is drafted from */
-    bool pred = r->n_prediction > 0 && s->spec && e->o.spec == SPEC_NGRAM;
+    bool pred = r->n_prediction > 0 && s->spec && e->o.spec != SPEC_DRAFT;
     if ((r->n_logit_bias > 0 && !(s->logit_bias = copy_of(r->logit_bias, (size_t)r->n_logit_bias,
                                                           sizeof *s->logit_bias))) ||
         (pred && !(s->pred = copy_of(r->prediction, (size_t)r->n_prediction, sizeof *s->pred)))) {

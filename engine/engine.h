@@ -196,6 +196,7 @@ struct req_event {
     enum finish_reason finish;
     int prompt_tokens, cached_tokens;
     int accepted_tokens; /* output tokens that a speculative draft had guessed */
+    int rejected_tokens; /* drafted tokens that were not kept */
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };

@@ -67,14 +67,15 @@ struct seq {
     uint64_t *premask;
     int premask_n;
     bool mask_ready;
-    bool spec;                 /* drafts for this sequence are verified (engine_opts.spec) */
+    bool spec; /* drafts for this sequence are verified (engine_opts.spec, or its prediction) */
     struct spec_state spec_st; /* SPEC_POLICY_ACCEPTANCE's */
     /* SPEC_POLICY_COST's, one per class of draft (spec_match_class); spec_cls: the class of
      * the draft being verified */
     struct spec_rate spec_rate[SPEC_MATCH_CLASSES];
     int spec_cls;
     int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
-    int32_t *pred;     /* the request's predicted output (owned; SPEC_NGRAM only), or NULL */
+    int spec_drafted;  /* tokens drafted for it in all (kept or not) */
+    int32_t *pred;     /* the request's predicted output (owned; not under SPEC_DRAFT), or NULL */
     int n_pred;
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */
@@ -258,6 +259,9 @@ void sched_release_blocks(struct engine *e, struct seq *s);
 /* After the forward: marks the planned tokens computed and registers newly full blocks in the
  * prefix cache. Draft tokens are not counted: sched_spec_settle does that once verified. */
 void sched_commit(struct engine *e);
+/* Whether the engine verifies drafts: a drafter runs (spec ngram or draft), or with spec off a
+ * request may bring a prediction to draft from (spec_k in 1..SPEC_K_MAX). */
+bool sched_drafts(const struct engine_opts *o);
 /* Rows of logits a step may need: one per sequence, plus the drafts'. */
 int sched_logit_rows(const struct engine_opts *o);
 /* After sequence i of the plan had its draft verified: the first `kept` draft tokens (those

@@ -258,11 +258,16 @@ static void take_cached_prefix(struct engine *e, struct seq *s)
     s->cached_tokens = s->n_computed;
 }
 
+bool sched_drafts(const struct engine_opts *o)
+{
+    return o->spec != SPEC_OFF || (o->spec_k >= 1 && o->spec_k <= SPEC_K_MAX);
+}
+
 int sched_logit_rows(const struct engine_opts *o)
 {
     /* a row per sequence, the prompt logprobs' own (engine_prefill.c) */
     int rows = o->max_seqs + (o->prompt_logprob_rows > 0 ? o->prompt_logprob_rows : 0);
-    if (o->spec == SPEC_OFF) return rows;
+    if (!sched_drafts(o)) return rows;
     /* drafts for up to 16 sequences a step: past that the batch keeps the weights busy anyway */
     int k = o->spec_k < SPEC_K_MAX ? o->spec_k : SPEC_K_MAX;
     int drafting = o->max_seqs < 16 ? o->max_seqs : 16;
@@ -458,7 +463,7 @@ int sched_step_plan(struct engine *e)
         budget -= n;
     }
 
-    if (e->o.spec != SPEC_OFF && e->spec_k > 0) {
+    if (e->spec_k > 0) {
         int room = e->o.spec_step_tokens - p->n_tokens;
         plan_drafts(e, room < budget ? room : budget);
     }

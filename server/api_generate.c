@@ -215,6 +215,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         if (fin == FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error);
         g->usage.completion_tokens += ev->completion_tokens;
         g->usage.accepted_tokens += ev->accepted_tokens;
+        g->usage.rejected_tokens += ev->rejected_tokens;
         if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
         if (g->log) {

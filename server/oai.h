@@ -223,6 +223,7 @@ struct oai_meta {
 struct oai_usage {
     int prompt_tokens, completion_tokens, cached_tokens;
     int accepted_tokens; /* completion tokens a speculative draft had guessed */
+    int rejected_tokens; /* drafted tokens that were not kept */
 };
 
 const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */

@@ -229,9 +229,13 @@ static cJSON *usage_obj(const struct oai_usage *u)
     cJSON_AddNumberToObject(o, "total_tokens", u->prompt_tokens + u->completion_tokens);
     cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
     if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
-    /* OpenAI's name for output tokens a prediction supplied: here, speculative drafts */
+    /* OpenAI's names for a prediction's tokens that were and were not used: here, every
+     * speculative draft's (a request's prediction, prompt lookup, a draft model) */
     d = cJSON_AddObjectToObject(o, "completion_tokens_details");
-    if (d) cJSON_AddNumberToObject(d, "accepted_prediction_tokens", u->accepted_tokens);
+    if (d) {
+        cJSON_AddNumberToObject(d, "accepted_prediction_tokens", u->accepted_tokens);
+        cJSON_AddNumberToObject(d, "rejected_prediction_tokens", u->rejected_tokens);
+    }
     return o;
 }
 

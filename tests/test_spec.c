@@ -116,11 +116,15 @@ START_TEST(prediction_drafts_where_the_output_is)
     /* with six out ("... 14 10") the second "10" is nearer: "10 11" is not the tail, "14 10" is */
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 6, 1, out, &match), 1);
     ck_assert_int_eq(out[0], 11);
-    /* nothing matches ngram_min tokens: no draft; not SPEC_NGRAM: none at all */
+    /* nothing matches ngram_min tokens: no draft; SPEC_OFF drafts from a prediction too (it is
+     * the only source there), SPEC_DRAFT never (the draft model proposes) */
     const int32_t other[] = {1, 2};
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, other, 2, 4, out, &match), 0);
     ck_assert_int_eq(match, 0);
     spec_drafter_init(&d, SPEC_OFF);
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 7, 8, out, &match), 3);
+    ck_assert_int_eq(spec_draft(&d, gen, 7, 4, out, &match), 0);
+    spec_drafter_init(&d, SPEC_DRAFT);
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, NULL, 0, 4, out, &match), 0);
 }
 END_TEST
@@ -991,12 +995,14 @@ END_TEST
 /* A predicted output (OpenAI's prediction) is drafted from: a greedy answer that copies nothing
  * of its prompt, given its own plain tokens as the prediction, comes out the same with most of
  * it from drafts; a prediction that is wrong from its first token, or sampled output, keeps the
- * same tokens too; an engine without speculation takes the prediction and ignores it. */
+ * same tokens too. An engine with spec off drafts from a prediction alone (the default cost
+ * policy there) and from nothing else; a request that opts out ignores its prediction. */
 START_TEST(prediction_is_drafted_from)
 {
     int n_out = tu_sanitized() ? 16 : 32;
     static struct req_case c, cp, cw, cs, csp;
-    static struct result plain, with, wrong, sampled, sampled_p, off;
+    static struct req_case cpo;
+    static struct result plain, with, wrong, sampled, sampled_p, off, off_plain, off_opted;
     make_case(0, n_out, &c); /* a golden prompt, greedy */
     c.r.ignore_eos = true;
     c.r.prompt = c.prompt;
@@ -1026,19 +1032,33 @@ START_TEST(prediction_is_drafted_from)
     engine_stop(e);
     ck_assert_msg(!e->check_error[0], "%s", e->check_error);
     engine_free(e);
-    e = make_engine(SPEC_OFF, 64, 4, 64, 16);
+    e = make_engine_with(file, NULL, SPEC_OFF, SPEC_POLICY_COST, 64, 4, 64, 16);
     run_one(e, &cp, &off);
+    run_one(e, &c, &off_plain);
+    cpo = cp;
+    cpo.r.prompt = cpo.prompt;
+    cpo.r.no_spec = true;
+    run_one(e, &cpo, &off_opted);
+    engine_stop(e);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
     engine_free(e);
     printf("prediction: %d tokens, accepted %d plain, %d with its own tokens predicted, %d with a "
-           "wrong prediction; sampled %d then %d\n",
+           "wrong prediction (%d rejected); sampled %d then %d; spec off %d (%d rejected)\n",
            plain.n, plain.final.accepted_tokens, with.final.accepted_tokens,
-           wrong.final.accepted_tokens, sampled.final.accepted_tokens,
-           sampled_p.final.accepted_tokens);
+           wrong.final.accepted_tokens, wrong.final.rejected_tokens, sampled.final.accepted_tokens,
+           sampled_p.final.accepted_tokens, off.final.accepted_tokens, off.final.rejected_tokens);
     same_tokens(&plain, &with, "with its own tokens predicted");
     same_tokens(&plain, &wrong, "with a wrong prediction");
-    same_tokens(&plain, &off, "with a prediction and no speculation");
+    same_tokens(&plain, &off, "with a prediction and spec off");
+    same_tokens(&plain, &off_plain, "spec off");
+    same_tokens(&plain, &off_opted, "spec off, a prediction, opted out");
     same_tokens(&sampled, &sampled_p, "sampled, with its own tokens predicted");
-    ck_assert_int_eq(off.final.accepted_tokens, 0);
+    ck_assert_int_ge(off.final.accepted_tokens, n_out / 2);
+    ck_assert_int_eq(off_plain.final.accepted_tokens + off_plain.final.rejected_tokens, 0);
+    ck_assert_int_eq(off_opted.final.accepted_tokens + off_opted.final.rejected_tokens, 0);
+    /* the wrong prediction's first draft is refused: its tokens count as rejected */
+    ck_assert_int_gt(wrong.final.rejected_tokens, 0);
+    ck_assert_int_lt(with.final.rejected_tokens, with.final.accepted_tokens);
     /* the first token comes from the prefill; drafts cover most of the rest */
     ck_assert_int_ge(with.final.accepted_tokens, n_out / 2);
     ck_assert_int_gt(with.final.accepted_tokens, plain.final.accepted_tokens);

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Predicted outputs (a request's `prediction`) on a `--spec ngram` server: each prompt greedy with
-no prediction, with its own answer as the prediction, and with that answer edited (every 20th
+"""Predicted outputs (a request's `prediction`) on a server run with `--spec off` (the default: the
+prediction is the only drafter) or `--spec ngram`: each prompt greedy with no prediction, with its own answer as the prediction, and with that answer edited (every 20th
 word replaced); decode tok/s from the first streamed token to the last, the median of the
 rounds, and the drafted tokens kept (usage.completion_tokens_details.accepted_prediction_tokens).
 Every run must give the answer's bytes.
 
     tools/bench-prediction.py [--model M] [--threads 2] [--rounds 3] [--max-tokens 160]
+                              [--spec off|ngram]
 """
 import argparse
 import json
@@ -31,10 +32,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--port", type=int, default=18820)
+    ap.add_argument("--spec", choices=("off", "ngram"), default="off")
     a = ap.parse_args()
     # no history: a repeated prompt would draft from its own earlier answer
     srv = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(a.port), "--threads",
-                            str(a.threads), "--no-webui", "--spec", "ngram", "--spec-history", "0"],
+                            str(a.threads), "--no-webui", "--spec", a.spec, "--spec-history", "0"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -49,7 +51,7 @@ def main():
         srv.wait()
     cpu = subprocess.run([os.path.join(ROOT, "tools", "cpu-info.sh")], capture_output=True,
                          text=True).stdout.strip()
-    print(f"{cpu}; {a.threads} threads; {a.rounds} rounds; --spec ngram --spec-history 0\n")
+    print(f"{cpu}; {a.threads} threads; {a.rounds} rounds; --spec {a.spec} --spec-history 0\n")
     print("| prompt | no prediction tok/s | its answer predicted | ratio | the answer edited "
           "| ratio | kept drafts / tokens (none, answer, edited) |")
     print("|---|---|---|---|---|---|---|")

@@ -557,6 +557,11 @@ class Soak:
             body["seed"] = rng.randint(0, 1 << 30)
         if rng.random() < 0.3 or max_tokens > 32:
             body["ignore_eos"] = True
+        if rng.random() < 0.15:
+            # a predicted output: drafted from whatever the server's --spec mode is, so
+            # rejected drafts' rollback runs under load, preemption and disconnects too
+            body["prediction"] = {"type": "content", "content": rng.choice(
+                [prompt, self.words(rng, rng.randint(4, 60))])}
         if chat:
             msgs = [{"role": "user", "content": prompt}]
             if rng.random() < 0.2:
