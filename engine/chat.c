@@ -211,6 +211,7 @@ void sb_content(struct sb *b, const char *s, size_t n)
 {
     size_t at = b->n;
     sb_put(b, s, n);
+    b->content_end = b->n;
     if (b->oom || !b->spans || n == 0) return;
     if (b->n_span == b->cap_span) {
         size_t cap = b->cap_span ? 2 * b->cap_span : 8;
@@ -373,8 +374,14 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
     }
 }
 
+/* gen as the formats take it */
+static enum chat_end end_of(bool add_generation_prompt)
+{
+    return add_generation_prompt ? CHAT_END_GENERATE : CHAT_END_CLOSED;
+}
+
 int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                      const char *tools, bool add_generation_prompt, char **out,
+                      const char *tools, enum chat_end end, char **out,
                       struct tokenizer_span **content, size_t *n_content, struct qerr *err)
 {
     *out = NULL;
@@ -408,6 +415,15 @@ int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs
         }
         tool_turns |= calls || r[i] == ROLE_TOOL;
     }
+    if (end == CHAT_END_CONTINUE &&
+        (n == 0 || r[n - 1] != ROLE_ASSISTANT || !msgs[n - 1].content || msgs[n - 1].n_calls > 0)) {
+        free(r);
+        return qerr_set(err, QERR_INVALID,
+                        "chat_format: continue_final_message needs the last message to be the "
+                        "assistant's text (message %zu is %s)",
+                        n ? n - 1 : 0, n == 0 ? "missing" : msgs[n - 1].role);
+    }
+    bool gen = end == CHAT_END_GENERATE;
     cJSON *list = NULL;
     if (tools) {
         list = cJSON_Parse(tools);
@@ -421,9 +437,15 @@ int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs
     sb_put(&b, "", 0);
     int rc = 0;
     if (list || tool_turns)
-        rc = chat_fmt_tools(t, msgs, r, n, list, add_generation_prompt, &b, err);
+        rc = chat_fmt_tools(t, msgs, r, n, list, gen, &b, err);
     else
-        chat_fmt_plain(t, msgs, r, n, add_generation_prompt, &b);
+        chat_fmt_plain(t, msgs, r, n, gen, &b);
+    if (!rc && !b.oom && end == CHAT_END_CONTINUE) {
+        /* the last content written is the last message's: what follows it closes the turn */
+        b.n = b.content_end;
+        b.p[b.n] = '\0';
+        while (b.n_span > 0 && b.span[b.n_span - 1].off >= b.n) b.n_span--;
+    }
     cJSON_Delete(list);
     free(r);
     if (!rc && b.oom) rc = qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
@@ -444,27 +466,27 @@ int chat_format_spans(const struct chat_template *t, const struct chat_msg *msgs
                       bool add_generation_prompt, char **out, struct tokenizer_span **content,
                       size_t *n_content, struct qerr *err)
 {
-    return chat_format_tools(t, msgs, n, NULL, add_generation_prompt, out, content, n_content, err);
+    return chat_format_tools(t, msgs, n, NULL, end_of(add_generation_prompt), out, content,
+                             n_content, err);
 }
 
 int chat_format(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
                 bool add_generation_prompt, char **out, struct qerr *err)
 {
-    return chat_format_tools(t, msgs, n, NULL, add_generation_prompt, out, NULL, NULL, err);
+    return chat_format_tools(t, msgs, n, NULL, end_of(add_generation_prompt), out, NULL, NULL, err);
 }
 
 int chat_encode_tools(const struct chat_template *t, const struct tokenizer *tok,
-                      const struct chat_msg *msgs, size_t n, const char *tools,
-                      bool add_generation_prompt, bool add_bos, bool content_special, int32_t **ids,
-                      size_t *n_ids, struct qerr *err)
+                      const struct chat_msg *msgs, size_t n, const char *tools, enum chat_end end,
+                      bool add_bos, bool content_special, int32_t **ids, size_t *n_ids,
+                      struct qerr *err)
 {
     *ids = NULL;
     *n_ids = 0;
     char *text;
     struct tokenizer_span *content;
     size_t n_content;
-    int rc = chat_format_tools(t, msgs, n, tools, add_generation_prompt, &text, &content,
-                               &n_content, err);
+    int rc = chat_format_tools(t, msgs, n, tools, end, &text, &content, &n_content, err);
     if (rc) return rc;
     if (content_special) n_content = 0; /* the whole text may name control tokens */
     rc = tokenizer_encode_spans(tok, text, strlen(text), add_bos, content, n_content, ids, n_ids,
@@ -478,6 +500,6 @@ int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
                 const struct chat_msg *msgs, size_t n, bool add_generation_prompt, bool add_bos,
                 bool content_special, int32_t **ids, size_t *n_ids, struct qerr *err)
 {
-    return chat_encode_tools(t, tok, msgs, n, NULL, add_generation_prompt, add_bos, content_special,
-                             ids, n_ids, err);
+    return chat_encode_tools(t, tok, msgs, n, NULL, end_of(add_generation_prompt), add_bos,
+                             content_special, ids, n_ids, err);
 }

@@ -73,6 +73,16 @@ const char *chat_kind_name(enum chat_kind k);
 /* The precise format, e.g. "chatml", "llama3", "llama2-sys", "mistral-v7". */
 const char *chat_template_name(const struct chat_template *t);
 
+/* Where a formatted conversation ends. */
+enum chat_end {
+    CHAT_END_CLOSED,   /* after the last message's end of turn (add_generation_prompt false) */
+    CHAT_END_GENERATE, /* then the start of an assistant turn (add_generation_prompt) */
+    /* inside the last message, an assistant's text, right after its content: the model goes on
+     * writing it (vLLM's and transformers' continue_final_message, llama.cpp's assistant
+     * prefill). The text is the closed one cut there, as transformers cuts it. */
+    CHAT_END_CONTINUE,
+};
+
 /* Formats the messages as the template would with add_generation_prompt; *out is malloc'd and
  * NUL-terminated (caller frees). An unknown role is QERR_INVALID naming it. The text never
  * starts with BOS (<s>, <|begin_of_text|>): the caller adds it per tokenizer_adds_bos. Do not
@@ -100,14 +110,15 @@ int chat_encode(const struct chat_template *t, const struct tokenizer *tok,
 /* chat_format_spans and chat_encode with the tools offered: tools is the JSON text of a list of
  * function objects ({"name","description","parameters"}), or NULL for none. Each template's
  * format writes them where its Jinja does (tools, calls and results: engine/chat_tools.c);
- * a malformed list or arguments text is QERR_INVALID naming it. */
+ * a malformed list or arguments text is QERR_INVALID naming it, and so is CHAT_END_CONTINUE
+ * after a last message that is not an assistant's text. */
 int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                      const char *tools, bool add_generation_prompt, char **out,
+                      const char *tools, enum chat_end end, char **out,
                       struct tokenizer_span **content, size_t *n_content, struct qerr *err);
 int chat_encode_tools(const struct chat_template *t, const struct tokenizer *tok,
-                      const struct chat_msg *msgs, size_t n, const char *tools,
-                      bool add_generation_prompt, bool add_bos, bool content_special, int32_t **ids,
-                      size_t *n_ids, struct qerr *err);
+                      const struct chat_msg *msgs, size_t n, const char *tools, enum chat_end end,
+                      bool add_bos, bool content_special, int32_t **ids, size_t *n_ids,
+                      struct qerr *err);
 const char *chat_tool_format_name(enum chat_tool_format f);
 
 #endif

@@ -9,6 +9,7 @@ struct sb {
     char *p;
     size_t n, cap;
     bool oom;
+    size_t content_end; /* where the latest message content written ends (empty content too) */
     /* where message content was written; collected only when spans is set */
     bool spans;
     struct tokenizer_span *span;

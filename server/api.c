@@ -202,8 +202,8 @@ struct oai_vocab api_vocab(const struct serve *s)
     return (struct oai_vocab){.token_bytes = vocab_bytes, .ctx = s->tok};
 }
 
-int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
-                    bool add_bos, int32_t **ids, size_t *n, struct oai_error *e)
+int api_chat_tokens(struct serve *s, const struct oai_request *r, enum chat_end end, bool add_bos,
+                    int32_t **ids, size_t *n, struct oai_error *e)
 {
     *ids = NULL;
     *n = 0;
@@ -216,8 +216,8 @@ int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_gener
     char *tools = NULL; /* the template writes the offered tools where its model expects them */
     if (api_tools_active(r) && !(tools = oai_tools_json(r)))
         return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    int rc = chat_encode_tools(s->chat, s->tok, r->msgs, r->n_msgs, tools, add_generation_prompt,
-                               add_bos, s->o->chat_parse_special, ids, n, &q);
+    int rc = chat_encode_tools(s->chat, s->tok, r->msgs, r->n_msgs, tools, end, add_bos,
+                               s->o->chat_parse_special, ids, n, &q);
     free(tools);
     if (rc)
         return oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
@@ -237,7 +237,7 @@ void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *
     struct qerr q = {0};
     bool bos = r.add_special && tokenizer_adds_bos(s->tok);
     if (r.n_msgs) {
-        if (api_chat_tokens(s, &r, r.add_generation_prompt, bos, &ids, &n, &e)) goto fail;
+        if (api_chat_tokens(s, &r, r.chat_end, bos, &ids, &n, &e)) goto fail;
     } else if (tokenizer_encode(s->tok, r.prompts[0].text, r.prompts[0].text_len, bos, false, &ids,
                                 &n, &q)) {
         oai_error_set(&e, 400, "invalid_request_error", NULL, "prompt", "%s", q.msg);

@@ -58,7 +58,7 @@ int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
 struct oai_vocab api_vocab(const struct serve *s);
 /* The conversation in r formatted by the model's chat template and tokenized (*ids malloc'd):
  * message content is plain text unless the server runs with --chat-parse-special. */
-int api_chat_tokens(struct serve *s, const struct oai_request *r, bool add_generation_prompt,
-                    bool add_bos, int32_t **ids, size_t *n, struct oai_error *e);
+int api_chat_tokens(struct serve *s, const struct oai_request *r, enum chat_end end, bool add_bos,
+                    int32_t **ids, size_t *n, struct oai_error *e);
 
 #endif

@@ -413,8 +413,8 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
                         : r->kind == OAI_CHAT    ? "messages"
                                                  : "prompt";
     if (r->kind != OAI_COMPLETION) {
-        int rc =
-            api_chat_tokens(s, r, true, tokenizer_adds_bos(s->tok), &g->ids[p], &g->n_ids[p], e);
+        int rc = api_chat_tokens(s, r, r->chat_end, tokenizer_adds_bos(s->tok), &g->ids[p],
+                                 &g->n_ids[p], e);
         if (rc) return rc;
     } else if (r->prompts[p].text) {
         const struct oai_prompt *op = &r->prompts[p];

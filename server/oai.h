@@ -113,10 +113,12 @@ struct oai_request {
     int min_tokens; /* vLLM's: no end of generation or stop id before this many tokens */
     int n_stop_ids; /* vLLM's stop_token_ids */
     int32_t stop_ids[ENGINE_MAX_STOPS];
-    bool base64;                /* embeddings: encoding_format "base64" */
-    const char *instructions;   /* responses: the system text (in the tree), or NULL */
-    bool add_special;           /* tokenize: add BOS (add_special_tokens, default true) */
-    bool add_generation_prompt; /* tokenize with messages (default true) */
+    bool base64;              /* embeddings: encoding_format "base64" */
+    const char *instructions; /* responses: the system text (in the tree), or NULL */
+    bool add_special;         /* tokenize: add BOS (add_special_tokens, default true) */
+    /* chat, and tokenize with messages: add_generation_prompt (default true) and vLLM's
+     * continue_final_message (default false) */
+    enum chat_end chat_end;
     struct oai_constraint constraint;
     const struct cJSON *text_format; /* responses: a text.format other than text (in the tree) */
     /* OpenAI's Predicted Outputs: prediction.content (in the tree, or joined parts owned by

@@ -455,12 +455,28 @@ static int parse_completion(const cJSON *root, struct oai_request *r, struct oai
     return oai_parse_structured(root, r, e);
 }
 
+/* Where the chat's prompt ends: add_generation_prompt, or vLLM's continue_final_message (the
+ * last message, an assistant's, is continued: llama.cpp's assistant prefill). */
+static int parse_chat_end(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    bool gen = true, cont = false;
+    int given = get_bool(root, "add_generation_prompt", &gen, e), rc;
+    if (given < 0) return given;
+    if ((rc = get_bool(root, "continue_final_message", &cont, e)) < 0) return rc;
+    if (cont && gen && given)
+        return bad(e, "continue_final_message",
+                   "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    r->chat_end = cont ? CHAT_END_CONTINUE : gen ? CHAT_END_GENERATE : CHAT_END_CLOSED;
+    return 0;
+}
+
 static int parse_chat(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     int rc;
     long long l;
     bool lp = false;
     if ((rc = parse_messages(root, r, e))) return rc;
+    if ((rc = parse_chat_end(root, r, e))) return rc;
     if ((rc = parse_generation(root, r, e))) return rc;
     if ((rc = get_bool(root, "logprobs", &lp, e)) < 0) return rc;
     if ((rc = get_int(root, "top_logprobs", 0, OAI_MAX_LOGPROBS, &l, e)) < 0) return rc;
@@ -475,7 +491,7 @@ static int parse_tokenize(const cJSON *root, struct oai_request *r, struct oai_e
     int rc;
     const char *model;
     if ((rc = get_str(root, "model", &model, e)) < 0) return rc;
-    if ((rc = get_bool(root, "add_generation_prompt", &r->add_generation_prompt, e)) < 0) return rc;
+    if ((rc = parse_chat_end(root, r, e))) return rc;
     if ((rc = get_bool(root, "add_special_tokens", &r->add_special, e)) < 0) return rc;
     /* with the tools a chat offers, rendered by the template as chat renders them: the count
      * is the chat request's prompt_tokens (vLLM's /tokenize takes them too) */
@@ -789,7 +805,7 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
                                 .logprobs = -1,
                                 .prompt_logprobs = -1,
                                 .add_special = true,
-                                .add_generation_prompt = true,
+                                .chat_end = CHAT_END_GENERATE,
                                 .constraint = {.kind = -1},
                                 .parallel_tool_calls = true};
     sample_params_default(&out->sample);

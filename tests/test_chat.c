@@ -95,14 +95,28 @@ START_TEST(chatml_default_system_variants)
 }
 END_TEST
 
+static const char k_llama3[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ "
+    "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = "
+    "bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+static const char k_llama2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n'"
+    " + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}{% endif %}{% for message "
+    "in messages %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
+    "content.strip() + ' [/INST]' }}{% endif %}{% endfor %}";
+
+static const char k_mistral_v7[] =
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}{% elif "
+    "m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}{% endif %}"
+    "{% endfor %}";
+
 START_TEST(llama3)
 {
-    const char *tmpl =
-        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ "
-        "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = "
-        "bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt "
-        "%}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+    const char *tmpl = k_llama3;
     struct chat_template ct;
     struct chat_msg m[] = {{.role = "system", .content = "S"},
                            {.role = "user", .content = "  hi \n"}};
@@ -119,10 +133,7 @@ END_TEST
 
 START_TEST(llama2_and_mistral)
 {
-    const char *l2 = "{% if messages[0]['role'] == 'system' %}{% set system_message = '<<SYS>>\\n'"
-                     " + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}{% endif %}{% for message "
-                     "in messages %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
-                     "content.strip() + ' [/INST]' }}{% endif %}{% endfor %}";
+    const char *l2 = k_llama2;
     struct chat_template ct;
     struct chat_msg m[] = {{.role = "system", .content = "S"},
                            {.role = "user", .content = " u1 "},
@@ -135,16 +146,94 @@ START_TEST(llama2_and_mistral)
     free(s);
     chat_template_free(&ct);
 
-    const char *v7 = "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
-                     "{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}{% elif "
-                     "m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}{% endif %}"
-                     "{% endfor %}";
+    const char *v7 = k_mistral_v7;
     s = format(v7, m, 4, true, &ct);
     ck_assert_str_eq(chat_template_name(&ct), "mistral-v7");
     ck_assert_str_eq(s, "[SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST]  u1 [/INST] a1</s>[INST] "
                         "u2[/INST]");
     free(s);
     chat_template_free(&ct);
+}
+END_TEST
+
+/* The closed text cut after the last message's content, as transformers' apply_chat_template
+ * cuts it for continue_final_message: at the last occurrence of the content, or of the content
+ * stripped where the template trims. */
+static char *transformers_continue(const char *closed, const char *content)
+{
+    const char *s = content, *e = content + strlen(content);
+    const char *at = NULL;
+    for (int pass = 0; pass < 2 && !at; pass++) {
+        if (pass == 1) {
+            while (s < e && strchr(" \t\n\r", *s)) s++;
+            while (e > s && strchr(" \t\n\r", e[-1])) e--;
+        }
+        for (const char *p = closed; *p; p++)
+            if (!strncmp(p, s, (size_t)(e - s))) at = p;
+    }
+    ck_assert_ptr_nonnull(at);
+    return strndup(closed, (size_t)(at - closed) + (size_t)(e - s));
+}
+
+/* CHAT_END_CONTINUE: the conversation as transformers writes it for continue_final_message in
+ * every format, its content ranges inside the cut text; an empty last message continues from
+ * the header add_generation_prompt writes; a last message that is not an assistant's text is
+ * refused. */
+START_TEST(continue_final_message)
+{
+    const char *tmpls[] = {k_smollm, k_llama3, k_llama2, k_mistral_v7};
+    const char *prefill = " Sure, the answer is ";
+    for (size_t i = 0; i < sizeof tmpls / sizeof *tmpls; i++) {
+        struct chat_template ct;
+        struct qerr err = {0};
+        ck_assert_msg(chat_template_parse(tmpls[i], strlen(tmpls[i]), &ct, &err) == 0, "%s",
+                      err.msg);
+        struct chat_msg m[] = {{.role = "system", .content = "S"},
+                               {.role = "user", .content = "What is it?"},
+                               {.role = "assistant", .content = prefill}};
+        char *closed, *cont, *want;
+        struct tokenizer_span *sp;
+        size_t n_sp;
+        ck_assert_int_eq(chat_format(&ct, m, 3, false, &closed, &err), 0);
+        ck_assert_msg(
+            chat_format_tools(&ct, m, 3, NULL, CHAT_END_CONTINUE, &cont, &sp, &n_sp, &err) == 0,
+            "%s", err.msg);
+        want = transformers_continue(closed, prefill);
+        ck_assert_msg(!strcmp(cont, want), "%s:\n got: %s\nwant: %s", chat_template_name(&ct), cont,
+                      want);
+        ck_assert_uint_gt(n_sp, 0);
+        ck_assert_uint_eq(sp[n_sp - 1].off + sp[n_sp - 1].len, strlen(cont));
+        free(sp);
+        free(want);
+        free(cont);
+        free(closed);
+        /* an empty assistant message: the model writes the whole turn */
+        if (ct.kind != CHAT_LLAMA2) {
+            char *gen;
+            m[2].content = "";
+            ck_assert_int_eq(chat_format(&ct, m, 2, true, &gen, &err), 0);
+            ck_assert_int_eq(
+                chat_format_tools(&ct, m, 3, NULL, CHAT_END_CONTINUE, &cont, NULL, NULL, &err), 0);
+            ck_assert_str_eq(cont, gen);
+            free(gen);
+            free(cont);
+        }
+        ck_assert_int_eq(
+            chat_format_tools(&ct, m, 2, NULL, CHAT_END_CONTINUE, &cont, NULL, NULL, &err),
+            QERR_INVALID);
+        ck_assert_ptr_nonnull(strstr(err.msg, "continue_final_message"));
+        ck_assert_int_eq(
+            chat_format_tools(&ct, m, 0, NULL, CHAT_END_CONTINUE, &cont, NULL, NULL, &err),
+            QERR_INVALID);
+        struct chat_call call = {.id = "c1", .name = "f", .arguments = "{}"};
+        struct chat_msg with_call[] = {
+            {.role = "user", .content = "u"},
+            {.role = "assistant", .content = "", .calls = &call, .n_calls = 1}};
+        ck_assert_int_eq(
+            chat_format_tools(&ct, with_call, 2, NULL, CHAT_END_CONTINUE, &cont, NULL, NULL, &err),
+            QERR_INVALID);
+        chat_template_free(&ct);
+    }
 }
 END_TEST
 
@@ -315,7 +404,8 @@ START_TEST(tool_templates_golden)
         struct tokenizer_span *sp;
         size_t n_sp;
         bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
-        ck_assert_msg(chat_format_tools(&ct, m, n, tools, gen, &out, &sp, &n_sp, &err) == 0,
+        ck_assert_msg(chat_format_tools(&ct, m, n, tools, gen ? CHAT_END_GENERATE : CHAT_END_CLOSED,
+                                        &out, &sp, &n_sp, &err) == 0,
                       "%s: %s", name, err.msg);
         const char *want = cJSON_GetObjectItem(c, "formatted")->valuestring;
         ck_assert_msg(!strcmp(out, want), "%s, %s:\n got: %s\nwant: %s", name,
@@ -345,8 +435,9 @@ static char *format_tools(const char *tmpl, const struct chat_msg *m, size_t n, 
     struct qerr err = {0};
     ck_assert_msg(chat_template_parse(tmpl, strlen(tmpl), ct, &err) == 0, "%s", err.msg);
     char *out;
-    ck_assert_msg(chat_format_tools(ct, m, n, tools, true, &out, NULL, NULL, &err) == 0, "%s",
-                  err.msg);
+    ck_assert_msg(chat_format_tools(ct, m, n, tools, CHAT_END_GENERATE, &out, NULL, NULL, &err) ==
+                      0,
+                  "%s", err.msg);
     return out;
 }
 
@@ -433,26 +524,30 @@ START_TEST(tool_formats_by_hand)
     char *out;
     ck_assert_int_eq(chat_template_parse(l3, strlen(l3), &ct, &err), 0);
     struct chat_msg only_sys[] = {{.role = "system", .content = "S"}};
-    ck_assert_int_eq(
-        chat_format_tools(&ct, only_sys, 1, WEATHER_TOOL, true, &out, NULL, NULL, &err),
-        QERR_INVALID);
+    ck_assert_int_eq(chat_format_tools(&ct, only_sys, 1, WEATHER_TOOL, CHAT_END_GENERATE, &out,
+                                       NULL, NULL, &err),
+                     QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "first user message"));
     struct chat_call bad = {.id = "1", .name = "f", .arguments = "[1,2]"};
     struct chat_msg bad_args[] = {
         {.role = "user", .content = "x"},
         {.role = "assistant", .content = NULL, .calls = &bad, .n_calls = 1}};
-    ck_assert_int_eq(chat_format_tools(&ct, bad_args, 2, NULL, true, &out, NULL, NULL, &err),
-                     QERR_INVALID);
+    ck_assert_int_eq(
+        chat_format_tools(&ct, bad_args, 2, NULL, CHAT_END_GENERATE, &out, NULL, NULL, &err),
+        QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "message 1"));
     ck_assert_ptr_nonnull(strstr(err.msg, "'f'"));
-    ck_assert_int_eq(chat_format_tools(&ct, conv, 1, "{\"name\":1}", true, &out, NULL, NULL, &err),
-                     QERR_INVALID);
-    ck_assert_int_eq(chat_format_tools(&ct, conv, 1, "[{\"x\":1}]", true, &out, NULL, NULL, &err),
-                     QERR_INVALID);
+    ck_assert_int_eq(
+        chat_format_tools(&ct, conv, 1, "{\"name\":1}", CHAT_END_GENERATE, &out, NULL, NULL, &err),
+        QERR_INVALID);
+    ck_assert_int_eq(
+        chat_format_tools(&ct, conv, 1, "[{\"x\":1}]", CHAT_END_GENERATE, &out, NULL, NULL, &err),
+        QERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, "tool 0"));
     struct chat_msg no_content[] = {{.role = "tool", .content = NULL}};
-    ck_assert_int_eq(chat_format_tools(&ct, no_content, 1, NULL, true, &out, NULL, NULL, &err),
-                     QERR_INVALID);
+    ck_assert_int_eq(
+        chat_format_tools(&ct, no_content, 1, NULL, CHAT_END_GENERATE, &out, NULL, NULL, &err),
+        QERR_INVALID);
     chat_template_free(&ct);
 }
 END_TEST
@@ -644,6 +739,7 @@ int main(void)
     tcase_add_test(tc, llama3);
     tcase_add_test(tc, llama2_and_mistral);
     tcase_add_test(tc, content_spans);
+    tcase_add_test(tc, continue_final_message);
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, tool_templates_golden);
     tcase_add_test(tc, tool_formats_by_hand);

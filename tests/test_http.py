@@ -279,6 +279,36 @@ def test_completion(d):
     check(st == st2 == st3 == 200 and c["usage"]["prompt_tokens"] == t["count"] > t0["count"],
           "/tokenize with tools counts the chat's prompt_tokens",
           f"{c.get('usage')} {t.get('count')} {t0.get('count')}")
+    # continue_final_message (vLLM's; llama.cpp's assistant prefill): the prompt stops inside
+    # the assistant's message, and the answer is what the model writes after it there, the
+    # same as a completion of those tokens
+    pre = [{"role": "user", "content": "Name three fruits."},
+           {"role": "assistant", "content": "Here are three fruits: apple,"}]
+    st, _, tc = d.post("/tokenize", {"messages": pre, "continue_final_message": True,
+                                     "add_generation_prompt": False})
+    _, _, tclosed = d.post("/tokenize", {"messages": pre, "add_generation_prompt": False})
+    _, _, tail = d.post("/tokenize", {"prompt": " apple,", "add_special_tokens": False})
+    check(st == 200 and tclosed["tokens"][:tc["count"]] == tc["tokens"] and
+          tc["tokens"][-len(tail["tokens"]):] == tail["tokens"] and
+          tclosed["count"] > tc["count"],
+          "/tokenize continue_final_message: the closed prompt cut after the message's text",
+          f"{tc} {tclosed}")
+    body = {"messages": pre, "continue_final_message": True, "max_tokens": 12, "temperature": 0}
+    st, _, cc = d.post("/v1/chat/completions", body)
+    st2, _, cp = d.post("/v1/completions", {"prompt": tc["tokens"], "max_tokens": 12,
+                                            "temperature": 0})
+    _, _, cg = d.post("/v1/chat/completions", dict(body, continue_final_message=False))
+    check(st == st2 == 200 and cc["usage"]["prompt_tokens"] == tc["count"] and
+          cc["choices"][0]["message"]["content"] == cp["choices"][0]["text"] and
+          cg["usage"]["prompt_tokens"] > tc["count"],
+          "chat continue_final_message: the completion of the cut prompt",
+          f"{cc['choices'][0]} vs {cp['choices'][0]}")
+    for bad_body, param in ((dict(body, add_generation_prompt=True), "continue_final_message"),
+                            (dict(body, messages=pre[:1]), "messages"),
+                            (dict(body, continue_final_message="yes"), "continue_final_message")):
+        st, _, e = d.post("/v1/chat/completions", bad_body)
+        check(st == 400 and e["error"]["param"] == param,
+              f"continue_final_message refused: 400 naming {param}", e)
 
 
 def test_ignored_fields(d):

@@ -570,7 +570,7 @@ START_TEST(tokenize_bodies)
                            &r, &e),
                      0);
     ck_assert_int_eq(r.n_msgs, 1);
-    ck_assert(!r.add_generation_prompt && r.add_special);
+    ck_assert(r.chat_end == CHAT_END_CLOSED && r.add_special);
     oai_request_free(&r);
     expect_bad(OAI_TOKENIZE, "{\"prompt\":[1,2]}", 400, "prompt");
     expect_bad(OAI_TOKENIZE, "{\"prompt\":\"x\",\"add_special_tokens\":1}", 400,
