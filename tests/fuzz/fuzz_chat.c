@@ -3,11 +3,13 @@
  * tokenizer, as a chat request runs them.
  *
  * Input: byte 0: bit 0 add_generation_prompt, bit 1 the tokenizer (the real model's BPE or the
- * SentencePiece one), bit 2 content_special, bit 3 add_bos; then the template text up to a NUL;
+ * SentencePiece one), bit 2 content_special, bit 3 add_bos, bit 4 also CHAT_END_CONTINUE; then
+ * the template text up to a NUL;
  * then messages separated by NULs, each a role byte (system, user, assistant, tool, or an
  * unknown role) and its content. Checked: both formatters give the same text; the content
  * ranges are sorted, disjoint, inside the text, and hold only message text; with valid UTF-8
- * content a formatted conversation always encodes, to ids in the vocabulary. */
+ * content a formatted conversation always encodes, to ids in the vocabulary; a continued one is
+ * a prefix of the closed text, made exactly when the last message is an assistant's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +38,29 @@ static bool inside_some_message(const char *s, size_t n, const struct chat_msg *
                inside_some_message(j->valuestring, strlen(j->valuestring), m, n_msgs));
     cJSON_Delete(j);
     return in;
+}
+
+/* CHAT_END_CONTINUE: the closed text cut inside it, its content ranges within the cut. */
+static void check_continue(const struct chat_template *ct, const struct chat_msg *msgs, size_t n)
+{
+    struct qerr err = {0};
+    char *closed = NULL, *cont = NULL;
+    struct tokenizer_span *spans = NULL;
+    size_t n_spans = 0;
+    int rc_closed = chat_format(ct, msgs, n, false, &closed, &err);
+    int rc = chat_format_tools(ct, msgs, n, NULL, CHAT_END_CONTINUE, &cont, &spans, &n_spans, &err);
+    bool assistant_last = n > 0 && !strcmp(msgs[n - 1].role, "assistant");
+    if (rc == 0) {
+        size_t len = strlen(cont);
+        if (rc_closed || !assistant_last || strncmp(closed, cont, len)) __builtin_trap();
+        for (size_t i = 0; i < n_spans; i++)
+            if (spans[i].off + spans[i].len > len) __builtin_trap();
+    } else if ((rc_closed == 0 && assistant_last && rc != QERR_NOMEM) || !err.msg[0]) {
+        __builtin_trap();
+    }
+    free(closed);
+    free(cont);
+    free(spans);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -97,6 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (!err.msg[0]) {
         __builtin_trap();
     }
+    if (data[0] & 16) check_continue(&ct, msgs, n_msgs);
     free(text);
     free(text2);
     free(spans);
