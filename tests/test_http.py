@@ -894,15 +894,16 @@ def test_speculation(plain):
               sc["choices"][0]["message"]["content"] and acc(sc) > max(acc(sb), 20),
               "prediction: the same text, most of it drafted from the predicted output",
               f"accepted {acc(sb)} without, {acc(sc)} with")
-        # with spec off (the main daemon) a prediction is drafted from all the same; a wrong
-        # one's drafts are counted as rejected
+        # with spec off (the main daemon, the cost policy: how much it drafts follows the
+        # clock, so only that it drafts is checked) a prediction is drafted from all the same;
+        # a wrong one's drafts are counted as rejected
         rej = lambda x: x["usage"]["completion_tokens_details"]["rejected_prediction_tokens"]
         st, _, so = plain.post("/v1/chat/completions", dict(
             story, prediction={"type": "content", "content": want}))
         st2, _, sw = plain.post("/v1/chat/completions", dict(
             story, prediction={"type": "content", "content": "Zebras " * 30}))
         check(st == st2 == 200 and so["choices"][0]["message"]["content"] == want ==
-              sw["choices"][0]["message"]["content"] and acc(so) > 20 and
+              sw["choices"][0]["message"]["content"] and acc(so) > 0 and
               rej(so) < acc(so) and rej(sw) > 0 and rej(sa) == 0,
               "spec off: a prediction drafts, the text unchanged, wrong drafts counted",
               f"{so['usage']} {sw['usage']}")

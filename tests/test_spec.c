@@ -995,8 +995,9 @@ END_TEST
 /* A predicted output (OpenAI's prediction) is drafted from: a greedy answer that copies nothing
  * of its prompt, given its own plain tokens as the prediction, comes out the same with most of
  * it from drafts; a prediction that is wrong from its first token, or sampled output, keeps the
- * same tokens too. An engine with spec off drafts from a prediction alone (the default cost
- * policy there) and from nothing else; a request that opts out ignores its prediction. */
+ * same tokens too. An engine with spec off drafts from a prediction alone and from nothing else
+ * (the acceptance policy, as everywhere here: the cost policy's choices follow the clock); a
+ * request that opts out ignores its prediction. */
 START_TEST(prediction_is_drafted_from)
 {
     int n_out = tu_sanitized() ? 16 : 32;
@@ -1032,7 +1033,7 @@ START_TEST(prediction_is_drafted_from)
     engine_stop(e);
     ck_assert_msg(!e->check_error[0], "%s", e->check_error);
     engine_free(e);
-    e = make_engine_with(file, NULL, SPEC_OFF, SPEC_POLICY_COST, 64, 4, 64, 16);
+    e = make_engine(SPEC_OFF, 64, 4, 64, 16);
     run_one(e, &cp, &off);
     run_one(e, &c, &off_plain);
     cpo = cp;
