@@ -288,6 +288,7 @@ static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
     ev->cached_tokens = s->cached_tokens;
     ev->accepted_tokens = s->spec_accepted;
     ev->rejected_tokens = s->spec_drafted - s->spec_accepted;
+    ev->preemptions = s->preemptions;
     ev->total_ms = (now - s->t_submit) * 1e3;
     ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
     ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
@@ -715,7 +716,7 @@ static void *engine_main(void *arg)
             break;
         }
         /* capacity for these was reserved at submit */
-        for (int i = 0; i < e->n_incoming; i++) e->waiting[e->n_waiting++] = e->incoming[i];
+        for (int i = 0; i < e->n_incoming; i++) sched_waiting_insert(e, e->incoming[i]);
         e->n_incoming = 0;
         e->n_waiting_pub = e->n_waiting;
         unsigned seen = e->wakes;
@@ -972,6 +973,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->prompt_top = r->prompt_top_logprobs;
     s->plp_next = 1;
     s->pooling = r->pooling;
+    s->priority = r->priority;
     if (r->grammar) {
         s->grammar = r->grammar;
         grammar_ref(s->grammar);

@@ -162,9 +162,14 @@ struct gen_request {
      * the final event (finish reason stop), and its KV blocks freed. */
     enum engine_pooling pooling;
     bool no_spec; /* never speculate for this request, whatever engine_opts.spec says */
+    /* vLLM's priority: waiting requests are admitted lowest value first (ties: first come,
+     * first served), and when blocks run out the running sequence with the highest value is
+     * preempted (ties: the newest). 0 for all is plain first come, first served. */
+    int priority;
     /* OpenAI's Predicted Outputs: tokens the output is expected to resemble (copied; ids in the
-     * vocabulary, at most the context length). With engine_opts.spec SPEC_NGRAM they are
-     * drafted from first (spec_draft_prediction); the output is the same bytes either way. */
+     * vocabulary, at most the context length). They are drafted from first
+     * (spec_draft_prediction) with engine_opts.spec SPEC_NGRAM, and alone with SPEC_OFF; the
+     * output is the same bytes either way. */
     const int32_t *prediction;
     int n_prediction;
     /* A later choice of one client request (n > 1, or several prompts) whose first choice was
@@ -197,6 +202,7 @@ struct req_event {
     int prompt_tokens, cached_tokens;
     int accepted_tokens; /* output tokens that a speculative draft had guessed */
     int rejected_tokens; /* drafted tokens that were not kept */
+    int preemptions;     /* times it was preempted (its K/V dropped, recomputed later) */
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };

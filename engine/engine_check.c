@@ -47,14 +47,29 @@ int engine_check(const struct engine *e, struct qerr *err)
     int *refs = calloc((size_t)nb, sizeof *refs);
     if (!refs) return qerr_set(err, QERR_NOMEM, "engine check: out of memory");
     for (int i = 0; i < e->n_running && !rc; i++) {
-        const struct seq *s = e->running[i];
+        const struct seq *s = e->running[i], *prev = i ? e->running[i - 1] : NULL;
         rc = check_seq(e, s, err);
+        if (!rc && prev &&
+            (prev->priority > s->priority ||
+             (prev->priority == s->priority && prev->order > s->order)))
+            rc = qerr_set(err, QERR_INVALID,
+                          "running request %llu (priority %d) after %llu (priority %d)",
+                          (unsigned long long)s->id, s->priority, (unsigned long long)prev->id,
+                          prev->priority);
         for (int j = 0; j < s->n_blocks; j++) refs[s->blocks[j]]++;
     }
-    for (int i = 0; i < e->n_waiting && !rc; i++)
-        if (e->waiting[i]->n_blocks != 0)
+    for (int i = 0; i < e->n_waiting && !rc; i++) {
+        const struct seq *w = e->waiting[i], *prev = i ? e->waiting[i - 1] : NULL;
+        if (w->n_blocks != 0)
             rc = qerr_set(err, QERR_INVALID, "waiting request %llu holds %d blocks",
-                          (unsigned long long)e->waiting[i]->id, e->waiting[i]->n_blocks);
+                          (unsigned long long)w->id, w->n_blocks);
+        else if (prev && (prev->priority > w->priority ||
+                          (prev->priority == w->priority && prev->id > w->id)))
+            rc = qerr_set(err, QERR_INVALID,
+                          "waiting request %llu (priority %d) queued after %llu (priority %d)",
+                          (unsigned long long)w->id, w->priority, (unsigned long long)prev->id,
+                          prev->priority);
+    }
     for (int i = 0; i < e->n_spare; i++) refs[e->spare[i]]++;
     for (int b = 0; b < nb && !rc; b++)
         if (refs[b] != kv_block_ref(e->pool, b))

@@ -34,6 +34,8 @@ struct request {
 struct seq {
     struct request *req;
     uint64_t order;  /* admission order: the newest running sequence is preempted first */
+    int priority;    /* gen_request.priority */
+    int preemptions; /* times preempted */
     int32_t *tokens; /* prompt then generated; the last one may not be computed yet */
     int n_tokens, cap_tokens, n_prompt;
     int n_computed; /* tokens whose K/V are in the cache */
@@ -142,9 +144,11 @@ struct engine {
     double last_progress; /* time of the last finished step (or of going idle) */
 
     /* engine thread only */
-    struct seq **waiting; /* FIFO; preempted sequences go back to the front */
+    /* by priority, then submission (id): preempted sequences go back before every later
+     * submission of their priority (sched_waiting_insert) */
+    struct seq **waiting;
     int n_waiting, cap_waiting;
-    struct seq **running; /* admission order */
+    struct seq **running; /* by priority, then admission order (s->order) */
     int n_running;
     uint64_t next_order;
     struct engine_stats local; /* counters, published into stats under mu after each step */
@@ -251,9 +255,12 @@ void engine_state_publish(struct engine *e, bool force);
 int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qerr *err);
 void sched_plan_free(struct step_plan *p);
 /* Fills e->plan for the next step: decodes first, then prefill chunks, then admissions, under
- * the token budget; preempts the newest running sequences when blocks run out. Returns the
- * number of tokens planned (0: nothing can run). */
+ * the token budget; preempts running sequences (the highest priority value, the newest of
+ * those) when blocks run out. Returns the number of tokens planned (0: nothing can run). */
 int sched_step_plan(struct engine *e);
+/* Puts s into the waiting queue at its place: after every sequence of a lower priority value,
+ * and of the same value submitted before it (capacity was reserved at submit). */
+void sched_waiting_insert(struct engine *e, struct seq *s);
 /* Releases a sequence's blocks back to the pool (cached prefix blocks stay findable). */
 void sched_release_blocks(struct engine *e, struct seq *s);
 /* After the forward: marks the planned tokens computed and registers newly full blocks in the

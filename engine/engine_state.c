@@ -119,6 +119,7 @@ static void view_of(const struct seq *s, bool waiting, double now, struct engine
                                   .max_tokens = s->max_tokens,
                                   .cached_tokens = s->cached_tokens,
                                   .blocks = s->n_blocks,
+                                  .priority = s->priority,
                                   .age_s = (float)(now - s->t_submit)};
 }
 

@@ -39,7 +39,8 @@ struct engine_req_view {
     int phase;   /* enum engine_req_phase */
     bool paused; /* its reader has max_unread events unread */
     int prompt_tokens, computed_tokens, generated_tokens, max_tokens, cached_tokens, blocks;
-    float age_s; /* since submission, at publication */
+    int priority; /* gen_request.priority */
+    float age_s;  /* since submission, at publication */
 };
 
 struct engine_step_view {

@@ -1,15 +1,18 @@
 /* The scheduler. DESIGN: one step = one forward over a ragged batch built in three passes under
  * the token budget (max_batch_tokens) and the sequence cap (max_seqs):
- *   A. every running sequence with one token to compute (a decode), oldest first, but those
- *      whose reader has max_unread events unread (paused: back-pressure, see engine.h);
- *   B. running sequences part-way through their prompt get the next chunk, oldest first;
- *   C. waiting sequences are admitted first come, first served, reusing cached prefix blocks,
+ *   A. every running sequence with one token to compute (a decode), oldest first (by priority
+ *      first, see C), but those whose reader has max_unread events unread (paused:
+ *      back-pressure, see engine.h);
+ *   B. running sequences part-way through their prompt get the next chunk, in the same order;
+ *   C. waiting sequences are admitted in order of their priority (gen_request.priority, vLLM's:
+ *      lower first), first come, first served among equals, reusing cached prefix blocks,
  *      while blocks remain beyond a reserve of one per running sequence (so admitting never
- *      starves the decodes of the next step).
- * When A or B cannot get a block, the newest running sequence not yet in this step is
- * preempted: its blocks are released (cached prefix blocks stay findable) and it returns to
- * the front of the waiting queue with its generated tokens, to be recomputed later. Where the
- * kernels are batch-invariant (the CPU; CUDA with --batch-invariant) the recomputed K/V and
+ *      starves the decodes of the next step); the queue's head is never skipped.
+ * When A or B cannot get a block, the last running sequence not yet in this step is preempted
+ * (the highest priority value, the newest among those, as vLLM's priority policy): its blocks are
+ * released (cached prefix blocks stay findable) and it returns to the waiting queue ahead of
+ * every later submission of its priority, with its generated tokens, to be recomputed later. Where
+ * the kernels are batch-invariant (the CPU; CUDA with --batch-invariant) the recomputed K/V and
  * logits are bit-identical to the first run; CUDA's GEMM for 128+ token batches may differ in
  * the last bits, which changes no token already sent (they are replayed, not resampled).
  *
@@ -139,16 +142,36 @@ static bool in_plan(const struct step_plan *p, const struct seq *s)
     return false;
 }
 
-static void waiting_push_front(struct engine *e, struct seq *s)
+void sched_waiting_insert(struct engine *e, struct seq *s)
 {
-    /* capacity was reserved at submit for every sequence that can be waiting or running */
-    memmove(e->waiting + 1, e->waiting, (size_t)e->n_waiting * sizeof *e->waiting);
-    e->waiting[0] = s;
+    /* a preempted sequence was submitted before every waiting one of its priority (admission
+     * takes them in order), so with one priority this is the queue's front, as it always was */
+    int at = e->n_waiting;
+    while (at > 0 &&
+           (e->waiting[at - 1]->priority > s->priority ||
+            (e->waiting[at - 1]->priority == s->priority && e->waiting[at - 1]->id > s->id)))
+        at--;
+    memmove(e->waiting + at + 1, e->waiting + at, (size_t)(e->n_waiting - at) * sizeof *e->waiting);
+    e->waiting[at] = s;
     e->n_waiting++;
 }
 
-/* Preempts the newest running sequence not in the plan; returns it, or NULL if none. */
-static struct seq *preempt_newest(struct engine *e)
+/* Adds a newly admitted s to the running sequences, kept in order of priority, then admission:
+ * passes A and B plan them in that order, so a sequence that needs a block finds every one
+ * planned before it of a lower or equal priority value, and the victim (preempt_last) of a
+ * higher or equal one. */
+static void running_insert(struct engine *e, struct seq *s)
+{
+    int at = e->n_running;
+    while (at > 0 && e->running[at - 1]->priority > s->priority) at--;
+    memmove(e->running + at + 1, e->running + at, (size_t)(e->n_running - at) * sizeof *e->running);
+    e->running[at] = s;
+    e->n_running++;
+}
+
+/* Preempts the last running sequence not in the plan (the highest priority value, the newest
+ * of those: vLLM's priority policy); returns it, or NULL if none. */
+static struct seq *preempt_last(struct engine *e)
 {
     for (int i = e->n_running - 1; i >= 0; i--) {
         struct seq *v = e->running[i];
@@ -157,7 +180,8 @@ static struct seq *preempt_newest(struct engine *e)
                 (size_t)(e->n_running - i - 1) * sizeof *e->running);
         e->n_running--;
         sched_release_blocks(e, v);
-        waiting_push_front(e, v);
+        sched_waiting_insert(e, v);
+        v->preemptions++;
         e->local.preemptions++;
         return v;
     }
@@ -411,14 +435,14 @@ int sched_step_plan(struct engine *e)
             int n = chunk_fit_logits(e, s, todo < budget ? todo : budget);
             if (n == 0) continue;
             while (!grow_blocks(e, s, s->n_computed + n)) {
-                struct seq *v = preempt_newest(e);
+                struct seq *v = preempt_last(e);
                 if (!v || v == s) {
                     n = 0;
                     break;
                 }
             }
             if (n == 0) {
-                /* s itself was the newest: it went back to waiting; the array shifted */
+                /* s itself was the victim: it went back to waiting; the array shifted */
                 if (i < e->n_running && e->running[i] != s) i--;
                 continue;
             }
@@ -427,7 +451,7 @@ int sched_step_plan(struct engine *e)
         }
     }
 
-    /* C: admissions, first come first served */
+    /* C: admissions, in the waiting queue's order (priority, then first come first served) */
     while (e->n_waiting > 0 && budget > 0 && e->n_running < e->o.max_seqs) {
         struct seq *s = e->waiting[0];
         if (s->n_blocks == 0) take_cached_prefix(e, s);
@@ -451,7 +475,7 @@ int sched_step_plan(struct engine *e)
             e->local.prefix_hit_tokens += (uint64_t)s->n_computed;
         }
         s->t_admit = engine_now();
-        e->running[e->n_running++] = s;
+        running_insert(e, s);
         if (s->copy_len > 0) {
             /* the forward copies before it writes, so the source may go back to the pool now */
             p->copies[p->n_copies++] = (struct kv_block_copy){

@@ -25,6 +25,7 @@ struct embed_job {
     float **vecs; /* [n] owned copies */
     int dim;
     size_t next, done; /* submitted; finished (in input order) */
+    int priority;      /* the request's, for each input */
 };
 
 static void job_free(struct embed_job *j)
@@ -81,7 +82,8 @@ static int submit_next(struct embed_job *j, struct oai_error *e)
                              .n_prompt = j->n_ids[i],
                              .max_tokens = 0,
                              .top_logprobs = -1,
-                             .pooling = s->o->pooling};
+                             .pooling = s->o->pooling,
+                             .priority = j->priority};
     sample_params_default(&gr.sample);
     struct qerr q = {0};
     if (serve_submit(s, &gr, &j->reqs[i], &q) == 0) {
@@ -165,7 +167,7 @@ void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp
     struct oai_error e = {0};
     if (api_parse(OAI_EMBEDDING, rq, &r, out)) return;
     const char *model;
-    struct embed_job j = {.s = s, .rq = rq, .n = r.n_prompts};
+    struct embed_job j = {.s = s, .rq = rq, .n = r.n_prompts, .priority = r.priority};
     int rc = api_model_check(s, r.model, &model, &e);
     if (!rc) rc = run(&j, &r, model, out, &e);
     if (rc == QERR_IO) {

@@ -5,7 +5,8 @@
  * {"object": "engine.state", "version", "age_s" (since publication), "running", "waiting",
  *  "requests": [{"id", "state": waiting|prefill|decode|preempted, "paused", "prompt_tokens",
  *               "computed_tokens", "generated_tokens", "max_tokens", "cached_tokens",
- *               "blocks", "age_s"}],          running first, at most ENGINE_STATE_MAX_REQS
+ *               "blocks", "priority", "age_s"}], running first (each list in the engine's
+ *               order: priority, then age), at most ENGINE_STATE_MAX_REQS
  *  "kv": {"blocks", "block_size", "used", "cached_free", "peak", "blocks_per_cell",
  *         "cells": "0120..." (a digit per cell: 0 free, 1 cached prefix, 2 in use)},
  *  "steps": [{"step", "prefill", "decode", "seqs", "ms"}],   oldest first
@@ -28,12 +29,12 @@ static int write_requests(struct sbuf *b, const struct engine_state *st)
         rc = sbuf_printf(b,
                          "%s{\"id\":%llu,\"state\":\"%s\",\"paused\":%s,\"prompt_tokens\":%d,"
                          "\"computed_tokens\":%d,\"generated_tokens\":%d,\"max_tokens\":%d,"
-                         "\"cached_tokens\":%d,\"blocks\":%d,\"age_s\":%.2f}",
+                         "\"cached_tokens\":%d,\"blocks\":%d,\"priority\":%d,\"age_s\":%.2f}",
                          i ? "," : "", (unsigned long long)r->id,
                          engine_req_phase_name((enum engine_req_phase)r->phase),
                          r->paused ? "true" : "false", r->prompt_tokens, r->computed_tokens,
                          r->generated_tokens, r->max_tokens, r->cached_tokens, r->blocks,
-                         (double)r->age_s);
+                         r->priority, (double)r->age_s);
     }
     return rc ? rc : sbuf_puts(b, "],");
 }

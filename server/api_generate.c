@@ -594,6 +594,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
                                      .no_spec = r->no_spec,
+                                     .priority = r->priority,
                                      .prediction = g->pred_ids,
                                      .n_prediction = g->n_pred,
                                      /* one place in the queue for the whole request */

@@ -106,6 +106,7 @@ struct oai_request {
     bool has_seed;
     bool ignore_eos;
     bool no_spec; /* "speculative": false: no speculative decoding for this request */
+    int priority; /* vLLM's: lower is admitted sooner (gen_request.priority), default 0 */
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
     struct logit_bias *logit_bias; /* owned; [n_logit_bias] */

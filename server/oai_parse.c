@@ -360,6 +360,15 @@ static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai
 }
 
 /* The sampling and generation fields common to completions and chat. */
+/* vLLM's priority: an integer, lower sooner (gen_request.priority) */
+static int parse_priority(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    long long l;
+    int rc = get_int(root, "priority", -2147483648.0, 2147483647.0, &l, e);
+    if (rc > 0) r->priority = (int)l;
+    return rc < 0 ? rc : 0;
+}
+
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     struct sample_params *sp = &r->sample;
@@ -393,6 +402,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_int(root, mt, r->kind == OAI_CHAT ? 1 : 0, 1e9, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, e)) < 0) return rc;
+    if ((rc = parse_priority(root, r, e))) return rc;
     bool spec = true;
     if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;
     r->no_spec = !spec;
@@ -522,6 +532,7 @@ static int parse_embedding(const cJSON *root, struct oai_request *r, struct oai_
                    "\"%.40s\"",
                    fmt);
     r->base64 = fmt && !strcmp(fmt, "base64");
+    if ((rc = parse_priority(root, r, e))) return rc;
     if (oai_field(root, "dimensions"))
         return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "dimensions",
                              "'dimensions' is not supported: this model's embeddings have a fixed "

@@ -930,6 +930,66 @@ START_TEST(grammar_masks_same_in_every_mode)
 }
 END_TEST
 
+/* vLLM's priority: with one sequence running, a later request of a lower value is admitted
+ * before an earlier one (whose wait then spans the other's whole run); when the pool runs dry
+ * the running sequence of the higher value is preempted even though it is the older one. */
+START_TEST(priority_orders_admission_and_preemption)
+{
+    bool san = tu_sanitized();
+    struct engine_opts o;
+    engine_opts_default(&o);
+    o.max_batch_tokens = 64;
+    o.max_seqs = 1;
+    o.kv_blocks = 64;
+    o.check_invariants = true; /* the queue and the running list in priority order */
+    struct engine *e = make_engine_opts(&o);
+    struct gen_request r;
+    greedy_request(&r, text_ids, 8, san ? 12 : 32);
+    struct request *qa = submit(e, &r);
+    greedy_request(&r, text_ids + 100, 8, 4);
+    struct request *qb = submit(e, &r); /* priority 0 */
+    r.priority = -1;
+    struct request *qc = submit(e, &r);
+    static struct result a, b, c;
+    collect(qa, &a);
+    collect(qb, &b);
+    collect(qc, &c);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_free(e);
+    printf("priority: b waited %.1f ms, c (priority -1, submitted after b) %.1f ms of %.1f\n",
+           b.final.queue_ms, c.final.queue_ms, c.final.total_ms);
+    ck_assert_int_eq(b.n, 4);
+    ck_assert_int_eq(c.n, 4);
+    ck_assert_msg(b.final.queue_ms > c.final.total_ms,
+                  "b was admitted after c had finished: waited %.1f ms, c took %.1f ms in all",
+                  b.final.queue_ms, c.final.total_ms);
+
+    /* two sequences growing in a pool that holds one to its end */
+    o.max_seqs = 2;
+    o.kv_blocks = 6;
+    e = make_engine_opts(&o);
+    greedy_request(&r, text_ids + 200, 16, 40);
+    r.priority = 5;
+    struct request *ql = submit(e, &r);
+    greedy_request(&r, text_ids + 300, 16, 40);
+    struct request *qh = submit(e, &r);
+    static struct result lo, hi;
+    collect(ql, &lo);
+    collect(qh, &hi);
+    struct engine_stats st;
+    wait_idle(e, &st);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_free(e);
+    printf("priority: %llu preemptions, priority 5 preempted %d times, priority 0 %d\n",
+           (unsigned long long)st.preemptions, lo.final.preemptions, hi.final.preemptions);
+    ck_assert_int_eq(lo.n, 40);
+    ck_assert_int_eq(hi.n, 40);
+    ck_assert_uint_gt(st.preemptions, 0);
+    ck_assert_int_eq(hi.final.preemptions, 0);
+    ck_assert_int_eq((uint64_t)lo.final.preemptions, st.preemptions);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -938,13 +998,13 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_unchecked_fixture(tc, setup_once, teardown_once);
     const TTest *tests[] = {
-        pool_invariants_random,          a_request_of_many_choices_takes_one_queue_place,
-        state_picture_matches_engine,    aborts_and_limits,
-        back_pressure_and_after_free,    stop_string_across_tokens,
-        prefix_cache_reuses_blocks,      seeded_sampling_same_in_busy_batch,
-        engine_random_workload,          batched_equals_sequential,
-        q8_kv_batched_equals_alone,      prompt_outputs_batched_equal_alone,
-        grammar_masks_same_in_every_mode};
+        pool_invariants_random,           a_request_of_many_choices_takes_one_queue_place,
+        state_picture_matches_engine,     aborts_and_limits,
+        back_pressure_and_after_free,     stop_string_across_tokens,
+        prefix_cache_reuses_blocks,       seeded_sampling_same_in_busy_batch,
+        engine_random_workload,           batched_equals_sequential,
+        q8_kv_batched_equals_alone,       prompt_outputs_batched_equal_alone,
+        grammar_masks_same_in_every_mode, priority_orders_admission_and_preemption};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (tu_selected(tests[i]->name)) tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);

@@ -380,6 +380,18 @@ START_TEST(prompt_forms)
     ck_assert_int_eq(r.n_stop_ids, 2);
     ck_assert_int_eq(r.stop_ids[1], 49151);
     oai_request_free(&r);
+    /* vLLM's priority: any int, on generation and embeddings */
+    ck_assert_int_eq(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"priority\":-7}", &r, &e), 0);
+    ck_assert_int_eq(r.priority, -7);
+    oai_request_free(&r);
+    ck_assert_int_eq(parse(OAI_EMBEDDING, "{\"input\":\"x\",\"priority\":3}", &r, &e), 0);
+    ck_assert_int_eq(r.priority, 3);
+    oai_request_free(&r);
+    expect_bad(OAI_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"priority\":\"high\"}", 400,
+               "priority");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"priority\":1.5}", 400, "priority");
+    expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"priority\":3e9}", 400, "priority");
     expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"min_tokens\":-1}", 400, "min_tokens");
     expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"min_tokens\":1.5}", 400, "min_tokens");
     expect_bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop_token_ids\":5}", 400, "stop_token_ids");

@@ -67,6 +67,7 @@ static struct seq *make_seq(struct rig *g, int i, int n, int32_t base)
     ck_assert_ptr_nonnull(s->tokens);
     for (int k = 0; k < n; k++) s->tokens[k] = base + k;
     s->n_tokens = s->n_prompt = n;
+    s->id = ++g->e.next_id; /* submission order: made in the order the test submits them */
     return s;
 }
 
@@ -262,6 +263,47 @@ START_TEST(admission_keeps_a_block_per_running_sequence)
     ck_assert_int_eq(plan(g), 13);
     expect_plan(g, 2, SEQS(a, b), CHUNKS(1, 12));
     ck_assert_int_eq(kv_pool_free_count(g->e.pool), 1);
+    rig_free(g);
+}
+END_TEST
+
+/* vLLM's priority: a waiting request of a lower value goes ahead of earlier ones (first come,
+ * first served among equals) and is admitted first, into the running list at its priority's
+ * place; the list is planned in that order, so a high-priority sequence that needs a block
+ * preempts the low-priority one behind it, older though that one is. */
+START_TEST(priority_orders_the_queue_and_the_victims)
+{
+    struct rig *g = rig_new(64, 4, 4, 4, false);
+    struct seq *lo = running(g, 0, 9, 8, 100), *hi = running(g, 1, 9, 8, 200);
+    lo->priority = 5; /* admitted first, but of a higher value: the list is hi, lo */
+    g->e.running[0] = hi;
+    g->e.running[1] = lo;
+    struct seq *w1 = submit(g, 2, 3, 300), *w2 = submit(g, 3, 3, 400);
+    struct seq *w0 = make_seq(g, 4, 3, 500);
+    w0->priority = -1;
+    sched_waiting_insert(&g->e, w0);
+    expect_queue(g->e.waiting, g->e.n_waiting, SEQS(w0, w1, w2), 3);
+    /* the pool is full: hi's next token needs a third block, which lo gives up */
+    ck_assert_int_eq(plan(g), 1);
+    expect_plan(g, 1, SEQS(hi), CHUNKS(1));
+    ck_assert_int_eq(lo->preemptions, 1);
+    ck_assert_int_eq(hi->preemptions, 0);
+    expect_queue(g->e.running, g->e.n_running, SEQS(hi), 1);
+    /* lo came back behind the waiting requests of lower values */
+    expect_queue(g->e.waiting, g->e.n_waiting, SEQS(w0, w1, w2, lo), 4);
+    finish(g);
+    rig_free(g);
+
+    /* room for all: admitted in the queue's order, listed by priority */
+    g = rig_new(64, 4, 64, 4, false);
+    hi = running(g, 0, 9, 8, 200);
+    w1 = submit(g, 1, 3, 300);
+    w0 = make_seq(g, 2, 3, 500);
+    w0->priority = -1;
+    sched_waiting_insert(&g->e, w0);
+    ck_assert_int_eq(plan(g), 1 + 3 + 3);
+    expect_plan(g, 3, SEQS(hi, w0, w1), CHUNKS(1, 3, 3));
+    expect_queue(g->e.running, g->e.n_running, SEQS(w0, hi, w1), 3);
     rig_free(g);
 }
 END_TEST
@@ -465,6 +507,7 @@ int main(void)
     tcase_add_test(tc, max_seqs_caps_admissions);
     tcase_add_test(tc, admission_keeps_a_block_per_running_sequence);
     tcase_add_test(tc, preempts_the_newest_not_in_the_step);
+    tcase_add_test(tc, priority_orders_the_queue_and_the_victims);
     tcase_add_test(tc, preemption_skips_sequences_in_the_step);
     tcase_add_test(tc, paused_sequence_gets_no_decode);
     tcase_add_test(tc, commit_registers_full_blocks);
