@@ -289,6 +289,8 @@ static void fill_final(struct engine *e, struct seq *s, struct req_event *ev,
     ev->accepted_tokens = s->spec_accepted;
     ev->rejected_tokens = s->spec_drafted - s->spec_accepted;
     ev->preemptions = s->preemptions;
+    ev->stop_string = s->stop_string;
+    ev->stop_token = s->stop_token;
     ev->total_ms = (now - s->t_submit) * 1e3;
     ev->ttft_ms = s->t_first > 0 ? (s->t_first - s->t_submit) * 1e3 : 0;
     ev->queue_ms = s->t_admit > 0 ? (s->t_admit - s->t_submit) * 1e3 : ev->total_ms;
@@ -347,11 +349,15 @@ static void remove_running(struct engine *e, int i)
     e->n_running--;
 }
 
-static bool is_stop_token(const struct engine *e, const struct seq *s, int32_t t)
+/* End of generation, or one of the request's stop ids (recorded as what stopped it). */
+static bool is_stop_token(const struct engine *e, struct seq *s, int32_t t)
 {
     if (!s->ignore_eos && tokenizer_is_eog(e->tok, t)) return true;
     for (int i = 0; i < s->n_stop_ids; i++)
-        if (s->stop_ids[i] == t) return true;
+        if (s->stop_ids[i] == t) {
+            s->stop_token = t;
+            return true;
+        }
     return false;
 }
 
@@ -442,7 +448,15 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     enum finish_reason why = FINISH_NONE;
     int cut = s->n_stop_strings ? find_stop(s) : -1;
     if (cut >= 0) {
-        s->n_hold = cut; /* drop the stop string and what follows */
+        /* the first stop string (in the request's order) found where the earliest one begins */
+        int k = 0;
+        while (k < s->n_stop_strings - 1 &&
+               (strlen(s->stop_strings[k]) > (size_t)(s->n_hold - cut) ||
+                memcmp(s->hold + cut, s->stop_strings[k], strlen(s->stop_strings[k]))))
+            k++;
+        s->stop_string = k;
+        /* drop what follows the stop string, and the stop string unless it is to be sent */
+        s->n_hold = cut + (s->include_stop_str ? (int)strlen(s->stop_strings[k]) : 0);
         why = FINISH_STOP;
     }
     int keep = why == FINISH_NONE && s->n_stop_strings ? stop_prefix_suffix(s) : 0;
@@ -966,6 +980,9 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->max_tokens = r->max_tokens;
     s->min_tokens = r->min_tokens;
     s->ignore_eos = r->ignore_eos;
+    s->include_stop_str = r->include_stop_str;
+    s->stop_string = -1;
+    s->stop_token = -1;
     s->n_stop_ids = r->n_stop_ids;
     memcpy(s->stop_ids, r->stop_ids, sizeof s->stop_ids);
     s->top_logprobs = r->top_logprobs;

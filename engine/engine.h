@@ -138,7 +138,8 @@ struct gen_request {
     int32_t stop_ids[ENGINE_MAX_STOPS];
     int n_stop_strings;
     const char *stop_strings[ENGINE_MAX_STOPS]; /* copied; matched on the detokenized text */
-    int top_logprobs; /* -1: no logprobs; 0: the chosen token's; N: and the top N */
+    bool include_stop_str; /* vLLM's include_stop_str_in_output: the matched stop string is sent */
+    int top_logprobs;      /* -1: no logprobs; 0: the chosen token's; N: and the top N */
     /* Added to these tokens' logits before the grammar mask and the sampler (greedy decoding
      * too); the logprobs a client sees stay the model's own, as vLLM's do. Copied; at most
      * ENGINE_MAX_LOGIT_BIAS, ids in the vocabulary, biases finite. */
@@ -203,6 +204,10 @@ struct req_event {
     int accepted_tokens; /* output tokens that a speculative draft had guessed */
     int rejected_tokens; /* drafted tokens that were not kept */
     int preemptions;     /* times it was preempted (its K/V dropped, recomputed later) */
+    /* What ended a FINISH_STOP other than end of generation (vLLM's stop_reason): the index of
+     * the stop string matched (-1: none), or the stop_ids token sampled (-1: none) */
+    int stop_string;
+    int32_t stop_token;
     double ttft_ms, total_ms, queue_ms;
     char error[256];
 };

@@ -54,6 +54,9 @@ struct seq {
     char *stop_strings[ENGINE_MAX_STOPS];
     struct logit_bias *logit_bias; /* [n_logit_bias], owned */
     int min_tokens;
+    bool include_stop_str; /* gen_request.include_stop_str */
+    int stop_string;       /* the stop string that ended it, or -1 (req_event.stop_string) */
+    int32_t stop_token;    /* the stop id that ended it, or -1 */
     int n_logit_bias;
     int top_logprobs;
     struct sampler sampler;

@@ -64,6 +64,8 @@ struct gen {
     char *instructions;
     cJSON *text_format; /* the request's text.format (a copy: the request's tree goes first) */
     int32_t *pred_ids;  /* the prediction's tokens (each choice's engine request copies them) */
+    char *stop[ENGINE_MAX_STOPS]; /* the request's stop strings (owned): stop_reason's text */
+    int n_stop;
     int n_pred;
     int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
@@ -101,6 +103,7 @@ static void gen_free(struct gen *g)
     free(g->instructions);
     cJSON_Delete(g->text_format);
     free(g->pred_ids);
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     oai_tool_calls_free((struct oai_tool_call *)g->resp.calls, g->resp.n_calls);
     free(g->ids);
     free(g->n_ids);
@@ -149,7 +152,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     if (ev->prompt) return on_prompt_event(g, c, ev);
     if (g->stream && g->echo_lp && c->lp_sent < c->out.n_lp) {
         /* the echoed prompt's logprobs, in one chunk before the first generated text */
-        int rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE,
+        int rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE, NULL,
                                                  c->out.lp + c->lp_sent, c->out.n_lp - c->lp_sent,
                                                  g->include_usage));
         if (rc) return rc;
@@ -167,6 +170,12 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     if (len > sizeof ev->text - 1) len = sizeof ev->text - 1;
     enum finish_reason fin = ev->done ? ev->finish : FINISH_NONE;
     if (ev->done && fin == FINISH_NONE) fin = FINISH_ERROR;
+    if (ev->done && fin == FINISH_STOP) /* vLLM's stop_reason */
+        c->out.stop = (struct oai_stop){.text = ev->stop_string >= 0 && ev->stop_string < g->n_stop
+                                                    ? g->stop[ev->stop_string]
+                                                    : NULL,
+                                        .token = ev->stop_token,
+                                        .by_token = ev->stop_token >= 0};
     int rc = 0;
     if (g->stream && g->meta.kind == OAI_RESPONSES) {
         /* the text is kept for the closing events (stream_read) */
@@ -181,8 +190,8 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         /* the token's logprobs at once, in a chunk of their own (its text may be held back, as
          * the start of a call): the stream carries every token's, as the whole response does */
         if (!rc && lp)
-            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE, &one, 1,
-                                                 g->include_usage));
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, NULL, FINISH_NONE, NULL, &one,
+                                                 1, g->include_usage));
         if (!rc)
             rc = append_chunk(g, oai_tools_chunks(&g->meta, g->tool_fmt, i, c->out.text.p,
                                                   c->out.text.len, &c->streamed, fin,
@@ -195,8 +204,9 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
             rc = append_chunk(g, oai_write_error_chunk(&e));
         }
         if (!rc && (len || lp || ev->done))
-            rc = append_chunk(g, oai_write_chunk(&g->meta, i, ev->text, len, NULL, fin,
-                                                 lp ? &one : NULL, lp ? 1 : 0, g->include_usage));
+            rc =
+                append_chunk(g, oai_write_chunk(&g->meta, i, ev->text, len, NULL, fin, &c->out.stop,
+                                                lp ? &one : NULL, lp ? 1 : 0, g->include_usage));
     } else {
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
         if (!rc && lp)
@@ -568,6 +578,12 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         g->usage.prompt_tokens += (int)g->n_ids[p];
     }
     rq->log->prompt_tokens = g->usage.prompt_tokens;
+    /* the stop strings outlive the request's tree, for the stop_reason they may end with */
+    for (; g->n_stop < r->n_stop; g->n_stop++)
+        if (!(g->stop[g->n_stop] = strdup(r->stop[g->n_stop]))) {
+            rc = oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
     /* the prediction as the output's tokens would be (no BOS); the engine drafts from it */
     if (r->prediction && r->prediction_len) {
         struct qerr q = {0};
@@ -593,6 +609,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .sample = r->sample,
                                      .max_tokens = mt,
                                      .ignore_eos = r->ignore_eos,
+                                     .include_stop_str = r->include_stop_str,
                                      .no_spec = r->no_spec,
                                      .priority = r->priority,
                                      .prediction = g->pred_ids,
@@ -662,11 +679,11 @@ static int stream_begin(struct gen *g)
     for (int i = 0; i < g->n_choices && !rc; i++) {
         if (g->meta.kind == OAI_CHAT) {
             rc = append_chunk(g, oai_write_chunk(&g->meta, i, "", 0, "assistant", FINISH_NONE, NULL,
-                                                 0, g->include_usage));
+                                                 NULL, 0, g->include_usage));
         } else if (g->echo[g->ch[i].prompt]) {
             const char *t = g->echo[g->ch[i].prompt];
             rc = append_chunk(g, oai_write_chunk(&g->meta, i, t, strlen(t), NULL, FINISH_NONE, NULL,
-                                                 0, g->include_usage));
+                                                 NULL, 0, g->include_usage));
         }
     }
     return rc;

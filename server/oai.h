@@ -109,6 +109,7 @@ struct oai_request {
     int priority; /* vLLM's: lower is admitted sooner (gen_request.priority), default 0 */
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
+    bool include_stop_str;         /* vLLM's include_stop_str_in_output */
     struct logit_bias *logit_bias; /* owned; [n_logit_bias] */
     int n_logit_bias;
     int min_tokens; /* vLLM's: no end of generation or stop id before this many tokens */
@@ -196,9 +197,18 @@ struct oai_lp {
 };
 
 /* A choice being collected for a non-streamed response. */
+/* vLLM's stop_reason of a finished choice: the stop string matched, else the stop id sampled,
+ * else null (end of generation, the length, ...). */
+struct oai_stop {
+    const char *text; /* NULL: no stop string */
+    int32_t token;
+    bool by_token; /* token is meaningful */
+};
+
 struct oai_choice {
     struct sbuf text;
     enum finish_reason finish;
+    struct oai_stop stop;
     struct oai_lp *lp; /* owned */
     size_t n_lp, cap_lp;
     struct oai_lp *plp; /* owned: prompt_logprobs entries, the first one null */
@@ -234,11 +244,12 @@ const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */
 char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, size_t n,
                          const struct oai_usage *u);
 /* One streamed chunk for choice index: text[0..len) (chat: the delta content, with the role when
- * role is non-NULL), finish (FINISH_NONE: null), logprobs lp[0..n_lp) (ignored unless
- * m->logprobs >= 0) and, with usage_null, "usage":null (stream_options.include_usage). */
+ * role is non-NULL), finish (FINISH_NONE: null) with its stop_reason (stop, NULL: null; only
+ * when finish is not FINISH_NONE), logprobs lp[0..n_lp) (ignored unless m->logprobs >= 0)
+ * and, with usage_null, "usage":null (stream_options.include_usage). */
 char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
-                      const char *role, enum finish_reason finish, const struct oai_lp *lp,
-                      size_t n_lp, bool usage_null);
+                      const char *role, enum finish_reason finish, const struct oai_stop *stop,
+                      const struct oai_lp *lp, size_t n_lp, bool usage_null);
 /* The final usage chunk: empty choices, usage filled. */
 char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u);
 #define OAI_SSE_DONE "data: [DONE]\n\n"

@@ -402,6 +402,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if ((rc = get_int(root, mt, r->kind == OAI_CHAT ? 1 : 0, 1e9, &l, e)) < 0) return rc;
     if (rc) r->max_tokens = (int)l;
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, e)) < 0) return rc;
+    if ((rc = get_bool(root, "include_stop_str_in_output", &r->include_stop_str, e)) < 0) return rc;
     if ((rc = parse_priority(root, r, e))) return rc;
     bool spec = true;
     if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;

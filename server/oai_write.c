@@ -257,6 +257,13 @@ static cJSON *finish_obj(enum finish_reason f)
     return s ? cJSON_CreateString(s) : cJSON_CreateNull();
 }
 
+static cJSON *stop_reason_obj(const struct oai_stop *s)
+{
+    if (s && s->text) return cJSON_CreateString(s->text);
+    if (s && s->by_token) return cJSON_CreateNumber(s->token);
+    return cJSON_CreateNull();
+}
+
 char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, size_t n,
                          const struct oai_usage *u)
 {
@@ -278,6 +285,7 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
         }
         json_add(ch, "logprobs", logprobs_obj(m, c[i].lp, c[i].n_lp));
         json_add(ch, "finish_reason", finish_obj(c[i].finish));
+        json_add(ch, "stop_reason", stop_reason_obj(&c[i].stop));
         if (m->prompt_logprobs) json_add(ch, "prompt_logprobs", prompt_lp(m, c[i].plp, c[i].n_plp));
     }
     json_add(o, "usage", usage_obj(u));
@@ -288,8 +296,8 @@ fail:
 }
 
 char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
-                      const char *role, enum finish_reason finish, const struct oai_lp *lp,
-                      size_t n_lp, bool usage_null)
+                      const char *role, enum finish_reason finish, const struct oai_stop *stop,
+                      const struct oai_lp *lp, size_t n_lp, bool usage_null)
 {
     cJSON *o = head(m, true);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -311,6 +319,7 @@ char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, siz
     }
     json_add(ch, "logprobs", n_lp ? logprobs_obj(m, lp, n_lp) : cJSON_CreateNull());
     json_add(ch, "finish_reason", finish_obj(finish));
+    if (finish != FINISH_NONE) json_add(ch, "stop_reason", stop_reason_obj(stop));
     if (usage_null) cJSON_AddNullToObject(o, "usage");
     return sse(print_free(o));
 fail:

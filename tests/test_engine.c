@@ -467,7 +467,7 @@ START_TEST(stop_string_across_tokens)
                      0);
     struct engine *e = make_engine(128, 4, 64, true);
     struct gen_request r;
-    struct result full, cut;
+    static struct result full, cut, kept;
     greedy_request(&r, ids, n, 24);
     run_alone(e, &r, &full);
     /* a stop string made of the last 2 bytes of one token's text and the first 2 of the next */
@@ -488,14 +488,26 @@ START_TEST(stop_string_across_tokens)
     ck_assert_msg(k >= 0, "no two long adjacent tokens in: %s", full.text);
     const char *first = strstr(full.text, stop);
     ck_assert_ptr_nonnull(first);
-    r.n_stop_strings = 1;
-    r.stop_strings[0] = stop;
+    /* the second of two stop strings ends it (the first never occurs): its index is reported */
+    r.n_stop_strings = 2;
+    r.stop_strings[0] = "\x01never";
+    r.stop_strings[1] = stop;
     run_alone(e, &r, &cut);
+    /* vLLM's include_stop_str_in_output: the same cut, after the stop string */
+    r.include_stop_str = true;
+    run_alone(e, &r, &kept);
     engine_free(e);
     ck_assert_int_eq(cut.final.finish, FINISH_STOP);
     ck_assert_uint_eq(cut.text_len, (size_t)(first - full.text));
     ck_assert(strncmp(cut.text, full.text, cut.text_len) == 0);
     ck_assert_ptr_null(strstr(cut.text, stop));
+    ck_assert_int_eq(cut.final.stop_string, 1);
+    ck_assert_int_eq(cut.final.stop_token, -1);
+    ck_assert_int_eq(full.final.stop_string, -1);
+    ck_assert_int_eq(kept.final.finish, FINISH_STOP);
+    ck_assert_int_eq(kept.final.stop_string, 1);
+    ck_assert_uint_eq(kept.text_len, cut.text_len + strlen(stop));
+    ck_assert(strncmp(kept.text, full.text, kept.text_len) == 0);
     free(ids);
 }
 END_TEST

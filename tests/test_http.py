@@ -390,6 +390,26 @@ def test_min_tokens_and_stop_ids(d):
     check(st == 200 and r["choices"][0]["finish_reason"] == "stop" and
           r["usage"]["completion_tokens"] == 3 and text.startswith(got) and len(got) < len(text),
           "stop_token_ids: the output stops at that token", r)
+    # vLLM's stop_reason: the stop id, the stop string, null at end of generation
+    word = text.split()[2]
+    _, _, rs = d.post("/v1/chat/completions", dict(body, stop=["\u0001", word]))
+    _, _, ri = d.post("/v1/chat/completions", dict(body, stop=["\u0001", word],
+                                                   include_stop_str_in_output=True))
+    cut = rs["choices"][0]["message"]["content"]
+    check(r["choices"][0]["stop_reason"] == stop_id and
+          plain["choices"][0]["stop_reason"] is None and
+          rs["choices"][0]["stop_reason"] == word and ri["choices"][0]["stop_reason"] == word and
+          ri["choices"][0]["message"]["content"] == cut + word and text.startswith(cut + word),
+          "stop_reason names the stop id or string; include_stop_str_in_output keeps the string",
+          f"{r['choices'][0]} {rs['choices'][0]} {ri['choices'][0]}")
+    texts, finish, _, chunks, _ = collect(d, "/v1/completions", {
+        "prompt": "The capital of France is", "max_tokens": 30, "temperature": 0, "stream": True,
+        "stop": [" is", "."], "include_stop_str_in_output": True})
+    last = [c for c in chunks if isinstance(c, dict) and c.get("choices") and
+            c["choices"][0]["finish_reason"]]
+    check(last and last[-1]["choices"][0]["stop_reason"] in (" is", ".") and
+          texts.get(0, "").endswith(last[-1]["choices"][0]["stop_reason"]),
+          "streamed: the last chunk's stop_reason, the stop string sent", f"{texts} {last}")
     st, _, r = d.post("/v1/chat/completions", dict(body, stop_token_ids=[stop_id], min_tokens=4))
     check(st == 200 and r["usage"]["completion_tokens"] >= 4,
           "min_tokens holds a stop id back too", r)

@@ -1408,8 +1408,8 @@ END_TEST
 START_TEST(write_chunks)
 {
     /* chat: the role chunk, a content chunk, the finish chunk, usage, [DONE] */
-    char *s =
-        oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, "assistant", FINISH_NONE, NULL, 0, false);
+    char *s = oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, "assistant", FINISH_NONE, NULL, NULL, 0,
+                              false);
     cJSON *j = sse_json(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "chat.completion.chunk");
     cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
@@ -1421,7 +1421,8 @@ START_TEST(write_chunks)
     cJSON_Delete(j);
     free(s);
 
-    s = oai_write_chunk(meta(OAI_CHAT, -1), 1, "a\nb\"c", 5, NULL, FINISH_NONE, NULL, 0, true);
+    s = oai_write_chunk(meta(OAI_CHAT, -1), 1, "a\nb\"c", 5, NULL, FINISH_NONE, NULL, NULL, 0,
+                        true);
     j = sse_json(s);
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     ck_assert_int_eq(cJSON_GetObjectItem(c0, "index")->valueint, 1);
@@ -1432,7 +1433,7 @@ START_TEST(write_chunks)
     cJSON_Delete(j);
     free(s);
 
-    s = oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, NULL, FINISH_STOP, NULL, 0, false);
+    s = oai_write_chunk(meta(OAI_CHAT, -1), 0, "", 0, NULL, FINISH_STOP, NULL, NULL, 0, false);
     j = sse_json(s);
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(c0, "delta")), 0);
@@ -1443,7 +1444,8 @@ START_TEST(write_chunks)
     /* completions: text chunks, with logprobs */
     struct oai_lp lp = {
         .token = 3, .logprob = -1.0f, .text_offset = 4, .n_top = 1, .top = {{3, -1.0f}}};
-    s = oai_write_chunk(meta(OAI_COMPLETION, 1), 0, "t3", 2, NULL, FINISH_ABORT, &lp, 1, false);
+    s = oai_write_chunk(meta(OAI_COMPLETION, 1), 0, "t3", 2, NULL, FINISH_ABORT, NULL, &lp, 1,
+                        false);
     j = sse_json(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "text_completion");
     c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
