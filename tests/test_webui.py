@@ -5,8 +5,9 @@ Debian's chromium driven by Selenium through Debian's chromium-driver (tools/set
 all three). One daemon with an API key and --precision f32 (the default q8 does not answer
 "Paris" to the question below on this model): the page asks for the key once; "What is the
 capital of France?" (Enter sends) streams an answer with "Paris" in it, with tok/s and TTFT
-under it; regenerate answers again; the stop button during a long answer aborts the request on
-the server (the engine's abort counter in /metrics); the engine view during 8 concurrent
+under it; regenerate answers again; Continue writes on an answer cut by max tokens; the stop
+button during a long answer aborts the request on the server (the engine's abort counter in
+/metrics); the engine view during 8 concurrent
 requests fired from Python shows running requests and KV blocks in use, then all free; the page
 at phone width; reload keeps the conversations and the key; Markdown from the model never
 becomes markup; no console errors. Then a daemon with --no-webui answers / with 404.
@@ -241,6 +242,34 @@ def test_key_and_question(p, dm):
     p.collect_console()
 
 
+def test_continue(p, dm):
+    """An answer cut by max tokens is written on by Continue (continue_final_message): the same
+    message grows from where it stopped, and the button is off once the answer is whole."""
+    d = p.d
+    d.find_element(By.ID, "new-chat").click()
+    p.set_value("set-temp", 0)
+    p.set_value("set-max-tokens", 5)
+    check(d.find_element(By.ID, "cont").get_attribute("disabled") is not None,
+          "Continue is off in a new conversation")
+    d.find_element(By.ID, "input").send_keys("Name three colors." + Keys.ENTER)
+    p.wait(lambda: p.last_stats() and not p.stop_visible(), 60, "a short answer, cut at 5 tokens")
+    # the message's text, not the page's (a list in Markdown renders without its numbers)
+    text = "const m = app.current.messages; return m[m.length - 1].content;"
+    cut = p.js(text)
+    n = p.js("return document.querySelectorAll('#messages .msg').length")
+    button = d.find_element(By.ID, "cont")
+    check(button.get_attribute("disabled") is None, "Continue is on after an answer cut short")
+    p.set_value("set-max-tokens", 60)
+    button.click()
+    p.wait(lambda: len(p.js(text)) > len(cut) and p.last_stats() and not p.stop_visible(),
+           60, "Continue writes on")
+    whole = p.js(text)
+    check(whole.startswith(cut) and len(whole) > len(cut) and
+          p.js("return document.querySelectorAll('#messages .msg').length") == n,
+          "the same answer grows from where it stopped", f"{cut!r} -> {whole!r}")
+    p.collect_console()
+
+
 def test_stop(p, dm):
     d = p.d
     d.find_element(By.ID, "new-chat").click()
@@ -392,6 +421,7 @@ def main():
         check(any("quern-console-probe" in e.get("message", "") for e in probe),
               "the browser's console log is read back (a probe error shows)", repr(probe))
         test_key_and_question(p, dm)
+        test_continue(p, dm)
         test_stop(p, dm)
         test_engine_view(p, dm)
         test_markdown_is_safe(p)

@@ -277,6 +277,15 @@ function renderMessages() {
   for (const m of app.current.messages) box.appendChild(messageNode(m, false));
   box.scrollTop = box.scrollHeight;
   $('regen').disabled = app.busy || !app.current.messages.some((m) => m.role === 'user');
+  $('cont').disabled = app.busy || !canContinue();
+}
+
+// the last answer was cut (max tokens, or the stop button): it can be written on
+function canContinue() {
+  const msgs = app.current.messages;
+  const last = msgs[msgs.length - 1];
+  return !!(last && last.role === 'assistant' && last.content && !last.error && last.stats &&
+    (last.stats.finish === 'length' || last.stats.finish === 'stopped'));
 }
 
 function updateLast(m, streaming) {
@@ -292,6 +301,7 @@ function setBusy(b) {
   $('send').hidden = b;
   $('stop').hidden = !b;
   $('regen').disabled = b;
+  $('cont').disabled = b || !canContinue();
 }
 
 // ---- chat ----
@@ -307,15 +317,23 @@ function requestBody(messages) {
   return body;
 }
 
-async function generate() {
+// cont: the last answer is written on (continue_final_message) instead of a new one
+async function generate(cont) {
   const chat = app.current;
   const s = readSettings();
   const messages = [];
   if (s.system.trim()) messages.push({ role: 'system', content: s.system });
   for (const m of chat.messages) messages.push({ role: m.role, content: m.content });
-  const answer = { role: 'assistant', content: '', stats: null };
-  chat.messages.push(answer);
-  $('messages').appendChild(messageNode(answer, true));
+  let answer;
+  if (cont) {
+    answer = chat.messages[chat.messages.length - 1];
+    answer.stats = null;
+    updateLast(answer, true);
+  } else {
+    answer = { role: 'assistant', content: '', stats: null };
+    chat.messages.push(answer);
+    $('messages').appendChild(messageNode(answer, true));
+  }
   setBusy(true);
   app.controller = new AbortController();
   const t0 = performance.now();
@@ -327,7 +345,9 @@ async function generate() {
     const r = await apiFetch('/v1/chat/completions', {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify(requestBody(messages)),
+      body: JSON.stringify(
+        Object.assign(requestBody(messages), cont ? { continue_final_message: true } : {}),
+      ),
       signal: app.controller.signal,
     });
     if (!r.ok) {
@@ -394,6 +414,7 @@ async function generate() {
   if (chat === app.current) updateLast(answer, false);
   renderConvList();
   $('regen').disabled = false;
+  $('cont').disabled = !canContinue();
 }
 
 function send() {
@@ -416,6 +437,11 @@ function regenerate() {
   if (!msgs.length) return;
   renderMessages();
   generate();
+}
+
+function continueAnswer() {
+  if (app.busy || !canContinue()) return;
+  generate(true);
 }
 
 function stop() {
@@ -615,6 +641,7 @@ async function init() {
   });
   $('stop').addEventListener('click', stop);
   $('regen').addEventListener('click', regenerate);
+  $('cont').addEventListener('click', continueAnswer);
   $('new-chat').addEventListener('click', newChat);
   $('tab-chat').addEventListener('click', () => showTab('chat'));
   $('tab-engine').addEventListener('click', () => showTab('engine'));
