@@ -202,6 +202,14 @@ struct oai_vocab api_vocab(const struct serve *s)
     return (struct oai_vocab){.token_bytes = vocab_bytes, .ctx = s->tok};
 }
 
+size_t api_truncate_prompt(const struct serve *s, int keep, int32_t *ids, size_t n)
+{
+    size_t k = keep < 0 ? (size_t)s->ctx_len : (size_t)keep;
+    if (keep == 0 || n <= k) return n;
+    memmove(ids, ids + (n - k), k * sizeof *ids);
+    return k;
+}
+
 int api_chat_tokens(struct serve *s, const struct oai_request *r, enum chat_end end, bool add_bos,
                     int32_t **ids, size_t *n, struct oai_error *e)
 {

@@ -54,6 +54,9 @@ bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);
 bool api_client_gone(int fd);
 /* serve_submit's refusal as an answer: 503 draining, 429 queue full, 400, or 500. */
 int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e);
+/* vLLM's truncate_prompt_tokens (oai_request.truncate_prompt): keeps the last tokens of
+ * ids[0..n), moved to its front; returns how many are left. */
+size_t api_truncate_prompt(const struct serve *s, int keep, int32_t *ids, size_t n);
 /* The model's token texts for the response writers. */
 struct oai_vocab api_vocab(const struct serve *s);
 /* The conversation in r formatted by the model's chat template and tokenized (*ids malloc'd):

@@ -68,6 +68,7 @@ static int tokenize_inputs(struct embed_job *j, const struct oai_request *r, str
         if (j->n_ids[i] == 0)
             return oai_error_set(e, 400, "invalid_request_error", "invalid_value", "input",
                                  "'input' element %zu has no tokens", i);
+        j->n_ids[i] = api_truncate_prompt(s, r->truncate_prompt, j->ids[i], j->n_ids[i]);
         j->rq->log->prompt_tokens += (int)j->n_ids[i];
     }
     return 0;

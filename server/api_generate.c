@@ -450,6 +450,14 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
     if (g->n_ids[p] == 0)
         return oai_error_set(e, 400, "invalid_request_error", "invalid_value", param,
                              "the %s has no tokens", param);
+    size_t n = g->n_ids[p];
+    g->n_ids[p] = api_truncate_prompt(s, r->truncate_prompt, g->ids[p], n);
+    if (g->n_ids[p] < n && g->echo[p]) {
+        /* the echo is what the model read */
+        free(g->echo[p]);
+        if (!(g->echo[p] = tokenizer_decode(s->tok, g->ids[p], g->n_ids[p])))
+            return oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     return 0;
 }
 

@@ -107,6 +107,9 @@ struct oai_request {
     bool ignore_eos;
     bool no_spec; /* "speculative": false: no speculative decoding for this request */
     int priority; /* vLLM's: lower is admitted sooner (gen_request.priority), default 0 */
+    /* vLLM's truncate_prompt_tokens: 0 none, k > 0 keep each prompt's last k tokens, -1 the
+     * context's length */
+    int truncate_prompt;
     int n_stop;
     const char *stop[ENGINE_MAX_STOPS];
     bool include_stop_str;         /* vLLM's include_stop_str_in_output */

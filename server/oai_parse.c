@@ -360,13 +360,20 @@ static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai
 }
 
 /* The sampling and generation fields common to completions and chat. */
-/* vLLM's priority: an integer, lower sooner (gen_request.priority) */
+/* vLLM's priority (an integer, lower sooner: gen_request.priority) and truncate_prompt_tokens
+ * (-1, or at least 1), read by generation and embeddings alike */
 static int parse_priority(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
-    long long l;
+    long long l = 0;
     int rc = get_int(root, "priority", -2147483648.0, 2147483647.0, &l, e);
+    if (rc < 0) return rc;
     if (rc > 0) r->priority = (int)l;
-    return rc < 0 ? rc : 0;
+    if ((rc = get_int(root, "truncate_prompt_tokens", -1, 2147483647.0, &l, e)) < 0) return rc;
+    if (rc > 0 && l == 0)
+        return bad(e, "truncate_prompt_tokens",
+                   "'truncate_prompt_tokens' must be -1 (the context's length) or at least 1");
+    if (rc > 0) r->truncate_prompt = (int)l;
+    return 0;
 }
 
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)

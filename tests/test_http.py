@@ -279,6 +279,23 @@ def test_completion(d):
     check(st == st2 == st3 == 200 and c["usage"]["prompt_tokens"] == t["count"] > t0["count"],
           "/tokenize with tools counts the chat's prompt_tokens",
           f"{c.get('usage')} {t.get('count')} {t0.get('count')}")
+    # vLLM's truncate_prompt_tokens: the prompt's last k tokens, for completions and embeddings
+    long = "The quick brown fox jumps over the lazy dog. " * 6
+    _, _, tl = d.post("/tokenize", {"prompt": long})
+    st, _, ct = d.post("/v1/completions", {"prompt": long, "max_tokens": 6, "temperature": 0,
+                                           "truncate_prompt_tokens": 5})
+    _, _, cr = d.post("/v1/completions", {"prompt": tl["tokens"][-5:], "max_tokens": 6,
+                                          "temperature": 0})
+    st2, _, et = d.post("/v1/embeddings", {"input": long, "truncate_prompt_tokens": 7})
+    _, _, er = d.post("/v1/embeddings", {"input": [tl["tokens"][-7:]]})
+    st3, _, bad = d.post("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0})
+    check(st == st2 == 200 and ct["usage"]["prompt_tokens"] == 5 and
+          ct["choices"][0]["text"] == cr["choices"][0]["text"] and
+          et["usage"]["prompt_tokens"] == 7 and
+          et["data"][0]["embedding"] == er["data"][0]["embedding"] and
+          st3 == 400 and bad["error"]["param"] == "truncate_prompt_tokens",
+          "truncate_prompt_tokens keeps the prompt's last tokens (completions, embeddings)",
+          f"{ct.get('usage')} {et.get('usage')} {bad}")
     # continue_final_message (vLLM's; llama.cpp's assistant prefill): the prompt stops inside
     # the assistant's message, and the answer is what the model writes after it there, the
     # same as a completion of those tokens
