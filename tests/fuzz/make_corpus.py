@@ -78,7 +78,8 @@ REQUESTS = [
                     "repetition_penalty": 1.1, "stream_options": {"include_usage": True}}),
     ("completion", {"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True}),
     ("completion", {"prompt": "The capital of France is", "max_tokens": 8, "stop": [" is", "."],
-                    "include_stop_str_in_output": True, "priority": -3, "stream": True}),
+                    "include_stop_str_in_output": True, "priority": -3, "stream": True,
+                    "truncate_prompt_tokens": 3}),
     ("completion", {"prompt": " A date:", "structured_outputs":
                     {"regex": " [0-9]{4}-[0-9]{2}-[0-9]{2}"}}),
     ("completion", {"prompt": "JSON:", "response_format": {"type": "json_schema",
