@@ -359,10 +359,10 @@ static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai
     return rc;
 }
 
-/* The sampling and generation fields common to completions and chat. */
 /* vLLM's priority (an integer, lower sooner: gen_request.priority) and truncate_prompt_tokens
  * (-1, or at least 1), read by generation and embeddings alike */
-static int parse_priority(const cJSON *root, struct oai_request *r, struct oai_error *e)
+static int parse_priority_and_truncation(const cJSON *root, struct oai_request *r,
+                                         struct oai_error *e)
 {
     long long l = 0;
     int rc = get_int(root, "priority", -2147483648.0, 2147483647.0, &l, e);
@@ -376,6 +376,7 @@ static int parse_priority(const cJSON *root, struct oai_request *r, struct oai_e
     return 0;
 }
 
+/* The sampling and generation fields common to completions and chat. */
 static int parse_generation(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     struct sample_params *sp = &r->sample;
@@ -410,7 +411,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
     if (rc) r->max_tokens = (int)l;
     if ((rc = get_bool(root, "ignore_eos", &r->ignore_eos, e)) < 0) return rc;
     if ((rc = get_bool(root, "include_stop_str_in_output", &r->include_stop_str, e)) < 0) return rc;
-    if ((rc = parse_priority(root, r, e))) return rc;
+    if ((rc = parse_priority_and_truncation(root, r, e))) return rc;
     bool spec = true;
     if ((rc = get_bool(root, "speculative", &spec, e)) < 0) return rc;
     r->no_spec = !spec;
@@ -540,7 +541,7 @@ static int parse_embedding(const cJSON *root, struct oai_request *r, struct oai_
                    "\"%.40s\"",
                    fmt);
     r->base64 = fmt && !strcmp(fmt, "base64");
-    if ((rc = parse_priority(root, r, e))) return rc;
+    if ((rc = parse_priority_and_truncation(root, r, e))) return rc;
     if (oai_field(root, "dimensions"))
         return oai_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "dimensions",
                              "'dimensions' is not supported: this model's embeddings have a fixed "
