@@ -226,6 +226,9 @@ static void seq_free(struct seq *s)
     for (int i = 0; i < s->n_stop_strings; i++) free(s->stop_strings[i]);
     free(s->logit_bias);
     free(s->pred);
+    free(s->allowed_mask);
+    free(s->bad_ids);
+    free(s->bad_lens);
     sampler_free(&s->sampler);
     free(s->hold);
     free(s->pool_sum);
@@ -361,6 +364,26 @@ static bool is_stop_token(const struct engine *e, struct seq *s, int32_t t)
     return false;
 }
 
+/* vLLM's bad_words: each sequence's last token where the output ends with the others. */
+static void ban_bad_words(const struct seq *s, float *logits)
+{
+    int out = s->n_tokens - s->n_prompt;
+    const int32_t *ids = s->bad_ids;
+    for (int i = 0; i < s->n_bad; ids += s->bad_lens[i++]) {
+        int m = s->bad_lens[i];
+        if (m - 1 <= out &&
+            !memcmp(s->tokens + s->n_tokens - (m - 1), ids, (size_t)(m - 1) * sizeof *ids))
+            logits[ids[m - 1]] = -INFINITY;
+    }
+}
+
+static bool any_finite(const float *logits, int vocab)
+{
+    for (int t = 0; t < vocab; t++)
+        if (logits[t] > -INFINITY) return true;
+    return false;
+}
+
 /* min_tokens: end of generation and the stop ids cannot be sampled yet. */
 static void hold_off_stops(const struct engine *e, const struct seq *s, float *logits)
 {
@@ -407,13 +430,23 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
     *sampled = -1;
     bool hold = s->n_generated < s->min_tokens && !(s->gm && grammar_matcher_done(s->gm));
     int32_t t;
-    if (s->n_logit_bias || hold || s->grammar || sampler_penalizes(&s->sampler)) {
+    if (s->n_logit_bias || hold || s->grammar || s->allowed_mask || s->n_bad ||
+        sampler_penalizes(&s->sampler)) {
         /* the row stays as the forward left it (logprobs read it below); edits go to a copy */
         memcpy(e->work, row, (size_t)e->vocab * sizeof *e->work);
         for (int i = 0; i < s->n_logit_bias; i++)
             e->work[s->logit_bias[i].token] += s->logit_bias[i].bias;
         if (hold) hold_off_stops(e, s, e->work);
+        if (s->allowed_mask) grammar_mask_apply(s->allowed_mask, e->work, e->vocab);
+        if (s->n_bad) ban_bad_words(s, e->work);
         if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
+        if ((s->allowed_mask || s->n_bad) && !any_finite(e->work, e->vocab)) {
+            snprintf(s->error, sizeof s->error,
+                     "allowed_token_ids and bad_words (and the grammar) leave no token to sample "
+                     "after %d tokens",
+                     s->n_generated);
+            return FINISH_ERROR;
+        }
         t = sampler_sample(&s->sampler, e->work);
     } else {
         /* nothing to edit: no copy (a 49152-token row is 192 KiB, ~10 us a sequence) */
@@ -1022,6 +1055,23 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     }
     s->n_logit_bias = r->n_logit_bias > 0 ? r->n_logit_bias : 0;
     s->n_pred = pred ? r->n_prediction : 0;
+    if (r->n_allowed > 0) {
+        /* the grammar mask's form: bit t of word t / 64 */
+        s->allowed_mask = calloc((size_t)(e->vocab + 63) / 64, sizeof *s->allowed_mask);
+        if (s->allowed_mask)
+            for (int i = 0; i < r->n_allowed; i++)
+                s->allowed_mask[r->allowed[i] / 64] |= 1ull << (r->allowed[i] % 64);
+    }
+    int bad_tokens = 0;
+    for (int i = 0; i < r->n_bad; i++) bad_tokens += r->bad_lens[i];
+    if ((r->n_allowed > 0 && !s->allowed_mask) ||
+        (r->n_bad > 0 &&
+         (!(s->bad_ids = copy_of(r->bad_ids, (size_t)bad_tokens, sizeof *s->bad_ids)) ||
+          !(s->bad_lens = copy_of(r->bad_lens, (size_t)r->n_bad, sizeof *s->bad_lens))))) {
+        seq_free(s);
+        return qerr_set(err, QERR_NOMEM, "out of memory");
+    }
+    s->n_bad = r->n_bad;
     s->t_submit = engine_now();
     *out = s;
     return 0;
@@ -1076,6 +1126,26 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
         if (!isfinite(r->logit_bias[i].bias))
             return qerr_set(err, QERR_INVALID, "logit_bias: the bias of token %d is not finite",
                             r->logit_bias[i].token);
+    }
+    if (r->n_allowed < 0 || r->n_allowed > e->vocab || (r->n_allowed > 0 && !r->allowed))
+        return qerr_set(err, QERR_INVALID, "allowed_token_ids: at most the vocabulary's %d tokens",
+                        e->vocab);
+    for (int i = 0; i < r->n_allowed; i++)
+        if (r->allowed[i] < 0 || r->allowed[i] >= e->vocab)
+            return qerr_set(err, QERR_INVALID, "allowed_token_ids: token id %d is not in [0, %d)",
+                            r->allowed[i], e->vocab);
+    if (r->n_bad < 0 || r->n_bad > ENGINE_MAX_BAD_WORDS ||
+        (r->n_bad > 0 && (!r->bad_ids || !r->bad_lens)))
+        return qerr_set(err, QERR_INVALID, "bad_words: at most %d token sequences",
+                        ENGINE_MAX_BAD_WORDS);
+    for (int i = 0, at = 0; i < r->n_bad; at += r->bad_lens[i++]) {
+        if (r->bad_lens[i] < 1 || r->bad_lens[i] > ENGINE_MAX_BAD_LEN)
+            return qerr_set(err, QERR_INVALID, "bad_words: a word of %d tokens (1..%d)",
+                            r->bad_lens[i], ENGINE_MAX_BAD_LEN);
+        for (int k = 0; k < r->bad_lens[i]; k++)
+            if (r->bad_ids[at + k] < 0 || r->bad_ids[at + k] >= e->vocab)
+                return qerr_set(err, QERR_INVALID, "bad_words: token id %d is not in [0, %d)",
+                                r->bad_ids[at + k], e->vocab);
     }
     if (r->n_prediction < 0 || r->n_prediction > e->ctx_len ||
         (r->n_prediction > 0 && !r->prediction))

@@ -117,6 +117,8 @@ enum engine_pooling {
 #define ENGINE_MAX_STOP_BYTES   200 /* the longest stop string */
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_MAX_LOGIT_BIAS   1024
+#define ENGINE_MAX_BAD_WORDS    128 /* token sequences of bad_words */
+#define ENGINE_MAX_BAD_LEN      32  /* tokens in one */
 
 /* OpenAI's logit_bias: bias is added to token's logit before sampling. */
 struct logit_bias {
@@ -145,6 +147,17 @@ struct gen_request {
      * ENGINE_MAX_LOGIT_BIAS, ids in the vocabulary, biases finite. */
     const struct logit_bias *logit_bias;
     int n_logit_bias;
+    /* vLLM's allowed_token_ids: only these may be sampled (copied; ids in the vocabulary; 0 of
+     * them: any). Masked as the grammar masks, and checked with it: where the two leave nothing
+     * the request fails rather than sample a token neither allows. */
+    const int32_t *allowed;
+    int n_allowed;
+    /* vLLM's bad_words as token sequences (the server tokenizes the words): bad_lens[i] tokens
+     * each (1..ENGINE_MAX_BAD_LEN), back to back in bad_ids; copied. A sequence's last token is
+     * never sampled right after its others in the output (a one-token one, never). */
+    const int32_t *bad_ids;
+    const int32_t *bad_lens;
+    int n_bad;
     /* NULL, or the grammar the output must follow (engine_submit takes its own reference):
      * tokens it does not allow are masked before sampling, end-of-generation only where it
      * accepts; a dead end fails the request (FINISH_ERROR, the message in the event). */

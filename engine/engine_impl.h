@@ -53,6 +53,9 @@ struct seq {
     int n_stop_strings;
     char *stop_strings[ENGINE_MAX_STOPS];
     struct logit_bias *logit_bias; /* [n_logit_bias], owned */
+    uint64_t *allowed_mask;        /* gen_request.allowed as a token bitmask (owned), or NULL */
+    int32_t *bad_ids, *bad_lens;   /* gen_request's bad words (owned) */
+    int n_bad;
     int min_tokens;
     bool include_stop_str; /* gen_request.include_stop_str */
     int stop_string;       /* the stop string that ended it, or -1 (req_event.stop_string) */

@@ -66,6 +66,9 @@ struct gen {
     int32_t *pred_ids;  /* the prediction's tokens (each choice's engine request copies them) */
     char *stop[ENGINE_MAX_STOPS]; /* the request's stop strings (owned): stop_reason's text */
     int n_stop;
+    int32_t bad_ids[ENGINE_MAX_BAD_WORDS * ENGINE_MAX_BAD_LEN]; /* bad_words as token sequences */
+    int32_t bad_lens[ENGINE_MAX_BAD_WORDS];
+    int n_bad;
     int n_pred;
     int seq;
     int first_done;      /* choices finished so far (the first one fills the log) */
@@ -461,13 +464,58 @@ static int tokenize_prompt(struct serve *s, const struct oai_request *r, struct 
     return 0;
 }
 
+/* vLLM's bad_words as the engine bans them: each word (its leading blanks dropped) as tokens, and
+ * again after a space where that gives as many tokens with another first one (the word inside
+ * a text rather than at its start), as vLLM tokenizes them. */
+static int tokenize_bad_words(struct serve *s, const struct oai_request *r, struct gen *g,
+                              struct oai_error *e)
+{
+    int used = 0;
+    for (int i = 0; i < r->n_bad_words; i++) {
+        const char *w = r->bad_words[i];
+        while (*w == ' ' || *w == '\t' || *w == '\n' || *w == '\r') w++;
+        char spaced[ENGINE_MAX_STOP_BYTES + 2];
+        snprintf(spaced, sizeof spaced, " %s", w);
+        int first_len = 0;
+        for (int variant = 0; variant < 2 && *w; variant++) {
+            const char *text = variant ? spaced : w;
+            int32_t *ids = NULL;
+            size_t n = 0;
+            struct qerr q = {0};
+            if (tokenizer_encode(s->tok, text, strlen(text), false, false, &ids, &n, &q))
+                return oai_error_set(e, q.code == QERR_NOMEM ? 500 : 400,
+                                     q.code == QERR_NOMEM ? "server_error"
+                                                          : "invalid_request_error",
+                                     NULL, "bad_words", "bad_words: %s", q.msg);
+            bool keep = n > 0 && (variant == 0 ||
+                                  ((int)n == first_len && ids[0] != g->bad_ids[used - first_len]));
+            if (keep && n > ENGINE_MAX_BAD_LEN) {
+                free(ids);
+                return oai_error_set(e, 400, "invalid_request_error", "invalid_value", "bad_words",
+                                     "'bad_words' %d is %zu tokens; at most %d", i, n,
+                                     ENGINE_MAX_BAD_LEN);
+            }
+            if (keep) {
+                memcpy(g->bad_ids + used, ids, n * sizeof *ids);
+                used += (int)n;
+                g->bad_lens[g->n_bad++] = (int32_t)n;
+                if (variant == 0) first_len = (int)n;
+            }
+            free(ids);
+            if (variant == 0 && !keep) break;
+        }
+    }
+    return 0;
+}
+
 /* The request field an engine check names at the head of its message ("min_tokens: 9 is not
  * in ...", "top_p 2 not in ..."), copied into field; false for none. */
 static bool engine_error_field(const char *msg, char field[64])
 {
     static const char fields[] = " prompt max_tokens min_tokens stop_token_ids stop logit_bias "
                                  "top_logprobs prompt_logprobs temperature top_k top_p min_p "
-                                 "repetition_penalty presence_penalty frequency_penalty ";
+                                 "repetition_penalty presence_penalty frequency_penalty "
+                                 "allowed_token_ids bad_words ";
     size_t n = strcspn(msg, ": ");
     /* "prompt (84 tokens) + max_tokens ..." names no one field */
     if (n == 0 || n > 32 || msg[n] == '\0' || (msg[n] == ' ' && msg[n + 1] == '(')) return false;
@@ -586,6 +634,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         g->usage.prompt_tokens += (int)g->n_ids[p];
     }
     rq->log->prompt_tokens = g->usage.prompt_tokens;
+    if ((rc = tokenize_bad_words(s, r, g, e))) goto fail;
     /* the stop strings outlive the request's tree, for the stop_reason they may end with */
     for (; g->n_stop < r->n_stop; g->n_stop++)
         if (!(g->stop[g->n_stop] = strdup(r->stop[g->n_stop]))) {
@@ -620,6 +669,11 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .include_stop_str = r->include_stop_str,
                                      .no_spec = r->no_spec,
                                      .priority = r->priority,
+                                     .allowed = r->allowed,
+                                     .n_allowed = r->n_allowed,
+                                     .bad_ids = g->bad_ids,
+                                     .bad_lens = g->bad_lens,
+                                     .n_bad = g->n_bad,
                                      .prediction = g->pred_ids,
                                      .n_prediction = g->n_pred,
                                      /* one place in the queue for the whole request */

@@ -114,6 +114,10 @@ struct oai_request {
     const char *stop[ENGINE_MAX_STOPS];
     bool include_stop_str;         /* vLLM's include_stop_str_in_output */
     struct logit_bias *logit_bias; /* owned; [n_logit_bias] */
+    int32_t *allowed;              /* vLLM's allowed_token_ids (owned; [n_allowed]) */
+    int n_allowed;
+    const char *bad_words[ENGINE_MAX_BAD_WORDS / 2]; /* vLLM's bad_words (in the tree) */
+    int n_bad_words;
     int n_logit_bias;
     int min_tokens; /* vLLM's: no end of generation or stop id before this many tokens */
     int n_stop_ids; /* vLLM's stop_token_ids */

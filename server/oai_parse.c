@@ -312,6 +312,43 @@ static int parse_stop(const cJSON *root, struct oai_request *r, struct oai_error
     return 0;
 }
 
+/* vLLM's allowed_token_ids (a non-empty list of ids; the engine checks them against the model)
+ * and bad_words (strings of 1..200 bytes, each tokenized twice by the server: half as many as
+ * the engine's sequences). */
+static int parse_token_filters(const cJSON *root, struct oai_request *r, struct oai_error *e)
+{
+    const cJSON *ids = oai_field(root, "allowed_token_ids"), *x;
+    if (ids && !cJSON_IsNull(ids)) {
+        int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
+        if (n < 1 || n > 1 << 20)
+            return bad(e, "allowed_token_ids",
+                       "'allowed_token_ids' must be a non-empty list of "
+                       "token ids");
+        if (!(r->allowed = malloc((size_t)n * sizeof *r->allowed))) return oom(e);
+        cJSON_ArrayForEach(x, ids)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+                !(x->valuedouble >= 0 && x->valuedouble <= INT32_MAX))
+                return bad(e, "allowed_token_ids", "'allowed_token_ids' must hold only token ids");
+            r->allowed[r->n_allowed++] = (int32_t)x->valuedouble;
+        }
+    }
+    const cJSON *bw = oai_field(root, "bad_words");
+    if (!bw || cJSON_IsNull(bw)) return 0;
+    if (!cJSON_IsArray(bw) || cJSON_GetArraySize(bw) > ENGINE_MAX_BAD_WORDS / 2)
+        return bad(e, "bad_words", "'bad_words' must be a list of at most %d strings",
+                   ENGINE_MAX_BAD_WORDS / 2);
+    cJSON_ArrayForEach(x, bw)
+    {
+        if (!cJSON_IsString(x) || !*x->valuestring ||
+            strlen(x->valuestring) > ENGINE_MAX_STOP_BYTES)
+            return bad(e, "bad_words", "'bad_words' must hold strings of 1..%d bytes",
+                       ENGINE_MAX_STOP_BYTES);
+        r->bad_words[r->n_bad_words++] = x->valuestring;
+    }
+    return 0;
+}
+
 /* OpenAI's {"token id": bias from -100 to 100}; the engine checks the ids against the model. */
 static int parse_logit_bias(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
@@ -452,6 +489,7 @@ static int parse_generation(const cJSON *root, struct oai_request *r, struct oai
             r->stop_ids[r->n_stop_ids++] = (int32_t)x->valuedouble;
         }
     }
+    if ((rc = parse_token_filters(root, r, e))) return rc;
     return parse_logit_bias(root, r, e);
 }
 
@@ -901,6 +939,7 @@ void oai_request_free(struct oai_request *r)
     free(r->constraint.text);
     free(r->tools);
     free(r->logit_bias);
+    free(r->allowed);
     free(r->prediction_owned);
     cJSON_Delete(r->root);
     *r = (struct oai_request){.kind = r->kind, .constraint = {.kind = -1}};

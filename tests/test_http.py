@@ -407,6 +407,26 @@ def test_min_tokens_and_stop_ids(d):
     check(st == 200 and r["choices"][0]["finish_reason"] == "stop" and
           r["usage"]["completion_tokens"] == 3 and text.startswith(got) and len(got) < len(text),
           "stop_token_ids: the output stops at that token", r)
+    # vLLM's allowed_token_ids and bad_words: only those tokens; never that word
+    _, _, t2 = d.post("/tokenize", {"prompt": " Paris Lyon"})
+    allowed = t2["tokens"]
+    st, _, ra = d.post("/v1/completions", {"prompt": "Name a city:", "max_tokens": 8,
+                                           "temperature": 0, "allowed_token_ids": allowed,
+                                           "ignore_eos": True})
+    check(st == 200 and ra["usage"]["completion_tokens"] == 8 and
+          set(ra["choices"][0]["text"].split()) <= {"Paris", "Lyon"},
+          "allowed_token_ids: the output uses only those tokens", ra)
+    st, _, rb = d.post("/v1/chat/completions", dict(body, bad_words=["Paris"]))
+    check(st == 200 and "Paris" in text and
+          "Paris" not in rb["choices"][0]["message"]["content"],
+          "bad_words: the answer that named Paris names it no more",
+          rb["choices"][0]["message"]["content"] if st == 200 else rb)
+    for bad_body, param in (({"allowed_token_ids": []}, "allowed_token_ids"),
+                            ({"allowed_token_ids": [10 ** 6]}, "allowed_token_ids"),
+                            ({"bad_words": "Paris"}, "bad_words"),
+                            ({"bad_words": [""]}, "bad_words")):
+        st, _, r2 = d.post("/v1/completions", dict({"prompt": "x", "max_tokens": 2}, **bad_body))
+        check(st == 400 and r2["error"]["param"] == param, f"{bad_body}: a 400 naming {param}", r2)
     # vLLM's stop_reason: the stop id, the stop string, null at end of generation
     word = text.split()[2]
     _, _, rs = d.post("/v1/chat/completions", dict(body, stop=["\u0001", word]))
