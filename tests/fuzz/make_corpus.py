@@ -80,6 +80,8 @@ REQUESTS = [
     ("completion", {"prompt": "The capital of France is", "max_tokens": 8, "stop": [" is", "."],
                     "include_stop_str_in_output": True, "priority": -3, "stream": True,
                     "truncate_prompt_tokens": 3}),
+    ("chat", {"messages": [{"role": "user", "content": "City?"}], "max_tokens": 6,
+              "allowed_token_ids": [7042, 17347, 2], "bad_words": ["Paris", " Lyon x"]}),
     ("completion", {"prompt": " A date:", "structured_outputs":
                     {"regex": " [0-9]{4}-[0-9]{2}-[0-9]{2}"}}),
     ("completion", {"prompt": "JSON:", "response_format": {"type": "json_schema",
