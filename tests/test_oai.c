@@ -88,12 +88,12 @@ START_TEST(ignored_members)
     oai_request_free(&r);
     ck_assert_int_eq(parse(OAI_CHAT,
                            "{\"typical_p\":0.5,\"messages\":[{\"role\":\"user\",\"content\":"
-                           "\"hi\"}],\"bad_words\":[\"x\"],\"a\\\"b\":1,\"\\n\":2,"
+                           "\"hi\"}],\"xtc_probability\":0.5,\"a\\\"b\":1,\"\\n\":2,"
                            "\"suffix\":\"s\"}",
                            &r, &e),
                      0);
     /* suffix is a completions member: a chat request ignores it */
-    ck_assert_str_eq(r.ignored, "typical_p,bad_words,suffix,+2");
+    ck_assert_str_eq(r.ignored, "typical_p,xtc_probability,suffix,+2");
     oai_request_free(&r);
     char body[4096];
     size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\":\"x\"");
