@@ -8,7 +8,7 @@
 #define QUERN_STOP_MATCH_H
 
 /* The earliest offset in text[0..n) where one of the n_stops stop strings (non-empty,
- * NUL-terminated) begins, or -1. */
+ * NUL-terminated) begins, or -1. text may be NULL when n is 0 (nothing held yet). */
 int stop_find(const char *text, int n, char *const *stops, int n_stops);
 
 /* The length of the longest suffix of text[0..n) that is a proper prefix of a stop string

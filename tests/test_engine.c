@@ -11,6 +11,7 @@
 #include "../engine/engine_impl.h" /* check_error */
 #include "../engine/engine_state.h"
 #include "../engine/kv_cache.h"
+#include "../engine/stop_match.h"
 #include "../kernels/cpu/backend_cpu.h"
 #include "testbackend.h"
 #include "testutil.h"
@@ -508,6 +509,24 @@ START_TEST(stop_string_across_tokens)
     ck_assert_int_eq(kept.final.stop_string, 1);
     ck_assert_uint_eq(kept.text_len, cut.text_len + strlen(stop));
     ck_assert(strncmp(kept.text, full.text, kept.text_len) == 0);
+
+    /* a first token with no text (a control token, forced) before anything is held: the stop
+     * strings are looked for in an empty hold (a NULL buffer, which memmem may not take: the
+     * soak's UBSan report) */
+    static struct result ctl;
+    struct logit_bias force = {.token = 1, .bias = 100}; /* <|im_start|>: no text */
+    greedy_request(&r, ids, n, 2);
+    r.logit_bias = &force;
+    r.n_logit_bias = 1;
+    r.n_stop_strings = 1;
+    r.stop_strings[0] = stop;
+    e = make_engine(128, 4, 64, true);
+    run_alone(e, &r, &ctl);
+    engine_free(e);
+    ck_assert_int_eq(ctl.final.finish, FINISH_LENGTH);
+    ck_assert_int_eq(ctl.n, 2);
+    ck_assert_uint_eq(ctl.text_len, 0);
+    ck_assert_int_eq(stop_find(NULL, 0, (char *const[]){stop}, 1), -1);
     free(ids);
 }
 END_TEST
