@@ -531,6 +531,7 @@ class Soak:
         n = 1
         max_tokens = 1 + int(31 * rng.random() ** 1.5)  # 1..32, mostly small (mean ~13)
         long_pool = self.long_chat if chat else self.long_completion
+        near_limit = False  # a prompt sized to just fit: nothing may be added to it
         if heavy:  # slow readers: enough bytes to back up the socket
             prompt = rng.choice(SHORT_PROMPTS)
             max_tokens = rng.randint(16, 48)
@@ -538,6 +539,7 @@ class Soak:
         elif r < 0.04 and long_pool:
             prompt, _ = rng.choice(long_pool)  # near the context and KV pool limit
             max_tokens = rng.randint(1, 8)
+            near_limit = True
         elif r < 0.08:
             # a few long generations, some n=3: several sequences growing at once run the
             # small KV pool dry, which forces preemption
@@ -562,12 +564,24 @@ class Soak:
             # rejected drafts' rollback runs under load, preemption and disconnects too
             body["prediction"] = {"type": "content", "content": rng.choice(
                 [prompt, self.words(rng, rng.randint(4, 60))])}
+        if rng.random() < 0.2:
+            # vLLM's priority: the queue and the preemption victims reorder under load
+            body["priority"] = rng.choice([-1, 1, 5])
+        if rng.random() < 0.1:
+            body["stop"] = rng.sample([" the", ".", "\n", " a"], 2)
+            body["include_stop_str_in_output"] = rng.random() < 0.5
+        if rng.random() < 0.05:
+            body["truncate_prompt_tokens"] = rng.randint(1, 48)
         if chat:
             msgs = [{"role": "user", "content": prompt}]
             if rng.random() < 0.2:
                 msgs = [{"role": "system", "content": "You are a terse assistant."},
                         {"role": "user", "content": "Hi"},
                         {"role": "assistant", "content": "Hello."}] + msgs
+            if rng.random() < 0.1 and not near_limit:
+                # an assistant prefill the model writes on (continue_final_message)
+                msgs = msgs + [{"role": "assistant", "content": self.words(rng, rng.randint(1, 6))}]
+                body["continue_final_message"] = True
             body["messages"] = msgs
             if rng.random() < 0.25 or heavy:
                 body["logprobs"] = True
