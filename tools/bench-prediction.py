@@ -10,14 +10,12 @@ Every run must give the answer's bytes.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import quern_serve
 PROMPTS = ["Tell me a story about a dragon who learns to bake bread.",
            "Write a short poem about the sea at night.",
            "Explain how a bicycle works to a child.",
@@ -26,8 +24,8 @@ PROMPTS = ["Tell me a story about a dragon who learns to bake bread.",
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "server", "quern"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--bin", default=quern_serve.BIN)
+    ap.add_argument("--model", default=quern_serve.MODEL)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=160)
@@ -35,22 +33,14 @@ def main():
     ap.add_argument("--spec", choices=("off", "ngram"), default="off")
     a = ap.parse_args()
     # no history: a repeated prompt would draft from its own earlier answer
-    srv = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(a.port), "--threads",
-                            str(a.threads), "--no-webui", "--spec", a.spec, "--spec-history", "0"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = quern_serve.start(a.bin, a.model, a.port, a.threads, "--spec", a.spec,
+                            "--spec-history", "0")
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{a.port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         rows = [bench(a, p) for p in PROMPTS]
     finally:
         srv.terminate()
         srv.wait()
-    cpu = subprocess.run([os.path.join(ROOT, "tools", "cpu-info.sh")], capture_output=True,
-                         text=True).stdout.strip()
+    cpu = quern_serve.cpu_line()
     print(f"{cpu}; {a.threads} threads; {a.rounds} rounds; --spec {a.spec} --spec-history 0\n")
     print("| prompt | no prediction tok/s | its answer predicted | ratio | the answer edited "
           "| ratio | kept drafts / tokens (none, answer, edited) |")

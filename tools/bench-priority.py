@@ -13,15 +13,13 @@ median and p90 TTFT of each kind and the background clients' output tok/s.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import quern_serve
 
 
 def stream(port, body):
@@ -47,8 +45,8 @@ def stream(port, body):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "server", "quern"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--bin", default=quern_serve.BIN)
+    ap.add_argument("--model", default=quern_serve.MODEL)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clients", type=int, default=12)
     ap.add_argument("--max-seqs", type=int, default=4)
@@ -56,9 +54,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=18830)
     a = ap.parse_args()
-    srv = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(a.port), "--threads",
-                            str(a.threads), "--no-webui", "--max-seqs", str(a.max_seqs)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = quern_serve.start(a.bin, a.model, a.port, a.threads, "--max-seqs", str(a.max_seqs))
     stop = threading.Event()
     made = []
 
@@ -72,12 +68,6 @@ def main():
                 return  # the daemon is gone: the run is over
 
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{a.port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         threads = [threading.Thread(target=background, args=(i,), daemon=True)
                    for i in range(a.clients)]
         for t in threads:
@@ -94,8 +84,7 @@ def main():
     finally:
         srv.terminate()
         srv.wait()
-    cpu = subprocess.run([os.path.join(ROOT, "tools", "cpu-info.sh")], capture_output=True,
-                         text=True).stdout.strip()
+    cpu = quern_serve.cpu_line()
     print(f"{cpu}; {a.threads} threads; --max-seqs {a.max_seqs}; {a.clients} background clients "
           f"(priority 0, {a.max_tokens} tokens each); {a.probes} probes of 8 tokens\n")
     print("| probe priority | TTFT p50 s | TTFT p90 s | probes |")
