@@ -114,11 +114,11 @@ struct oai_request {
     const char *stop[ENGINE_MAX_STOPS];
     bool include_stop_str;         /* vLLM's include_stop_str_in_output */
     struct logit_bias *logit_bias; /* owned; [n_logit_bias] */
-    int32_t *allowed;              /* vLLM's allowed_token_ids (owned; [n_allowed]) */
+    int n_logit_bias;
+    int32_t *allowed; /* vLLM's allowed_token_ids (owned; [n_allowed]) */
     int n_allowed;
     const char *bad_words[ENGINE_MAX_BAD_WORDS / 2]; /* vLLM's bad_words (in the tree) */
     int n_bad_words;
-    int n_logit_bias;
     int min_tokens; /* vLLM's: no end of generation or stop id before this many tokens */
     int n_stop_ids; /* vLLM's stop_token_ids */
     int32_t stop_ids[ENGINE_MAX_STOPS];
@@ -203,7 +203,6 @@ struct oai_lp {
     struct token_logprob top[OAI_MAX_LOGPROBS];
 };
 
-/* A choice being collected for a non-streamed response. */
 /* vLLM's stop_reason of a finished choice: the stop string matched, else the stop id sampled,
  * else null (end of generation, the length, ...). */
 struct oai_stop {
@@ -212,6 +211,7 @@ struct oai_stop {
     bool by_token; /* token is meaningful */
 };
 
+/* A choice being collected for a non-streamed response. */
 struct oai_choice {
     struct sbuf text;
     enum finish_reason finish;
