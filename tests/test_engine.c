@@ -474,7 +474,6 @@ START_TEST(stop_string_across_tokens)
     /* a stop string made of the last 2 bytes of one token's text and the first 2 of the next */
     int k = -1;
     char stop[16] = {0};
-    size_t at = 0;
     for (int i = 0; i + 1 < full.n && k < 0; i++) {
         char a[64], b[64];
         int la = tokenizer_token_bytes(tok, full.tokens[i], a, sizeof a);
@@ -484,7 +483,6 @@ START_TEST(stop_string_across_tokens)
             memcpy(stop + 2, b, 2);
             k = i;
         }
-        at += (size_t)(la > 0 ? la : 0);
     }
     ck_assert_msg(k >= 0, "no two long adjacent tokens in: %s", full.text);
     const char *first = strstr(full.text, stop);
