@@ -951,19 +951,26 @@ def test_speculation(plain):
               sc["choices"][0]["message"]["content"] and acc(sc) > max(acc(sb), 20),
               "prediction: the same text, most of it drafted from the predicted output",
               f"accepted {acc(sb)} without, {acc(sc)} with")
-        # with spec off (the main daemon, the cost policy: how much it drafts follows the
-        # clock, so only that it drafts is checked) a prediction is drafted from all the same;
-        # a wrong one's drafts are counted as rejected
+        # with spec off a prediction is drafted from all the same; a wrong one's drafts are
+        # counted as rejected. A daemon of its own with the acceptance policy: the default cost
+        # policy drafts as the clock says (a wrong prediction's one chance, at its first step,
+        # is skipped when that step's size is due to be timed again)
         rej = lambda x: x["usage"]["completion_tokens_details"]["rejected_prediction_tokens"]
-        st, _, so = plain.post("/v1/chat/completions", dict(
-            story, prediction={"type": "content", "content": want}))
-        st2, _, sw = plain.post("/v1/chat/completions", dict(
-            story, prediction={"type": "content", "content": "Zebras " * 30}))
-        check(st == st2 == 200 and so["choices"][0]["message"]["content"] == want ==
-              sw["choices"][0]["message"]["content"] and acc(so) > 0 and
-              rej(so) < acc(so) and rej(sw) > 0 and rej(sa) == 0,
+        off = Daemon("--precision", "f32", "--spec-policy", "acceptance")
+        try:
+            st, _, so = off.post("/v1/chat/completions", dict(
+                story, prediction={"type": "content", "content": want}))
+            st2, _, sw = off.post("/v1/chat/completions", dict(
+                story, prediction={"type": "content", "content": "Zebras " * 30}))
+            st3, _, sn = off.post("/v1/chat/completions", story)
+        finally:
+            off.stop()
+        check(st == st2 == st3 == 200 and so["choices"][0]["message"]["content"] == want ==
+              sw["choices"][0]["message"]["content"] == sn["choices"][0]["message"]["content"]
+              and acc(so) > 20 and rej(so) < acc(so) and rej(sw) > 0 and
+              acc(sn) + rej(sn) == 0 and rej(sa) == 0,
               "spec off: a prediction drafts, the text unchanged, wrong drafts counted",
-              f"{so['usage']} {sw['usage']}")
+              f"{so['usage']} {sw['usage']} {sn['usage']}")
         for bad_pred, param in (({"type": "text", "content": "x"}, "prediction"),
                                 ({"type": "content", "content": 5}, "prediction.content"),
                                 ({"type": "content", "content": [{"type": "image"}]},
