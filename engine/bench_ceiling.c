@@ -189,6 +189,7 @@ const char *bench_int8_peak_insn(enum cpu_isa isa)
 {
     switch (peak_isa(isa)) {
     case CPU_ISA_AVX512:
+    case CPU_ISA_AMX: /* the vector unit's peak: what the AVX-512 kernels could reach */
         return "vpdpbusd";
     case CPU_ISA_AVXVNNI:
         return "vpdpbusd-ymm";
@@ -203,7 +204,7 @@ double bench_compute_peak(bool fma, int threads, enum cpu_isa kernels)
 {
     enum cpu_isa isa = peak_isa(kernels);
     if (isa == CPU_ISA_SCALAR || threads > 64 || threads < 1) return 0;
-    bool avx512 = isa == CPU_ISA_AVX512;
+    bool avx512 = isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX;
     void *(*loop)(void *) = avx512                   ? peak_loop
                             : isa == CPU_ISA_AVXVNNI ? peak_loop_vnni256
                                                      : peak_loop_avx2;

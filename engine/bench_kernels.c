@@ -1,7 +1,8 @@
 /* quern-bench-kernels: CPU kernel and decode throughput next to this machine's ceiling.
  *
  *   quern bench --kernels [--threads N]   (or the quern-bench-kernels program, the same code)
- *   quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512] [--precision f32|q8|both]
+ *   quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512|amx] [--precision
+ * f32|q8|both]
  *                       [--batches 1,8,64,512] [--model M.gguf [--pp 512] [--tg 64]]
  *
  * 1. Memory read bandwidth (a streaming read loop over 512 MiB, 1 thread and N threads) and
@@ -590,11 +591,12 @@ out:
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512]\n"
-                    "         [--precision f32|q8|both] [--batches 1,8,64,512] [--no-kernels]\n"
-                    "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n"
-                    "  --isa: default $QUERN_CPU_ISA, else the best the CPU has; --model: the\n"
-                    "  matmul tables time that file's own shapes and types\n");
+    fprintf(stderr,
+            "usage: quern-bench-kernels [--threads N] [--isa scalar|avx2|avxvnni|avx512|amx]\n"
+            "         [--precision f32|q8|both] [--batches 1,8,64,512] [--no-kernels]\n"
+            "         [--model M.gguf [--pp 512] [--tg 64] [--profile]]\n"
+            "  --isa: default $QUERN_CPU_ISA, else the best the CPU has; --model: the\n"
+            "  matmul tables time that file's own shapes and types\n");
 }
 
 int bench_kernels_main(int argc, char **argv)
@@ -661,7 +663,7 @@ int bench_kernels_main(int argc, char **argv)
     if (!isa_given && env_isa && *env_isa) {
         int isa = cpu_isa_parse(env_isa);
         if (isa < 0) {
-            fprintf(stderr, "QUERN_CPU_ISA=%s: want scalar, avx2, avxvnni, avx512 or auto\n",
+            fprintf(stderr, "QUERN_CPU_ISA=%s: want scalar, avx2, avxvnni, avx512, amx or auto\n",
                     env_isa);
             return 2;
         }

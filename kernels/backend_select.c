@@ -90,7 +90,8 @@ static int read_knobs(const struct backend_request *r, struct knobs *k, struct q
         int p = cpu_isa_parse(isa);
         if (p < 0)
             return qerr_set(err, QERR_INVALID,
-                            "QUERN_CPU_ISA=%s: want scalar, avx2, avxvnni, avx512 or auto", isa);
+                            "QUERN_CPU_ISA=%s: want scalar, avx2, avxvnni, avx512, amx or auto",
+                            isa);
         k->isa = (enum cpu_isa)p;
     }
     const char *pf = env_str("QUERN_CPU_PREFETCH");

@@ -10,10 +10,11 @@
  * created, into the backends' options: the request's fields (the CLI's flags: --kv-type,
  * --gemm, --gemm-min-tokens) first, then the environment's test and debug switches for what the
  * request leaves open: $QUERN_FORCE_CPU=1 (every choice the CPU), $QUERN_CPU_ISA
- * (scalar|avx2|avxvnni|avx512), $QUERN_CPU_PREFETCH (l1|l2: the AVX-512 GEMV's weight prefetch),
- * $QUERN_CUDA_GEMM (mma|cublas), $QUERN_CUDA_GEMM_MIN_TOKENS (0: never, as batch_invariant),
- * $QUERN_CUDA_KV=f16|f32, $QUERN_CUDA_ACT=f16, $QUERN_CUDA_GRAPHS=0, $QUERN_SYNC_LAUNCH=1. A
- * backend created directly (backend_cpu_create, backend_cuda_create) sees none of them.
+ * (scalar|avx2|avxvnni|avx512|amx), $QUERN_CPU_PREFETCH (l1|l2: the AVX-512 GEMV's weight
+ * prefetch), $QUERN_CUDA_GEMM (mma|cublas), $QUERN_CUDA_GEMM_MIN_TOKENS (0: never, as
+ * batch_invariant), $QUERN_CUDA_KV=f16|f32, $QUERN_CUDA_ACT=f16, $QUERN_CUDA_GRAPHS=0,
+ * $QUERN_SYNC_LAUNCH=1. A backend created directly (backend_cpu_create, backend_cuda_create) sees
+ * none of them.
  *
  * On success err->code is 0 and err->msg holds one line saying which backend runs and why, for
  * the caller to log: "cuda:0 NVIDIA H200, sm_90, 132 SMs, 139.8 GiB; gemm mma from 128 tokens", or

@@ -47,7 +47,7 @@ static void bench_usage(FILE *out)
             "       quern bench [--model PATH] --decode-batches 1,8,64 [--pp CTX] [--tg STEPS]\n"
             "                   (B sequences decoding together; context 128, 16 steps default)\n"
             "       quern bench --kernels [--threads N] [--precision f32|q8|both]\n"
-            "                   [--isa scalar|avx2|avxvnni|avx512] [--batches 1,8,64,512]\n"
+            "                   [--isa scalar|avx2|avxvnni|avx512|amx] [--batches 1,8,64,512]\n"
             "                   [--model M [--pp P] [--tg T]]\n"
             "                   (per-kernel GB/s and GFLOP/s against bandwidth and peak; the\n"
             "                   model's own matmul shapes and types with --model)\n"

@@ -153,7 +153,7 @@ fi
 if ! grep -Eq "^30 layers' KV \(from DRAM\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/out"; then
   echo "FAIL: bench --kernels printed no decode-batch attention row"; fails=$((fails + 1))
 fi
-QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avxvnni, avx512 or auto' -- bench --kernels
+QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avxvnni, avx512, amx or auto' -- bench --kernels
 # its numbers are checked before it runs (it took 0, -5 and 'abc' as batches and printed tables)
 expect 2 "--batches '1,0': want up to 16 token counts in 1..8192" -- bench --kernels --batches 1,0
 expect 2 "--threads 'x': want 1..1024" -- bench --kernels --threads x
@@ -175,6 +175,19 @@ if QUERN_CPU_ISA=avxvnni "$bin" generate --model "$model" -n 24 --temp 0 --threa
     echo "ok: QUERN_CPU_ISA=avxvnni: the text of avx2"
   else
     echo "FAIL: QUERN_CPU_ISA=avxvnni generates other text than avx2"; fails=$((fails + 1))
+  fi
+fi
+
+# likewise the amx path is the avx512 one but for the q8 matmul of 32 or more tokens (a prompt of
+# about 40 here), bit-exact against the reference: the same greedy text, where this CPU has AMX
+if QUERN_CPU_ISA=amx "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+    --prompt "$copy" >"$tmp/isa_amx" 2>/dev/null; then
+  QUERN_CPU_ISA=avx512 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+    --prompt "$copy" >"$tmp/isa_avx512" 2>/dev/null
+  if cmp -s "$tmp/isa_avx512" "$tmp/isa_amx" && [ -s "$tmp/isa_amx" ]; then
+    echo "ok: QUERN_CPU_ISA=amx: the text of avx512"
+  else
+    echo "FAIL: QUERN_CPU_ISA=amx generates other text than avx512"; fails=$((fails + 1))
   fi
 fi
 

@@ -26,7 +26,7 @@
 /* ---- helpers ---- */
 
 static const enum cpu_isa all_isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVXVNNI,
-                                        CPU_ISA_AVX512};
+                                        CPU_ISA_AVX512, CPU_ISA_AMX};
 #define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
 
 static struct backend *make_backend(enum cpu_isa isa, enum matmul_precision p, int threads)
@@ -150,23 +150,26 @@ END_TEST
 
 /* The largest sums five-bit weights make: every value 15 (stored as 31) or -16 (stored as 0)
  * against activations all +-1 (quantized to +-127), where a 256-bit kernel's int16 pair sums
- * would wrap if held over a whole block. GEMV (1 token) and tiles (5, 16); rows of 576 and of
- * 2080 (65 blocks: wider than the AVX-512 pair tile widens, so one-group tiles run them). */
+ * would wrap if held over a whole block. GEMV (1 token) and tiles (5, 16, 48: the AMX kernel's
+ * sets); rows of 576 and of 2080 (65 blocks: wider than the AVX-512 pair tile widens, so one-group
+ * tiles run them, and more than the AMX kernel widens at a time). */
 START_TEST(five_bit_extremes_match_reference)
 {
     const int64_t rows = 33, cols = _i ? 2080 : 576;
     const int8_t values[] = {15, -16};
     const float xs[] = {1.0f, -1.0f};
-    const int ns[] = {1, 5, 16};
-    float *x = malloc((size_t)16 * cols * sizeof *x), *y = malloc((size_t)16 * rows * sizeof *y);
-    float *yq = malloc((size_t)16 * rows * sizeof *yq);
+    const int ns[] = {1, 5, 16, 48};
+    const int nmax = 48;
+    float *x = malloc((size_t)nmax * cols * sizeof *x),
+          *y = malloc((size_t)nmax * rows * sizeof *y);
+    float *yq = malloc((size_t)nmax * rows * sizeof *yq);
     for (size_t vi = 0; vi < sizeof values; vi++)
         for (size_t xi = 0; xi < 2; xi++) {
             struct bweight w;
             tu_make_weight(&w, QTYPE_Q8_0, rows, cols);
             struct block_q8_0 *blk = (struct block_q8_0 *)w.host;
             for (int64_t i = 0; i < rows * (cols / QK); i++) memset(blk[i].qs, values[vi], QK);
-            for (int64_t i = 0; i < 16 * cols; i++) x[i] = xs[xi];
+            for (int64_t i = 0; i < nmax * cols; i++) x[i] = xs[xi];
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 int n = ns[ni];
                 struct q8act a;
@@ -299,12 +302,13 @@ START_TEST(matmul_matches_reference)
 END_TEST
 
 /* The AVX-512 GEMV's weight prefetch (into L1 or L2, chosen by the core) changes no bit: both
- * give the reference's results, on weights longer than the prefetch distance. */
+ * give the reference's results, on weights longer than the prefetch distance; so too the AMX
+ * kernel's (40 tokens: two sets on the tiles, 8 on the AVX-512 tile). */
 START_TEST(matmul_prefetch_variants)
 {
     if (!cpu_isa_supported(CPU_ISA_AVX512)) return;
     tu_seed(0x9f1);
-    const int ns[] = {1, 8, 13};
+    const int ns[] = {1, 8, 13, 40};
     for (size_t ti = 0; ti < N_PACKED; ti++) {
         struct bweight w;
         make_packed_weight(&w, ti, 100, 1536);
@@ -318,20 +322,21 @@ START_TEST(matmul_prefetch_variants)
             tu_q8_quantize(&a, x, n, w.cols);
             ref_matmul_q8_rows(&w, &a, n, yq, 0, w.rows);
             const enum cpu_prefetch pfs[] = {CPU_PREFETCH_L1, CPU_PREFETCH_L2};
-            for (int p = 0; p < 2; p++) {
+            for (int p = 0; p < 4; p++) {
+                enum cpu_isa isa = p < 2 ? CPU_ISA_AVX512 : CPU_ISA_AMX;
+                if (!cpu_isa_supported(isa)) continue;
                 struct backend *be = NULL;
                 struct qerr err = {0};
-                struct backend_cpu_opts o = {.n_threads = 2,
-                                             .precision = MATMUL_Q8,
-                                             .isa = CPU_ISA_AVX512,
-                                             .prefetch = pfs[p]};
+                struct backend_cpu_opts o = {
+                    .n_threads = 2, .precision = MATMUL_Q8, .isa = isa, .prefetch = pfs[p % 2]};
                 ck_assert_msg(backend_cpu_create(&o, &be, &err) == 0, "%s", err.msg);
                 memset(y, 0xff, ny * sizeof *y);
                 be_matmul(be, &w, x, n, y);
                 size_t at;
                 ck_assert_msg(!tu_bits_differ(y, yq, ny, &at),
-                              "avx512 prefetch %s, %s n %d: y[%zu] = %.9g, reference %.9g",
-                              cpu_prefetch_name(pfs[p]), packed_names[ti], n, at, y[at], yq[at]);
+                              "%s prefetch %s, %s n %d: y[%zu] = %.9g, reference %.9g",
+                              cpu_isa_name(isa), cpu_prefetch_name(pfs[p % 2]), packed_names[ti], n,
+                              at, y[at], yq[at]);
                 backend_destroy(be);
             }
             tu_q8_free(&a);
@@ -621,7 +626,7 @@ START_TEST(large_batch_ops_thread_invariant)
             tu_seed(0x1a8);
             tu_fill(x, (size_t)n * ffn, 2.0f);
             tu_fill(u, (size_t)n * ffn, 2.0f);
-            out[th] = malloc((size_t)n * ffn * 4 * 2);
+            out[th] = calloc((size_t)n * ffn * 2, 4); /* rmsnorm fills n * dim of the first half */
             be->ops->rmsnorm(be, out[th], x, w, n, dim, 1e-5f);
             be->ops->silu_mul(be, x, u, (size_t)n * ffn);
             be->ops->add(be, x, u, (size_t)n * ffn);
@@ -1309,6 +1314,12 @@ START_TEST(isa_selection)
     ck_assert_int_eq(cpu_isa_parse("AVX512"), CPU_ISA_AVX512);
     ck_assert_int_eq(cpu_isa_parse("scalar"), CPU_ISA_SCALAR);
     ck_assert_int_eq(cpu_isa_parse("AvxVnni"), CPU_ISA_AVXVNNI);
+    ck_assert_int_eq(cpu_isa_parse("AMX"), CPU_ISA_AMX);
+    /* AMX above AVX-512, whose kernels it keeps but the q8 matmul */
+    if (cpu_isa_supported(CPU_ISA_AMX)) {
+        ck_assert(cpu_isa_supported(CPU_ISA_AVX512));
+        ck_assert_int_eq(cpu_isa_best(), CPU_ISA_AMX);
+    }
     /* AVX-VNNI sits between AVX2 and AVX-512 in what AUTO prefers */
     if (cpu_isa_supported(CPU_ISA_AVXVNNI) && !cpu_isa_supported(CPU_ISA_AVX512))
         ck_assert_int_eq(cpu_isa_best(), CPU_ISA_AVXVNNI);

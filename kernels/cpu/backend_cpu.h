@@ -18,6 +18,9 @@ enum cpu_isa {
     /* AVX2 + FMA + F16C + AVX-VNNI (vpdpbusd on 256 bits): the AVX2 kernels but the Q8 matmul
      * (mm_avxvnni.c). Between AVX2 and AVX-512 in what AUTO prefers. */
     CPU_ISA_AVXVNNI = 4,
+    /* AVX-512 + AMX-TILE + AMX-INT8, with the OS's leave to use the tiles: the AVX-512 kernels but
+     * the Q8 matmul of 16 or more tokens (mm_amx.c). First in what AUTO prefers. */
+    CPU_ISA_AMX = 5,
 };
 
 /* Where the AVX-512 kernels' software prefetch puts the lines of the weight stream and of the KV
@@ -51,11 +54,13 @@ void backend_cpu_pool_stats(const struct backend *be, struct pool_stats *out);
 
 /* True when this CPU can run kernels of isa (AUTO and SCALAR always). */
 bool cpu_isa_supported(enum cpu_isa isa);
-const char *cpu_isa_name(enum cpu_isa isa); /* "scalar", "avx2", "avxvnni", "avx512", "auto" */
+/* "scalar", "avx2", "avxvnni", "avx512", "amx", "auto" */
+const char *cpu_isa_name(enum cpu_isa isa);
 /* "l1", "l2", "auto"; the parse is case-insensitive, -1 when unknown. */
 const char *cpu_prefetch_name(enum cpu_prefetch p);
 int cpu_prefetch_parse(const char *s);
-/* Parses "scalar", "avx2", "avxvnni", "avx512" or "auto" (case-insensitive); -1 when unknown. */
+/* Parses "scalar", "avx2", "avxvnni", "avx512", "amx" or "auto" (case-insensitive); -1 when
+ * unknown. */
 int cpu_isa_parse(const char *s);
 
 #endif

@@ -39,9 +39,9 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
 
 /* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
  * tables differ in nothing else. */
-#define KERN_AVX512(gemv, attn, attn_f16, attn_q8)                                                 \
+#define KERN_AVX512(isa_, gemv, attn, attn_f16, attn_q8)                                           \
     {                                                                                              \
-        .isa = CPU_ISA_AVX512, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums, \
+        .isa = isa_, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums,           \
         .matmul_q8 = gemv, .matmul_f32 = avx512_matmul_f32, .matmul_float = avx512_matmul_float,   \
         .rmsnorm = avx512_rmsnorm, .add = avx512_add, .silu_mul = avx512_silu_mul,                 \
         .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
@@ -50,10 +50,17 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
         .to_fp16 = avx512_to_fp16, .quantize_kv_q8 = avx512_quantize_kv_q8,                        \
     }
 
-static const struct cpu_kernels kern_avx512 =
-    KERN_AVX512(avx512_matmul_q8, avx512_attention, avx512_attention_f16, avx512_attention_q8);
-static const struct cpu_kernels kern_avx512_l1 = KERN_AVX512(
-    avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1, avx512_attention_q8_l1);
+static const struct cpu_kernels kern_avx512 = KERN_AVX512(
+    CPU_ISA_AVX512, avx512_matmul_q8, avx512_attention, avx512_attention_f16, avx512_attention_q8);
+static const struct cpu_kernels kern_avx512_l1 =
+    KERN_AVX512(CPU_ISA_AVX512, avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1,
+                avx512_attention_q8_l1);
+/* AMX: the AVX-512 tables but the q8 matmul */
+static const struct cpu_kernels kern_amx = KERN_AVX512(CPU_ISA_AMX, amx_matmul_q8, avx512_attention,
+                                                       avx512_attention_f16, avx512_attention_q8);
+static const struct cpu_kernels kern_amx_l1 =
+    KERN_AVX512(CPU_ISA_AMX, amx_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1,
+                avx512_attention_q8_l1);
 
 const struct cpu_kernels *cpu_kernels_for(enum cpu_isa isa)
 {
@@ -66,6 +73,8 @@ const struct cpu_kernels *cpu_kernels_with(enum cpu_isa isa, enum cpu_prefetch p
     switch (isa) {
     case CPU_ISA_AVX512:
         return pf == CPU_PREFETCH_L1 ? &kern_avx512_l1 : &kern_avx512;
+    case CPU_ISA_AMX:
+        return pf == CPU_PREFETCH_L1 ? &kern_amx_l1 : &kern_amx;
     case CPU_ISA_AVX2:
         return &kern_avx2;
     case CPU_ISA_AVXVNNI:

@@ -192,6 +192,13 @@ void avx512_attention(float *out, const float *q, const float *k_cache, const fl
                       const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,
                       int h0, int h1);
 
+/* AVX-512 + AMX-TILE/AMX-INT8: the AVX-512 kernels but the q8 matmul's sets of 16 tokens
+ * (mm_amx.c; fewer tokens run on avx512_matmul_q8) */
+void amx_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1, int64_t gp,
+                   int t0, int t1, float *y);
+void amx_matmul_q8_l1(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                      int64_t gp, int t0, int t1, float *y);
+
 /* over a Q8_0 cache (attn_avx512_q8.c) */
 void avx512_attention_q8(float *out, const float *q, const uint8_t *k_cache, const uint8_t *v_cache,
                          const struct attn_batch *b, const struct attn_shape *s, int t0, int t1,

@@ -1,0 +1,277 @@
+/* AMX matmul kernel over the qpack layout (qpack.h): tokens 16 at a time on the tile unit.
+ *
+ * A qpack block of a 16-row group is already in the order AMX's "B" operand wants: chunk c (64
+ * bytes) holds elements 4c..4c+3 of each of the 16 rows, so the block's 8 chunks are an 8 x 64
+ * byte tile (K = 32). They are widened once per call to signed bytes (the weights' own values:
+ * the offsets of the unsigned layouts taken off), a group's blocks AMX_CHUNK at a time into a
+ * stack buffer that every 16-token set of the call then reads. The "A" operand is 16 tokens' 32
+ * activation bytes of the block, read in place (row stride: the activation row). One tdpbssd
+ * gives the exact integer dot products of 16 tokens x 16 rows; they are stored, and the AVX-512
+ * kernel's float steps (mm_avx512.c, q8_tile) follow in its order: fma(d_w * d_x, float(isum),
+ * acc), then Q4_1's fma(m_w, s_x, acc). Integer sums are exact, so each output is the AVX-512
+ * kernel's bits (the reference's), and a token's result does not depend on which kernel ran it:
+ * calls of fewer than AMX_MIN_TOKENS tokens, and the last tokens short of 16, run on the AVX-512
+ * kernel.
+ *
+ * What it buys, and what bounds it (2 vCPUs of a Sapphire Rapids class Xeon, 2026-12-06,
+ * docs/benchmarks.md): one tdpbssd of K = 32 takes 4.7 ns (3.5 TOP/s a thread), a block's whole
+ * tile work (zero, two loads, the product, the store) 8.7 ns, and its float steps for 16 tokens
+ * (3-4 vector ops a token) 9-11 ns; the two do not overlap (a harness running both took their
+ * sum, whether they alternated block by block or in runs of 2-32 blocks, and whether or not the
+ * float steps read what the tiles had stored). So a block of 16 x 16 x 32 costs ~20-25 ns here
+ * against ~45 ns in the AVX-512 kernel: `quern bench --kernels --precision q8 --threads 1`, 64
+ * tokens, 1.6-1.8x (Q4_1 560-680 GOP/s, Q8_0 690-740), and a 512-token prompt 1.12-1.14x in
+ * place, where attention is a quarter of it. The float steps per block are what is left: they
+ * stay as long as each 32-block has its own scales.
+ *
+ * The tile configuration is loaded at each call and released at its end, so a thread holds AMX
+ * state only inside this kernel. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kern.h"
+#include "pf_walk.h"
+
+#define TGT                                                                                        \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-"       \
+                          "int8")))
+#define INLINE     static inline __attribute__((always_inline))
+#define AMX_TOKENS 16 /* tokens a tile: the A operand's rows */
+#define AMX_SETS   4  /* 16-token sets a widened chunk serves */
+/* Calls of fewer tokens run on the AVX-512 kernel: with one set the widening is not shared, and
+ * a 16-sequence decode step ran 3-10 % slower on the tiles. */
+#define AMX_MIN_TOKENS 32
+#define AMX_CHUNK      64 /* blocks widened at a time (32 KiB) */
+
+/* Tiles: C0 and C1 take alternate blocks (a block's products are stored while the next one's
+ * run), A the activations, B the weights. gcc's tile intrinsics paste their tile number into the
+ * instruction text, so the numbers go through a macro that expands them first. */
+#define TILE_C0                  0
+#define TILE_C1                  1
+#define TILE_A                   2
+#define TILE_B                   3
+#define TILE_ZERO(t)             _tile_zero(t)
+#define TILE_LOAD(t, p, stride)  _tile_loadd(t, p, stride)
+#define TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
+#define TILE_DPBSSD(c, a, b)     _tile_dpbssd(c, a, b)
+
+struct amx_tilecfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* The configuration of the tiles above: C 16 x 64 bytes, A 16 x 32, B 8 x 64. */
+static const struct amx_tilecfg amx_cfg = {
+    .palette = 1,
+    .colsb = {QPACK_ROWS * 4, QPACK_ROWS * 4, QK, QPACK_ROWS * 4},
+    .rows = {AMX_TOKENS, AMX_TOKENS, AMX_TOKENS, QK / 4},
+};
+_Static_assert(sizeof(struct amx_tilecfg) == 64, "ldtilecfg reads 64 bytes");
+
+/* ldtilecfg on the whole 64-byte record: gcc 12's _tile_loadconfig tells the compiler it reads
+ * only a pointer's worth, so a configuration built on the stack can lose its stores to dead-store
+ * elimination (a test program faulted so). */
+TGT INLINE void amx_configure(void)
+{
+    __asm__ volatile("ldtilecfg %0" ::"m"(amx_cfg));
+}
+
+/* Block b's 8 chunks of a group as signed bytes (the weight values themselves), in QPACK_Q8_0's
+ * chunk order, into out[512]: the offsets the unsigned layouts carry are taken off here, once per
+ * call, rather than as a correction per token and block. */
+TGT INLINE void widen_block(const uint8_t *qs, enum qpack_layout type, uint8_t *out)
+{
+    if (type == QPACK_Q8_0) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        for (int c = 0; c < 8; c++)
+            _mm512_store_si512(out + 64 * c,
+                               _mm512_xor_si512(_mm512_load_si512(qs + 64 * c), flip));
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i off = _mm512_set1_epi8(type == QPACK_Q4_0 ? 8 : type == QPACK_Q4_1 ? 0 : 16);
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_load_si512(qs + 64 * c);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (type == QPACK_Q5_0) {
+            uint64_t ml, mh;
+            memcpy(&ml, qs + QPACK_Q5_BITS_OFFSET + 8 * c, sizeof ml);
+            memcpy(&mh, qs + QPACK_Q5_BITS_OFFSET + 8 * (c + 4), sizeof mh);
+            lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, _mm512_set1_epi8(16));
+            hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, _mm512_set1_epi8(16));
+        }
+        _mm512_store_si512(out + 64 * c, _mm512_sub_epi8(lo, off));
+        _mm512_store_si512(out + 64 * (c + 4), _mm512_sub_epi8(hi, off));
+    }
+}
+
+/* One 16-token set's activation scales for a chunk of blocks, token-minor: d[b][t] (and s[b][t]
+ * for Q4_1), so a block's 16 broadcasts are constant offsets from one address. */
+struct amx_scales {
+    _Alignas(64) float d[AMX_CHUNK][AMX_TOKENS];
+    _Alignas(64) float s[AMX_CHUNK][AMX_TOKENS];
+};
+
+/* The float steps of block b (bi within its chunk) for 16 tokens, from their integer sums
+ * cs[16][16]: those of the AVX-512 kernel, in its order. */
+TGT INLINE void scale_block(const int32_t *cs, const struct qpack *w, int64_t g, int64_t b,
+                            int64_t bi, const struct amx_scales *as, const enum qpack_layout type,
+                            __m512 acc[AMX_TOKENS])
+{
+    const uint16_t *sc = qpack_scales(w, g, b);
+    __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
+    __m512 mw = _mm512_setzero_ps();
+    if (type == QPACK_Q4_1)
+        mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
+#pragma GCC unroll 16
+    for (int t = 0; t < AMX_TOKENS; t++) {
+        __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(as->d[bi][t]));
+        __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(cs + QPACK_ROWS * t));
+        acc[t] = _mm512_fmadd_ps(scale, isum, acc[t]);
+        if (type == QPACK_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(as->s[bi][t]), acc[t]);
+    }
+}
+
+/* Blocks [b0, b1) of group g for one 16-token set whose activations start at xa, into acc: block
+ * b's signed weights at wq + (b - b0) * 512. Each block's products go to C0 or C1 in turn and are
+ * scaled after the next block's tile work is issued. */
+TGT INLINE void run_blocks(const struct qpack *w, int64_t g, int64_t b0, int64_t b1,
+                           const uint8_t *wq, const int8_t *xa, size_t xstride,
+                           const struct amx_scales *as, const enum qpack_layout type,
+                           __m512 acc[AMX_TOKENS])
+{
+    _Alignas(64) int32_t cs[2][AMX_TOKENS * QPACK_ROWS];
+    int64_t b = b0;
+    for (; b + 2 <= b1; b += 2) {
+        const uint8_t *q0 = wq + (size_t)(b - b0) * 512;
+        TILE_ZERO(TILE_C0);
+        TILE_LOAD(TILE_A, xa + (size_t)b * QK, xstride);
+        TILE_LOAD(TILE_B, q0, 64);
+        TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
+        TILE_STORE(TILE_C0, cs[0], 64);
+        if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - b0, as, type, acc);
+        TILE_ZERO(TILE_C1);
+        TILE_LOAD(TILE_A, xa + (size_t)(b + 1) * QK, xstride);
+        TILE_LOAD(TILE_B, q0 + 512, 64);
+        TILE_DPBSSD(TILE_C1, TILE_A, TILE_B);
+        TILE_STORE(TILE_C1, cs[1], 64);
+        scale_block(cs[0], w, g, b, b - b0, as, type, acc);
+    }
+    if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - b0, as, type, acc);
+    if (b < b1) {
+        TILE_ZERO(TILE_C0);
+        TILE_LOAD(TILE_A, xa + (size_t)b * QK, xstride);
+        TILE_LOAD(TILE_B, wq + (size_t)(b - b0) * 512, 64);
+        TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
+        TILE_STORE(TILE_C0, cs[0], 64);
+        scale_block(cs[0], w, g, b, b - b0, as, type, acc);
+    }
+}
+
+/* Groups [g0, g1) for `sets` sets of 16 tokens from t0 (at most AMX_SETS). The blocks run in
+ * chunks of AMX_CHUNK: per chunk, the sets' scales are laid out token-minor once, and each group's
+ * chunk is widened once and run for every set; between chunks a (row, token)'s running sum waits
+ * in y, which is exact (a float stored and loaded back). */
+TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                         int64_t gp, int t0, int sets, float *y, const enum qpack_layout type,
+                         const int L1)
+{
+    const int64_t nb = w->nb;
+    struct amx_scales as[AMX_SETS];
+    _Alignas(64) uint8_t wide[AMX_CHUNK * 512];
+    const size_t xstride = (size_t)a->cols;
+    /* one chunk (rows of up to AMX_CHUNK blocks): the weights are one forward stream */
+    struct pf_walk pw = pf_walk_start(w, g0, gp, L1);
+    for (int64_t b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
+        int64_t b1 = b0 + AMX_CHUNK < nb ? b0 + AMX_CHUNK : nb;
+        for (int s = 0; s < sets; s++)
+            for (int t = 0; t < AMX_TOKENS; t++) {
+                size_t tb = (size_t)(t0 + s * AMX_TOKENS + t) * (size_t)nb;
+                for (int64_t b = b0; b < b1; b++) {
+                    as[s].d[b - b0][t] = a->d[tb + (size_t)b];
+                    if (type == QPACK_Q4_1) as[s].s[b - b0][t] = a->s[tb + (size_t)b];
+                }
+            }
+        for (int64_t g = g0; g < g1; g++) {
+            for (int64_t b = b0; b < b1; b++) {
+                const uint8_t *qs = qpack_quants(w, g, b);
+                if (nb <= AMX_CHUNK) pf_walk_to(&pw, qs + w->quant_bytes, L1);
+                widen_block(qs, type, wide + (size_t)(b - b0) * 512);
+            }
+            int64_t r0 = g * QPACK_ROWS, left = w->rows - r0;
+            __mmask16 m = left >= QPACK_ROWS ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            for (int s = 0; s < sets; s++) {
+                int ts = t0 + s * AMX_TOKENS;
+                float *ys = y + (size_t)ts * (size_t)w->rows + r0;
+                __m512 acc[AMX_TOKENS];
+#pragma GCC unroll 16
+                for (int t = 0; t < AMX_TOKENS; t++)
+                    acc[t] = b0 ? _mm512_maskz_loadu_ps(m, ys + (size_t)t * (size_t)w->rows)
+                                : _mm512_setzero_ps();
+                run_blocks(w, g, b0, b1, wide, a->q + (size_t)ts * xstride, xstride, &as[s], type,
+                           acc);
+#pragma GCC unroll 16
+                for (int t = 0; t < AMX_TOKENS; t++)
+                    _mm512_mask_storeu_ps(ys + (size_t)t * (size_t)w->rows, m, acc[t]);
+            }
+        }
+    }
+}
+
+TGT INLINE void amx_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                           int64_t gp, int t0, int t1, float *y, const enum qpack_layout type,
+                           const int L1)
+{
+    amx_configure();
+    for (int t = t0; t + AMX_TOKENS <= t1;) {
+        int sets = (t1 - t) / AMX_TOKENS;
+        sets = sets < AMX_SETS ? sets : AMX_SETS;
+        amx_sets(w, a, g0, g1, gp, t, sets, y, type, L1);
+        t += sets * AMX_TOKENS;
+    }
+    _tile_release();
+}
+
+TGT static void amx_matmul(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                           int64_t gp, int t0, int t1, float *y, const int L1)
+{
+    int full = t1 - t0 < AMX_MIN_TOKENS ? 0 : (t1 - t0) / AMX_TOKENS * AMX_TOKENS;
+    if (full) {
+        switch (w->layout) {
+        case QPACK_Q8_0:
+            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q8_0, L1);
+            break;
+        case QPACK_Q4_0:
+            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q4_0, L1);
+            break;
+        case QPACK_Q4_1:
+            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q4_1, L1);
+            break;
+        case QPACK_Q5_0:
+            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q5_0, L1);
+            break;
+        default:
+            break;
+        }
+    }
+    if (t0 + full < t1) {
+        if (L1)
+            avx512_matmul_q8_l1(w, a, g0, g1, gp, t0 + full, t1, y);
+        else
+            avx512_matmul_q8(w, a, g0, g1, gp, t0 + full, t1, y);
+    }
+}
+
+TGT void amx_matmul_q8(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                       int64_t gp, int t0, int t1, float *y)
+{
+    amx_matmul(w, a, g0, g1, gp, t0, t1, y, 0);
+}
+
+TGT void amx_matmul_q8_l1(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
+                          int64_t gp, int t0, int t1, float *y)
+{
+    amx_matmul(w, a, g0, g1, gp, t0, t1, y, 1);
+}
