@@ -197,7 +197,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
                                                  1, g->include_usage));
         if (!rc)
             rc = append_chunk(g, oai_tools_chunks(&g->meta, g->tool_fmt, i, c->out.text.p,
-                                                  c->out.text.len, &c->streamed, fin,
+                                                  c->out.text.len, &c->streamed, fin, &c->out.stop,
                                                   g->include_usage));
     } else if (g->stream) {
         if (ev->done && fin == FINISH_ERROR) {

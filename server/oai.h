@@ -291,9 +291,9 @@ char *oai_tools_rewrite(char *body, const char *id, enum chat_tool_format fmt);
  * text[0..len) and of which *sent bytes went out as content already: while it runs (finish
  * FINISH_NONE), the content that cannot be part of a call (maybe none: "" is returned);
  * at its end, the rest of the content, its tool calls (id and name first, then the arguments)
- * and the finish chunk. Advances *sent. */
+ * and the finish chunk (with stop_reason from stop, NULL: null). Advances *sent. */
 char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int index,
                        const char *text, size_t len, size_t *sent, enum finish_reason finish,
-                       bool usage_null);
+                       const struct oai_stop *stop, bool usage_null);
 
 #endif

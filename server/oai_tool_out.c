@@ -72,9 +72,10 @@ char *oai_tools_rewrite(char *body, const char *id, enum chat_tool_format fmt)
     return out;
 }
 
-/* One chat.completion.chunk for choice index with delta (taken) and finish (NULL: null). */
+/* One chat.completion.chunk for choice index with delta (taken) and finish (NULL: null); a
+ * finishing chunk carries vLLM's stop_reason (stop: the stop string or token, or null). */
 static int chunk(struct sbuf *b, const struct oai_meta *m, int index, cJSON *delta,
-                 const char *finish, bool usage_null)
+                 const char *finish, const struct oai_stop *stop, bool usage_null)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root) {
@@ -90,10 +91,17 @@ static int chunk(struct sbuf *b, const struct oai_meta *m, int index, cJSON *del
     cJSON_AddNumberToObject(ch, "index", index);
     cJSON_AddItemToObject(ch, "delta", delta);
     cJSON_AddNullToObject(ch, "logprobs");
-    if (finish)
+    if (finish) {
         cJSON_AddStringToObject(ch, "finish_reason", finish);
-    else
+        if (stop && stop->text)
+            cJSON_AddStringToObject(ch, "stop_reason", stop->text);
+        else if (stop && stop->by_token)
+            cJSON_AddNumberToObject(ch, "stop_reason", stop->token);
+        else
+            cJSON_AddNullToObject(ch, "stop_reason");
+    } else {
         cJSON_AddNullToObject(ch, "finish_reason");
+    }
     if (usage_null) cJSON_AddNullToObject(root, "usage");
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -133,12 +141,12 @@ static int content_chunk(struct sbuf *b, const struct oai_meta *m, int index, co
     cJSON *d = cJSON_CreateObject();
     if (part && d) cJSON_AddStringToObject(d, "content", part);
     free(part);
-    return chunk(b, m, index, d, NULL, usage_null);
+    return chunk(b, m, index, d, NULL, NULL, usage_null);
 }
 
 char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int index,
                        const char *text, size_t len, size_t *sent, enum finish_reason finish,
-                       bool usage_null)
+                       const struct oai_stop *stop, bool usage_null)
 {
     struct sbuf b = {0};
     int rc = 0;
@@ -173,7 +181,7 @@ char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int 
         cJSON *first = one ? cJSON_GetArrayItem(one, 0) : NULL;
         if (first) cJSON_ReplaceItemInObjectCaseSensitive(first, "index", cJSON_CreateNumber(k));
         if (d && one) cJSON_AddItemToObject(d, "tool_calls", one);
-        rc |= chunk(&b, m, index, d, NULL, usage_null);
+        rc |= chunk(&b, m, index, d, NULL, NULL, usage_null);
         cJSON *d2 = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *t = cJSON_CreateObject();
         if (d2 && arr && t) {
             cJSON_AddNumberToObject(t, "index", k);
@@ -185,10 +193,10 @@ char *oai_tools_chunks(const struct oai_meta *m, enum chat_tool_format fmt, int 
             cJSON_Delete(arr);
             cJSON_Delete(t);
         }
-        rc |= chunk(&b, m, index, d2, NULL, usage_null);
+        rc |= chunk(&b, m, index, d2, NULL, NULL, usage_null);
     }
     const char *fin = n > 0 && finish == FINISH_STOP ? "tool_calls" : oai_finish_name(finish);
-    rc |= chunk(&b, m, index, cJSON_CreateObject(), fin, usage_null);
+    rc |= chunk(&b, m, index, cJSON_CreateObject(), fin, stop, usage_null);
     oai_tool_calls_free(calls, n > 0 ? (size_t)n : 0);
     if (rc) {
         sbuf_free(&b);

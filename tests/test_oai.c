@@ -1320,8 +1320,10 @@ static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cut
     for (int k = 0; k <= n_cuts; k++) {
         size_t upto = k < n_cuts ? cuts[k] : len;
         enum finish_reason fin = k < n_cuts ? FINISH_NONE : last;
+        /* a stop token as vLLM's stop_reason (the finish chunk carries it, null for a length) */
+        const struct oai_stop stop = {.by_token = last == FINISH_STOP, .token = 7};
         char *sse =
-            oai_tools_chunks(meta(OAI_CHAT, -1), c->fmt, 0, c->out, upto, &sent, fin, false);
+            oai_tools_chunks(meta(OAI_CHAT, -1), c->fmt, 0, c->out, upto, &sent, fin, &stop, false);
         ck_assert_ptr_nonnull(sse);
         sbuf_puts(&all, sse);
         for (char *p = sse; (p = strstr(p, "data: "));) {
@@ -1358,7 +1360,15 @@ static void stream_once(const struct tool_case *c, const size_t *cuts, int n_cut
                 if (cJSON_IsString(a))
                     strncat(args[idx], a->valuestring, sizeof args[idx] - strlen(args[idx]) - 1);
             }
-            if (cJSON_IsString(fr)) finish = "set";
+            if (cJSON_IsString(fr)) {
+                finish = "set";
+                const cJSON *sr = cJSON_GetObjectItem(ch, "stop_reason");
+                ck_assert_msg(last == FINISH_STOP ? cJSON_IsNumber(sr) && sr->valueint == 7
+                                                  : cJSON_IsNull(sr),
+                              "case %zu: stop_reason of the finish chunk", ci);
+            } else {
+                ck_assert_ptr_null(cJSON_GetObjectItem(ch, "stop_reason"));
+            }
             if (cJSON_IsString(fr))
                 ck_assert_str_eq(fr->valuestring, last == FINISH_LENGTH ? "length"
                                                   : c->n                ? "tool_calls"
