@@ -280,8 +280,8 @@ static const char *const k_tricky[] = {
     "   leading and trailing   ",
     "\n\n\nthree newlines\n\n",
     "tab\tseparated\t\tvalues\r\nCRLF\r\n",
-    "next\xc2\x85line and nbsp\xc2\xa0here \xe2\x80\x83"
-    "em space",
+    ("next\xc2\x85line and nbsp\xc2\xa0here \xe2\x80\x83"
+     "em space"), /* one string: \x83 would swallow the "e" of "em" */
     "combining e\xcc\x81 and \xef\xac\x81 ligature",
     "don't I'M we'll they've she's it'd DON'T",
     "x = 3.14159 * r ** 2; // 1e-5 0x1F",

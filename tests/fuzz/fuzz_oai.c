@@ -69,10 +69,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         size_t sent = 0;
         free(oai_tools_chunks(&meta, (enum chat_tool_format)fmt, 0, body, len / 2, &sent,
-                              FINISH_NONE, false));
+                              FINISH_NONE, NULL, false));
         if (sent > len / 2) __builtin_trap();
+        const struct oai_stop stop = {.by_token = true, .token = 2};
         free(oai_tools_chunks(&meta, (enum chat_tool_format)fmt, 0, body, len, &sent, FINISH_STOP,
-                              false));
+                              &stop, false));
     }
     return 0;
 }
