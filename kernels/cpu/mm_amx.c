@@ -3,15 +3,16 @@
  * A qpack block of a 16-row group is already in the order AMX's "B" operand wants: chunk c (64
  * bytes) holds elements 4c..4c+3 of each of the 16 rows, so the block's 8 chunks are an 8 x 64
  * byte tile (K = 32). They are widened once per call to signed bytes (the weights' own values:
- * the offsets of the unsigned layouts taken off), a group's blocks AMX_CHUNK at a time into a
- * stack buffer that every 16-token set of the call then reads. The "A" operand is 16 tokens' 32
- * activation bytes of the block, read in place (row stride: the activation row). One tdpbssd
- * gives the exact integer dot products of 16 tokens x 16 rows; they are stored, and the AVX-512
- * kernel's float steps (mm_avx512.c, q8_tile) follow in its order: fma(d_w * d_x, float(isum),
- * acc), then Q4_1's fma(m_w, s_x, acc). Integer sums are exact, so each output is the AVX-512
- * kernel's bits (the reference's), and a token's result does not depend on which kernel ran it:
- * calls of fewer than AMX_MIN_TOKENS tokens, and the last tokens short of 16, run on the AVX-512
- * kernel.
+ * the offsets of the unsigned layouts taken off), a group's blocks AMX_WIDEN at a time into a
+ * stack buffer that every 16-token set of the call then reads (16 blocks, 8 KiB: a whole
+ * 1536-wide group, 24 KiB beside 24 KiB of activations, had made ffn_down 7-15 % slower). The "A"
+ * operand is 16 tokens' 32 activation bytes of the block, read in place (row stride: the activation
+ * row). One tdpbssd gives the exact integer dot products of 16 tokens x 16 rows; they are stored,
+ * and the AVX-512 kernel's float steps (mm_avx512.c, q8_tile) follow in its order: fma(d_w * d_x,
+ * float(isum), acc), then Q4_1's fma(m_w, s_x, acc). Integer sums are exact, so each output is the
+ * AVX-512 kernel's bits (the reference's), and a token's result does not depend on which kernel ran
+ * it: calls of fewer than AMX_MIN_TOKENS tokens, and the last tokens short of 16, run on the
+ * AVX-512 kernel.
  *
  * What it buys, and what bounds it (2 vCPUs of a Sapphire Rapids class Xeon, 2026-12-06,
  * docs/benchmarks.md): one tdpbssd of K = 32 takes 4.7 ns (3.5 TOP/s a thread), a block's whole
@@ -41,7 +42,10 @@
 /* Calls of fewer tokens run on the AVX-512 kernel: with one set the widening is not shared, and
  * a 16-sequence decode step ran 3-10 % slower on the tiles. */
 #define AMX_MIN_TOKENS 32
-#define AMX_CHUNK      64 /* blocks widened at a time (32 KiB) */
+#define AMX_CHUNK      64 /* blocks whose activation scales are laid out at a time */
+#ifndef AMX_WIDEN
+#define AMX_WIDEN 16 /* blocks widened at a time (8 KiB) */
+#endif
 
 /* Tiles: C0 and C1 take alternate blocks (a block's products are stored while the next one's
  * run), A the activations, B the weights. gcc's tile intrinsics paste their tile number into the
@@ -135,11 +139,11 @@ TGT INLINE void scale_block(const int32_t *cs, const struct qpack *w, int64_t g,
 }
 
 /* Blocks [b0, b1) of group g for one 16-token set whose activations start at xa, into acc: block
- * b's signed weights at wq + (b - b0) * 512. Each block's products go to C0 or C1 in turn and are
- * scaled after the next block's tile work is issued. */
+ * b's signed weights at wq + (b - b0) * 512, its activation scales row b - sb0 of as. Each block's
+ * products go to C0 or C1 in turn and are scaled after the next block's tile work is issued. */
 TGT INLINE void run_blocks(const struct qpack *w, int64_t g, int64_t b0, int64_t b1,
                            const uint8_t *wq, const int8_t *xa, size_t xstride,
-                           const struct amx_scales *as, const enum qpack_layout type,
+                           const struct amx_scales *as, int64_t sb0, const enum qpack_layout type,
                            __m512 acc[AMX_TOKENS])
 {
     _Alignas(64) int32_t cs[2][AMX_TOKENS * QPACK_ROWS];
@@ -151,70 +155,74 @@ TGT INLINE void run_blocks(const struct qpack *w, int64_t g, int64_t b0, int64_t
         TILE_LOAD(TILE_B, q0, 64);
         TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
         TILE_STORE(TILE_C0, cs[0], 64);
-        if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - b0, as, type, acc);
+        if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, acc);
         TILE_ZERO(TILE_C1);
         TILE_LOAD(TILE_A, xa + (size_t)(b + 1) * QK, xstride);
         TILE_LOAD(TILE_B, q0 + 512, 64);
         TILE_DPBSSD(TILE_C1, TILE_A, TILE_B);
         TILE_STORE(TILE_C1, cs[1], 64);
-        scale_block(cs[0], w, g, b, b - b0, as, type, acc);
+        scale_block(cs[0], w, g, b, b - sb0, as, type, acc);
     }
-    if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - b0, as, type, acc);
+    if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, acc);
     if (b < b1) {
         TILE_ZERO(TILE_C0);
         TILE_LOAD(TILE_A, xa + (size_t)b * QK, xstride);
         TILE_LOAD(TILE_B, wq + (size_t)(b - b0) * 512, 64);
         TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
         TILE_STORE(TILE_C0, cs[0], 64);
-        scale_block(cs[0], w, g, b, b - b0, as, type, acc);
+        scale_block(cs[0], w, g, b, b - sb0, as, type, acc);
     }
 }
 
-/* Groups [g0, g1) for `sets` sets of 16 tokens from t0 (at most AMX_SETS). The blocks run in
- * chunks of AMX_CHUNK: per chunk, the sets' scales are laid out token-minor once, and each group's
- * chunk is widened once and run for every set; between chunks a (row, token)'s running sum waits
- * in y, which is exact (a float stored and loaded back). */
+/* Groups [g0, g1) for `sets` sets of 16 tokens from t0 (at most AMX_SETS). The sets' activation
+ * scales are laid out token-minor AMX_CHUNK blocks at a time (all of them for rows of up to
+ * AMX_CHUNK blocks); each group's blocks are widened AMX_WIDEN at a time (a small stack buffer,
+ * beside the activations in L1) and each widened run serves every set. Between runs a (row,
+ * token)'s running sum waits in y, which is exact (a float stored and loaded back). */
 TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                          int64_t gp, int t0, int sets, float *y, const enum qpack_layout type,
                          const int L1)
 {
     const int64_t nb = w->nb;
     struct amx_scales as[AMX_SETS];
-    _Alignas(64) uint8_t wide[AMX_CHUNK * 512];
+    _Alignas(64) uint8_t wide[AMX_WIDEN * 512];
     const size_t xstride = (size_t)a->cols;
-    /* one chunk (rows of up to AMX_CHUNK blocks): the weights are one forward stream */
+    /* one scale chunk (rows of up to AMX_CHUNK blocks): the groups are read front to back */
     struct pf_walk pw = pf_walk_start(w, g0, gp, L1);
-    for (int64_t b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
-        int64_t b1 = b0 + AMX_CHUNK < nb ? b0 + AMX_CHUNK : nb;
+    for (int64_t c0 = 0; c0 < nb; c0 += AMX_CHUNK) {
+        int64_t c1 = c0 + AMX_CHUNK < nb ? c0 + AMX_CHUNK : nb;
         for (int s = 0; s < sets; s++)
             for (int t = 0; t < AMX_TOKENS; t++) {
                 size_t tb = (size_t)(t0 + s * AMX_TOKENS + t) * (size_t)nb;
-                for (int64_t b = b0; b < b1; b++) {
-                    as[s].d[b - b0][t] = a->d[tb + (size_t)b];
-                    if (type == QPACK_Q4_1) as[s].s[b - b0][t] = a->s[tb + (size_t)b];
+                for (int64_t b = c0; b < c1; b++) {
+                    as[s].d[b - c0][t] = a->d[tb + (size_t)b];
+                    if (type == QPACK_Q4_1) as[s].s[b - c0][t] = a->s[tb + (size_t)b];
                 }
             }
         for (int64_t g = g0; g < g1; g++) {
-            for (int64_t b = b0; b < b1; b++) {
-                const uint8_t *qs = qpack_quants(w, g, b);
-                if (nb <= AMX_CHUNK) pf_walk_to(&pw, qs + w->quant_bytes, L1);
-                widen_block(qs, type, wide + (size_t)(b - b0) * 512);
-            }
             int64_t r0 = g * QPACK_ROWS, left = w->rows - r0;
             __mmask16 m = left >= QPACK_ROWS ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-            for (int s = 0; s < sets; s++) {
-                int ts = t0 + s * AMX_TOKENS;
-                float *ys = y + (size_t)ts * (size_t)w->rows + r0;
-                __m512 acc[AMX_TOKENS];
+            for (int64_t b0 = c0; b0 < c1; b0 += AMX_WIDEN) {
+                int64_t b1 = b0 + AMX_WIDEN < c1 ? b0 + AMX_WIDEN : c1;
+                for (int64_t b = b0; b < b1; b++) {
+                    const uint8_t *qs = qpack_quants(w, g, b);
+                    if (nb <= AMX_CHUNK) pf_walk_to(&pw, qs + w->quant_bytes, L1);
+                    widen_block(qs, type, wide + (size_t)(b - b0) * 512);
+                }
+                for (int s = 0; s < sets; s++) {
+                    int ts = t0 + s * AMX_TOKENS;
+                    float *ys = y + (size_t)ts * (size_t)w->rows + r0;
+                    __m512 acc[AMX_TOKENS];
 #pragma GCC unroll 16
-                for (int t = 0; t < AMX_TOKENS; t++)
-                    acc[t] = b0 ? _mm512_maskz_loadu_ps(m, ys + (size_t)t * (size_t)w->rows)
-                                : _mm512_setzero_ps();
-                run_blocks(w, g, b0, b1, wide, a->q + (size_t)ts * xstride, xstride, &as[s], type,
-                           acc);
+                    for (int t = 0; t < AMX_TOKENS; t++)
+                        acc[t] = b0 ? _mm512_maskz_loadu_ps(m, ys + (size_t)t * (size_t)w->rows)
+                                    : _mm512_setzero_ps();
+                    run_blocks(w, g, b0, b1, wide, a->q + (size_t)ts * xstride, xstride, &as[s], c0,
+                               type, acc);
 #pragma GCC unroll 16
-                for (int t = 0; t < AMX_TOKENS; t++)
-                    _mm512_mask_storeu_ps(ys + (size_t)t * (size_t)w->rows, m, acc[t]);
+                    for (int t = 0; t < AMX_TOKENS; t++)
+                        _mm512_mask_storeu_ps(ys + (size_t)t * (size_t)w->rows, m, acc[t]);
+                }
             }
         }
     }
