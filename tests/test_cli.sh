@@ -164,32 +164,26 @@ for s in "--temp 0" "--temp 0.8 --seed 4"; do
   same_as_off "--spec draft (cost)" "spec draft: [0-9]+ drafts" "$s" --draft-model "$tmp/draft.gguf" --spec-policy cost
 done
 
+# same_text_as ISA BASE PROMPT: where this CPU runs ISA, its greedy text for PROMPT is BASE's
+same_text_as() {
+  if QUERN_CPU_ISA=$1 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+      --prompt "$3" >"$tmp/isa_$1" 2>/dev/null; then
+    QUERN_CPU_ISA=$2 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
+      --prompt "$3" >"$tmp/isa_$2" 2>/dev/null
+    if cmp -s "$tmp/isa_$2" "$tmp/isa_$1" && [ -s "$tmp/isa_$1" ]; then
+      echo "ok: QUERN_CPU_ISA=$1: the text of $2"
+    else
+      echo "FAIL: QUERN_CPU_ISA=$1 generates other text than $2"; fails=$((fails + 1))
+    fi
+  fi
+}
 # the avxvnni path is the avx2 one but for its q8 matmul, bit-exact against the reference as the
 # avx2 one is: the same greedy text, where this CPU has AVX-VNNI (other ISAs' attention and
 # norms sum in other orders, within 1e-5: their text may differ a few tokens in)
-if QUERN_CPU_ISA=avxvnni "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
-    --prompt "The capital of France is" >"$tmp/isa_vnni" 2>/dev/null; then
-  QUERN_CPU_ISA=avx2 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
-    --prompt "The capital of France is" >"$tmp/isa_avx2" 2>/dev/null
-  if cmp -s "$tmp/isa_avx2" "$tmp/isa_vnni" && [ -s "$tmp/isa_vnni" ]; then
-    echo "ok: QUERN_CPU_ISA=avxvnni: the text of avx2"
-  else
-    echo "FAIL: QUERN_CPU_ISA=avxvnni generates other text than avx2"; fails=$((fails + 1))
-  fi
-fi
-
+same_text_as avxvnni avx2 "The capital of France is"
 # likewise the amx path is the avx512 one but for the q8 matmul of 32 or more tokens (a prompt of
-# about 40 here), bit-exact against the reference: the same greedy text, where this CPU has AMX
-if QUERN_CPU_ISA=amx "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
-    --prompt "$copy" >"$tmp/isa_amx" 2>/dev/null; then
-  QUERN_CPU_ISA=avx512 "$bin" generate --model "$model" -n 24 --temp 0 --threads 2 \
-    --prompt "$copy" >"$tmp/isa_avx512" 2>/dev/null
-  if cmp -s "$tmp/isa_avx512" "$tmp/isa_amx" && [ -s "$tmp/isa_amx" ]; then
-    echo "ok: QUERN_CPU_ISA=amx: the text of avx512"
-  else
-    echo "FAIL: QUERN_CPU_ISA=amx generates other text than avx512"; fails=$((fails + 1))
-  fi
-fi
+# about 40 here)
+same_text_as amx avx512 "$copy"
 
 # --device: a bad name is a usage error; cuda without a usable GPU (or without CUDA in the
 # build) is a runtime error naming why; auto falls back to the CPU and says so

@@ -37,8 +37,8 @@ static const struct cpu_kernels kern_scalar = {
 static const struct cpu_kernels kern_avx2 = KERN_AVX2(CPU_ISA_AVX2, avx2_matmul_q8);
 static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnni_matmul_q8);
 
-/* The AVX-512 table, by where its GEMV and attention prefetch (enum cpu_prefetch): the two
- * tables differ in nothing else. */
+/* The AVX-512 table, by ISA (AVX-512, or AMX: its own q8 matmul) and by where its GEMV and
+ * attention prefetch (enum cpu_prefetch): the tables differ in nothing else. */
 #define KERN_AVX512(isa_, gemv, attn, attn_f16, attn_q8)                                           \
     {                                                                                              \
         .isa = isa_, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums,           \
@@ -55,7 +55,6 @@ static const struct cpu_kernels kern_avx512 = KERN_AVX512(
 static const struct cpu_kernels kern_avx512_l1 =
     KERN_AVX512(CPU_ISA_AVX512, avx512_matmul_q8_l1, avx512_attention_l1, avx512_attention_f16_l1,
                 avx512_attention_q8_l1);
-/* AMX: the AVX-512 tables but the q8 matmul */
 static const struct cpu_kernels kern_amx = KERN_AVX512(CPU_ISA_AMX, amx_matmul_q8, avx512_attention,
                                                        avx512_attention_f16, avx512_attention_q8);
 static const struct cpu_kernels kern_amx_l1 =
