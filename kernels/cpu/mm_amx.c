@@ -32,10 +32,11 @@
 
 #include "kern.h"
 #include "pf_walk.h"
+#include "qpack512.h"
 
 #define TGT                                                                                        \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-"       \
-                          "int8")))
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,"                    \
+                          "amx-tile,amx-int8")))
 #define INLINE     static inline __attribute__((always_inline))
 #define AMX_TOKENS 16 /* tokens a tile: the A operand's rows */
 #define AMX_SETS   4  /* 16-token sets a widened chunk serves */
@@ -43,9 +44,7 @@
  * a 16-sequence decode step ran 3-10 % slower on the tiles. */
 #define AMX_MIN_TOKENS 32
 #define AMX_CHUNK      64 /* blocks whose activation scales are laid out at a time */
-#ifndef AMX_WIDEN
-#define AMX_WIDEN 16 /* blocks widened at a time (8 KiB) */
-#endif
+#define AMX_WIDEN      16 /* blocks widened at a time (8 KiB) */
 
 /* Tiles: C0 and C1 take alternate blocks (a block's products are stored while the next one's
  * run), A the activations, B the weights. gcc's tile intrinsics paste their tile number into the
@@ -84,31 +83,14 @@ TGT INLINE void amx_configure(void)
 
 /* Block b's 8 chunks of a group as signed bytes (the weight values themselves), in QPACK_Q8_0's
  * chunk order, into out[512]: the offsets the unsigned layouts carry are taken off here, once per
- * call, rather than as a correction per token and block. */
+ * call, rather than as a correction per token and block (Q8_0's 128 wraps as a byte: w + 128 -
+ * 128). */
 TGT INLINE void widen_block(const uint8_t *qs, enum qpack_layout type, uint8_t *out)
 {
-    if (type == QPACK_Q8_0) {
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-        for (int c = 0; c < 8; c++)
-            _mm512_store_si512(out + 64 * c,
-                               _mm512_xor_si512(_mm512_load_si512(qs + 64 * c), flip));
-        return;
-    }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i off = _mm512_set1_epi8(type == QPACK_Q4_0 ? 8 : type == QPACK_Q4_1 ? 0 : 16);
-    for (int c = 0; c < 4; c++) {
-        __m512i v = _mm512_load_si512(qs + 64 * c);
-        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        if (type == QPACK_Q5_0) {
-            uint64_t ml, mh;
-            memcpy(&ml, qs + QPACK_Q5_BITS_OFFSET + 8 * c, sizeof ml);
-            memcpy(&mh, qs + QPACK_Q5_BITS_OFFSET + 8 * (c + 4), sizeof mh);
-            lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, _mm512_set1_epi8(16));
-            hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, _mm512_set1_epi8(16));
-        }
-        _mm512_store_si512(out + 64 * c, _mm512_sub_epi8(lo, off));
-        _mm512_store_si512(out + 64 * (c + 4), _mm512_sub_epi8(hi, off));
-    }
+    __m512i W[8];
+    load_block(qs, type, W);
+    const __m512i off = _mm512_set1_epi8((char)type_offset(type));
+    for (int c = 0; c < 8; c++) _mm512_store_si512(out + 64 * c, _mm512_sub_epi8(W[c], off));
 }
 
 /* One 16-token set's activation scales for a chunk of blocks, token-minor: d[b][t] (and s[b][t]

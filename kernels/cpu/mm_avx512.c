@@ -20,6 +20,7 @@
 
 #include "kern.h"
 #include "pf_walk.h"
+#include "qpack512.h"
 
 #define TGT    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -52,33 +53,6 @@ TGT void avx512_block_sums(const float *x, int64_t cols, float *xs)
             _mm512_add_ps(_mm512_loadu_ps(x + b * QK), _mm512_loadu_ps(x + b * QK + 16)));
 }
 
-/* Operand register k of a QPACK_Q5_0 block with its fifth bits: 16 added to each byte whose bit
- * is set in word k of the bit chunk (a byte mask, one masked add). */
-TGT INLINE __m512i fifth_bits(__m512i w, const uint8_t *qs, int k)
-{
-    uint64_t m;
-    memcpy(&m, qs + QPACK_Q5_BITS_OFFSET + 8 * k, sizeof m);
-    return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(16));
-}
-
-/* The 8 operand registers of block b of a group: W[c] holds elements 4c..4c+3 of the 16 rows as
- * unsigned bytes (nibbles for 4-bit types, w + 16 for the 5-bit layout, w + 128 for Q8_0). */
-TGT INLINE void load_block(const uint8_t *qs, enum qpack_layout type, __m512i W[8])
-{
-    if (type == QPACK_Q8_0) {
-        for (int c = 0; c < 8; c++) W[c] = _mm512_load_si512(qs + 64 * c);
-        return;
-    }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (int c = 0; c < 4; c++) {
-        __m512i v = _mm512_load_si512(qs + 64 * c);
-        W[c] = _mm512_and_si512(v, m4);
-        W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    }
-    if (type == QPACK_Q5_0)
-        for (int c = 0; c < 8; c++) W[c] = fifth_bits(W[c], qs, c);
-}
-
 /* acc + the dot products of W's 4-byte groups with the 4 bytes at p, broadcast. Written as
  * asm so the broadcast is the instruction's own memory operand ({1to16}): one fused uop where
  * the compiler emits a vpbroadcastd and a vpdpbusd. */
@@ -86,13 +60,6 @@ TGT INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p)
 {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
     return acc;
-}
-
-/* The constant the unsigned weights carry: w = stored - offset (16 for five bits, widened or
- * not). */
-INLINE int32_t type_offset(enum qpack_layout type)
-{
-    return type == QPACK_Q8_0 ? 128 : type == QPACK_Q4_0 ? 8 : type != QPACK_Q4_1 ? 16 : 0;
 }
 
 TGT INLINE void store_rows(const struct qpack *w, int64_t g, float *yt, __m512 v)
