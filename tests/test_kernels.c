@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,10 @@
 #include "../kernels/cpu/ref.h"
 #include "../quant/quantize.h"
 #include "testutil.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 /* ---- helpers ---- */
 
@@ -79,6 +84,7 @@ static const int odd_n[] = {1, 2, 3, 5, 8, 13, 37, 64};
 START_TEST(qpack_roundtrip)
 {
     tu_seed(0x1234567);
+    struct page_arena arena = {0}; /* as the backend packs them: zeroed, in shared chunks */
     const enum qpack_layout layouts[N_PACKED] = {QPACK_Q8_0, QPACK_Q4_0, QPACK_Q4_1, QPACK_Q5_0};
     for (size_t ti = 0; ti < N_PACKED; ti++)
         for (size_t ri = 0; ri < sizeof odd_rows / sizeof odd_rows[0]; ri++)
@@ -87,7 +93,7 @@ START_TEST(qpack_roundtrip)
                 make_packed_weight(&w, ti, odd_rows[ri], odd_cols[ci]);
                 struct qpack *p;
                 struct qerr err = {0};
-                ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+                ck_assert_msg(qpack_create(&w, &arena, &p, &err) == 0, "%s", err.msg);
                 ck_assert_msg(p->layout == layouts[ti], "%s %lld x %lld: layout %d",
                               packed_names[ti], (long long)w.rows, (long long)w.cols, p->layout);
                 size_t rb = qtype_row_bytes(w.type, (size_t)w.cols);
@@ -103,6 +109,98 @@ START_TEST(qpack_roundtrip)
                 qpack_free(p);
                 tu_free_weight(&w);
             }
+    page_arena_close(&arena);
+}
+END_TEST
+
+static bool mapped(const void *p)
+{
+    unsigned char v;
+    uintptr_t page = (uintptr_t)p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
+    return mincore((void *)page, 1, &v) == 0;
+}
+
+static bool all_zero(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+/* The packed weights' memory: small allocations back to back in a chunk that starts on a 2 MiB
+ * boundary, a large one in a chunk of its own, and a chunk unmapped only when neither an
+ * allocation nor the arena holds it, in whichever order they let go. */
+START_TEST(page_arena_chunks)
+{
+    const size_t huge = (size_t)2 << 20;
+    struct page_arena a = {0};
+    struct page_chunk *c1, *c2, *c3, *cb;
+    unsigned char *p1 = page_arena_alloc(&a, 100, &c1);
+    unsigned char *p2 = page_arena_alloc(&a, 5000, &c2);
+    unsigned char *p3 = page_arena_alloc(&a, huge + 7, &c3);
+    ck_assert(p1 && p2 && p3);
+    ck_assert(c1 == c2 && c2 == c3);
+    ck_assert_uint_eq((uintptr_t)p1 % huge, 0);
+    ck_assert_uint_eq((uintptr_t)p2 % 64, 0);
+    ck_assert_uint_eq((uintptr_t)p3 % 64, 0);
+    ck_assert(p2 >= p1 + 100 && p3 >= p2 + 5000);
+    ck_assert(all_zero(p1, 100) && all_zero(p2, 5000) && all_zero(p3, huge + 7));
+#if defined(__SANITIZE_ADDRESS__)
+    ck_assert(!__asan_address_is_poisoned(p1 + 99));
+    ck_assert(__asan_address_is_poisoned(p1 + 100)); /* a read past a weight is caught */
+#endif
+    memset(p1, 1, 100);
+    memset(p2, 2, 5000);
+    memset(p3, 3, huge + 7);
+
+    unsigned char *pb = page_arena_alloc(&a, 5 * huge, &cb);
+    ck_assert(pb && cb != c1);
+    ck_assert_uint_eq((uintptr_t)pb % huge, 0);
+    memset(pb, 4, 5 * huge);
+    /* the open chunk stayed open: the next small one follows p3 */
+    struct page_chunk *c4;
+    unsigned char *p4 = page_arena_alloc(&a, 64, &c4);
+    ck_assert(p4 && c4 == c1 && p4 > p3);
+
+    /* allocations of 3 MiB until one opens another chunk; the first keeps its bytes */
+    struct page_chunk *cs[32];
+    unsigned char *ps[32];
+    int n = 0;
+    do {
+        ck_assert_int_lt(n, 32);
+        ps[n] = page_arena_alloc(&a, 3 * huge / 2, &cs[n]);
+        ck_assert(ps[n]);
+        memset(ps[n], 5, 3 * huge / 2);
+    } while (cs[n++] == c1);
+    ck_assert_int_gt(n, 1);
+    struct page_chunk *c2nd = cs[n - 1];
+    ck_assert_uint_eq((uintptr_t)ps[n - 1] % huge, 0);
+    ck_assert(p2[4999] == 2 && p3[huge + 6] == 3);
+
+    /* c1 is closed now: it goes when its last allocation does */
+    page_arena_free(c1);
+    page_arena_free(c2);
+    page_arena_free(c4);
+    for (int i = 0; i < n - 1; i++) page_arena_free(cs[i]);
+    ck_assert(mapped(p3) && p3[0] == 3);
+    page_arena_free(c3);
+    ck_assert(!mapped(p3));
+    /* the large one's chunk goes with it */
+    ck_assert(mapped(pb));
+    page_arena_free(cb);
+    ck_assert(!mapped(pb));
+    /* the open chunk outlives the arena's hold while an allocation is left in it */
+    page_arena_close(&a);
+    ck_assert(a.open == NULL && mapped(ps[n - 1]) && ps[n - 1][0] == 5);
+    page_arena_free(c2nd);
+    ck_assert(!mapped(ps[n - 1]));
+    /* and an open chunk without allocations goes with the arena's hold */
+    struct page_chunk *c5;
+    unsigned char *p5 = page_arena_alloc(&a, 64, &c5);
+    page_arena_free(c5);
+    ck_assert(mapped(p5));
+    page_arena_close(&a);
+    ck_assert(!mapped(p5));
 }
 END_TEST
 
@@ -116,7 +214,7 @@ START_TEST(qpack_five_bit_layout)
     make_packed_weight(&w, 3, 33, 96);
     struct qpack *p;
     struct qerr err = {0};
-    ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+    ck_assert_msg(qpack_create(&w, NULL, &p, &err) == 0, "%s", err.msg);
     ck_assert_int_eq(p->layout, QPACK_Q5_0);
     ck_assert_uint_eq(p->quant_bytes + p->scale_bytes, 22 * QPACK_ROWS);
     qpack_free(p);
@@ -138,7 +236,7 @@ START_TEST(qpack_five_bit_layout)
     for (size_t i = 0; i < sizeof outside; i++) {
         int8_t keep = blk[97].qs[31];
         blk[97].qs[31] = outside[i];
-        ck_assert_msg(qpack_create(&w, &p, &err) == 0, "%s", err.msg);
+        ck_assert_msg(qpack_create(&w, NULL, &p, &err) == 0, "%s", err.msg);
         ck_assert_msg(p->layout == QPACK_Q8_0, "a value of %d took the five-bit layout",
                       outside[i]);
         qpack_free(p);
@@ -202,9 +300,9 @@ START_TEST(qpack_rejects_bad_shapes)
     struct bweight w = {.type = QTYPE_Q4_0, .rows = 4, .cols = 48};
     struct qpack *p;
     struct qerr err = {0};
-    ck_assert_int_eq(qpack_create(&w, &p, &err), QERR_INVALID);
+    ck_assert_int_eq(qpack_create(&w, NULL, &p, &err), QERR_INVALID);
     w = (struct bweight){.type = QTYPE_F32, .rows = 4, .cols = 64};
-    ck_assert_int_eq(qpack_create(&w, &p, &err), QERR_UNSUPPORTED);
+    ck_assert_int_eq(qpack_create(&w, NULL, &p, &err), QERR_UNSUPPORTED);
 }
 END_TEST
 
@@ -1393,6 +1491,7 @@ int main(void)
     tcase_add_test(tc, qpack_five_bit_layout);
     tcase_add_loop_test(tc, five_bit_extremes_match_reference, 0, 2);
     tcase_add_test(tc, qpack_rejects_bad_shapes);
+    tcase_add_test(tc, page_arena_chunks);
     tcase_add_test(tc, quantize_q8_matches_reference);
     tcase_add_loop_test(tc, matmul_matches_reference, 0, 2);
     tcase_add_test(tc, matmul_prefetch_variants);

@@ -23,6 +23,7 @@ static void cpu_destroy(struct backend *be)
     struct cpu_ctx *c = ctx_of(be);
     pool_destroy(c->pool);
     cpu_rope_table_free(&c->rope);
+    page_arena_close(&c->weights); /* weights still held keep their chunks */
     free(c->scratch);
     free(c->spans);
     free(c);
@@ -89,7 +90,7 @@ static int cpu_weight_prepare(struct backend *be, struct bweight *w, struct qerr
     /* the SIMD kernels read a packed copy; the scalar ones (and float weights) the file */
     if (c->k->matmul_q8 && qpack_type(w->type)) {
         struct qpack *p;
-        int rc = qpack_create(w, &p, err);
+        int rc = qpack_create(w, &c->weights, &p, err);
         if (rc) return rc;
         w->impl = p;
     }

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "kern.h"
+#include "page_arena.h"
 #include "threadpool.h"
 
 /* cos / sin of every rotated pair at every position seen so far, laid out as the rope kernels
@@ -33,6 +34,7 @@ struct cpu_ctx {
     enum kv_kind kv; /* the KV cache's element (ref.h): kv_write rounds or quantizes, attention
                         widens or dequantizes */
     const struct cpu_kernels *k;
+    struct page_arena weights; /* the packed weights' memory */
     /* activation scratch of one matmul (quantized tokens or block sums); grows on demand */
     void *scratch;
     size_t scratch_bytes;

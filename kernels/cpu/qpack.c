@@ -2,7 +2,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 bool qpack_type(enum qtype t)
 {
@@ -68,7 +67,8 @@ static void q5_place(int e, int64_t lane, size_t *byte, bool *high_nibble, size_
     *bit = (int)(lane * 4 + j);
 }
 
-int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err)
+int qpack_create(const struct bweight *w, struct page_arena *arena, struct qpack **out,
+                 struct qerr *err)
 {
     *out = NULL;
     if (!qpack_type(w->type))
@@ -92,17 +92,20 @@ int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err)
     p->scales_size = ((size_t)p->nb * p->scale_bytes + 63) / 64 * 64;
     p->group_bytes = p->scales_size + (size_t)p->nb * p->quant_bytes;
     p->data_bytes = (size_t)p->ngroups * p->group_bytes;
-    /* big weights on 2 MiB pages: decode streams them and TLB misses would cost bandwidth */
-    size_t align = p->data_bytes >= (4u << 20) ? (2u << 20) : 64;
-    size_t alloc = (p->data_bytes + align - 1) / align * align;
+    /* in an arena: on 2 MiB pages with the other weights (page_arena.h); alone: the heap */
     void *mem = NULL;
-    if (posix_memalign(&mem, align, alloc)) {
+    if (arena)
+        mem = page_arena_alloc(arena, p->data_bytes, &p->chunk);
+    else if (posix_memalign(&mem, 64, p->data_bytes) == 0)
+        memset(mem, 0, p->data_bytes);
+    else
+        mem = NULL;
+    if (!mem) {
+        size_t bytes = p->data_bytes;
         free(p);
-        return qerr_set(err, QERR_NOMEM, "qpack: cannot allocate %zu bytes", alloc);
+        return qerr_set(err, QERR_NOMEM, "qpack: cannot allocate %zu bytes", bytes);
     }
-    if (align > 64) madvise(mem, alloc, MADV_HUGEPAGE); /* a hint: failure is harmless */
     p->data = mem;
-    memset(p->data, 0, p->data_bytes);
 
     size_t d_off, m_off, qs_off, qs_len;
     block_fields(w->type, &d_off, &m_off, &qs_off, &qs_len);
@@ -143,7 +146,10 @@ int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err)
 void qpack_free(struct qpack *p)
 {
     if (!p) return;
-    free(p->data);
+    if (p->chunk)
+        page_arena_free(p->chunk);
+    else
+        free(p->data);
     free(p);
 }
 

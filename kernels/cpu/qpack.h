@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "../backend.h"
+#include "page_arena.h"
 
 #define QPACK_ROWS 16
 
@@ -56,13 +57,16 @@ struct qpack {
     size_t group_bytes; /* scales_size + nb * quant_bytes */
     uint8_t *data;      /* [ngroups][group_bytes], 64-byte aligned */
     size_t data_bytes;
+    struct page_chunk *chunk; /* data's chunk of an arena; NULL: data is from the heap */
 };
 
 /* True for the types qpack_create handles. */
 bool qpack_type(enum qtype t);
 /* Packs w->host (the file's rows) into a new qpack: a Q8_0 weight whose values all fit five bits
- * takes QPACK_Q5_0 (0.65x the bytes, the same values). */
-int qpack_create(const struct bweight *w, struct qpack **out, struct qerr *err);
+ * takes QPACK_Q5_0 (0.65x the bytes, the same values). Its data comes from arena, or from the
+ * heap when arena is NULL. */
+int qpack_create(const struct bweight *w, struct page_arena *arena, struct qpack **out,
+                 struct qerr *err);
 void qpack_free(struct qpack *p);
 /* Writes row r back in the file's layout (qtype_row_bytes(type, cols) bytes): the inverse. */
 void qpack_unpack_row(const struct qpack *p, int64_t r, void *out);
