@@ -1046,7 +1046,7 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
         s->n_stop_strings++;
     }
     /* the prediction is kept only where it is drafted from */
-    bool pred = r->n_prediction > 0 && s->spec && e->o.spec != SPEC_DRAFT;
+    bool pred = r->n_prediction > 0 && s->spec;
     if ((r->n_logit_bias > 0 && !(s->logit_bias = copy_of(r->logit_bias, (size_t)r->n_logit_bias,
                                                           sizeof *s->logit_bias))) ||
         (pred && !(s->pred = copy_of(r->prediction, (size_t)r->n_prediction, sizeof *s->pred)))) {

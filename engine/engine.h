@@ -182,8 +182,8 @@ struct gen_request {
     int priority;
     /* OpenAI's Predicted Outputs: tokens the output is expected to resemble (copied; ids in the
      * vocabulary, at most the context length). They are drafted from first
-     * (spec_draft_prediction) with engine_opts.spec SPEC_NGRAM, and alone with SPEC_OFF; the
-     * output is the same bytes either way. */
+     * (spec_draft_prediction) with engine_opts.spec SPEC_NGRAM, before the draft model with
+     * SPEC_DRAFT, and alone with SPEC_OFF; the output is the same bytes either way. */
     const int32_t *prediction;
     int n_prediction;
     /* A later choice of one client request (n > 1, or several prompts) whose first choice was

@@ -83,7 +83,7 @@ struct seq {
     int spec_cls;
     int spec_accepted; /* output tokens a draft had guessed (the final event's count) */
     int spec_drafted;  /* tokens drafted for it in all (kept or not) */
-    int32_t *pred;     /* the request's predicted output (owned; not under SPEC_DRAFT), or NULL */
+    int32_t *pred;     /* the request's predicted output (owned), or NULL */
     int n_pred;
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */

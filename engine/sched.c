@@ -344,31 +344,44 @@ static void plan_drafts(struct engine *e, int budget)
         /* up to k + 1 tokens come out of the step: stay within max_tokens and the context */
         if (cap > s->max_tokens - s->n_generated - 1) cap = s->max_tokens - s->n_generated - 1;
         if (cap > e->ctx_len - s->n_tokens) cap = e->ctx_len - s->n_tokens;
+        int32_t draft[SPEC_K_MAX];
+        int found = 0;
+        /* with a draft model, a sequence whose prediction matches drafts from that instead:
+         * its tokens are known now and cost nothing to make */
+        if (e->draft && s->n_pred > 0 && cap > 0) {
+            found = seq_ngram_draft(e, s, cap, draft);
+            if (found > 0 && s->grammar)
+                found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
+        }
+        bool model = e->draft && found <= 0;
         struct spec_costs sc = {.target = &e->spec_cost,
-                                .draft = e->draft ? &e->draft_cost : NULL,
+                                .draft = model ? &e->draft_cost : NULL,
                                 .draft_prior = e->draft_prior,
                                 .behind = s->n_tokens - 1 - s->draft_computed,
                                 .horizon = s->max_tokens - s->n_generated};
-        int32_t draft[SPEC_K_MAX];
-        int found = 0;
         if (by_cost && cap > 0) {
             /* the n-gram draft first: what it rests on says how likely its tokens are kept,
              * and its length bounds k (a draft model's guesses form class 0) */
-            s->spec_cls = 0;
-            if (!e->draft) {
+            if (model) {
+                s->spec_cls = 0;
+            } else if (!e->draft) {
                 found = seq_ngram_draft(e, s, cap, draft);
                 if (s->grammar) found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
                 if (found <= 0) continue;
             }
-            k = spec_policy_next_k(&s->spec_rate[s->spec_cls], &sc, &st, e->draft ? cap : found);
+            k = spec_policy_next_k(&s->spec_rate[s->spec_cls], &sc, &st, model ? cap : found);
         }
         if (k > cap) k = cap;
         if (k <= 0) continue;
         /* a draft model always proposes k: it runs below, once the slots are known */
         int nd = k;
-        if (!e->draft && !by_cost) {
-            nd = seq_ngram_draft(e, s, k, draft);
-            if (s->grammar) nd = seq_grammar_draft(e, s, draft, nd, k, &s->spec_cls);
+        if (!model && !by_cost) {
+            if (e->draft) {
+                nd = found < k ? found : k; /* the prediction's */
+            } else {
+                nd = seq_ngram_draft(e, s, k, draft);
+                if (s->grammar) nd = seq_grammar_draft(e, s, draft, nd, k, &s->spec_cls);
+            }
         }
         int first = s->n_tokens, held = s->n_blocks * bs, ext = -1;
         /* k <= block size: a draft reaches at most one block past the sequence's own */
@@ -386,13 +399,13 @@ static void plan_drafts(struct engine *e, int budget)
         for (int j = 0; j < nd; j++) {
             int pos = first + j, t = p->n_tokens++;
             int blk = pos / bs < s->n_blocks ? s->blocks[pos / bs] : ext;
-            p->tokens[t] = e->draft ? -1 : draft[j];
+            p->tokens[t] = model ? -1 : draft[j];
             p->pos[t] = pos;
             p->seq_idx[t] = i;
             p->slot[t] = blk * bs + pos % bs;
             p->logit_idx[p->n_logits++] = t;
         }
-        if (e->draft)
+        if (model)
             e->dm_seqs[n_dm++] = (struct spec_model_seq){.tokens = s->tokens,
                                                          .n_tokens = s->n_tokens,
                                                          .computed = &s->draft_computed,

@@ -57,9 +57,9 @@ int spec_draft(const struct spec_drafter *d, const int32_t *ctx, int n, int k, i
 int spec_draft_classed(const struct spec_drafter *d, const int32_t *ctx, int n, int k, int32_t *out,
                        int *cls);
 
-/* A draft from a request's predicted output (OpenAI's Predicted Outputs), SPEC_NGRAM and
- * SPEC_OFF (where a prediction is the only source) but not SPEC_DRAFT: with
- * nothing generated yet (n_out 0) the prediction's first k tokens (*match SPEC_MATCH_MAX);
+/* A draft from a request's predicted output (OpenAI's Predicted Outputs), in every mode (with
+ * SPEC_OFF the prediction is the only source, with SPEC_DRAFT it comes before the draft model):
+ * with nothing generated yet (n_out 0) the prediction's first k tokens (*match SPEC_MATCH_MAX);
  * otherwise, for g from ngram_max down to ngram_min, the output's last g tokens found in pred,
  * the occurrence ending nearest the output's own length (where an unedited copy would be),
  * and up to k tokens that follow it (*match g). Returns the draft's length (0: none). */

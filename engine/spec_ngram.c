@@ -80,7 +80,7 @@ int spec_draft_prediction(const struct spec_drafter *d, const int32_t *pred, int
                           const int32_t *out, int n_out, int k, int32_t *dst, int *match)
 {
     *match = 0;
-    if (d->mode == SPEC_DRAFT || k <= 0 || n_pred <= 0) return 0;
+    if (k <= 0 || n_pred <= 0) return 0;
     if (k > SPEC_K_MAX) k = SPEC_K_MAX;
     int at = -1, len = 0;
     if (n_out == 0) {

@@ -117,7 +117,7 @@ START_TEST(prediction_drafts_where_the_output_is)
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 6, 1, out, &match), 1);
     ck_assert_int_eq(out[0], 11);
     /* nothing matches ngram_min tokens: no draft; SPEC_OFF drafts from a prediction too (it is
-     * the only source there), SPEC_DRAFT never (the draft model proposes) */
+     * the only source there), and SPEC_DRAFT (before its draft model) */
     const int32_t other[] = {1, 2};
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, other, 2, 4, out, &match), 0);
     ck_assert_int_eq(match, 0);
@@ -125,7 +125,8 @@ START_TEST(prediction_drafts_where_the_output_is)
     ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, gen, 7, 8, out, &match), 3);
     ck_assert_int_eq(spec_draft(&d, gen, 7, 4, out, &match), 0);
     spec_drafter_init(&d, SPEC_DRAFT);
-    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, NULL, 0, 4, out, &match), 0);
+    ck_assert_int_eq(spec_draft_prediction(&d, pred, 10, NULL, 0, 4, out, &match), 4);
+    ck_assert_int_eq(spec_draft(&d, gen, 7, 4, out, &match), 0);
 }
 END_TEST
 
@@ -1288,6 +1289,63 @@ START_TEST(draft_model_output_equals_plain_decoding)
 }
 END_TEST
 
+/* With a draft model a prediction that matches is drafted from first: a seeded sample given its
+ * own tokens as the prediction keeps more drafts than with the draft model's guesses alone, and
+ * both are plain decoding's tokens; so is a greedy answer whose prediction is wrong from its
+ * first token (the draft model proposes where it does not match). */
+START_TEST(prediction_comes_before_the_draft_model)
+{
+    struct gguf_file *q8, *q4;
+    open_quantized("spec-target.Q8_0.gguf", QTYPE_Q8_0, &q8);
+    open_quantized("spec-draft.Q4_0.gguf", QTYPE_Q4_0, &q4);
+    int n_out = tu_sanitized() ? 12 : 32;
+    static struct req_case cs, csp, cg, cw;
+    static struct result plain_s, plain_g, spec_s, spec_sp, spec_w;
+    make_case(5, n_out, &cs); /* sampled at 1.1 with a repetition penalty */
+    cs.r.prompt = cs.prompt;
+    make_case(0, n_out, &cg); /* greedy */
+    cg.r.ignore_eos = true;
+    cg.r.prompt = cg.prompt;
+    struct engine *e = make_engine_on(q8, NULL, SPEC_OFF, 256, MAXR, 256, 16);
+    run_one(e, &cs, &plain_s);
+    run_one(e, &cg, &plain_g);
+    engine_free(e);
+
+    e = make_engine_on(q8, q4, SPEC_DRAFT, 256, MAXR, 256, 16);
+    run_one(e, &cs, &spec_s);
+    csp = cs;
+    csp.r.prompt = csp.prompt;
+    csp.r.prediction = plain_s.tokens;
+    csp.r.n_prediction = plain_s.n;
+    run_one(e, &csp, &spec_sp);
+    int32_t bad[MAXOUT];
+    for (int i = 0; i < plain_g.n; i++) bad[i] = plain_g.tokens[i] == 42 ? 43 : 42;
+    cw = cg;
+    cw.r.prompt = cw.prompt;
+    cw.r.prediction = bad;
+    cw.r.n_prediction = plain_g.n;
+    run_one(e, &cw, &spec_w);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    engine_stop(e);
+    ck_assert_msg(!e->check_error[0], "%s", e->check_error);
+    engine_free(e);
+    printf("prediction before a draft model: sampled %d tokens, %d accepted from the draft model, "
+           "%d with its own tokens predicted; greedy %d with a wrong prediction (%d rejected)\n",
+           plain_s.n, spec_s.final.accepted_tokens, spec_sp.final.accepted_tokens,
+           spec_w.final.accepted_tokens, spec_w.final.rejected_tokens);
+    same_tokens(&plain_s, &spec_s, "sampled, draft model");
+    same_tokens(&plain_s, &spec_sp, "sampled, draft model and its own tokens predicted");
+    same_tokens(&plain_g, &spec_w, "greedy, draft model and a wrong prediction");
+    ck_assert_int_gt(spec_sp.final.accepted_tokens, spec_s.final.accepted_tokens);
+    ck_assert_int_ge(spec_sp.final.accepted_tokens, plain_s.n / 2);
+    ck_assert_int_gt(spec_w.final.rejected_tokens, 0);
+    ck_assert_uint_eq(st.spec_draft_errors, 0);
+    gguf_close(q4);
+    gguf_close(q8);
+}
+END_TEST
+
 struct greedy_ref {
     int32_t out[SPEC_K_MAX];
     int n;
@@ -1440,6 +1498,7 @@ int main(void)
                             prediction_is_drafted_from,
                             draft_model_proposes_its_greedy_continuation,
                             draft_model_output_equals_plain_decoding,
+                            prediction_comes_before_the_draft_model,
                             draft_model_is_refused_without_the_same_vocabulary};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
         if (tu_selected(tests[i]->name)) tcase_add_test(tc, tests[i]);
