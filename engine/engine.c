@@ -329,6 +329,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, 
         error = LOST_EVENTS;
     }
     if (error) snprintf(ev.error, sizeof ev.error, "%s", error);
+    ev.request_fault = why == FINISH_ERROR && !lost && s->request_fault;
     if (e->o.trace)
         trace_add_request(e->o.trace, &(struct trace_request){.id = s->id,
                                                               .t_submit = s->t_submit,
@@ -441,6 +442,7 @@ static enum finish_reason seq_advance(struct engine *e, struct seq *s, const flo
         if (s->n_bad) ban_bad_words(s, e->work);
         if (s->grammar && seq_constrain(e, s, e->work)) return FINISH_ERROR;
         if ((s->allowed_mask || s->n_bad) && !any_finite(e->work, e->vocab)) {
+            s->request_fault = true;
             snprintf(s->error, sizeof s->error,
                      "allowed_token_ids and bad_words (and the grammar) leave no token to sample "
                      "after %d tokens",

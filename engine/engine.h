@@ -223,6 +223,9 @@ struct req_event {
     int32_t stop_token;
     double ttft_ms, total_ms, queue_ms;
     char error[256];
+    /* FINISH_ERROR that the request's own constraints caused: its allowed tokens, bad words
+     * and grammar left no token to sample. The client's to fix (HTTP 400), not the server's. */
+    bool request_fault;
 };
 
 struct engine_stats {

@@ -66,6 +66,7 @@ int seq_constrain(struct engine *e, struct seq *s, float *row)
         goto fail;
     }
     if (n == 0) {
+        s->request_fault = true; /* the request's grammar: no token continues it */
         qerr_set(&q, QERR_INVALID,
                  "structured output: no token can continue the output after %d tokens (the "
                  "grammar reached a dead end)",

@@ -87,6 +87,7 @@ struct seq {
     int n_pred;
     int draft_computed; /* SPEC_DRAFT: leading positions whose draft-model K/V are in blocks */
     char error[200];    /* why it failed, for FINISH_ERROR */
+    bool request_fault; /* that failure came from its own constraints (req_event.request_fault) */
     /* prompt logprobs (engine_prefill.c): plp_next is the next prompt position whose
      * logprob is still to be sent (from 1; n_prompt when all are) */
     bool prompt_logprobs;

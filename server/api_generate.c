@@ -40,6 +40,7 @@ struct choice {
     size_t lp_sent;        /* streamed: echoed prompt logprobs already sent */
     struct oai_choice out; /* non-streamed: the collected text and logprobs */
     char error[256];       /* FINISH_ERROR: the engine's message */
+    bool request_fault;    /* FINISH_ERROR caused by the request's constraints (req_event) */
 };
 
 struct gen {
@@ -202,8 +203,12 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     } else if (g->stream) {
         if (ev->done && fin == FINISH_ERROR) {
             struct oai_error e = {0};
-            oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
-                          ev->error[0] ? ev->error : "the engine failed this request");
+            if (ev->request_fault)
+                oai_error_set(&e, 400, "invalid_request_error", "invalid_value", NULL, "%s",
+                              ev->error);
+            else
+                oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
+                              ev->error[0] ? ev->error : "the engine failed this request");
             rc = append_chunk(g, oai_write_error_chunk(&e));
         }
         if (!rc && (len || lp || ev->done))
@@ -225,7 +230,10 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     if (ev->done) {
         c->done = true;
         c->out.finish = fin;
-        if (fin == FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error);
+        if (fin == FINISH_ERROR) {
+            snprintf(c->error, sizeof c->error, "%s", ev->error);
+            c->request_fault = ev->request_fault;
+        }
         g->usage.completion_tokens += ev->completion_tokens;
         g->usage.accepted_tokens += ev->accepted_tokens;
         g->usage.rejected_tokens += ev->rejected_tokens;
@@ -239,7 +247,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
             }
             if (fin == FINISH_ERROR) {
                 g->log->has_error = true;
-                g->log->error = METRICS_ERR_INTERNAL;
+                g->log->error = ev->request_fault ? METRICS_ERR_BAD_REQUEST : METRICS_ERR_INTERNAL;
                 fprintf(stderr, "quern serve: request %s choice %d failed: %s\n", g->log->id, i,
                         ev->error);
             }
@@ -804,12 +812,17 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
         oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
         api_error(&e, rq->log, out);
     } else {
-        const char *failed = NULL;
+        const struct choice *failed = NULL;
         for (int i = 0; i < g->n_choices && !failed; i++)
-            if (g->ch[i].out.finish == FINISH_ERROR) failed = g->ch[i].error;
-        if (failed) {
+            if (g->ch[i].out.finish == FINISH_ERROR) failed = &g->ch[i];
+        if (failed && failed->request_fault) {
+            oai_error_set(&e, 400, "invalid_request_error", "invalid_value", NULL, "%s",
+                          failed->error);
+            api_error(&e, rq->log, out);
+        } else if (failed) {
             oai_error_set(&e, 500, "server_error", "engine_error", NULL, "%s",
-                          *failed ? failed : "the engine failed this request (see the server log)");
+                          *failed->error ? failed->error
+                                         : "the engine failed this request (see the server log)");
             api_error(&e, rq->log, out);
         } else {
             struct oai_choice *cs = malloc((size_t)g->n_choices * sizeof *cs);

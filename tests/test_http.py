@@ -421,6 +421,20 @@ def test_min_tokens_and_stop_ids(d):
           "Paris" not in rb["choices"][0]["message"]["content"],
           "bad_words: the answer that named Paris names it no more",
           rb["choices"][0]["message"]["content"] if st == 200 else rb)
+    # allowed tokens that bad_words ban whole leave nothing to sample: the request's fault, a
+    # 400 (streamed: an error event of that type), where the engine failing would be a 500
+    _, _, tp = d.post("/tokenize", {"prompt": " Paris"})
+    none_left = {"prompt": "Name a city:", "max_tokens": 4, "allowed_token_ids": tp["tokens"],
+                 "bad_words": ["Paris"]}
+    st, _, rf = d.post("/v1/completions", none_left)
+    check(len(tp["tokens"]) == 1 and st == 400 and
+          rf["error"]["type"] == "invalid_request_error" and
+          "leave no token" in rf["error"]["message"],
+          "allowed_token_ids that bad_words ban: a 400 saying no token is left", rf)
+    _, _, _, evs, done = collect(d, "/v1/completions", dict(none_left, stream=True))
+    errs = [e["error"] for e in evs if isinstance(e, dict) and "error" in e]
+    check(done and len(errs) == 1 and errs[0]["type"] == "invalid_request_error",
+          "the same streamed: one invalid_request_error event, then [DONE]", evs)
     for bad_body, param in (({"allowed_token_ids": []}, "allowed_token_ids"),
                             ({"allowed_token_ids": [10 ** 6]}, "allowed_token_ids"),
                             ({"bad_words": "Paris"}, "bad_words"),
