@@ -993,6 +993,22 @@ START_TEST(history_lends_answers_to_later_requests)
 }
 END_TEST
 
+/* *out: base's request with pred[0..n) as its prediction. */
+static void with_prediction(const struct req_case *base, const int32_t *pred, int n,
+                            struct req_case *out)
+{
+    *out = *base;
+    out->r.prompt = out->prompt;
+    out->r.prediction = pred;
+    out->r.n_prediction = n;
+}
+
+/* A prediction of plain's length that is wrong at every token. */
+static void wrong_prediction(const struct result *plain, int32_t *bad)
+{
+    for (int i = 0; i < plain->n; i++) bad[i] = plain->tokens[i] == 42 ? 43 : 42;
+}
+
 /* A predicted output (OpenAI's prediction) is drafted from: a greedy answer that copies nothing
  * of its prompt, given its own plain tokens as the prediction, comes out the same with most of
  * it from drafts; a prediction that is wrong from its first token, or sampled output, keeps the
@@ -1011,25 +1027,16 @@ START_TEST(prediction_is_drafted_from)
     struct engine *e = make_history_engine(0);
     run_one(e, &c, &plain);
     ck_assert_int_eq(plain.n, n_out);
-    cp = c;
-    cp.r.prompt = cp.prompt;
-    cp.r.prediction = plain.tokens;
-    cp.r.n_prediction = plain.n;
+    with_prediction(&c, plain.tokens, plain.n, &cp);
     run_one(e, &cp, &with);
     int32_t bad[MAXOUT];
-    for (int i = 0; i < plain.n; i++) bad[i] = plain.tokens[i] == 42 ? 43 : 42;
-    cw = c;
-    cw.r.prompt = cw.prompt;
-    cw.r.prediction = bad;
-    cw.r.n_prediction = plain.n;
+    wrong_prediction(&plain, bad);
+    with_prediction(&c, bad, plain.n, &cw);
     run_one(e, &cw, &wrong);
     make_case(1, n_out, &cs); /* seeded sampling */
     cs.r.prompt = cs.prompt;
     run_one(e, &cs, &sampled);
-    csp = cs;
-    csp.r.prompt = csp.prompt;
-    csp.r.prediction = sampled.tokens;
-    csp.r.n_prediction = sampled.n;
+    with_prediction(&cs, sampled.tokens, sampled.n, &csp);
     run_one(e, &csp, &sampled_p);
     engine_stop(e);
     ck_assert_msg(!e->check_error[0], "%s", e->check_error);
@@ -1313,17 +1320,11 @@ START_TEST(prediction_comes_before_the_draft_model)
 
     e = make_engine_on(q8, q4, SPEC_DRAFT, 256, MAXR, 256, 16);
     run_one(e, &cs, &spec_s);
-    csp = cs;
-    csp.r.prompt = csp.prompt;
-    csp.r.prediction = plain_s.tokens;
-    csp.r.n_prediction = plain_s.n;
+    with_prediction(&cs, plain_s.tokens, plain_s.n, &csp);
     run_one(e, &csp, &spec_sp);
     int32_t bad[MAXOUT];
-    for (int i = 0; i < plain_g.n; i++) bad[i] = plain_g.tokens[i] == 42 ? 43 : 42;
-    cw = cg;
-    cw.r.prompt = cw.prompt;
-    cw.r.prediction = bad;
-    cw.r.n_prediction = plain_g.n;
+    wrong_prediction(&plain_g, bad);
+    with_prediction(&cg, bad, plain_g.n, &cw);
     run_one(e, &cw, &spec_w);
     struct engine_stats st;
     engine_get_stats(e, &st);
