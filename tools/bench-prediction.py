@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Predicted outputs (a request's `prediction`) on a server run with `--spec off` (the default: the
-prediction is the only drafter) or `--spec ngram`: each prompt greedy with no prediction, with its own answer as the prediction, and with that answer edited (every 20th
+prediction is the only drafter), `--spec ngram` or `--spec draft` (with --draft-model: the
+prediction first, the draft model where it does not match): each prompt greedy with no prediction, with its own answer as the prediction, and with that answer edited (every 20th
 word replaced); decode tok/s from the first streamed token to the last, the median of the
 rounds, and the drafted tokens kept (usage.completion_tokens_details.accepted_prediction_tokens).
 Every run must give the answer's bytes.
 
     tools/bench-prediction.py [--model M] [--threads 2] [--rounds 3] [--max-tokens 160]
-                              [--spec off|ngram]
+                              [--spec off|ngram|draft] [--draft-model D]
 """
 import argparse
 import json
@@ -30,18 +31,23 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--port", type=int, default=18820)
-    ap.add_argument("--spec", choices=("off", "ngram"), default="off")
+    ap.add_argument("--spec", choices=("off", "ngram", "draft"), default="off")
+    ap.add_argument("--draft-model", help="with --spec draft: the draft model's GGUF")
     a = ap.parse_args()
+    if (a.spec == "draft") != bool(a.draft_model):
+        ap.error("--spec draft and --draft-model go together")
+    draft = ["--draft-model", a.draft_model] if a.draft_model else []
     # no history: a repeated prompt would draft from its own earlier answer
     srv = quern_serve.start(a.bin, a.model, a.port, a.threads, "--spec", a.spec,
-                            "--spec-history", "0")
+                            "--spec-history", "0", *draft)
     try:
         rows = [bench(a, p) for p in PROMPTS]
     finally:
         srv.terminate()
         srv.wait()
     cpu = quern_serve.cpu_line()
-    print(f"{cpu}; {a.threads} threads; {a.rounds} rounds; --spec {a.spec} --spec-history 0\n")
+    print(f"{cpu}; {a.threads} threads; {a.rounds} rounds; --spec {a.spec} --spec-history 0"
+          f"{' --draft-model ' + a.draft_model if a.draft_model else ''}\n")
     print("| prompt | no prediction tok/s | its answer predicted | ratio | the answer edited "
           "| ratio | kept drafts / tokens (none, answer, edited) |")
     print("|---|---|---|---|---|---|---|")
