@@ -354,6 +354,7 @@ static void plan_drafts(struct engine *e, int budget)
                 found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
         }
         bool model = e->draft && found <= 0;
+        if (model) s->spec_cls = 0; /* a draft model's guesses form class 0 */
         struct spec_costs sc = {.target = &e->spec_cost,
                                 .draft = model ? &e->draft_cost : NULL,
                                 .draft_prior = e->draft_prior,
@@ -361,10 +362,8 @@ static void plan_drafts(struct engine *e, int budget)
                                 .horizon = s->max_tokens - s->n_generated};
         if (by_cost && cap > 0) {
             /* the n-gram draft first: what it rests on says how likely its tokens are kept,
-             * and its length bounds k (a draft model's guesses form class 0) */
-            if (model) {
-                s->spec_cls = 0;
-            } else if (!e->draft) {
+             * and its length bounds k */
+            if (!e->draft) {
                 found = seq_ngram_draft(e, s, cap, draft);
                 if (s->grammar) found = seq_grammar_draft(e, s, draft, found, cap, &s->spec_cls);
                 if (found <= 0) continue;
