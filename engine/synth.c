@@ -183,10 +183,9 @@ out:
     return rc;
 }
 
-int synth_model_open(const char *name, enum qtype type, uint64_t seed, const char *dir,
-                     struct gguf_file **out, struct qerr *err)
+int synth_model_write(const char *name, enum qtype type, uint64_t seed, const char *path,
+                      struct qerr *err)
 {
-    *out = NULL;
     const struct synth_shape *sh = synth_shape_find(name);
     if (!sh)
         return qerr_set(err, QERR_INVALID,
@@ -198,15 +197,6 @@ int synth_model_open(const char *name, enum qtype type, uint64_t seed, const cha
                         "synthetic model: type %s (want f32, f16, q8_0, "
                         "q4_0 or q4_1)",
                         qtype_name(type));
-    if (!dir) dir = getenv("TMPDIR");
-    if (!dir || !*dir) dir = "/tmp";
-    char tmpl[512], path[600];
-    snprintf(tmpl, sizeof tmpl, "%s/quern-synth-XXXXXX", dir);
-    if (!mkdtemp(tmpl))
-        return qerr_set(err, QERR_IO, "synthetic model: cannot make a directory in %s: %s", dir,
-                        strerror(errno));
-    snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpl, sh->name, qtype_name(type));
-
     int max_tensors = 3 + 9 * sh->n_layers;
     struct synth_tensor *ts = calloc((size_t)max_tensors, sizeof *ts);
     struct gguf_writer *w = NULL;
@@ -235,11 +225,29 @@ int synth_model_open(const char *name, enum qtype type, uint64_t seed, const cha
     }
     struct synth_fill fc = {.t = ts, .seed = seed | 1};
     if (!rc) rc = gguf_writer_write(w, path, fill, &fc, NULL, err);
+    gguf_writer_free(w);
+    free(ts);
+    return rc;
+}
+
+int synth_model_open(const char *name, enum qtype type, uint64_t seed, const char *dir,
+                     struct gguf_file **out, struct qerr *err)
+{
+    *out = NULL;
+    const struct synth_shape *sh = synth_shape_find(name);
+    if (!sh) return synth_model_write(name, type, seed, NULL, err); /* says why */
+    if (!dir) dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    char tmpl[512], path[600];
+    snprintf(tmpl, sizeof tmpl, "%s/quern-synth-XXXXXX", dir);
+    if (!mkdtemp(tmpl))
+        return qerr_set(err, QERR_IO, "synthetic model: cannot make a directory in %s: %s", dir,
+                        strerror(errno));
+    snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpl, sh->name, qtype_name(type));
+    int rc = synth_model_write(name, type, seed, path, err);
     if (!rc) rc = gguf_open(path, out, err);
     /* the mapping outlives the name: remove it now, so nothing is left whatever happens */
     unlink(path);
     rmdir(tmpl);
-    gguf_writer_free(w);
-    free(ts);
     return rc;
 }

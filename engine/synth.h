@@ -30,4 +30,11 @@ const struct synth_shape *synth_shape_find(const char *name);
 int synth_model_open(const char *name, enum qtype type, uint64_t seed, const char *dir,
                      struct gguf_file **out, struct qerr *err);
 
+/* Writes the synthetic model of shape `name` and type as synth_model_open makes it to the file
+ * path and keeps it there: a file to hand a peer (llama.cpp's llama-bench) beside quern, so both
+ * read the same bytes of a model too large for any cache (`quern bench --synthetic NAME
+ * --write-model PATH`). */
+int synth_model_write(const char *name, enum qtype type, uint64_t seed, const char *path,
+                      struct qerr *err);
+
 #endif

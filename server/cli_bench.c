@@ -60,6 +60,8 @@ static void bench_usage(FILE *out)
             "                        here (llama3-8b, llama2-7b, smollm2-135m)\n"
             "  --type T              the synthetic weights' type: q4_0 (default), q4_1, q8_0,\n"
             "                        f16\n"
+            "  --write-model PATH    with --synthetic: write that model's GGUF to PATH and\n"
+            "                        stop (a file for llama-bench beside quern)\n"
             "  --max-batch-tokens N  engine step budget (default 2048)\n"
             "  --max-seqs N          running sequences (default 64)\n"
             "  --kv-mem MIB          KV pool size in MiB (default 1024)\n"
@@ -81,7 +83,8 @@ static void bench_usage(FILE *out)
 
 struct bench_args {
     const char *model, *device, *synthetic;
-    const char *trace_path; /* --trace */
+    const char *write_model; /* --synthetic's file, written there instead of a benchmark */
+    const char *trace_path;  /* --trace */
     enum qtype synth_type;
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
@@ -680,6 +683,7 @@ int cli_bench(int argc, char **argv)
         O_PREC,
         O_DEVICE,
         O_SYNTH,
+        O_WRITE,
         O_TYPE,
         O_BATCHINV,
         O_DECODE,
@@ -710,6 +714,7 @@ int cli_bench(int argc, char **argv)
                                          {"device", required_argument, 0, O_DEVICE},
                                          {"synthetic", required_argument, 0, O_SYNTH},
                                          {"type", required_argument, 0, O_TYPE},
+                                         {"write-model", required_argument, 0, O_WRITE},
                                          {"batch-invariant", no_argument, 0, O_BATCHINV},
                                          {"tp", required_argument, 0, O_TP},
                                          {"decode-batches", required_argument, 0, O_DECODE},
@@ -810,6 +815,9 @@ int cli_bench(int argc, char **argv)
             }
             a.synthetic = optarg;
             continue;
+        case O_WRITE:
+            a.write_model = optarg;
+            continue;
         case O_TYPE: {
             int t = qtype_from_name(optarg);
             if (t != QTYPE_Q4_0 && t != QTYPE_Q4_1 && t != QTYPE_Q8_0 && t != QTYPE_F16) {
@@ -875,6 +883,21 @@ int cli_bench(int argc, char **argv)
             fprintf(stderr, "quern bench: '%s' is not an integer in %ld..%ld\n", optarg, lo, hi);
             return EXIT_USAGE;
         }
+    }
+    if (a.write_model) {
+        if (!a.synthetic || optind < argc) {
+            fprintf(stderr, "quern bench: --write-model PATH needs --synthetic NAME (and "
+                            "takes --type, --seed)\n");
+            return EXIT_USAGE;
+        }
+        struct qerr err = {0};
+        if (synth_model_write(a.synthetic, a.synth_type, (uint64_t)a.seed, a.write_model, &err)) {
+            fprintf(stderr, "quern bench: %s\n", err.msg);
+            return EXIT_RUNTIME;
+        }
+        printf("wrote %s: synthetic %s, %s\n", a.write_model, a.synthetic,
+               qtype_name(a.synth_type));
+        return EXIT_OK;
     }
     if (a.embeddings) { /* 64 inputs of 128 tokens, all in flight, unless told otherwise */
         if (a.requests < 0) a.requests = 64;

@@ -217,6 +217,12 @@ backend_line auto 'cpu \(auto: --kv-type q8 is the CPU.s\), [a-z0-9]+ kernels, q
 expect 2 "--synthetic 'gpt5'" -- bench --synthetic gpt5 --pp 8 --tg 2
 expect 2 "--type 'q5_k'" -- bench --synthetic smollm2-135m --type q5_k --pp 8 --tg 2
 expect 0 '\| tg4 \|' -- bench --synthetic smollm2-135m --type q4_1 --pp 16 --tg 4 --reps 1 --device cpu
+# --write-model keeps the file (for llama-bench beside quern): a GGUF quern opens again
+expect 2 '--write-model PATH needs --synthetic NAME' -- bench --write-model "$tmp/s.gguf" --pp 8 --tg 2
+expect 0 "^wrote $tmp/s.gguf: synthetic smollm2-135m, Q4_0" -- bench --synthetic smollm2-135m --write-model "$tmp/s.gguf"
+expect 0 '\| tg2 \|' -- bench --model "$tmp/s.gguf" --pp 8 --tg 2 --reps 1 --device cpu
+expect 1 'cannot' -- bench --synthetic smollm2-135m --write-model "$tmp/no/such/dir/s.gguf"
+rm -f "$tmp/s.gguf"
 # with two threads, how long the caller waited at the jobs' ends (threadpool.h, pool_stats)
 expect 0 '^pool, tg4: [1-9][0-9]*\.[0-9] jobs a step; the caller ran [0-9.]+ % of their tasks, then waited .* [0-9.]+ % of the time' -- bench --model "$model" --pp 16 --tg 4 --reps 1 --threads 2 --device cpu
 # B sequences decoding together through the forward (engine/bench_decode.h)
