@@ -19,27 +19,15 @@ int cli_eval(int argc, char **argv);
 #include <stdbool.h>
 bool cli_parse_int(const char *text, long lo, long hi, long *out);
 bool cli_parse_float(const char *text, double lo, double hi, double *out);
-/* The backend `--device` names (auto, cpu, cuda, cuda:N; kernels/backend_select.h), with its
- * one-line reason logged to stderr as "quern PROG: backend: ...". */
 #include "../kernels/backend_select.h"
-int cli_backend_create(const char *prog, const struct backend_request *r, struct backend **out,
-                       struct qerr *err);
-/* --tp N: the ranks of backend_group_create (kernels/backend_select.h), logged as
- * cli_backend_create does; tp 1 is one backend and no communicator. */
-int cli_backend_group_create(const char *prog, const struct backend_request *r, int tp,
-                             struct backend_group *g, struct qerr *err);
 /* Checks a --tp argument (1..COMM_MAX_RANKS): true and *out set, or false after a one-line
  * error. */
 bool cli_tp_arg(const char *prog, const char *text, int *out);
 #define CLI_TP_HELP                                                                                \
     "  --tp N            tensor parallelism: split the model over N ranks (CPU: --threads\n"       \
     "                    divided among them; CUDA: N devices over NCCL; default 1)\n"
-/* Checks a --device argument: true and *out = text, or false after a one-line error. */
-bool cli_device_arg(const char *prog, const char *text, const char **out);
 #define CLI_DEVICE_HELP                                                                            \
     "  --device D        auto (default: a usable GPU, else the CPU), cpu, cuda or cuda:N\n"
-/* --precision auto|f32|q8: true and *out set, or false after a one-line error. */
-bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision *out);
 #define CLI_PRECISION_HELP                                                                         \
     "  --precision P     matmul activations: auto (default: q8 on the CPU, f32 on CUDA), q8\n"     \
     "                    (int8 per 32-block, as llama.cpp; mean KL 0.003 on the default model)\n"  \
@@ -75,12 +63,32 @@ enum { CLI_O_KV_TYPE = 0x4000, CLI_O_GEMM, CLI_O_GEMM_MIN, CLI_O_ROPE_BASE, CLI_
     "  --rope-freq-base F  the rope base frequency instead of the file's rope.freq_base\n"         \
     "  --rope-scale F      linear rope scaling by F instead of the file's (as llama.cpp's;\n"      \
     "                    lets serve's --ctx reach F times the trained context)\n"
-/* Takes the knob option `code` (CLI_O_*) with its argument; false after a one-line error. */
-bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k);
-/* Puts the knobs into a backend request; cli_knobs_model: the model's into model options. */
-void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r);
+/* Puts the model's knobs into model options. */
 struct model_opts;
 void cli_knobs_model(const struct cli_knobs *k, struct model_opts *mo);
+
+/* What chooses and shapes the backend on every subcommand that makes one (generate, serve,
+ * eval, bench): --precision, --device, --tp, --batch-invariant and the knobs above. */
+struct cli_backend_args {
+    const char *device;              /* --device: NULL is auto */
+    int tp;                          /* --tp ranks, 0: one */
+    bool batch_invariant;            /* --batch-invariant */
+    enum matmul_precision precision; /* --precision; MATMUL_AUTO unless given */
+    struct cli_knobs knobs;
+};
+enum { CLI_O_PRECISION = 0x4020, CLI_O_DEVICE, CLI_O_TP, CLI_O_BATCH_INVARIANT };
+#define CLI_BACKEND_OPTIONS                                                                        \
+    {"precision", required_argument, 0, CLI_O_PRECISION},                                          \
+        {"device", required_argument, 0, CLI_O_DEVICE}, {"tp", required_argument, 0, CLI_O_TP},    \
+        {"batch-invariant", no_argument, 0, CLI_O_BATCH_INVARIANT}, CLI_KNOB_OPTIONS
+/* Takes getopt's option `code` with its argument when it is one of CLI_BACKEND_OPTIONS: 1, or
+ * -1 after a one-line error naming prog (a usage error); 0 when it is not one of them. */
+int cli_backend_arg(const char *prog, int code, const char *text, struct cli_backend_args *b);
+/* The backends b asks for (backend_group_create, kernels/backend_select.h: --tp 1 is one backend
+ * and no communicator), with threads CPU threads (0: all); the one-line reason for the choice
+ * goes to stderr as "quern PROG: backend: ...". */
+int cli_backends_open(const char *prog, const struct cli_backend_args *b, int threads,
+                      struct backend_group *g, struct qerr *err);
 
 /* --spec off|ngram|draft, --spec-k N and --draft-model PATH: speculative decoding
  * (engine/spec.h), the same on serve, generate and bench. Off unless asked:
@@ -128,9 +136,9 @@ enum {
     "                    (default cost), or from acceptance alone (serve, bench)\n"                \
     "  --spec-history N    ngram: also draft from the last N tokens of finished\n"                 \
     "                    answers (default 65536; 0: none; serve, bench)\n"
-/* Takes --spec, --spec-k, --spec-step-tokens, --spec-policy or --spec-history (`code`) with its
- * argument; false after a one-line error. */
-bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
+/* Takes getopt's option `code` with its argument when it is one of CLI_SPEC_OPTIONS: 1, or -1
+ * after a one-line error naming prog (a usage error); 0 when it is not one of them. */
+int cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s);
 /* After the arguments, a usage error (the caller exits 2): --spec draft without --draft-model,
  * or --draft-model with another --spec; false after a one-line error. */
 bool cli_spec_check(const char *prog, struct cli_spec *s);

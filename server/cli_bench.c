@@ -82,22 +82,20 @@ static void bench_usage(FILE *out)
 }
 
 struct bench_args {
-    const char *model, *device, *synthetic;
+    const char *model, *synthetic;
     const char *write_model; /* --synthetic's file, written there instead of a benchmark */
     const char *trace_path;  /* --trace */
     enum qtype synth_type;
     long requests, input_len, output_len, concurrency, threads, pp, tg, reps, batch, seqs, kv_mib,
         seed;
-    enum matmul_precision precision;
-    bool json, batch_invariant, profile;
+    bool json, profile;
     bool embeddings;      /* --embeddings: pooled requests (mean), no output */
     bool concurrency_set; /* --concurrency given */
-    struct cli_knobs knobs;
+    struct cli_backend_args be;
     struct cli_spec spec;             /* --spec, --spec-k */
     const char *grounded;             /* --grounded FILE */
     double temp;                      /* --temp: serving runs' temperature (0: greedy) */
     int decode_batches[16], n_decode; /* --decode-batches */
-    int tp;                           /* --tp ranks, 0: one */
     const struct backend_group *grp;  /* the ranks' backends and communicators */
 };
 
@@ -235,8 +233,8 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.tp = a->grp->n;
     o.tp_backends = a->grp->be;
     o.tp_comms = a->grp->comm;
-    o.rope_freq_base = a->knobs.rope_freq_base;
-    o.rope_scale = a->knobs.rope_scale;
+    o.rope_freq_base = a->be.knobs.rope_freq_base;
+    o.rope_scale = a->be.knobs.rope_scale;
     struct trace *tr = NULL;
     int rc =
         a->trace_path ? trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, err) : 0;
@@ -397,7 +395,7 @@ static struct bench_ceilings profile_ceilings(struct backend *be, const struct b
     struct bench_ceilings c = {0};
     if (!strcmp(be->ops->name, "cpu")) {
         int threads = a->threads > 0 ? (int)a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        bool fp32 = a->precision == MATMUL_F32;
+        bool fp32 = a->be.precision == MATMUL_F32;
         c.read_gbs = bench_read_bandwidth(threads);
         enum cpu_isa isa = backend_cpu_isa(be); /* the kernels it runs */
         c.peak_gops = bench_compute_peak(fp32, threads, isa);
@@ -427,7 +425,7 @@ static int run_decode_batches(const struct gguf_file *f, struct backend *be,
     mo.tp = a->grp->n;
     mo.tp_backends = a->grp->be;
     mo.tp_comms = a->grp->comm;
-    cli_knobs_model(&a->knobs, &mo);
+    cli_knobs_model(&a->be.knobs, &mo);
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
     if (rc) {
@@ -580,7 +578,7 @@ static int run_pp_tg(const struct gguf_file *f, struct backend *be, const struct
                             .tp = a->grp->n,
                             .tp_backends = a->grp->be,
                             .tp_comms = a->grp->comm};
-    cli_knobs_model(&a->knobs, &mo);
+    cli_knobs_model(&a->be.knobs, &mo);
     if (mo.max_batch_tokens < 1) mo.max_batch_tokens = 1;
     struct model *m;
     int rc = model_load(f, be, &mo, &m, err);
@@ -680,14 +678,10 @@ int cli_bench(int argc, char **argv)
         O_SEED,
         O_JSON,
         O_TRACE,
-        O_PREC,
-        O_DEVICE,
         O_SYNTH,
         O_WRITE,
         O_TYPE,
-        O_BATCHINV,
         O_DECODE,
-        O_TP,
         O_PROFILE,
         O_EMBED,
         O_GROUNDED,
@@ -710,15 +704,11 @@ int cli_bench(int argc, char **argv)
                                          {"profile", no_argument, 0, O_PROFILE},
                                          {"embeddings", no_argument, 0, O_EMBED},
                                          {"trace", required_argument, 0, O_TRACE},
-                                         {"precision", required_argument, 0, O_PREC},
-                                         {"device", required_argument, 0, O_DEVICE},
                                          {"synthetic", required_argument, 0, O_SYNTH},
                                          {"type", required_argument, 0, O_TYPE},
                                          {"write-model", required_argument, 0, O_WRITE},
-                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
-                                         {"tp", required_argument, 0, O_TP},
                                          {"decode-batches", required_argument, 0, O_DECODE},
-                                         CLI_KNOB_OPTIONS,
+                                         CLI_BACKEND_OPTIONS,
                                          CLI_SPEC_OPTIONS,
                                          {"grounded", required_argument, 0, O_GROUNDED},
                                          {"temp", required_argument, 0, O_TEMP},
@@ -730,7 +720,7 @@ int cli_bench(int argc, char **argv)
                            .seqs = 64,
                            .kv_mib = 1024,
                            .seed = 1,
-                           .precision = MATMUL_AUTO,
+                           .be.precision = MATMUL_AUTO,
                            .synth_type = QTYPE_Q4_0,
                            .requests = -1,
                            .input_len = -1,
@@ -759,33 +749,6 @@ int cli_bench(int argc, char **argv)
             continue;
         case O_TRACE:
             a.trace_path = optarg;
-            continue;
-        case O_PREC:
-            if (!cli_precision_arg("bench", optarg, &a.precision)) return EXIT_USAGE;
-            continue;
-        case O_DEVICE:
-            if (!cli_device_arg("bench", optarg, &a.device)) return EXIT_USAGE;
-            continue;
-        case O_TP:
-            if (!cli_tp_arg("bench", optarg, &a.tp)) return EXIT_USAGE;
-            continue;
-        case O_BATCHINV:
-            a.batch_invariant = true;
-            continue;
-        case CLI_O_KV_TYPE:
-        case CLI_O_GEMM:
-        case CLI_O_GEMM_MIN:
-        case CLI_O_ROPE_BASE:
-        case CLI_O_ROPE_SCALE:
-            if (!cli_knob_arg("bench", c, optarg, &a.knobs)) return EXIT_USAGE;
-            continue;
-        case CLI_O_SPEC:
-        case CLI_O_SPEC_K:
-        case CLI_O_SPEC_STEP:
-        case CLI_O_SPEC_POLICY:
-        case CLI_O_SPEC_HISTORY:
-        case CLI_O_DRAFT_MODEL:
-            if (!cli_spec_arg("bench", c, optarg, &a.spec)) return EXIT_USAGE;
             continue;
         case O_GROUNDED:
             a.grounded = optarg;
@@ -875,9 +838,13 @@ int cli_bench(int argc, char **argv)
             lo = 0;
             hi = 0x7fffffffL;
             break;
-        default:
-            bench_usage(stderr);
+        default: {
+            int took = cli_backend_arg("bench", c, optarg, &a.be);
+            if (!took) took = cli_spec_arg("bench", c, optarg, &a.spec);
+            if (took > 0) continue;
+            if (!took) bench_usage(stderr);
             return EXIT_USAGE;
+        }
         }
         if (!cli_parse_int(optarg, lo, hi, dst)) {
             fprintf(stderr, "quern bench: '%s' is not an integer in %ld..%ld\n", optarg, lo, hi);
@@ -935,12 +902,7 @@ int cli_bench(int argc, char **argv)
                  : gguf_open(cli_model_path(a.model), &f, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
     if (!rc) rc = cli_spec_open(&a.spec, &err);
-    struct backend_request req = {.device = a.device,
-                                  .threads = (int)a.threads,
-                                  .precision = a.precision,
-                                  .batch_invariant = a.batch_invariant};
-    cli_knobs_apply(&a.knobs, &req);
-    if (!rc) rc = cli_backend_group_create("bench", &req, a.tp, &grp, &err);
+    if (!rc) rc = cli_backends_open("bench", &a.be, (int)a.threads, &grp, &err);
     if (!rc) be = grp.be[0];
     if (!rc)
         rc = serving      ? run_serving(f, tok, be, &a, &err)

@@ -41,31 +41,24 @@ static void eval_usage(FILE *out)
 }
 
 struct eval_args {
-    const char *model, *ref, *text, *device;
+    const char *model, *ref, *text;
     long ctx, chunks, threads;
-    int tp; /* --tp ranks, 0: one */
-    enum matmul_precision precision;
-    bool batch_invariant;
-    struct cli_knobs knobs;
+    struct cli_backend_args be;
 };
 
 static int parse_args(int argc, char **argv, struct eval_args *a)
 {
-    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_PREC, O_THREADS, O_DEVICE, O_BATCHINV, O_TP };
+    enum { O_REF = 256, O_TEXT, O_CTX, O_CHUNKS, O_THREADS };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"ref", required_argument, 0, O_REF},
                                          {"text", required_argument, 0, O_TEXT},
                                          {"ctx", required_argument, 0, O_CTX},
                                          {"chunks", required_argument, 0, O_CHUNKS},
-                                         {"precision", required_argument, 0, O_PREC},
                                          {"threads", required_argument, 0, O_THREADS},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
-                                         {"tp", required_argument, 0, O_TP},
-                                         CLI_KNOB_OPTIONS,
+                                         CLI_BACKEND_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    *a = (struct eval_args){.ctx = 512, .precision = MATMUL_AUTO};
+    *a = (struct eval_args){.ctx = 512, .be.precision = MATMUL_AUTO};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
@@ -98,31 +91,15 @@ static int parse_args(int argc, char **argv, struct eval_args *a)
             if (c == O_THREADS) a->threads = v;
             break;
         }
-        case O_PREC:
-            if (!cli_precision_arg("eval", optarg, &a->precision)) return EXIT_USAGE;
-            break;
-        case O_DEVICE:
-            if (!cli_device_arg("eval", optarg, &a->device)) return EXIT_USAGE;
-            break;
-        case O_TP:
-            if (!cli_tp_arg("eval", optarg, &a->tp)) return EXIT_USAGE;
-            break;
-        case O_BATCHINV:
-            a->batch_invariant = true;
-            break;
-        case CLI_O_KV_TYPE:
-        case CLI_O_GEMM:
-        case CLI_O_GEMM_MIN:
-        case CLI_O_ROPE_BASE:
-        case CLI_O_ROPE_SCALE:
-            if (!cli_knob_arg("eval", c, optarg, &a->knobs)) return EXIT_USAGE;
-            break;
         case 'h':
             eval_usage(stdout);
             return -1;
-        default:
-            eval_usage(stderr);
+        default: {
+            int took = cli_backend_arg("eval", c, optarg, &a->be);
+            if (took > 0) break;
+            if (!took) eval_usage(stderr);
             return EXIT_USAGE;
+        }
         }
     }
     if (optind < argc) {
@@ -162,12 +139,7 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
     if (a->ctx > l->cfg.ctx_len)
         return qerr_set(err, QERR_INVALID, "--ctx %ld exceeds the context length %d of %s", a->ctx,
                         l->cfg.ctx_len, path);
-    struct backend_request req = {.device = a->device,
-                                  .threads = (int)a->threads,
-                                  .precision = a->precision,
-                                  .batch_invariant = a->batch_invariant};
-    cli_knobs_apply(&a->knobs, &req);
-    if ((rc = cli_backend_group_create("eval", &req, a->tp, &l->grp, err))) return rc;
+    if ((rc = cli_backends_open("eval", &a->be, (int)a->threads, &l->grp, err))) return rc;
     int batch = a->ctx < 512 ? (int)a->ctx : 512, bs = 16;
     struct model_opts mo = {.max_batch_tokens = batch,
                             .max_logits = batch,
@@ -176,7 +148,7 @@ static int load(const char *path, const struct eval_args *a, struct loaded *l, s
                             .tp = l->grp.n,
                             .tp_backends = l->grp.be,
                             .tp_comms = l->grp.comm};
-    cli_knobs_model(&a->knobs, &mo);
+    cli_knobs_model(&a->be.knobs, &mo);
     return model_load(l->f, l->grp.be[0], &mo, &l->m, err);
 }
 
@@ -298,8 +270,8 @@ int cli_eval(int argc, char **argv)
     printf("text              %s: %zu tokens, %zu windows of %ld, %llu tokens scored (the "
            "second half of each window)\n",
            a.text, n_ids, windows, a.ctx, (unsigned long long)s.n);
-    printf("precision         %s\n", a.precision == MATMUL_F32 ? "f32"
-                                     : a.precision == MATMUL_Q8
+    printf("precision         %s\n", a.be.precision == MATMUL_F32 ? "f32"
+                                     : a.be.precision == MATMUL_Q8
                                          ? "q8"
                                          : "auto (q8 on the CPU, f32 on CUDA)");
     print_summary(&a, model_path, &s);

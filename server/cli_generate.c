@@ -69,14 +69,12 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 }
 
 struct gen_args {
-    const char *model, *prompt, *system, *device;
+    const char *model, *prompt, *system;
     const char *trace_path; /* --trace */
     long n_predict, threads;
-    int tp; /* --tp ranks, 0: one */
-    bool chat, ignore_eos, stats, batch_invariant;
-    struct cli_knobs knobs;
+    bool chat, ignore_eos, stats;
+    struct cli_backend_args be;
     struct cli_spec spec;
-    enum matmul_precision precision;
     struct sample_params sp;
 };
 
@@ -94,10 +92,6 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_SYSTEM,
         O_REPEAT,
         O_NOSTATS,
-        O_PREC,
-        O_DEVICE,
-        O_BATCHINV,
-        O_TP,
         O_TRACE
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
@@ -113,16 +107,12 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"system", required_argument, 0, O_SYSTEM},
                                          {"repeat-penalty", required_argument, 0, O_REPEAT},
                                          {"no-stats", no_argument, 0, O_NOSTATS},
-                                         CLI_KNOB_OPTIONS,
+                                         CLI_BACKEND_OPTIONS,
                                          CLI_SPEC_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
-                                         {"precision", required_argument, 0, O_PREC},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"batch-invariant", no_argument, 0, O_BATCHINV},
-                                         {"tp", required_argument, 0, O_TP},
                                          {"trace", required_argument, 0, O_TRACE},
                                          {0, 0, 0, 0}};
-    *a = (struct gen_args){.n_predict = 64, .threads = 0, .stats = true, .precision = MATMUL_AUTO};
+    *a = (struct gen_args){.n_predict = 64, .stats = true, .be.precision = MATMUL_AUTO};
     sample_params_cli_default(&a->sp); /* the defaults --help states */
     optind = 1;
     int c;
@@ -158,33 +148,6 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case O_SYSTEM:
             a->system = optarg;
             break;
-        case O_DEVICE:
-            if (!cli_device_arg("generate", optarg, &a->device)) return EXIT_USAGE;
-            break;
-        case O_TP:
-            if (!cli_tp_arg("generate", optarg, &a->tp)) return EXIT_USAGE;
-            break;
-        case CLI_O_SPEC:
-        case CLI_O_SPEC_K:
-        case CLI_O_SPEC_STEP:
-        case CLI_O_SPEC_POLICY:
-        case CLI_O_SPEC_HISTORY:
-        case CLI_O_DRAFT_MODEL:
-            if (!cli_spec_arg("generate", c, optarg, &a->spec)) return EXIT_USAGE;
-            break;
-        case O_BATCHINV:
-            a->batch_invariant = true;
-            break;
-        case CLI_O_KV_TYPE:
-        case CLI_O_GEMM:
-        case CLI_O_GEMM_MIN:
-        case CLI_O_ROPE_BASE:
-        case CLI_O_ROPE_SCALE:
-            if (!cli_knob_arg("generate", c, optarg, &a->knobs)) return EXIT_USAGE;
-            break;
-        case O_PREC:
-            if (!cli_precision_arg("generate", optarg, &a->precision)) return EXIT_USAGE;
-            break;
         case O_TEMP:
         case O_TOPP:
         case O_MINP:
@@ -213,9 +176,13 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         case 'h':
             generate_usage(stdout);
             return -1;
-        default:
-            generate_usage(stderr);
+        default: {
+            int took = cli_backend_arg("generate", c, optarg, &a->be);
+            if (!took) took = cli_spec_arg("generate", c, optarg, &a->spec);
+            if (took > 0) break;
+            if (!took) generate_usage(stderr);
             return EXIT_USAGE;
+        }
         }
     }
     if (optind < argc) {
@@ -289,8 +256,9 @@ int cli_generate(int argc, char **argv)
     if ((rc = gguf_open(path, &f, &err))) goto out;
     if ((rc = tokenizer_load(f, &tok, &err))) goto out;
     if ((rc = cli_spec_open(&a.spec, &err))) goto out;
-    if (a.spec.mode == SPEC_DRAFT && a.tp > 1) {
-        rc = qerr_set(&err, QERR_INVALID, "--spec draft runs on one rank: not with --tp %d", a.tp);
+    if (a.spec.mode == SPEC_DRAFT && a.be.tp > 1) {
+        rc = qerr_set(&err, QERR_INVALID, "--spec draft runs on one rank: not with --tp %d",
+                      a.be.tp);
         goto out;
     }
     if ((rc = tokenize_prompt(f, tok, &a, &ids, &n_ids, &err))) goto out;
@@ -301,7 +269,7 @@ int cli_generate(int argc, char **argv)
     struct model_config cfg;
     if ((rc = model_config_read(f, &cfg, &err))) goto out;
     struct model_opts ro = {0};
-    cli_knobs_model(&a.knobs, &ro);
+    cli_knobs_model(&a.be.knobs, &ro);
     int ctx_limit = model_ctx_limit(&cfg, &ro);
     size_t total = n_ids + (size_t)a.n_predict;
     if (total > (size_t)ctx_limit) {
@@ -310,12 +278,7 @@ int cli_generate(int argc, char **argv)
                       a.n_predict, ctx_limit);
         goto out;
     }
-    struct backend_request req = {.device = a.device,
-                                  .threads = (int)a.threads,
-                                  .precision = a.precision,
-                                  .batch_invariant = a.batch_invariant};
-    cli_knobs_apply(&a.knobs, &req);
-    if ((rc = cli_backend_group_create("generate", &req, a.tp, &grp, &err))) goto out;
+    if ((rc = cli_backends_open("generate", &a.be, (int)a.threads, &grp, &err))) goto out;
     /* as the engine's defaults (engine_opts): drafts of up to 8 tokens, steps of up to 8 */
     int bs = 16, spec_k = a.spec.k ? a.spec.k : 8;
     int step = a.spec.step_tokens ? a.spec.step_tokens : 8;
@@ -327,7 +290,7 @@ int cli_generate(int argc, char **argv)
                             .tp = grp.n,
                             .tp_backends = grp.be,
                             .tp_comms = grp.comm};
-    cli_knobs_model(&a.knobs, &mo);
+    cli_knobs_model(&a.be.knobs, &mo);
     if (a.trace_path &&
         ((rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, &err)) ||
          (grp.n == 1 && (rc = trace_wrap_backend(tr, grp.be[0], &traced, &err)))))

@@ -141,9 +141,6 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_LOGFMT,
         O_BODY,
         O_CONNS,
-        O_PREC,
-        O_DEVICE,
-        O_BATCHINV,
         O_CHATSPECIAL,
         O_NOWEBUI,
         O_TRACE,
@@ -151,7 +148,6 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_REQTIMEOUT,
         O_STALL,
         O_POOLING,
-        O_TP,
         O_MASK
     };
     static const struct option opts[] = {
@@ -159,10 +155,6 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},
         {"threads", required_argument, 0, O_THREADS},
-        {"precision", required_argument, 0, O_PREC},
-        {"device", required_argument, 0, O_DEVICE},
-        {"batch-invariant", no_argument, 0, O_BATCHINV},
-        {"tp", required_argument, 0, O_TP},
         {"kv-mem", required_argument, 0, O_KVMEM},
         {"max-batch-tokens", required_argument, 0, O_MBT},
         {"max-seqs", required_argument, 0, O_SEQS},
@@ -183,12 +175,12 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"stall-timeout", required_argument, 0, O_STALL},
         {"pooling", required_argument, 0, O_POOLING},
         {"mask-mode", required_argument, 0, O_MASK},
-        CLI_KNOB_OPTIONS,
+        CLI_BACKEND_OPTIONS,
         CLI_SPEC_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
-                             .precision = MATMUL_AUTO,
+                             .be.precision = MATMUL_AUTO,
                              .port = 8080,
                              .drain_timeout_s = 30,
                              .watchdog_s = 60,
@@ -299,33 +291,6 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             else if (strcmp(optarg, "text"))
                 bad = "--log-format wants text or json";
             break;
-        case O_PREC:
-            if (!cli_precision_arg("serve", optarg, &o->precision)) return EXIT_USAGE;
-            break;
-        case O_DEVICE:
-            if (!cli_device_arg("serve", optarg, &o->device)) return EXIT_USAGE;
-            break;
-        case O_TP:
-            if (!cli_tp_arg("serve", optarg, &o->tp)) return EXIT_USAGE;
-            break;
-        case O_BATCHINV:
-            o->batch_invariant = true;
-            break;
-        case CLI_O_KV_TYPE:
-        case CLI_O_GEMM:
-        case CLI_O_GEMM_MIN:
-        case CLI_O_ROPE_BASE:
-        case CLI_O_ROPE_SCALE:
-            if (!cli_knob_arg("serve", c, optarg, &o->knobs)) return EXIT_USAGE;
-            break;
-        case CLI_O_SPEC:
-        case CLI_O_SPEC_K:
-        case CLI_O_SPEC_STEP:
-        case CLI_O_SPEC_POLICY:
-        case CLI_O_SPEC_HISTORY:
-        case CLI_O_DRAFT_MODEL:
-            if (!cli_spec_arg("serve", c, optarg, &o->spec)) return EXIT_USAGE;
-            break;
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
             break;
@@ -338,9 +303,13 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case 'h':
             serve_usage(stdout);
             return -1;
-        default:
-            serve_usage(stderr);
+        default: {
+            int took = cli_backend_arg("serve", c, optarg, &o->be);
+            if (!took) took = cli_spec_arg("serve", c, optarg, &o->spec);
+            if (took > 0) break;
+            if (!took) serve_usage(stderr);
             return EXIT_USAGE;
+        }
         }
         if (bad) {
             fprintf(stderr, "quern serve: '%s': %s\n", optarg, bad);
@@ -387,12 +356,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
         snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
         fprintf(stderr, "quern serve: warning: no chat endpoint: %s\n", cerr.msg);
     }
-    struct backend_request req = {.device = o->device,
-                                  .threads = o->threads,
-                                  .precision = o->precision,
-                                  .batch_invariant = o->batch_invariant};
-    cli_knobs_apply(&o->knobs, &req);
-    if ((rc = cli_backend_group_create("serve", &req, o->tp, &L->grp, err))) return rc;
+    if ((rc = cli_backends_open("serve", &o->be, o->threads, &L->grp, err))) return rc;
     struct engine_opts eo;
     engine_opts_default(&eo);
     if (o->max_batch_tokens) eo.max_batch_tokens = o->max_batch_tokens;
@@ -400,8 +364,8 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (o->max_queue) eo.max_queue = o->max_queue;
     if (o->kv_mem) eo.kv_mem = o->kv_mem;
     if (o->ctx) eo.ctx_len = o->ctx;
-    eo.rope_freq_base = o->knobs.rope_freq_base;
-    eo.rope_scale = o->knobs.rope_scale;
+    eo.rope_freq_base = o->be.knobs.rope_freq_base;
+    eo.rope_scale = o->be.knobs.rope_scale;
     eo.stall_timeout_s = o->stall_timeout_s;
     struct cli_spec sp = o->spec;
     if ((rc = cli_spec_open(&sp, err))) return rc;

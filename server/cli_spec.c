@@ -4,7 +4,7 @@
 #include "../engine/gguf.h"
 #include "cli.h"
 
-bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s)
+static bool spec_arg(const char *prog, int code, const char *text, struct cli_spec *s)
 {
     if (code == CLI_O_SPEC) {
         struct qerr err = {0};
@@ -47,6 +47,20 @@ bool cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec 
     }
     fprintf(stderr, "quern %s: '%s': --spec-k wants 1..%d\n", prog, text, SPEC_K_MAX);
     return false;
+}
+
+int cli_spec_arg(const char *prog, int code, const char *text, struct cli_spec *s)
+{
+    switch (code) {
+    case CLI_O_SPEC:
+    case CLI_O_SPEC_K:
+    case CLI_O_SPEC_STEP:
+    case CLI_O_SPEC_POLICY:
+    case CLI_O_SPEC_HISTORY:
+    case CLI_O_DRAFT_MODEL:
+        return spec_arg(prog, code, text, s) ? 1 : -1;
+    }
+    return 0;
 }
 
 static int spec_combination(struct cli_spec *s, struct qerr *err)

@@ -37,15 +37,7 @@ const char *cli_model_path(const char *arg)
     return env && *env ? env : QUERN_DEFAULT_MODEL;
 }
 
-int cli_backend_create(const char *prog, const struct backend_request *r, struct backend **out,
-                       struct qerr *err)
-{
-    int rc = backend_create_auto(r, out, err);
-    if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
-    return rc;
-}
-
-bool cli_device_arg(const char *prog, const char *text, const char **out)
+static bool device_arg(const char *prog, const char *text, const char **out)
 {
     enum backend_kind kind;
     int index;
@@ -58,7 +50,7 @@ bool cli_device_arg(const char *prog, const char *text, const char **out)
     return true;
 }
 
-bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision *out)
+static bool precision_arg(const char *prog, const char *text, enum matmul_precision *out)
 {
     static const struct {
         const char *name;
@@ -73,14 +65,6 @@ bool cli_precision_arg(const char *prog, const char *text, enum matmul_precision
     return false;
 }
 
-int cli_backend_group_create(const char *prog, const struct backend_request *r, int tp,
-                             struct backend_group *g, struct qerr *err)
-{
-    int rc = backend_group_create(r, tp > 0 ? tp : 1, g, err);
-    if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
-    return rc;
-}
-
 bool cli_tp_arg(const char *prog, const char *text, int *out)
 {
     long v;
@@ -93,7 +77,7 @@ bool cli_tp_arg(const char *prog, const char *text, int *out)
     return true;
 }
 
-bool cli_knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k)
+static bool knob_arg(const char *prog, int code, const char *text, struct cli_knobs *k)
 {
     long v;
     switch (code) {
@@ -133,9 +117,46 @@ void cli_knobs_model(const struct cli_knobs *k, struct model_opts *mo)
     mo->rope_scale = k->rope_scale;
 }
 
-void cli_knobs_apply(const struct cli_knobs *k, struct backend_request *r)
+int cli_backend_arg(const char *prog, int code, const char *text, struct cli_backend_args *b)
 {
-    r->kv_type = k->kv_type;
-    r->gemm = k->gemm;
-    r->gemm_min_tokens = k->gemm_min_tokens;
+    bool ok;
+    switch (code) {
+    case CLI_O_PRECISION:
+        ok = precision_arg(prog, text, &b->precision);
+        break;
+    case CLI_O_DEVICE:
+        ok = device_arg(prog, text, &b->device);
+        break;
+    case CLI_O_TP:
+        ok = cli_tp_arg(prog, text, &b->tp);
+        break;
+    case CLI_O_BATCH_INVARIANT:
+        b->batch_invariant = ok = true;
+        break;
+    case CLI_O_KV_TYPE:
+    case CLI_O_GEMM:
+    case CLI_O_GEMM_MIN:
+    case CLI_O_ROPE_BASE:
+    case CLI_O_ROPE_SCALE:
+        ok = knob_arg(prog, code, text, &b->knobs);
+        break;
+    default:
+        return 0;
+    }
+    return ok ? 1 : -1;
+}
+
+int cli_backends_open(const char *prog, const struct cli_backend_args *b, int threads,
+                      struct backend_group *g, struct qerr *err)
+{
+    struct backend_request r = {.device = b->device,
+                                .threads = threads,
+                                .precision = b->precision,
+                                .batch_invariant = b->batch_invariant,
+                                .kv_type = b->knobs.kv_type,
+                                .gemm = b->knobs.gemm,
+                                .gemm_min_tokens = b->knobs.gemm_min_tokens};
+    int rc = backend_group_create(&r, b->tp > 0 ? b->tp : 1, g, err);
+    if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
+    return rc;
 }

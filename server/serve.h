@@ -43,13 +43,9 @@ struct serve_opts {
     double stall_timeout_s;   /* a stream whose client reads nothing that long is aborted */
     const char *trace_path;   /* --trace: engine/trace.h's file; NULL: no trace */
     bool log_json;
-    enum matmul_precision precision; /* --precision (default MATMUL_AUTO) */
-    const char *device;              /* --device: auto (NULL), cpu, cuda, cuda:N */
-    int tp;                          /* --tp: tensor-parallel ranks (0: one) */
-    bool batch_invariant;            /* --batch-invariant (backend_request) */
+    struct cli_backend_args be;  /* --precision, --device, --tp, --batch-invariant, the knobs */
     bool chat_parse_special;     /* --chat-parse-special: control tokens in message content count */
     enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
-    struct cli_knobs knobs;      /* --kv-type, --gemm, --gemm-min-tokens */
     struct cli_spec spec;        /* --spec, --spec-k */
     bool no_webui;               /* --no-webui: no page at / (server/webui.h) */
     enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
