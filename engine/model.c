@@ -851,7 +851,7 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     ops->rmsnorm(be, a->xn, a->x, m->layers[0].attn_norm, n, dim, c->eps);
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
-        nvtx_pushf("layer %d", l);
+        nvtx_push_i64("layer", l);
         const struct bweight *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
         float *qkv_out[3] = {a->q, a->k, a->v};
         backend_matmul_shared(be, qkv, 3, a->xn, n, qkv_out);
