@@ -311,21 +311,26 @@ END_TEST
 START_TEST(quantize_q8_matches_reference)
 {
     tu_seed(0xabcdef);
-    const int64_t cols = 1536, nb = cols / QK;
-    float *x = malloc(cols * sizeof *x);
+    const int64_t cols_max = 1536;
+    int64_t cols = cols_max, nb = cols / QK;
+    float *x = malloc(cols_max * sizeof *x);
     int8_t q0[1536], q1[1536];
     float d0[48], d1[48], s0[48], s1[48];
     int32_t u0[48], u1[48];
     for (int rep = 0; rep < 200; rep++) {
+        /* whole and partial runs of 16 blocks (the SIMD kernels take 16 at once), and fewer */
+        cols = rep % 3 == 0 ? cols_max : rep % 3 == 1 ? 576 : 5 * QK;
+        nb = cols / QK;
         tu_fill(x, (size_t)cols, rep % 7 == 0 ? 1e-30f : tu_frand(0.01f, 100.0f));
-        for (int j = 0; j < QK; j++) x[j] = 0; /* an all-zero block */
-        x[40] = 127.5f * x[41];                /* exact halves appear in practice too */
+        if (rep % 5 == 1) x[3 * QK + 7] = -1e6f; /* one block far larger than its neighbours */
+        for (int j = 0; j < QK; j++) x[j] = 0;   /* an all-zero block */
+        x[40] = 127.5f * x[41];                  /* exact halves appear in practice too */
         ref_quantize_q8(x, cols, q0, d0, s0, u0);
         for (int i = 1; i < N_ISAS; i++) {
             if (!cpu_isa_supported(all_isas[i])) continue;
             cpu_kernels_for(all_isas[i])->quantize_q8(x, cols, q1, d1, s1, u1);
-            ck_assert_msg(!memcmp(q0, q1, sizeof q0), "%s: quants differ",
-                          cpu_isa_name(all_isas[i]));
+            ck_assert_msg(!memcmp(q0, q1, (size_t)cols), "%s: quants differ (%lld columns)",
+                          cpu_isa_name(all_isas[i]), (long long)cols);
             ck_assert(!memcmp(d0, d1, (size_t)nb * 4) && !memcmp(s0, s1, (size_t)nb * 4) &&
                       !memcmp(u0, u1, (size_t)nb * 4));
         }

@@ -41,29 +41,93 @@ TGT INLINE int32_t hsum8i(__m256i v)
     return _mm_cvtsi128_si32(m);
 }
 
+/* Lane i of the result: the maximum of v[i]'s 8 lanes (a maximum is exact in any order). */
+TGT INLINE __m256 max8x8(const __m256 v[8])
+{
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_max_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {
+        __m256d a = _mm256_castps_pd(t[2 * i]), b = _mm256_castps_pd(t[2 * i + 1]);
+        u[i] = _mm256_max_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    return _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20),
+                         _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+
+/* Lane i of the result: the sum of v[i]'s 8 lanes (integers: exact in any order). */
+TGT INLINE __m256i isum8x8(const __m256i v[8])
+{
+    __m256i t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
+                            _mm256_permute2x128_si256(u[0], u[1], 0x31));
+}
+
+/* Block b's 32 values quantized with 1 / d = inv (rounded to even, as ref_quantize_q8) into
+ * q; returns the 8 partial sums of the quants. */
+TGT INLINE __m256i quantize_block(const float *x, __m256 inv, int8_t *q)
+{
+    __m256i qi[4];
+    /* cvtps rounds half to even in the default MXCSR mode, as ref_quantize_q8 does */
+    for (int i = 0; i < 4; i++)
+        qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));
+    /* |q| <= 127: the saturating packs are exact; the permute undoes their lane order */
+    __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+}
+
+/* 8 blocks at once: their maxima, scales and sums one vector each (lane i: block i), where a
+ * block alone reduces horizontally and divides in scalars; the same IEEE operations per block,
+ * so the same bits. */
+TGT INLINE void quantize8_q8(const float *x, int8_t *q, float *d, float *s, int32_t *sum)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m[8];
+    for (int b = 0; b < 8; b++) {
+        const float *xb = x + b * QK;
+        __m256 a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb), absmask),
+                                 _mm256_and_ps(_mm256_loadu_ps(xb + 8), absmask));
+        __m256 c = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 16), absmask),
+                                 _mm256_and_ps(_mm256_loadu_ps(xb + 24), absmask));
+        m[b] = _mm256_max_ps(a, c);
+    }
+    __m256 db = _mm256_div_ps(max8x8(m), _mm256_set1_ps(127.0f));
+    __m256 id = _mm256_and_ps(_mm256_cmp_ps(db, _mm256_setzero_ps(), _CMP_GT_OQ),
+                              _mm256_div_ps(_mm256_set1_ps(1.0f), db));
+    _Alignas(32) float idv[8];
+    _mm256_store_ps(idv, id);
+    __m256i t[8];
+    for (int b = 0; b < 8; b++)
+        t[b] = quantize_block(x + b * QK, _mm256_set1_ps(idv[b]), q + b * QK);
+    __m256i is = isum8x8(t);
+    _mm256_storeu_ps(d, db);
+    _mm256_storeu_si256((__m256i *)sum, is);
+    _mm256_storeu_ps(s, _mm256_mul_ps(db, _mm256_cvtepi32_ps(is)));
+}
+
 TGT void avx2_quantize_q8(const float *x, int64_t cols, int8_t *q, float *d, float *s, int32_t *sum)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int64_t b = 0; b < cols / QK; b++) {
-        __m256 v[4];
+    int64_t nb = cols / QK, b = 0;
+    for (; b + 8 <= nb; b += 8) quantize8_q8(x + b * QK, q + b * QK, d + b, s + b, sum + b);
+    for (; b < nb; b++) {
         __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
-            m = _mm256_max_ps(m, _mm256_and_ps(v[i], absmask));
-        }
-        float amax = hmax8(m);
-        float db = amax / 127.0f;
-        __m256 id = _mm256_set1_ps(db > 0 ? 1.0f / db : 0.0f);
-        __m256i qi[4];
-        /* cvtps rounds half to even in the default MXCSR mode, as ref_quantize_q8 does */
-        for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        for (int i = 0; i < 4; i++)
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + b * QK + 8 * i), absmask));
+        float db = hmax8(m) / 127.0f;
         __m256i total =
-            _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
-        /* |q| <= 127: the saturating packs are exact; the permute undoes their lane order */
-        __m256i p =
-            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(q + b * QK), p);
+            quantize_block(x + b * QK, _mm256_set1_ps(db > 0 ? 1.0f / db : 0.0f), q + b * QK);
         int32_t isum = hsum8i(total);
         d[b] = db;
         sum[b] = isum;
