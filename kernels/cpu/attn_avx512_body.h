@@ -7,7 +7,7 @@
  * 128..255, ...), and each span in three passes:
  *   1. scores, CHUNK keys at a time: each key's K row times q, summed by residue of d mod 16
  *      (a vector per key), then the chunk's 16 keys reduced by one shuffle-and-add tree
- *      (sum16x16) into one vector of 16 scores, scaled, -inf past the row's last key;
+ *      (simd512.h's fold16x16) into one vector of 16 scores, scaled, -inf past the row's last key;
  *   2. the span maximum, the row's new running maximum m, corr = exp(m_old - m), and the
  *      weights p = exp(s - m) (one vector exp per chunk), summed into l;
  *   3. p . V summed over the span's keys in order, then out = out * corr + that sum.
@@ -78,28 +78,8 @@ struct row_state {
     _Alignas(64) float p[SPAN]; /* scores, then weights, of the current span */
 };
 
-/* Lane k of the result: the sum of v[k]'s 16 lanes. A fixed tree (pairs within 128-bit lanes,
- * then across them), the same for every row. */
-TGT INLINE __m512 sum16x16(const __m512 v[16])
-{
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++)
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; i++)
-        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
-}
-
 /* Scores of chunk c for rows [r0, r0 + RB): key k's products with the row, q[d] K[d] summed over
- * d of each residue mod 16 (d, d + 16, ... in order), then the 16 residues by sum16x16; scaled,
+ * d of each residue mod 16 (d, d + 16, ... in order), then the 16 residues by fold16x16; scaled,
  * lanes past a row's last key -inf. Each K row (at o[k] + col) is loaded once for the RB rows (of
  * one kv head). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
@@ -121,8 +101,9 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
     }
     for (int i = 0; i < RB; i++) {
         int r = r0 + i, left = rows[r].n_keys - j0 - c * CHUNK;
-        __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), first_lanes(left),
-                                       _mm512_mul_ps(sum16x16(v[i]), _mm512_set1_ps(scale)));
+        __m512 sv = _mm512_mask_mov_ps(
+            _mm512_set1_ps(-INFINITY), first_lanes(left),
+            _mm512_mul_ps(fold16x16(v[i], SIMD_FOLD_ADD), _mm512_set1_ps(scale)));
         _mm512_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm512_max_ps(vmax[r], sv);
     }

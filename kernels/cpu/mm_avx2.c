@@ -12,64 +12,11 @@
 #include "kern.h"
 #include "mm256.h"
 #include "pf_walk.h"
+#include "simd256.h"
 
 #define TGT    __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define HALF   MM256_HALF
-
-TGT INLINE float hmax8(__m256 v)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-TGT INLINE float hsum8(__m256 v)
-{
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-TGT INLINE int32_t hsum8i(__m256i v)
-{
-    __m128i m = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
-    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
-    return _mm_cvtsi128_si32(m);
-}
-
-/* Lane i of the result: the maximum of v[i]'s 8 lanes (a maximum is exact in any order). */
-TGT INLINE __m256 max8x8(const __m256 v[8])
-{
-    __m256 t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm256_max_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 2; i++) {
-        __m256d a = _mm256_castps_pd(t[2 * i]), b = _mm256_castps_pd(t[2 * i + 1]);
-        u[i] = _mm256_max_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
-    }
-    return _mm256_max_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20),
-                         _mm256_permute2f128_ps(u[0], u[1], 0x31));
-}
-
-/* Lane i of the result: the sum of v[i]'s 8 lanes (integers: exact in any order). */
-TGT INLINE __m256i isum8x8(const __m256i v[8])
-{
-    __m256i t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                                _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 2; i++)
-        u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
-                                _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
-                            _mm256_permute2x128_si256(u[0], u[1], 0x31));
-}
 
 /* Block b's 32 values quantized with 1 / d = inv (rounded to even, as ref_quantize_q8) into
  * q; returns the 8 partial sums of the quants. */
@@ -102,15 +49,15 @@ TGT INLINE void quantize8_q8(const float *x, int8_t *q, float *d, float *s, int3
                                  _mm256_and_ps(_mm256_loadu_ps(xb + 24), absmask));
         m[b] = _mm256_max_ps(a, c);
     }
-    __m256 db = _mm256_div_ps(max8x8(m), _mm256_set1_ps(127.0f));
+    __m256 db = _mm256_div_ps(fold8x8(m, SIMD_FOLD_MAX), _mm256_set1_ps(127.0f));
     __m256 id = _mm256_and_ps(_mm256_cmp_ps(db, _mm256_setzero_ps(), _CMP_GT_OQ),
                               _mm256_div_ps(_mm256_set1_ps(1.0f), db));
     _Alignas(32) float idv[8];
     _mm256_store_ps(idv, id);
-    __m256i t[8];
+    __m256 t[8]; /* each block's int32 partial sums, as float bit patterns for the fold */
     for (int b = 0; b < 8; b++)
-        t[b] = quantize_block(x + b * QK, _mm256_set1_ps(idv[b]), q + b * QK);
-    __m256i is = isum8x8(t);
+        t[b] = _mm256_castsi256_ps(quantize_block(x + b * QK, _mm256_set1_ps(idv[b]), q + b * QK));
+    __m256i is = _mm256_castps_si256(fold8x8(t, SIMD_FOLD_ADD_I32));
     _mm256_storeu_ps(d, db);
     _mm256_storeu_si256((__m256i *)sum, is);
     _mm256_storeu_ps(s, _mm256_mul_ps(db, _mm256_cvtepi32_ps(is)));

@@ -26,43 +26,6 @@
 #define INLINE static inline __attribute__((always_inline))
 #define TMAX   8 /* most tokens per tile */
 
-/* Lane i of the result: the maximum of v[i]'s 16 lanes (pairs within 128-bit lanes, then across
- * them; a maximum is exact, so any order gives the reference's). */
-TGT INLINE __m512 max16x16(const __m512 v[16])
-{
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++)
-        t[i] = _mm512_max_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; i++)
-        w[i] = _mm512_max_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_max_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
-}
-
-/* Lane i of the result: the sum of v[i]'s 16 lanes (integers: exact in any order). */
-TGT INLINE __m512i isum16x16(const __m512i v[16])
-{
-    __m512i t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++)
-        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
-                                _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
-    for (int i = 0; i < 2; i++)
-        w[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),
-                                _mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0xdd));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88),
-                            _mm512_shuffle_i32x4(w[0], w[1], 0xdd));
-}
-
 /* 16 blocks at once: their maxima, scales and sums one vector each (lane i: block i), where a
  * block alone reduces its vectors horizontally and divides in scalars. The same IEEE operations
  * per block (abs max, amax / 127, 1 / d, x * (1 / d) rounded to even, d * sum), so the same bits.
@@ -73,12 +36,12 @@ TGT INLINE void quantize16_q8(const float *x, int8_t *q, float *d, float *s, int
     for (int i = 0; i < 16; i++)
         m[i] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i * QK)),
                              _mm512_abs_ps(_mm512_loadu_ps(x + i * QK + 16)));
-    __m512 db = _mm512_div_ps(max16x16(m), _mm512_set1_ps(127.0f));
+    __m512 db = _mm512_div_ps(fold16x16(m, SIMD_FOLD_MAX), _mm512_set1_ps(127.0f));
     __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(db, _mm512_setzero_ps(), _CMP_GT_OQ),
                                     _mm512_set1_ps(1.0f), db);
     _Alignas(64) float idv[16];
     _mm512_store_ps(idv, id);
-    __m512i t[16];
+    __m512 t[16]; /* each block's int32 partial sums, as float bit patterns for the fold */
     for (int i = 0; i < 16; i += 2) {
         __m512i qv[4];
         for (int k = 0; k < 2; k++) {
@@ -87,7 +50,7 @@ TGT INLINE void quantize16_q8(const float *x, int8_t *q, float *d, float *s, int
             qv[2 * k] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + (i + k) * QK), ib));
             qv[2 * k + 1] =
                 _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + (i + k) * QK + 16), ib));
-            t[i + k] = _mm512_add_epi32(qv[2 * k], qv[2 * k + 1]);
+            t[i + k] = _mm512_castsi512_ps(_mm512_add_epi32(qv[2 * k], qv[2 * k + 1]));
         }
         /* |q| <= 127: the saturating packs are exact; the permute undoes their lane order */
         __m512i p =
@@ -96,7 +59,7 @@ TGT INLINE void quantize16_q8(const float *x, int8_t *q, float *d, float *s, int
             _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), p);
         _mm512_storeu_si512((void *)(q + i * QK), p);
     }
-    __m512i is = isum16x16(t);
+    __m512i is = _mm512_castps_si512(fold16x16(t, SIMD_FOLD_ADD_I32));
     _mm512_storeu_ps(d, db);
     _mm512_storeu_si512((void *)sum, is);
     _mm512_storeu_ps(s, _mm512_mul_ps(db, _mm512_cvtepi32_ps(is)));

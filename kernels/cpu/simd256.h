@@ -45,19 +45,50 @@ TGT256 INLINE256 float hmax8(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
-/* s[k] = sum of the 8 lanes of v[k], for 8 vectors at once */
-TGT256 INLINE256 __m256 hsum8x8(const __m256 v[8])
+/* What a transposing fold (fold8x8 here, fold16x16 in simd512.h) combines lanes with:
+ * SIMD_FOLD_ADD_I32 adds int32 lanes carried as float bit patterns (cast in and out). */
+#ifndef QUERN_SIMD_FOLD
+#define QUERN_SIMD_FOLD
+enum simd_fold { SIMD_FOLD_ADD, SIMD_FOLD_MAX, SIMD_FOLD_ADD_I32 };
+#endif
+
+TGT256 INLINE256 __m256 fold256(__m256 a, __m256 b, const enum simd_fold op)
+{
+    if (op == SIMD_FOLD_MAX) return _mm256_max_ps(a, b);
+    if (op == SIMD_FOLD_ADD_I32)
+        return _mm256_castsi256_ps(
+            _mm256_add_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+    return _mm256_add_ps(a, b);
+}
+
+/* Lane k of the result: the 8 lanes of v[k] folded by op, for 8 vectors at once, by one fixed
+ * tree (neighbours, then pairs within 128-bit lanes, then across them): the order a float sum
+ * takes, the same for every k. */
+TGT256 INLINE256 __m256 fold8x8(const __m256 v[8], const enum simd_fold op)
 {
     __m256 u[4];
     for (int i = 0; i < 4; i++)
-        u[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm256_shuffle_ps(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm256_add_ps(_mm256_permute2f128_ps(w0, w1, 0x20),
-                         _mm256_permute2f128_ps(w0, w1, 0x31));
+        u[i] = fold256(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                       _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]), op);
+    __m256 w0 = fold256(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)), op);
+    __m256 w1 = fold256(_mm256_shuffle_ps(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm256_shuffle_ps(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)), op);
+    return fold256(_mm256_permute2f128_ps(w0, w1, 0x20), _mm256_permute2f128_ps(w0, w1, 0x31), op);
+}
+
+/* s[k] = sum of the 8 lanes of v[k], for 8 vectors at once */
+TGT256 INLINE256 __m256 hsum8x8(const __m256 v[8])
+{
+    return fold8x8(v, SIMD_FOLD_ADD);
+}
+
+TGT256 INLINE256 int32_t hsum8i(__m256i v)
+{
+    __m128i m = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtsi128_si32(m);
 }
 
 #endif

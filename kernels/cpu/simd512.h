@@ -31,22 +31,41 @@ TGT512 INLINE512 __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* s[k] = sum of the 16 lanes of v[k], for 16 vectors at once */
-TGT512 INLINE512 __m512 hsum16x16(const __m512 v[16])
+/* What a transposing fold (fold16x16 here, fold8x8 in simd256.h) combines lanes with:
+ * SIMD_FOLD_ADD_I32 adds int32 lanes carried as float bit patterns (cast in and out). */
+#ifndef QUERN_SIMD_FOLD
+#define QUERN_SIMD_FOLD
+enum simd_fold { SIMD_FOLD_ADD, SIMD_FOLD_MAX, SIMD_FOLD_ADD_I32 };
+#endif
+
+TGT512 INLINE512 __m512 fold512(__m512 a, __m512 b, const enum simd_fold op)
 {
-    __m512 u[8], w[4];
+    if (op == SIMD_FOLD_MAX) return _mm512_max_ps(a, b);
+    if (op == SIMD_FOLD_ADD_I32)
+        return _mm512_castsi512_ps(
+            _mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+    return _mm512_add_ps(a, b);
+}
+
+/* Lane k of the result: the 16 lanes of v[k] folded by op, for 16 vectors at once, by one fixed
+ * tree (neighbours, then pairs within 128-bit lanes, then across them): the order a float sum
+ * takes (attention's scores: attn_avx512_body.h), the same for every k. */
+TGT512 INLINE512 __m512 fold16x16(const __m512 v[16], const enum simd_fold op)
+{
+    __m512 t[8], u[4], w[2];
     for (int i = 0; i < 8; i++)
-        u[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
+        t[i] = fold512(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                       _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]), op);
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = fold512(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)), op);
+    }
+    for (int i = 0; i < 2; i++)
+        w[i] = fold512(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                       _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd), op);
+    return fold512(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd),
+                   op);
 }
 
 #endif
