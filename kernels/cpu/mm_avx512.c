@@ -187,9 +187,29 @@ TGT INLINE __m512i bcast4(const int8_t *p)
  * fifth bits again made a 512-token prefill of a Q5_0 file 0.92-0.95x as fast as the same file
  * read as Q8_0 (one thread), widened 0.99-1.01x. So the pair tile never reads five bits itself
  * (an instantiation less: this file's compile under the fuzz build's clang and sanitizers had
- * doubled with one). */
-#define WIDE_BLOCKS 64
-#define Q5_WIDE     ((enum qpack_layout)(QPACK_Q5_0 + 1))
+ * doubled with one).
+ *
+ * Four-bit pairs are widened too, for calls of WIDE_MIN_TOKENS or more (8+ passes: a prompt's
+ * 64-token tasks on a CPU without AMX): their passes then load bytes where each unpacked the
+ * nibbles again. `bench --kernels --precision q8 --threads 1 --isa avx512` on the AMX Xeon,
+ * Q4_1, 64 tokens: 1.03-1.17x by shape; a 512-token prefill on the AVX-512 table, 2 threads,
+ * 3 alternating rounds: Q4_1 1.07x, Q4_0 1.11x. At 8 tokens (2 passes) the widening cost more
+ * than it saved (0.75-0.95x), at 16 about as much (docs/benchmarks.md). */
+#define WIDE_BLOCKS     64
+#define WIDE_MIN_TOKENS 32
+#define Q5_WIDE         ((enum qpack_layout)(QPACK_Q5_0 + 1))
+#define Q4_1_WIDE       ((enum qpack_layout)(QPACK_Q5_0 + 2))
+
+/* A widened layout's stored bytes are w + offset, with Q4_1's minimum term after the sums. */
+INLINE bool wide_type(enum qpack_layout type)
+{
+    return type == Q5_WIDE || type == Q4_1_WIDE;
+}
+
+INLINE int32_t tile2_offset(enum qpack_layout type)
+{
+    return type == Q4_1_WIDE ? 0 : type_offset(type);
+}
 
 /* Two groups (32 rows) by T tokens (T <= T2MAX), for calls of KERN_PAIR_MIN_TOKENS or more:
  * each activation broadcast feeds both groups' vpdpbusd. The one-group tile issues a load per
@@ -213,7 +233,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
     const size_t pair_bytes = 2 * w->group_bytes;
     const uint8_t *next_pair = w->data + (size_t)(g + 2) * w->group_bytes;
     const int64_t nb = w->nb;
-    const int32_t off = type_offset(type);
+    const int32_t off = tile2_offset(type);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc0[T2MAX], acc1[T2MAX];
 #pragma GCC unroll 4
@@ -229,7 +249,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
             i0[t] = off ? _mm512_set1_epi32(-off * a->sum[tb]) : _mm512_setzero_si512();
             i1[t] = i0[t];
         }
-        if (type == QPACK_Q8_0 || type == Q5_WIDE) {
+        if (type == QPACK_Q8_0 || wide_type(type)) {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m512i w0 = _mm512_load_si512(qs0 + 64 * c), w1 = _mm512_load_si512(qs1 + 64 * c);
@@ -268,7 +288,7 @@ TGT INLINE void q8_tile2(const struct qpack *w, int64_t g, const struct q8act *a
             acc0[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw0, dt), _mm512_cvtepi32_ps(i0[t]), acc0[t]);
             acc1[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw1, dt), _mm512_cvtepi32_ps(i1[t]), acc1[t]);
         }
-        if (type == QPACK_Q4_1) {
+        if (type == QPACK_Q4_1 || type == Q4_1_WIDE) {
             __m512 mw0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc0 + QPACK_ROWS)));
             __m512 mw1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc1 + QPACK_ROWS)));
 #pragma GCC unroll 4
@@ -314,13 +334,18 @@ TGT INLINE void q8_pair_passes(const struct qpack *w, int64_t g, const struct q8
     }
 }
 
-/* Group g's QPACK_Q5_0 quants widened to a byte each (w + 16) in QPACK_Q8_0's chunk order: out
- * holds nb blocks of 512 bytes. */
-TGT INLINE void widen_q5_group(const struct qpack *w, int64_t g, uint8_t *out)
+/* Group g's 4- or 5-bit quants (type) widened to a byte each in QPACK_Q8_0's chunk order, as
+ * the wide tiles read them: w + 16 (Q5_WIDE, for Q5_0 and Q4_0) or Q4_1's w itself (Q4_1_WIDE);
+ * out holds nb blocks of 512 bytes. */
+TGT INLINE void widen_group(const struct qpack *w, int64_t g, const enum qpack_layout type,
+                            uint8_t *out)
 {
     for (int64_t b = 0; b < w->nb; b++) {
         __m512i W[8];
-        load_block(qpack_quants(w, g, b), QPACK_Q5_0, W);
+        load_block(qpack_quants(w, g, b), type, W);
+        /* Q4_0's q (value q - 8) as five-bit's w + 16: q + 8, so both take one instantiation */
+        if (type == QPACK_Q4_0)
+            for (int c = 0; c < 8; c++) W[c] = _mm512_add_epi8(W[c], _mm512_set1_epi8(8));
         for (int c = 0; c < 8; c++) _mm512_store_si512(out + (size_t)b * 512 + 64 * c, W[c]);
     }
 }
@@ -331,15 +356,19 @@ TGT INLINE void q8_groups(const struct qpack *w, const struct q8act *a, int64_t 
 {
     struct pf_walk pw = pf_walk_start(w, g0, gp, L1);
     int64_t g = g0;
-    /* five-bit pairs only widened (rows wider than that take the one-group tile) */
+    /* five-bit pairs only widened (rows wider than that take the one-group tile); four-bit ones
+     * widened where they fit, for calls of WIDE_MIN_TOKENS or more */
+    const bool widen = type == QPACK_Q5_0 ||
+                       (type != QPACK_Q8_0 && w->nb <= WIDE_BLOCKS && t1 - t0 >= WIDE_MIN_TOKENS);
     if (t1 - t0 >= KERN_PAIR_MIN_TOKENS && (type != QPACK_Q5_0 || w->nb <= WIDE_BLOCKS))
         for (; g + 2 <= g1; g += 2) {
-            if (type == QPACK_Q5_0) {
+            if (widen) {
                 _Alignas(64) uint8_t wide[2][WIDE_BLOCKS * 512];
-                widen_q5_group(w, g, wide[0]);
-                widen_q5_group(w, g + 1, wide[1]);
+                widen_group(w, g, type, wide[0]);
+                widen_group(w, g + 1, type, wide[1]);
                 const uint8_t *const qbase[2] = {wide[0], wide[1]};
-                q8_pair_passes(w, g, a, t0, t1, Q5_WIDE, qbase, 512, &pw, L1, y);
+                const enum qpack_layout wt = type == QPACK_Q4_1 ? Q4_1_WIDE : Q5_WIDE;
+                q8_pair_passes(w, g, a, t0, t1, wt, qbase, 512, &pw, L1, y);
             } else {
                 const uint8_t *const qbase[2] = {qpack_quants(w, g, 0), qpack_quants(w, g + 1, 0)};
                 q8_pair_passes(w, g, a, t0, t1, type, qbase, w->quant_bytes, &pw, L1, y);
