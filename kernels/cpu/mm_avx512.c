@@ -193,8 +193,8 @@ TGT INLINE __m512i bcast4(const int8_t *p)
  * 64-token tasks on a CPU without AMX): their passes then load bytes where each unpacked the
  * nibbles again. `bench --kernels --precision q8 --threads 1 --isa avx512` on the AMX Xeon,
  * Q4_1, 64 tokens: 1.03-1.17x by shape; a 512-token prefill on the AVX-512 table, 2 threads,
- * 3 alternating rounds: Q4_1 1.07x, Q4_0 1.11x. At 8 tokens (2 passes) the widening cost more
- * than it saved (0.75-0.95x), at 16 about as much (docs/benchmarks.md). */
+ * 6 alternating rounds, each faster: Q4_1 1.04x, Q4_0 1.08x. At 8 tokens (2 passes) the widening
+ * cost more than it saved (0.75-0.95x), at 16 about as much (docs/benchmarks.md). */
 #define WIDE_BLOCKS     64
 #define WIDE_MIN_TOKENS 32
 #define Q5_WIDE         ((enum qpack_layout)(QPACK_Q5_0 + 1))
