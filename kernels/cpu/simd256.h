@@ -5,6 +5,8 @@
 
 #include <immintrin.h>
 
+#include "simd_fold.h"
+
 #define TGT256    __attribute__((target("avx2,fma,f16c")))
 #define INLINE256 static inline __attribute__((always_inline))
 
@@ -44,13 +46,6 @@ TGT256 INLINE256 float hmax8(__m256 v)
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
 }
-
-/* What a transposing fold (fold8x8 here, fold16x16 in simd512.h) combines lanes with:
- * SIMD_FOLD_ADD_I32 adds int32 lanes carried as float bit patterns (cast in and out). */
-#ifndef QUERN_SIMD_FOLD
-#define QUERN_SIMD_FOLD
-enum simd_fold { SIMD_FOLD_ADD, SIMD_FOLD_MAX, SIMD_FOLD_ADD_I32 };
-#endif
 
 TGT256 INLINE256 __m256 fold256(__m256 a, __m256 b, const enum simd_fold op)
 {

@@ -5,6 +5,8 @@
 
 #include <immintrin.h>
 
+#include "simd_fold.h"
+
 #define TGT512    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE512 static inline __attribute__((always_inline))
 
@@ -30,13 +32,6 @@ TGT512 INLINE512 __m512 exp512(__m512 x)
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
-
-/* What a transposing fold (fold16x16 here, fold8x8 in simd256.h) combines lanes with:
- * SIMD_FOLD_ADD_I32 adds int32 lanes carried as float bit patterns (cast in and out). */
-#ifndef QUERN_SIMD_FOLD
-#define QUERN_SIMD_FOLD
-enum simd_fold { SIMD_FOLD_ADD, SIMD_FOLD_MAX, SIMD_FOLD_ADD_I32 };
-#endif
 
 TGT512 INLINE512 __m512 fold512(__m512 a, __m512 b, const enum simd_fold op)
 {
