@@ -17,7 +17,7 @@
  *    does. Then the kernel alone: one thread, a slice of each shape held in cache, the fastest
  *    call of many: what the kernel can do, apart from the weight stream and the pool.
  * 3. The other ops (RMSNorm, SiLU*up, RoPE, attention) at the default model's sizes, and the
- *    attention of a decode batch over an fp16 KV cache (from DRAM and cached).
+ *    attention of a decode batch over an fp16 KV cache (30 layers' and cached).
  * 4. With --model: prefill of a pp-token prompt and tg greedy decode steps (engine/generate.h),
  *    tokens/s, and the decode roofline (weight bytes per token / measured bandwidth). */
 #include <immintrin.h>
@@ -381,7 +381,10 @@ out:
 /* A decode batch's attention over an fp16 KV cache as the engine lays it out: SEQS sequences at
  * context CTX (SmolLM2's 9/3 heads x 64), KV slots in 16-slot blocks handed out in a shuffled
  * order, through the backend's attention op on the pool. With 30 layers' KV rotated the KV
- * comes from DRAM, as in a decode step; with one layer's it stays in the caches. long_ctx > 0:
+ * comes from beyond the L2, from DRAM where the L3 is smaller than it (tens of MB); with one
+ * layer's it stays in the caches. In a decode step the weights streamed between two layers push
+ * it out of a larger L3 too (the Xeon of docs/benchmarks.md, 2026-12-07: in place as this over
+ * ten times the KV). long_ctx > 0:
  * sequence 0 at that context instead (one long conversation among short ones). */
 static int bench_decode_attention(const struct backend_cpu_opts *bo, int SEQS, int CTX,
                                   int long_ctx)
@@ -466,9 +469,11 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo, int SEQS, i
             } while (dt < 0.05);
             best = fmin(best, dt / calls);
         }
-        printf("%-32s %12.1f %12.1f %12.2f\n",
-               layers > 1 ? "30 layers' KV (from DRAM)" : "one layer's KV (cached)", best * 1e6,
-               best * 1e9 / (double)keys, kv_bytes / best / 1e9);
+        char what[48];
+        snprintf(what, sizeof what, "%d layers' KV (%.0f MB)", layers,
+                 2.0 * (double)(per_layer * (size_t)layers * sizeof *kc) / 1e6);
+        printf("%-32s %12.1f %12.1f %12.2f\n", layers > 1 ? what : "one layer's KV (cached)",
+               best * 1e6, best * 1e9 / (double)keys, kv_bytes / best / 1e9);
     }
     free(ids);
     free(table);

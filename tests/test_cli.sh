@@ -150,7 +150,7 @@ QUERN_CPU_ISA=${kisa/native/auto} expect 0 'attn_q/o 576x576 +Q4_0 ' -- bench --
 if [ "$kisa" = avx2 ] && ! grep -q '^matmul, avx2, Q8 activations' "$tmp/out"; then
   echo "FAIL: bench --kernels did not take QUERN_CPU_ISA=avx2"; fails=$((fails + 1))
 fi
-if ! grep -Eq "^30 layers' KV \(from DRAM\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/out"; then
+if ! grep -Eq "^30 layers' KV \([0-9]+ MB\) +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$tmp/out"; then
   echo "FAIL: bench --kernels printed no decode-batch attention row"; fails=$((fails + 1))
 fi
 QUERN_CPU_ISA=bogus expect 2 'QUERN_CPU_ISA=bogus: want scalar, avx2, avxvnni, avx512, amx or auto' -- bench --kernels
