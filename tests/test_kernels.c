@@ -406,12 +406,12 @@ END_TEST
 
 /* The AVX-512 GEMV's weight prefetch (into L1 or L2, chosen by the core) changes no bit: both
  * give the reference's results, on weights longer than the prefetch distance; so too the AMX
- * kernel's (40 tokens: two sets on the tiles, 8 on the AVX-512 tile). */
+ * kernel's (33 and 40 tokens: two sets on the tiles and a short one of 1 or 8 rows). */
 START_TEST(matmul_prefetch_variants)
 {
     if (!cpu_isa_supported(CPU_ISA_AVX512)) return;
     tu_seed(0x9f1);
-    const int ns[] = {1, 8, 13, 40};
+    const int ns[] = {1, 8, 13, 33, 40};
     for (size_t ti = 0; ti < N_PACKED; ti++) {
         struct bweight w;
         make_packed_weight(&w, ti, 100, 1536);

@@ -11,8 +11,11 @@
  * and the AVX-512 kernel's float steps (mm_avx512.c, q8_tile) follow in its order: fma(d_w * d_x,
  * float(isum), acc), then Q4_1's fma(m_w, s_x, acc). Integer sums are exact, so each output is the
  * AVX-512 kernel's bits (the reference's), and a token's result does not depend on which kernel ran
- * it: calls of fewer than AMX_MIN_TOKENS tokens, and the last tokens short of 16, run on the
- * AVX-512 kernel.
+ * it: calls of fewer than AMX_MIN_TOKENS tokens run on the AVX-512 kernel. A call's last set of
+ * fewer than 16 tokens runs on tiles of that many rows (tiles 4-6), so the call reads its weights
+ * in one pass: a 40-token prompt, which had run 32 tokens here and 8 in a second pass of the
+ * AVX-512 kernel over the same weights, prefills 1.04-1.23x as fast (2 threads, 3 rounds;
+ * 120 and 500 tokens within noise).
  *
  * What it buys, and what bounds it (2 vCPUs of a Sapphire Rapids class Xeon, 2026-12-06,
  * docs/benchmarks.md): one tdpbssd of K = 32 takes 4.7 ns (3.5 TOP/s a thread), a block's whole
@@ -41,18 +44,24 @@
 #define AMX_TOKENS 16 /* tokens a tile: the A operand's rows */
 #define AMX_SETS   4  /* 16-token sets a widened chunk serves */
 /* Calls of fewer tokens run on the AVX-512 kernel: with one set the widening is not shared, and
- * a 16-sequence decode step ran 3-10 % slower on the tiles. */
+ * a 16-sequence decode step ran 3-10 % slower on the tiles. Tried again with short sets
+ * (2026-12-07, 2 threads): 16- and 24-sequence steps within the noise in 4 alternating rounds,
+ * ffn_gate/up 0.89-0.94x the time but attn_output 1.06-1.17x and the Q8_0 output 1.07-1.10x. */
 #define AMX_MIN_TOKENS 32
 #define AMX_CHUNK      64 /* blocks whose activation scales are laid out at a time */
 #define AMX_WIDEN      16 /* blocks widened at a time (8 KiB) */
 
 /* Tiles: C0 and C1 take alternate blocks (a block's products are stored while the next one's
- * run), A the activations, B the weights. gcc's tile intrinsics paste their tile number into the
- * instruction text, so the numbers go through a macro that expands them first. */
+ * run), A the activations, B the weights; C0P, C1P and AP the same for a set of fewer tokens.
+ * gcc's tile intrinsics paste their tile number into the instruction text, so the numbers go
+ * through a macro that expands them first. */
 #define TILE_C0                  0
 #define TILE_C1                  1
 #define TILE_A                   2
 #define TILE_B                   3
+#define TILE_C0P                 4
+#define TILE_C1P                 5
+#define TILE_AP                  6
 #define TILE_ZERO(t)             _tile_zero(t)
 #define TILE_LOAD(t, p, stride)  _tile_loadd(t, p, stride)
 #define TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
@@ -64,21 +73,26 @@ struct amx_tilecfg {
     uint16_t colsb[16];
     uint8_t rows[16];
 };
-
-/* The configuration of the tiles above: C 16 x 64 bytes, A 16 x 32, B 8 x 64. */
-static const struct amx_tilecfg amx_cfg = {
-    .palette = 1,
-    .colsb = {QPACK_ROWS * 4, QPACK_ROWS * 4, QK, QPACK_ROWS * 4},
-    .rows = {AMX_TOKENS, AMX_TOKENS, AMX_TOKENS, QK / 4},
-};
 _Static_assert(sizeof(struct amx_tilecfg) == 64, "ldtilecfg reads 64 bytes");
 
-/* ldtilecfg on the whole 64-byte record: gcc 12's _tile_loadconfig tells the compiler it reads
+/* The tiles above: C 16 x 64 bytes, A 16 x 32, B 8 x 64; and C and A again (tiles 4-6) with
+ * part_rows rows, for a call's last set of fewer than 16 tokens (none when part_rows is 0).
+ * ldtilecfg on the whole 64-byte record: gcc 12's _tile_loadconfig tells the compiler it reads
  * only a pointer's worth, so a configuration built on the stack can lose its stores to dead-store
  * elimination (a test program faulted so). */
-TGT INLINE void amx_configure(void)
+TGT INLINE void amx_configure(int part_rows)
 {
-    __asm__ volatile("ldtilecfg %0" ::"m"(amx_cfg));
+    struct amx_tilecfg cfg = {
+        .palette = 1,
+        .colsb = {QPACK_ROWS * 4, QPACK_ROWS * 4, QK, QPACK_ROWS * 4},
+        .rows = {AMX_TOKENS, AMX_TOKENS, AMX_TOKENS, QK / 4},
+    };
+    if (part_rows) {
+        cfg.colsb[TILE_C0P] = cfg.colsb[TILE_C1P] = QPACK_ROWS * 4;
+        cfg.colsb[TILE_AP] = QK;
+        cfg.rows[TILE_C0P] = cfg.rows[TILE_C1P] = cfg.rows[TILE_AP] = (uint8_t)part_rows;
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
 /* Block b's 8 chunks of a group as signed bytes (the weight values themselves), in QPACK_Q8_0's
@@ -100,11 +114,11 @@ struct amx_scales {
     _Alignas(64) float s[AMX_CHUNK][AMX_TOKENS];
 };
 
-/* The float steps of block b (bi within its chunk) for 16 tokens, from their integer sums
- * cs[16][16]: those of the AVX-512 kernel, in its order. */
+/* The float steps of block b (bi within its chunk) for the set's nt tokens, from their integer
+ * sums cs[nt][16]: those of the AVX-512 kernel, in its order. */
 TGT INLINE void scale_block(const int32_t *cs, const struct qpack *w, int64_t g, int64_t b,
                             int64_t bi, const struct amx_scales *as, const enum qpack_layout type,
-                            __m512 acc[AMX_TOKENS])
+                            const int nt, __m512 acc[AMX_TOKENS])
 {
     const uint16_t *sc = qpack_scales(w, g, b);
     __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
@@ -113,6 +127,7 @@ TGT INLINE void scale_block(const int32_t *cs, const struct qpack *w, int64_t g,
         mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + QPACK_ROWS)));
 #pragma GCC unroll 16
     for (int t = 0; t < AMX_TOKENS; t++) {
+        if (t >= nt) break;
         __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(as->d[bi][t]));
         __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(cs + QPACK_ROWS * t));
         acc[t] = _mm512_fmadd_ps(scale, isum, acc[t]);
@@ -120,50 +135,55 @@ TGT INLINE void scale_block(const int32_t *cs, const struct qpack *w, int64_t g,
     }
 }
 
-/* Blocks [b0, b1) of group g for one 16-token set whose activations start at xa, into acc: block
- * b's signed weights at wq + (b - b0) * 512, its activation scales row b - sb0 of as. Each block's
- * products go to C0 or C1 in turn and are scaled after the next block's tile work is issued. */
-TGT INLINE void run_blocks(const struct qpack *w, int64_t g, int64_t b0, int64_t b1,
-                           const uint8_t *wq, const int8_t *xa, size_t xstride,
-                           const struct amx_scales *as, int64_t sb0, const enum qpack_layout type,
-                           __m512 acc[AMX_TOKENS])
-{
-    _Alignas(64) int32_t cs[2][AMX_TOKENS * QPACK_ROWS];
-    int64_t b = b0;
-    for (; b + 2 <= b1; b += 2) {
-        const uint8_t *q0 = wq + (size_t)(b - b0) * 512;
-        TILE_ZERO(TILE_C0);
-        TILE_LOAD(TILE_A, xa + (size_t)b * QK, xstride);
-        TILE_LOAD(TILE_B, q0, 64);
-        TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
-        TILE_STORE(TILE_C0, cs[0], 64);
-        if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, acc);
-        TILE_ZERO(TILE_C1);
-        TILE_LOAD(TILE_A, xa + (size_t)(b + 1) * QK, xstride);
-        TILE_LOAD(TILE_B, q0 + 512, 64);
-        TILE_DPBSSD(TILE_C1, TILE_A, TILE_B);
-        TILE_STORE(TILE_C1, cs[1], 64);
-        scale_block(cs[0], w, g, b, b - sb0, as, type, acc);
+/* Blocks [b0, b1) of group g for one set of nt tokens whose activations start at xa, into acc:
+ * block b's signed weights at wq + (b - b0) * 512, its activation scales row b - sb0 of as. Each
+ * block's products go to C0 or C1 in turn and are scaled after the next block's tile work is
+ * issued. Defined twice: on the 16-row tiles, and on those of a call's last, shorter set. */
+#define DEFINE_RUN_BLOCKS(name, C0, C1, A)                                                         \
+    TGT INLINE void name(const struct qpack *w, int64_t g, int64_t b0, int64_t b1,                 \
+                         const uint8_t *wq, const int8_t *xa, size_t xstride,                      \
+                         const struct amx_scales *as, int64_t sb0, const enum qpack_layout type,   \
+                         const int nt, __m512 acc[AMX_TOKENS])                                     \
+    {                                                                                              \
+        _Alignas(64) int32_t cs[2][AMX_TOKENS * QPACK_ROWS];                                       \
+        int64_t b = b0;                                                                            \
+        for (; b + 2 <= b1; b += 2) {                                                              \
+            const uint8_t *q0 = wq + (size_t)(b - b0) * 512;                                       \
+            TILE_ZERO(C0);                                                                         \
+            TILE_LOAD(A, xa + (size_t)b * QK, xstride);                                            \
+            TILE_LOAD(TILE_B, q0, 64);                                                             \
+            TILE_DPBSSD(C0, A, TILE_B);                                                            \
+            TILE_STORE(C0, cs[0], 64);                                                             \
+            if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, nt, acc);           \
+            TILE_ZERO(C1);                                                                         \
+            TILE_LOAD(A, xa + (size_t)(b + 1) * QK, xstride);                                      \
+            TILE_LOAD(TILE_B, q0 + 512, 64);                                                       \
+            TILE_DPBSSD(C1, A, TILE_B);                                                            \
+            TILE_STORE(C1, cs[1], 64);                                                             \
+            scale_block(cs[0], w, g, b, b - sb0, as, type, nt, acc);                               \
+        }                                                                                          \
+        if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, nt, acc);               \
+        if (b < b1) {                                                                              \
+            TILE_ZERO(C0);                                                                         \
+            TILE_LOAD(A, xa + (size_t)b * QK, xstride);                                            \
+            TILE_LOAD(TILE_B, wq + (size_t)(b - b0) * 512, 64);                                    \
+            TILE_DPBSSD(C0, A, TILE_B);                                                            \
+            TILE_STORE(C0, cs[0], 64);                                                             \
+            scale_block(cs[0], w, g, b, b - sb0, as, type, nt, acc);                               \
+        }                                                                                          \
     }
-    if (b > b0) scale_block(cs[1], w, g, b - 1, b - 1 - sb0, as, type, acc);
-    if (b < b1) {
-        TILE_ZERO(TILE_C0);
-        TILE_LOAD(TILE_A, xa + (size_t)b * QK, xstride);
-        TILE_LOAD(TILE_B, wq + (size_t)(b - b0) * 512, 64);
-        TILE_DPBSSD(TILE_C0, TILE_A, TILE_B);
-        TILE_STORE(TILE_C0, cs[0], 64);
-        scale_block(cs[0], w, g, b, b - sb0, as, type, acc);
-    }
-}
+DEFINE_RUN_BLOCKS(run_blocks, TILE_C0, TILE_C1, TILE_A)
+DEFINE_RUN_BLOCKS(run_blocks_part, TILE_C0P, TILE_C1P, TILE_AP)
 
-/* Groups [g0, g1) for `sets` sets of 16 tokens from t0 (at most AMX_SETS). The sets' activation
- * scales are laid out token-minor AMX_CHUNK blocks at a time (all of them for rows of up to
- * AMX_CHUNK blocks); each group's blocks are widened AMX_WIDEN at a time (a small stack buffer,
- * beside the activations in L1) and each widened run serves every set. Between runs a (row,
- * token)'s running sum waits in y, which is exact (a float stored and loaded back). */
+/* Groups [g0, g1) for `sets` sets of 16 tokens from t0 (at most AMX_SETS), of which the last
+ * holds last_nt (1..16). The sets' activation scales are laid out token-minor AMX_CHUNK blocks
+ * at a time (all of them for rows of up to AMX_CHUNK blocks); each group's blocks are widened
+ * AMX_WIDEN at a time (a small stack buffer, beside the activations in L1) and each widened run
+ * serves every set. Between runs a (row, token)'s running sum waits in y, which is exact (a
+ * float stored and loaded back). */
 TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
-                         int64_t gp, int t0, int sets, float *y, const enum qpack_layout type,
-                         const int L1)
+                         int64_t gp, int t0, int sets, int last_nt, float *y,
+                         const enum qpack_layout type, const int L1)
 {
     const int64_t nb = w->nb;
     struct amx_scales as[AMX_SETS];
@@ -174,7 +194,7 @@ TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g
     for (int64_t c0 = 0; c0 < nb; c0 += AMX_CHUNK) {
         int64_t c1 = c0 + AMX_CHUNK < nb ? c0 + AMX_CHUNK : nb;
         for (int s = 0; s < sets; s++)
-            for (int t = 0; t < AMX_TOKENS; t++) {
+            for (int t = 0; t < (s + 1 < sets ? AMX_TOKENS : last_nt); t++) {
                 size_t tb = (size_t)(t0 + s * AMX_TOKENS + t) * (size_t)nb;
                 for (int64_t b = c0; b < c1; b++) {
                     as[s].d[b - c0][t] = a->d[tb + (size_t)b];
@@ -192,65 +212,74 @@ TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g
                     widen_block(qs, type, wide + (size_t)(b - b0) * 512);
                 }
                 for (int s = 0; s < sets; s++) {
-                    int ts = t0 + s * AMX_TOKENS;
+                    int ts = t0 + s * AMX_TOKENS, nt = s + 1 < sets ? AMX_TOKENS : last_nt;
                     float *ys = y + (size_t)ts * (size_t)w->rows + r0;
+                    const int8_t *xa = a->q + (size_t)ts * xstride;
                     __m512 acc[AMX_TOKENS];
 #pragma GCC unroll 16
-                    for (int t = 0; t < AMX_TOKENS; t++)
-                        acc[t] = b0 ? _mm512_maskz_loadu_ps(m, ys + (size_t)t * (size_t)w->rows)
+                    for (int t = 0; t < AMX_TOKENS; t++) /* a short set's other lanes: none */
+                        acc[t] = b0 ? _mm512_maskz_loadu_ps(t < nt ? m : 0,
+                                                            ys + (size_t)t * (size_t)w->rows)
                                     : _mm512_setzero_ps();
-                    run_blocks(w, g, b0, b1, wide, a->q + (size_t)ts * xstride, xstride, &as[s], c0,
-                               type, acc);
+                    if (nt == AMX_TOKENS)
+                        run_blocks(w, g, b0, b1, wide, xa, xstride, &as[s], c0, type, nt, acc);
+                    else
+                        run_blocks_part(w, g, b0, b1, wide, xa, xstride, &as[s], c0, type, nt, acc);
 #pragma GCC unroll 16
-                    for (int t = 0; t < AMX_TOKENS; t++)
+                    for (int t = 0; t < AMX_TOKENS; t++) {
+                        if (t >= nt) break;
                         _mm512_mask_storeu_ps(ys + (size_t)t * (size_t)w->rows, m, acc[t]);
+                    }
                 }
             }
         }
     }
 }
 
+/* Tokens [t0, t1) in runs of up to AMX_SETS sets; the last set may be short (the tiles
+ * configured for it). */
 TGT INLINE void amx_groups(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                            int64_t gp, int t0, int t1, float *y, const enum qpack_layout type,
                            const int L1)
 {
-    amx_configure();
-    for (int t = t0; t + AMX_TOKENS <= t1;) {
-        int sets = (t1 - t) / AMX_TOKENS;
+    amx_configure((t1 - t0) % AMX_TOKENS);
+    for (int t = t0; t < t1;) {
+        int left = t1 - t, sets = (left + AMX_TOKENS - 1) / AMX_TOKENS;
         sets = sets < AMX_SETS ? sets : AMX_SETS;
-        amx_sets(w, a, g0, g1, gp, t, sets, y, type, L1);
-        t += sets * AMX_TOKENS;
+        int n = left < sets * AMX_TOKENS ? left : sets * AMX_TOKENS;
+        amx_sets(w, a, g0, g1, gp, t, sets, n - (sets - 1) * AMX_TOKENS, y, type, L1);
+        t += n;
     }
     _tile_release();
 }
 
+/* Calls of AMX_MIN_TOKENS or more run on the tiles, a short last set included; fewer on the
+ * AVX-512 kernel. */
 TGT static void amx_matmul(const struct qpack *w, const struct q8act *a, int64_t g0, int64_t g1,
                            int64_t gp, int t0, int t1, float *y, const int L1)
 {
-    int full = t1 - t0 < AMX_MIN_TOKENS ? 0 : (t1 - t0) / AMX_TOKENS * AMX_TOKENS;
-    if (full) {
-        switch (w->layout) {
-        case QPACK_Q8_0:
-            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q8_0, L1);
-            break;
-        case QPACK_Q4_0:
-            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q4_0, L1);
-            break;
-        case QPACK_Q4_1:
-            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q4_1, L1);
-            break;
-        case QPACK_Q5_0:
-            amx_groups(w, a, g0, g1, gp, t0, t0 + full, y, QPACK_Q5_0, L1);
-            break;
-        default:
-            break;
-        }
-    }
-    if (t0 + full < t1) {
+    if (t1 - t0 < AMX_MIN_TOKENS) {
         if (L1)
-            avx512_matmul_q8_l1(w, a, g0, g1, gp, t0 + full, t1, y);
+            avx512_matmul_q8_l1(w, a, g0, g1, gp, t0, t1, y);
         else
-            avx512_matmul_q8(w, a, g0, g1, gp, t0 + full, t1, y);
+            avx512_matmul_q8(w, a, g0, g1, gp, t0, t1, y);
+        return;
+    }
+    switch (w->layout) {
+    case QPACK_Q8_0:
+        amx_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q8_0, L1);
+        break;
+    case QPACK_Q4_0:
+        amx_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_0, L1);
+        break;
+    case QPACK_Q4_1:
+        amx_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q4_1, L1);
+        break;
+    case QPACK_Q5_0:
+        amx_groups(w, a, g0, g1, gp, t0, t1, y, QPACK_Q5_0, L1);
+        break;
+    default:
+        break;
     }
 }
 
