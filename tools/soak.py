@@ -930,7 +930,9 @@ class Soak:
                         r.outcome = "closed by the client on purpose"
                 else:
                     recv.cancel()
-                    r.outcome = "closed by the client on purpose"
+                    # a hold the soak's deadline cut short may end before the server's timeout
+                    r.outcome = ("cut off by the end of the soak" if end < t0 + hold
+                                 else "closed by the client on purpose")
             except asyncio.CancelledError:
                 r.outcome = r.outcome or "cut off by the end of the soak"
                 self.done(r)
