@@ -77,6 +77,18 @@ struct frag gb_codepoints(struct gb *b, const struct cp_range *r, int n);
  * unescaped (no '"', '\\' or control characters), for JSON Schema's pattern and formats. */
 struct frag gb_regex(struct gb *b, const char *re, size_t len, bool json_safe);
 
+/* json_number.c: JSON numbers of at most JN_DIGITS integer and JN_DIGITS fraction digits.
+ * jn_number: any (an exponent too, unless integer); jn_int_range: the integers in [lo, hi]
+ * (|lo|, |hi| <= JN_MAX); jn_decimal_range: exactly the numbers between lo and hi (each
+ * exclusive where it says; none has an exponent or is written "-0"), or an error code with *why
+ * (bounds of more digits: QERR_UNSUPPORTED; nothing between them: QERR_INVALID). */
+#define JN_DIGITS 15
+#define JN_MAX    999999999999999ull /* JN_DIGITS nines */
+struct frag jn_number(struct gb *b, bool integer);
+struct frag jn_int_range(struct gb *b, int64_t lo, int64_t hi);
+int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, struct frag *out,
+                     const char **why);
+
 /* json_schema.c */
 struct frag gb_json_schema(struct gb *b, const char *text, size_t len);
 struct frag gb_json_any_object(struct gb *b);

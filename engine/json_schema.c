@@ -10,8 +10,7 @@
  * schema order; a missing additionalProperties means none when properties are listed (OpenAI
  * strict mode's rule) and any when not; oneOf is compiled as anyOf; pattern is matched against
  * the whole string and its characters must not need JSON escapes; numbers have at most 15
- * integer and 15 fraction digits; integer bounds are exact, number bounds must be integers
- * (the grammar then keeps to a subset of the valid numbers near the bounds). */
+ * integer and 15 fraction digits; bounds are exact, decimal ones included (json_number.c). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -86,139 +85,6 @@ static struct frag json_string(struct gb *b, int min, int max)
     struct frag f = gb_lits(b, "\"");
     f = gb_seq(b, f, gb_repeat(b, json_char, NULL, min, max));
     return gb_seq(b, f, gb_lits(b, "\""));
-}
-
-static struct frag digit(struct gb *b, const void *ctx)
-{
-    (void)ctx;
-    return gb_byte_range(b, '0', '9');
-}
-
-static struct frag digits(struct gb *b, int min, int max)
-{
-    return gb_repeat(b, digit, NULL, min, max);
-}
-
-#define NUM_DIGITS 15
-
-/* Unbounded JSON number (integer: no fraction or exponent), digits capped. */
-static struct frag json_number(struct gb *b, bool integer)
-{
-    struct frag f = gb_opt(b, gb_lits(b, "-"));
-    struct frag ip = gb_alt_begin(b);
-    gb_alt_add(b, ip, gb_lits(b, "0"));
-    gb_alt_add(b, ip, gb_seq(b, gb_byte_range(b, '1', '9'), digits(b, 0, NUM_DIGITS - 1)));
-    f = gb_seq(b, f, ip);
-    if (integer) return f;
-    f = gb_seq(b, f, gb_opt(b, gb_seq(b, gb_lits(b, "."), digits(b, 1, NUM_DIGITS))));
-    struct frag e = gb_alt_begin(b);
-    gb_alt_add(b, e, gb_lits(b, "e"));
-    gb_alt_add(b, e, gb_lits(b, "E"));
-    struct frag sign = gb_alt_begin(b);
-    gb_alt_add(b, sign, gb_lits(b, "+"));
-    gb_alt_add(b, sign, gb_lits(b, "-"));
-    e = gb_seq(b, e, gb_opt(b, sign));
-    e = gb_seq(b, e, digits(b, 1, 3));
-    return gb_seq(b, f, gb_opt(b, e));
-}
-
-/* Decimal strings of length L - pos that are >= s[pos..] (ge) or <= s[pos..] (le). */
-static struct frag digits_cmp(struct gb *b, const char *s, int pos, int L, bool ge)
-{
-    if (pos == L) return gb_empty(b);
-    struct frag f = gb_alt_begin(b);
-    gb_alt_add(b, f, gb_seq(b, gb_lit(b, s + pos, 1), digits_cmp(b, s, pos + 1, L, ge)));
-    if (ge && s[pos] < '9')
-        gb_alt_add(b, f,
-                   gb_seq(b, gb_byte_range(b, (uint8_t)(s[pos] + 1), '9'),
-                          digits(b, L - pos - 1, L - pos - 1)));
-    if (!ge && s[pos] > '0')
-        gb_alt_add(b, f,
-                   gb_seq(b, gb_byte_range(b, '0', (uint8_t)(s[pos] - 1)),
-                          digits(b, L - pos - 1, L - pos - 1)));
-    return f;
-}
-
-/* Decimal strings of equal length L in [a, b]. */
-static struct frag digits_between(struct gb *b, const char *a, const char *z, int pos, int L)
-{
-    if (pos == L) return gb_empty(b);
-    if (a[pos] == z[pos])
-        return gb_seq(b, gb_lit(b, a + pos, 1), digits_between(b, a, z, pos + 1, L));
-    struct frag f = gb_alt_begin(b);
-    gb_alt_add(b, f, gb_seq(b, gb_lit(b, a + pos, 1), digits_cmp(b, a, pos + 1, L, true)));
-    if (z[pos] - a[pos] > 1)
-        gb_alt_add(b, f,
-                   gb_seq(b, gb_byte_range(b, (uint8_t)(a[pos] + 1), (uint8_t)(z[pos] - 1)),
-                          digits(b, L - pos - 1, L - pos - 1)));
-    gb_alt_add(b, f, gb_seq(b, gb_lit(b, z + pos, 1), digits_cmp(b, z, pos + 1, L, false)));
-    return f;
-}
-
-static const uint64_t NUM_MAX = 999999999999999ull; /* NUM_DIGITS nines */
-
-/* Non-negative integers in [lo, hi] without leading zeros. */
-static struct frag uint_range(struct gb *b, uint64_t lo, uint64_t hi)
-{
-    char a[24], z[24];
-    int la = snprintf(a, sizeof a, "%llu", (unsigned long long)lo);
-    int lz = snprintf(z, sizeof z, "%llu", (unsigned long long)hi);
-    struct frag f = gb_alt_begin(b);
-    for (int L = la; L <= lz; L++) {
-        char x[24], y[24];
-        if (L == la)
-            memcpy(x, a, (size_t)L + 1);
-        else {
-            x[0] = '1';
-            memset(x + 1, '0', (size_t)L - 1);
-            x[L] = 0;
-        }
-        if (L == lz)
-            memcpy(y, z, (size_t)L + 1);
-        else {
-            memset(y, '9', (size_t)L);
-            y[L] = 0;
-        }
-        gb_alt_add(b, f, digits_between(b, x, y, 0, L));
-    }
-    return f;
-}
-
-/* Integers in [lo, hi] (both within +-NUM_MAX). */
-static struct frag int_range(struct gb *b, int64_t lo, int64_t hi)
-{
-    struct frag f = gb_alt_begin(b);
-    if (hi >= 0) gb_alt_add(b, f, uint_range(b, lo > 0 ? (uint64_t)lo : 0, (uint64_t)hi));
-    if (lo < 0) {
-        uint64_t mlo = hi < 0 ? (uint64_t)(-hi) : 1, mhi = (uint64_t)(-lo);
-        gb_alt_add(b, f, gb_seq(b, gb_lits(b, "-"), uint_range(b, mlo, mhi)));
-    }
-    return f;
-}
-
-static struct frag frac_any(struct gb *b)
-{
-    return gb_opt(b, gb_seq(b, gb_lits(b, "."), digits(b, 1, NUM_DIGITS)));
-}
-
-static struct frag zero(struct gb *b, const void *ctx)
-{
-    (void)ctx;
-    return gb_lits(b, "0");
-}
-
-static struct frag frac_zero(struct gb *b)
-{
-    return gb_opt(b, gb_seq(b, gb_lits(b, "."), gb_repeat(b, zero, NULL, 1, NUM_DIGITS)));
-}
-
-/* Magnitudes in [A, B]: k.f with k in [A, B-1], or B with a zero fraction. */
-static struct frag magnitude(struct gb *b, uint64_t A, uint64_t B)
-{
-    struct frag f = gb_alt_begin(b);
-    if (B > A) gb_alt_add(b, f, gb_seq(b, uint_range(b, A, B - 1), frac_any(b)));
-    gb_alt_add(b, f, gb_seq(b, uint_range(b, B, B), frac_zero(b)));
-    return f;
 }
 
 /* ---- helpers over the schema tree ---- */
@@ -318,7 +184,7 @@ static struct frag any_value(struct js *j)
         j->any_rule = gb_rule_new(b);
         struct frag f = gb_alt_begin(b);
         gb_alt_add(b, f, json_string(b, 0, -1));
-        gb_alt_add(b, f, json_number(b, false));
+        gb_alt_add(b, f, jn_number(b, false));
         gb_alt_add(b, f, gb_lits(b, "true"));
         gb_alt_add(b, f, gb_lits(b, "false"));
         gb_alt_add(b, f, gb_lits(b, "null"));
@@ -780,7 +646,7 @@ static bool bound(struct js *j, const cJSON *s, const char *k, double *out)
 static struct frag number_value(struct js *j, const cJSON *s, bool integer)
 {
     struct gb *b = j->b;
-    double lo = -(double)NUM_MAX, hi = (double)NUM_MAX, v;
+    double lo = -(double)JN_MAX, hi = (double)JN_MAX, v;
     bool lo_ex = false, hi_ex = false, has = false;
     if (bound(j, s, "minimum", &v)) lo = v, has = true;
     if (bound(j, s, "maximum", &v)) hi = v, has = true;
@@ -789,26 +655,18 @@ static struct frag number_value(struct js *j, const cJSON *s, bool integer)
     if (get(s, "multipleOf"))
         return js_fail(j, QERR_UNSUPPORTED, "keyword '%s' is not supported", "multipleOf");
     if (b->rc) return (struct frag){0, 0};
-    if (!has) return json_number(b, integer);
-    if (fabs(lo) > (double)NUM_MAX || fabs(hi) > (double)NUM_MAX)
+    if (!has) return jn_number(b, integer);
+    if (fabs(lo) > (double)JN_MAX || fabs(hi) > (double)JN_MAX)
         return js_fail(j, QERR_UNSUPPORTED, "%s", "bounds beyond 15 digits");
     if (integer) {
         double l = lo_ex ? floor(lo) + 1 : ceil(lo), h = hi_ex ? ceil(hi) - 1 : floor(hi);
         if (l > h) return js_fail(j, QERR_INVALID, "%s", "no integer lies within the bounds");
-        return int_range(b, (int64_t)l, (int64_t)h);
+        return jn_int_range(b, (int64_t)l, (int64_t)h);
     }
-    if (lo != floor(lo) || hi != floor(hi))
-        return js_fail(j, QERR_UNSUPPORTED, "%s",
-                       "number bounds must be integers (integer schemas take any bounds)");
-    int64_t L = (int64_t)lo + (lo_ex ? 1 : 0), H = (int64_t)hi - (hi_ex ? 1 : 0);
-    if (L > H) return js_fail(j, QERR_INVALID, "%s", "the number bounds leave nothing");
-    struct frag f = gb_alt_begin(b);
-    if (H >= 0) gb_alt_add(b, f, magnitude(b, L > 0 ? (uint64_t)L : 0, (uint64_t)H));
-    if (L < 0) {
-        uint64_t A = H < 0 ? (uint64_t)(-H) : 1, B = (uint64_t)(-L);
-        gb_alt_add(b, f, gb_seq(b, gb_lits(b, "-"), magnitude(b, A, B)));
-    }
-    return f;
+    struct frag f;
+    const char *why;
+    int rc = jn_decimal_range(b, lo, lo_ex, hi, hi_ex, &f, &why);
+    return rc ? js_fail(j, rc, "%s", why) : f;
 }
 
 /* ---- dispatch ---- */

@@ -306,9 +306,132 @@ START_TEST(schema_refusals)
         compile_rc(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/none\"}", msg, sizeof msg),
         QERR_INVALID);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":", msg, sizeof msg), QERR_INVALID);
-    ck_assert_int_eq(
-        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", msg, sizeof msg),
-        QERR_UNSUPPORTED);
+    /* a bound of 16 fraction digits; a multipleOf; bounds that leave nothing */
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"number\",\"minimum\":0.1234567890123456}", msg,
+                                sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "fraction digits"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5}",
+                                msg, sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"number\",\"minimum\":0.5,\"exclusiveMaximum\":0.5}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"number\",\"exclusiveMinimum\":0.999999999999999,"
+                                "\"exclusiveMaximum\":1}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+}
+END_TEST
+
+/* The strings a bounded number schema takes are exactly the JSON numbers (no exponent, no
+ * "-0") within its bounds: every candidate decimal of up to 3 fraction digits in [-40, 40], and
+ * forms with trailing zeros, against the bounds compared as doubles (exact for these short
+ * decimals); and no prefix of an allowed number is a dead end: from each live prefix some byte
+ * goes on or the number may end (a walk over all prefixes of up to 5 bytes). */
+static bool number_in(const char *num, double lo, bool lo_ex, double hi, bool hi_ex)
+{
+    double v = strtod(num, NULL);
+    if (num[0] == '-' && v == 0) return false; /* the grammar never writes "-0" */
+    return (lo_ex ? v > lo : v >= lo) && (hi_ex ? v < hi : v <= hi);
+}
+
+static void walk_live(struct grammar *g, char *p, int n, int depth, const char *schema)
+{
+    static const char bytes[] = "-.0123456789";
+    bool more = false;
+    for (const char *c = bytes; *c; c++) {
+        p[n] = *c;
+        p[n + 1] = 0;
+        int m = matches(g, p);
+        if (m == 0) continue;
+        more = true;
+        if (depth > 1) walk_live(g, p, n + 1, depth - 1, schema);
+    }
+    p[n] = 0;
+    if (n > 0) ck_assert_msg(more || matches(g, p) == 1, "%s: '%s' is a dead end", schema, p);
+}
+
+START_TEST(number_ranges_exact)
+{
+    static const struct {
+        const char *lo_kw, *hi_kw;
+        double lo, hi;
+    } cases[] = {
+        {"minimum", "maximum", 0.5, 2.5},
+        {"minimum", "maximum", -1.25, 3},
+        {"exclusiveMinimum", "maximum", 0, 1},
+        {"minimum", "exclusiveMaximum", 0, 1},
+        {"exclusiveMinimum", "exclusiveMaximum", -0.3, -0.1},
+        {"minimum", "maximum", 0.05, 0.07},
+        {"minimum", "maximum", 1.5, 1.5},
+        {"exclusiveMinimum", "exclusiveMaximum", 12.34, 12.35},
+        {"minimum", "maximum", -10, 10},
+        {"exclusiveMinimum", "maximum", -2.5, -2.499},
+        {"minimum", NULL, 0.5, 0},
+        {NULL, "exclusiveMaximum", 0, -0.5},
+        {"exclusiveMinimum", "exclusiveMaximum", 0.999, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        char schema[200];
+        int n = snprintf(schema, sizeof schema, "{\"type\":\"number\"");
+        if (cases[ci].lo_kw)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%.17g", cases[ci].lo_kw,
+                          cases[ci].lo);
+        if (cases[ci].hi_kw)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%.17g", cases[ci].hi_kw,
+                          cases[ci].hi);
+        snprintf(schema + n, sizeof schema - (size_t)n, "}");
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, schema);
+        double lo = cases[ci].lo_kw ? cases[ci].lo : -1e300;
+        double hi = cases[ci].hi_kw ? cases[ci].hi : 1e300;
+        bool lo_ex = cases[ci].lo_kw && cases[ci].lo_kw[0] == 'e';
+        bool hi_ex = cases[ci].hi_kw && cases[ci].hi_kw[0] == 'e';
+        /* every thousandth within a unit of the bounds, every 13th elsewhere */
+        int near_lo = (int)floor((cases[ci].lo_kw ? lo : hi) - 1) * 1000;
+        int near_hi = (int)ceil((cases[ci].hi_kw ? hi : lo) + 1) * 1000;
+        for (int v = -40000; v <= 40000; v++) {
+            /* v thousandths, written with 0-3 fraction digits as it needs, and with a trailing
+             * zero */
+            if ((v < near_lo || v > near_hi) && v % 13) continue;
+            char num[40], pad[48];
+            int a = abs(v);
+            if (a % 1000 == 0)
+                snprintf(num, sizeof num, "%s%d", v < 0 ? "-" : "", a / 1000);
+            else if (a % 100 == 0)
+                snprintf(num, sizeof num, "%s%d.%d", v < 0 ? "-" : "", a / 1000, a % 1000 / 100);
+            else if (a % 10 == 0)
+                snprintf(num, sizeof num, "%s%d.%02d", v < 0 ? "-" : "", a / 1000, a % 1000 / 10);
+            else
+                snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
+            snprintf(pad, sizeof pad, "%s%s0", num, strchr(num, '.') ? "" : ".");
+            bool in = number_in(num, lo, lo_ex, hi, hi_ex);
+            ck_assert_msg((matches(g, num) == 1) == in, "%s: %s %s", schema, num,
+                          in ? "rejected" : "accepted");
+            ck_assert_msg((matches(g, pad) == 1) == in, "%s: %s %s", schema, pad,
+                          in ? "rejected" : "accepted");
+        }
+        REJECTS(g, "1e0");
+        REJECTS(g, "00.5");
+        REJECTS(g, ".5");
+        REJECTS(g, "1.");
+        char p[16] = "";
+        walk_live(g, p, 0, 5, schema);
+        grammar_unref(g);
+    }
+    /* a bound of 15 fraction digits, exclusive: no number of 15 digits begins "0.09" above it,
+     * so the prefix is not offered at all (it would be a dead end) */
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"type\":\"number\",\"exclusiveMinimum\":0.099999999999999,\"maximum\":1}");
+    ck_assert_int_eq(matches(g, "0.09"), 0);
+    REJECTS(g, "0.099999999999999");
+    ACCEPTS(g, "0.1");
+    ACCEPTS(g, "0.100000000000001");
+    grammar_unref(g);
 }
 END_TEST
 
@@ -833,6 +956,7 @@ static Suite *suite(void)
     tcase_add_test(tc, schema_arrays);
     tcase_add_test(tc, schema_strings);
     tcase_add_test(tc, integer_ranges);
+    tcase_add_test(tc, number_ranges_exact);
     tcase_add_test(tc, schema_refs_and_combinators);
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, cache_lru);

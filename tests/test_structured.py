@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Structured outputs and tool calling against a real daemon with the real model.
 
-Every schema of tests/structured_schemas.json (56 of them: nested objects, arrays, enums, refs,
+Every schema of tests/structured_schemas.json (58 of them: nested objects, arrays, enums, refs,
 patterns, formats, numbers) is requested greedy and sampled (seeded) through response_format,
 all at once so the engine batches them; every output must finish with "stop", parse, and
 validate against its schema (a validator of the keywords quern supports, below; `jsonschema`
