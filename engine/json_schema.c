@@ -583,6 +583,21 @@ struct format {
     "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]" \
     ")"
 #define RE_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+/* RFC 4291's text forms, "::" included (no zone, no embedded IPv4) */
+#define RE_H16 "[0-9a-fA-F]{1,4}"
+#define RE_IPV6                                                                                    \
+    "((" RE_H16 ":){7}" RE_H16 "|(" RE_H16 ":){1,7}:|(" RE_H16 ":){1,6}:" RE_H16 "|(" RE_H16       \
+    ":){1,5}(:" RE_H16 "){1,2}|(" RE_H16 ":){1,4}(:" RE_H16 "){1,3}|(" RE_H16 ":){1,3}(:" RE_H16   \
+    "){1,4}|(" RE_H16 ":){1,2}(:" RE_H16 "){1,5}|" RE_H16 ":(:" RE_H16 "){1,6}|:((:" RE_H16        \
+    "){1,7}|:))"
+/* RFC 1123 labels of up to 32 characters, up to 6 of them (within the 253 a name may have) */
+#define RE_LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
+/* RFC 3339 appendix A's duration, numbers of up to 9 digits */
+#define RE_DUR_N "[0-9]{1,9}"
+#define RE_DUR_TIME                                                                                \
+    "T(" RE_DUR_N "H(" RE_DUR_N "M(" RE_DUR_N "S)?)?|" RE_DUR_N "M(" RE_DUR_N "S)?|" RE_DUR_N "S)"
+#define RE_DUR_DATE                                                                                \
+    "(" RE_DUR_N "D|" RE_DUR_N "M(" RE_DUR_N "D)?|" RE_DUR_N "Y(" RE_DUR_N "M(" RE_DUR_N "D)?)?)"
 
 static const struct format formats[] = {
     {"date", RE_DATE},
@@ -593,6 +608,9 @@ static const struct format formats[] = {
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
     {"uri", "[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[!-~]{1,100}"},
     {"ipv4", "(" RE_OCTET "\\.){3}" RE_OCTET},
+    {"ipv6", RE_IPV6},
+    {"hostname", RE_LABEL "(\\." RE_LABEL "){0,5}"},
+    {"duration", "P(" RE_DUR_DATE "(" RE_DUR_TIME ")?|" RE_DUR_TIME "|" RE_DUR_N "W)"},
 };
 
 static struct frag string_value(struct js *j, const cJSON *s)
@@ -617,8 +635,8 @@ static struct frag string_value(struct js *j, const cJSON *s)
             if (!strcmp(fmt->valuestring, formats[k].name)) re = formats[k].re;
         if (!re)
             return js_fail(j, QERR_UNSUPPORTED,
-                           "format '%.40s' is not supported (date, time, date-time, email, uuid, "
-                           "uri, ipv4 are)",
+                           "format '%.40s' is not supported (date, time, date-time, duration, "
+                           "email, hostname, uuid, uri, ipv4, ipv6 are)",
                            fmt->valuestring);
     }
     if (!re) return json_string(b, min, max);

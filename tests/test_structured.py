@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Structured outputs and tool calling against a real daemon with the real model.
 
-Every schema of tests/structured_schemas.json (58 of them: nested objects, arrays, enums, refs,
+Every schema of tests/structured_schemas.json (61 of them: nested objects, arrays, enums, refs,
 patterns, formats, numbers) is requested greedy and sampled (seeded) through response_format,
 all at once so the engine batches them; every output must finish with "stop", parse, and
 validate against its schema (a validator of the keywords quern supports, below; `jsonschema`
@@ -75,6 +75,15 @@ def format_ok(v, f):
             return re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:\S+$", v) is not None
         elif f == "ipv4":
             ipaddress.IPv4Address(v)
+        elif f == "ipv6":
+            ipaddress.IPv6Address(v)
+        elif f == "hostname":
+            label = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+            return len(v) <= 253 and re.fullmatch(rf"{label}(\.{label})*", v) is not None
+        elif f == "duration":  # RFC 3339 appendix A
+            t = r"T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
+            d = r"([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)"
+            return re.fullmatch(rf"P({d}({t})?|{t}|[0-9]+W)", v) is not None
         return True
     except ValueError:
         return False
