@@ -80,14 +80,21 @@ struct frag gb_regex(struct gb *b, const char *re, size_t len, bool json_safe);
 /* json_number.c: JSON numbers of at most JN_DIGITS integer and JN_DIGITS fraction digits.
  * jn_number: any (an exponent too, unless integer); jn_int_range: the integers in [lo, hi]
  * (|lo|, |hi| <= JN_MAX); jn_decimal_range: exactly the numbers between lo and hi (each
- * exclusive where it says; none has an exponent or is written "-0"), or an error code with *why
- * (bounds of more digits: QERR_UNSUPPORTED; nothing between them: QERR_INVALID). */
-#define JN_DIGITS 15
-#define JN_MAX    999999999999999ull /* JN_DIGITS nines */
+ * exclusive where it says; none has an exponent or is written "-0") written with at most
+ * max_frac fraction digits, or an error code with *why (bounds of more digits:
+ * QERR_UNSUPPORTED; nothing between them: QERR_INVALID); jn_int_multiples: the multiples of
+ * k >= 2 in [l, h], listed when fewer than JN_LIST_MAX, else for a power of ten only;
+ * jn_power_of_ten: m where d = 10^m exactly (m in [-JN_DIGITS, JN_DIGITS)), else INT32_MIN. */
+#define JN_DIGITS   15
+#define JN_MAX      999999999999999ull /* JN_DIGITS nines */
+#define JN_LIST_MAX 4096
 struct frag jn_number(struct gb *b, bool integer);
 struct frag jn_int_range(struct gb *b, int64_t lo, int64_t hi);
-int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, struct frag *out,
+int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, int max_frac,
+                     struct frag *out, const char **why);
+int jn_int_multiples(struct gb *b, int64_t l, int64_t h, int64_t k, struct frag *out,
                      const char **why);
+int jn_power_of_ten(double d);
 
 /* json_schema.c */
 struct frag gb_json_schema(struct gb *b, const char *text, size_t len);

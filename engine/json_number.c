@@ -12,7 +12,11 @@
  * built), which keeps the automaton small and makes bounds with nothing between them an error
  * here rather than a grammar that accepts nothing (the DFA's pruning, grammar_dfa.c, would drop
  * the dead branches too). Negative numbers are "-" and a magnitude above 0 (no "-0"). Bounded
- * numbers have no exponent; every number has at most 15 integer and 15 fraction digits. */
+ * numbers have no exponent; every number has at most 15 integer and 15 fraction digits.
+ * multipleOf: a power of ten below 1 caps the fraction digits (the same walk, shorter); an
+ * integer k lists its multiples within the bounds as literals up to JN_LIST_MAX of them (a
+ * multiple-of-k automaton over decimal digits has k states per digit position, most of them
+ * for no gain), or for k = 10^m writes the quotient's range and m zeros. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,12 +128,14 @@ struct frag jn_int_range(struct gb *b, int64_t lo, int64_t hi)
 
 /* ---- decimal bounds ---- */
 
-/* A non-negative bound: integer part and exactly JN_DIGITS fraction digits ('0'-padded), and
- * whether it excludes itself. */
+/* A non-negative bound: integer part and exactly JN_DIGITS fraction digits ('0'-padded),
+ * whether it excludes itself, and the most fraction digits a number may write (mf, the same in
+ * both bounds of a range). */
 struct bound {
     uint64_t ip;
     char fd[JN_DIGITS + 1];
     bool ex;
+    int mf;
 };
 
 /* v >= 0 as the shortest decimal that reads back as v; -1 when it needs more than JN_DIGITS
@@ -161,6 +167,7 @@ static int bound_of(double v, bool ex, struct bound *d)
     for (int k = e + 1 + JN_DIGITS; k < nd; k++)
         if (k >= 0 && dig[k] != '0') return -1;
     d->ex = ex;
+    d->mf = JN_DIGITS;
     return 0;
 }
 
@@ -198,7 +205,7 @@ static void frac_digit_span(const struct bound *lo, bool tl, const struct bound 
 static bool frac_digit_viable(const struct bound *lo, bool tl, const struct bound *hi, bool th,
                               int i)
 {
-    if (i == JN_DIGITS) return false;
+    if (i == lo->mf) return false;
     char first, last, lo_free, hi_free;
     frac_digit_span(lo, tl, hi, th, i, &first, &last, &lo_free, &hi_free);
     if (first > last) return false;
@@ -217,10 +224,10 @@ static bool frac_viable(const struct bound *lo, bool tl, const struct bound *hi,
 static struct frag frac_digits(struct gb *b, const struct bound *lo, bool tl,
                                const struct bound *hi, bool th, int i, bool at_least_one)
 {
-    if (!tl && !th) return digits(b, at_least_one ? 1 : 0, JN_DIGITS - i);
+    if (!tl && !th) return digits(b, at_least_one ? 1 : 0, lo->mf - i);
     struct frag f = gb_alt_begin(b);
     if (!at_least_one && frac_end_ok(lo, tl, hi, th, i)) gb_alt_add(b, f, gb_empty(b));
-    if (i == JN_DIGITS) return f;
+    if (i == lo->mf) return f;
     char first, last, lo_free, hi_free;
     frac_digit_span(lo, tl, hi, th, i, &first, &last, &lo_free, &hi_free);
     if (first > last) return f;
@@ -235,7 +242,7 @@ static struct frag frac_digits(struct gb *b, const struct bound *lo, bool tl,
     if (lo_free <= hi_free)
         gb_alt_add(b, f,
                    gb_seq(b, gb_byte_range(b, (uint8_t)lo_free, (uint8_t)hi_free),
-                          digits(b, 0, JN_DIGITS - i - 1)));
+                          digits(b, 0, lo->mf - i - 1)));
     return f;
 }
 
@@ -246,7 +253,7 @@ static struct frag fraction(struct gb *b, const struct bound *lo, bool tl, const
 {
     struct frag f = gb_alt_begin(b);
     if (frac_end_ok(lo, tl, hi, th, 0)) gb_alt_add(b, f, gb_empty(b));
-    if ((!tl && !th) || frac_digit_viable(lo, tl, hi, th, 0))
+    if (lo->mf > 0 && ((!tl && !th) || frac_digit_viable(lo, tl, hi, th, 0)))
         gb_alt_add(b, f, gb_seq(b, gb_lits(b, "."), frac_digits(b, lo, tl, hi, th, 0, true)));
     return f;
 }
@@ -287,8 +294,8 @@ static bool magnitude_range(struct gb *b, const struct bound *lo, const struct b
     return any;
 }
 
-int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, struct frag *out,
-                     const char **why)
+int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, int max_frac,
+                     struct frag *out, const char **why)
 {
     *why = NULL;
     struct bound A, B;
@@ -297,6 +304,7 @@ int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex,
     /* x >= 0: m = x in [max(lo, 0), hi] */
     if (hi > 0 || (hi == 0 && !hi_ex)) {
         if (bound_of(lo > 0 ? lo : 0, lo >= 0 && lo_ex, &A) || bound_of(hi, hi_ex, &B)) goto digits;
+        A.mf = B.mf = max_frac;
         if (magnitude_range(b, &A, &B, &m)) {
             gb_alt_add(b, f, m);
             any = true;
@@ -306,6 +314,7 @@ int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex,
     if (lo < 0) {
         if (bound_of(hi < 0 ? -hi : 0, hi < 0 ? hi_ex : true, &A) || bound_of(-lo, lo_ex, &B))
             goto digits;
+        A.mf = B.mf = max_frac;
         if (magnitude_range(b, &A, &B, &m)) {
             gb_alt_add(b, f, gb_seq(b, gb_lits(b, "-"), m));
             any = true;
@@ -320,4 +329,65 @@ int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex,
 digits:
     *why = "bounds of more than 15 integer or 15 fraction digits";
     return QERR_UNSUPPORTED;
+}
+
+int jn_power_of_ten(double d)
+{
+    struct bound x;
+    if (!(d > 0) || bound_of(d, false, &x)) return INT32_MIN;
+    if (x.ip > 0) {
+        if (!rest_zero(&x, 0)) return INT32_MIN;
+        int m = 0;
+        for (uint64_t v = x.ip; v > 1; v /= 10, m++)
+            if (v % 10) return INT32_MIN;
+        return m;
+    }
+    int n = 0;
+    while (n < JN_DIGITS && x.fd[n] == '0') n++;
+    if (n == JN_DIGITS || x.fd[n] != '1' || !rest_zero(&x, n + 1)) return INT32_MIN;
+    return -(n + 1);
+}
+
+/* q * 10^zeros written out: "0", or q's digits and the zeros. */
+static struct frag zeros_after(struct gb *b, struct frag q, int zeros)
+{
+    for (int i = 0; i < zeros; i++) q = gb_seq(b, q, gb_lits(b, "0"));
+    return q;
+}
+
+int jn_int_multiples(struct gb *b, int64_t l, int64_t h, int64_t k, struct frag *out,
+                     const char **why)
+{
+    *why = NULL;
+    /* the multiples q * k with q in [ql, qh] (floor and ceiling of signed division) */
+    int64_t ql = l / k + (l % k > 0 ? 1 : 0), qh = h / k - (h % k < 0 ? 1 : 0);
+    if (ql > qh) {
+        *why = "no multiple lies within the bounds";
+        return QERR_INVALID;
+    }
+    if (qh - ql < JN_LIST_MAX) {
+        struct frag f = gb_alt_begin(b);
+        for (int64_t q = ql; q <= qh; q++) {
+            char s[32];
+            snprintf(s, sizeof s, "%lld", (long long)(q * k));
+            gb_alt_add(b, f, gb_lits(b, s));
+        }
+        *out = f;
+        return 0;
+    }
+    int zeros = 0;
+    int64_t p = 1;
+    while (p < k && zeros < JN_DIGITS) p *= 10, zeros++;
+    if (p != k) {
+        *why = "'multipleOf' of an integer not a power of ten, with more than 4096 multiples in "
+               "the bounds";
+        return QERR_UNSUPPORTED;
+    }
+    /* a power of ten: the quotient's digits, then the zeros ("0" alone for 0) */
+    struct frag f = gb_alt_begin(b);
+    if (qh > 0) gb_alt_add(b, f, zeros_after(b, jn_int_range(b, ql > 1 ? ql : 1, qh), zeros));
+    if (ql <= 0 && qh >= 0) gb_alt_add(b, f, gb_lits(b, "0"));
+    if (ql < 0) gb_alt_add(b, f, zeros_after(b, jn_int_range(b, ql, qh < -1 ? qh : -1), zeros));
+    *out = f;
+    return 0;
 }

@@ -661,29 +661,49 @@ static bool bound(struct js *j, const cJSON *s, const char *k, double *out)
     return true;
 }
 
+/* multipleOf: an integer k (the multiples of k, written as integers), or a power of ten below 1
+ * (a number then writes at most that many fraction digits; an integer is always one). */
 static struct frag number_value(struct js *j, const cJSON *s, bool integer)
 {
     struct gb *b = j->b;
-    double lo = -(double)JN_MAX, hi = (double)JN_MAX, v;
+    double lo = -(double)JN_MAX, hi = (double)JN_MAX, v, mult = 0;
     bool lo_ex = false, hi_ex = false, has = false;
     if (bound(j, s, "minimum", &v)) lo = v, has = true;
     if (bound(j, s, "maximum", &v)) hi = v, has = true;
     if (bound(j, s, "exclusiveMinimum", &v) && v >= lo) lo = v, lo_ex = true, has = true;
     if (bound(j, s, "exclusiveMaximum", &v) && v <= hi) hi = v, hi_ex = true, has = true;
-    if (get(s, "multipleOf"))
-        return js_fail(j, QERR_UNSUPPORTED, "keyword '%s' is not supported", "multipleOf");
+    if (bound(j, s, "multipleOf", &mult) && !(mult > 0))
+        return js_fail(j, QERR_INVALID, "%s", "'multipleOf' must be above 0");
     if (b->rc) return (struct frag){0, 0};
-    if (!has) return jn_number(b, integer);
     if (fabs(lo) > (double)JN_MAX || fabs(hi) > (double)JN_MAX)
         return js_fail(j, QERR_UNSUPPORTED, "%s", "bounds beyond 15 digits");
+    int64_t k = 1;
+    int max_frac = JN_DIGITS;
+    if (mult > 0) {
+        int p10 = jn_power_of_ten(mult);
+        if (p10 != INT32_MIN && p10 <= 0) {
+            if (!integer && p10 == 0) integer = true;
+            if (!integer) max_frac = -p10;
+        } else if (mult == floor(mult) && mult <= (double)JN_MAX) {
+            k = (int64_t)mult;
+            integer = true;
+        } else {
+            return js_fail(j, QERR_UNSUPPORTED, "%s",
+                           "'multipleOf' must be an integer or a power of ten (0.1, 0.01, ...)");
+        }
+    }
+    if (!has && k == 1 && max_frac == JN_DIGITS) return jn_number(b, integer);
+    struct frag f;
+    const char *why = NULL;
+    int rc;
     if (integer) {
         double l = lo_ex ? floor(lo) + 1 : ceil(lo), h = hi_ex ? ceil(hi) - 1 : floor(hi);
         if (l > h) return js_fail(j, QERR_INVALID, "%s", "no integer lies within the bounds");
-        return jn_int_range(b, (int64_t)l, (int64_t)h);
+        if (k == 1) return jn_int_range(b, (int64_t)l, (int64_t)h);
+        rc = jn_int_multiples(b, (int64_t)l, (int64_t)h, k, &f, &why);
+    } else {
+        rc = jn_decimal_range(b, lo, lo_ex, hi, hi_ex, max_frac, &f, &why);
     }
-    struct frag f;
-    const char *why;
-    int rc = jn_decimal_range(b, lo, lo_ex, hi, hi_ex, &f, &why);
     return rc ? js_fail(j, rc, "%s", why) : f;
 }
 
@@ -716,6 +736,7 @@ static const char *const supported[] = {"type",
                                         "exclusiveMinimum",
                                         "exclusiveMaximum",
                                         "nullable",
+                                        "multipleOf",
                                         "minProperties",
                                         "maxProperties",
                                         NULL};
@@ -754,7 +775,7 @@ static const char *infer_type(const cJSON *s)
     if (get(s, "minLength") || get(s, "maxLength") || get(s, "pattern") || get(s, "format"))
         return "string";
     if (get(s, "minimum") || get(s, "maximum") || get(s, "exclusiveMinimum") ||
-        get(s, "exclusiveMaximum"))
+        get(s, "exclusiveMaximum") || get(s, "multipleOf"))
         return "number";
     return NULL;
 }

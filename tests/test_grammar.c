@@ -262,6 +262,74 @@ START_TEST(integer_ranges)
 }
 END_TEST
 
+/* multipleOf: integers (listed, or a power of ten's trailing zeros), and powers of ten below 1
+ * as a cap on a number's fraction digits; other values are refused. */
+START_TEST(multiple_of)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"integer\",\"multipleOf\":7,\"exclusiveMinimum\":-20,\"maximum\":30}");
+    for (int v = -100; v <= 100; v++) {
+        char num[16];
+        snprintf(num, sizeof num, "%d", v);
+        bool in = v % 7 == 0 && v > -20 && v <= 30;
+        ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 7: %d", v);
+    }
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":100}");
+    ACCEPTS(g, "0");
+    ACCEPTS(g, "100");
+    ACCEPTS(g, "-2500");
+    ACCEPTS(g, "123400");
+    REJECTS(g, "150");
+    REJECTS(g, "-0");
+    REJECTS(g, "000");
+    REJECTS(g, "-100000000000000000");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"multipleOf\":10,\"minimum\":-35,\"maximum\":12000}");
+    ACCEPTS(g, "-30");
+    ACCEPTS(g, "0");
+    ACCEPTS(g, "12000");
+    REJECTS(g, "-40");
+    REJECTS(g, "12010");
+    REJECTS(g, "15.0");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":1}");
+    ACCEPTS(g, "-3");
+    REJECTS(g, "3.5");
+    grammar_unref(g);
+    /* 0.1 above 0.05 and at most 2: values of one fraction digit */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.1,"
+                                        "\"exclusiveMinimum\":0.05,\"maximum\":2}");
+    for (int v = -1000; v <= 3000; v++) {
+        char num[24];
+        int a = abs(v);
+        snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
+        char *end = num + strlen(num);
+        while (end[-1] == '0') *--end = 0; /* the shortest writing */
+        if (end[-1] == '.') *--end = 0;
+        const char *dot = strchr(num, '.');
+        bool in = v > 50 && v <= 2000 && (!dot || strlen(dot + 1) <= 1);
+        ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 0.1: %s", num);
+    }
+    grammar_unref(g);
+    char msg[512];
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA,
+                   "{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":0,\"maximum\":1000000}", msg,
+                   sizeof msg),
+        QERR_UNSUPPORTED);
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":0}", msg, sizeof msg),
+        QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"integer\",\"multipleOf\":5,\"minimum\":1,"
+                                "\"maximum\":4}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+}
+END_TEST
+
 START_TEST(schema_refs_and_combinators)
 {
     /* a recursive tree through $ref: calls, so it nests to any depth the stack allows */
@@ -968,6 +1036,7 @@ static Suite *suite(void)
     tcase_add_test(tc, schema_strings);
     tcase_add_test(tc, integer_ranges);
     tcase_add_test(tc, number_ranges_exact);
+    tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, schema_refs_and_combinators);
     tcase_add_test(tc, schema_refusals);
     tcase_add_test(tc, cache_lru);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Structured outputs and tool calling against a real daemon with the real model.
 
-Every schema of tests/structured_schemas.json (61 of them: nested objects, arrays, enums, refs,
+Every schema of tests/structured_schemas.json (62 of them: nested objects, arrays, enums, refs,
 patterns, formats, numbers) is requested greedy and sampled (seeded) through response_format,
 all at once so the engine batches them; every output must finish with "stop", parse, and
 validate against its schema (a validator of the keywords quern supports, below; `jsonschema`
@@ -163,6 +163,8 @@ def validate(v, s, root, path="$"):
             errs.append(f"{path}: {v} <= exclusiveMinimum")
         if "exclusiveMaximum" in s and v >= s["exclusiveMaximum"]:
             errs.append(f"{path}: {v} >= exclusiveMaximum")
+        if "multipleOf" in s and abs(round(v / s["multipleOf"]) * s["multipleOf"] - v) > 1e-9:
+            errs.append(f"{path}: {v} not a multiple of {s['multipleOf']}")
     return errs
 
 
