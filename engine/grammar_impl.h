@@ -95,6 +95,10 @@ int jn_decimal_range(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex,
 int jn_int_multiples(struct gb *b, int64_t l, int64_t h, int64_t k, struct frag *out,
                      const char **why);
 int jn_power_of_ten(double d);
+/* The multiples of d (a decimal of up to 6 fraction digits) between lo and hi, listed when
+ * fewer than JN_LIST_MAX, each in its shortest writing; else QERR_UNSUPPORTED. */
+int jn_decimal_multiples(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, double d,
+                         struct frag *out, const char **why);
 
 /* json_schema.c */
 struct frag gb_json_schema(struct gb *b, const char *text, size_t len);

@@ -16,7 +16,8 @@
  * multipleOf: a power of ten below 1 caps the fraction digits (the same walk, shorter); an
  * integer k lists its multiples within the bounds as literals up to JN_LIST_MAX of them (a
  * multiple-of-k automaton over decimal digits has k states per digit position, most of them
- * for no gain), or for k = 10^m writes the quotient's range and m zeros. */
+ * for no gain), or for k = 10^m writes the quotient's range and m zeros; another decimal (0.5,
+ * 0.25) lists its multiples within the bounds, each in its shortest writing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,4 +391,64 @@ int jn_int_multiples(struct gb *b, int64_t l, int64_t h, int64_t k, struct frag 
     if (ql < 0) gb_alt_add(b, f, zeros_after(b, jn_int_range(b, ql, qh < -1 ? qh : -1), zeros));
     *out = f;
     return 0;
+}
+
+/* floor and ceiling of v * 10^n, from v's shortest decimal; false when out of range. */
+static bool scaled(double v, int n, int64_t *fl, int64_t *ce)
+{
+    struct bound d;
+    if (bound_of(fabs(v), false, &d)) return false;
+    int64_t p = 1;
+    for (int i = 0; i < n; i++) p *= 10;
+    if (d.ip > (uint64_t)(INT64_MAX / 4 / p)) return false;
+    int64_t x = (int64_t)d.ip;
+    for (int i = 0; i < n; i++) x = x * 10 + (d.fd[i] - '0');
+    bool exact = rest_zero(&d, n);
+    if (v >= 0) {
+        *fl = x;
+        *ce = x + !exact;
+    } else {
+        *fl = -x - !exact;
+        *ce = -x;
+    }
+    return true;
+}
+
+int jn_decimal_multiples(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, double d,
+                         struct frag *out, const char **why)
+{
+    *why = NULL;
+    struct bound m;
+    if (bound_of(d, false, &m)) goto unsupported;
+    int n = JN_DIGITS;
+    while (n > 0 && m.fd[n - 1] == '0') n--;
+    int64_t D, dc, lf, lc, hf, hc;
+    if (n > 6 || !scaled(d, n, &D, &dc) || !scaled(lo, n, &lf, &lc) || !scaled(hi, n, &hf, &hc))
+        goto unsupported;
+    /* the scaled multiples x = q * D within the bounds */
+    int64_t xl = lo_ex ? lf + 1 : lc, xh = hi_ex ? hc - 1 : hf;
+    int64_t ql = xl / D + (xl % D > 0 ? 1 : 0), qh = xh / D - (xh % D < 0 ? 1 : 0);
+    if (ql > qh) {
+        *why = "no multiple lies within the bounds";
+        return QERR_INVALID;
+    }
+    if (qh - ql >= JN_LIST_MAX) goto unsupported;
+    int64_t p = 1;
+    for (int i = 0; i < n; i++) p *= 10;
+    struct frag f = gb_alt_begin(b);
+    for (int64_t q = ql; q <= qh; q++) {
+        int64_t x = q * D, a = x < 0 ? -x : x;
+        char s[48];
+        int k = snprintf(s, sizeof s, "%s%lld.%0*lld", x < 0 ? "-" : "", (long long)(a / p), n,
+                         (long long)(a % p));
+        while (s[k - 1] == '0') s[--k] = 0; /* the shortest writing: 2.5, 3 */
+        if (s[k - 1] == '.') s[--k] = 0;
+        gb_alt_add(b, f, gb_lits(b, s));
+    }
+    *out = f;
+    return 0;
+unsupported:
+    *why = "'multipleOf' other than an integer or a power of ten needs bounds with at most 4096 "
+           "multiples between them, and at most 6 fraction digits";
+    return QERR_UNSUPPORTED;
 }

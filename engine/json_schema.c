@@ -661,8 +661,9 @@ static bool bound(struct js *j, const cJSON *s, const char *k, double *out)
     return true;
 }
 
-/* multipleOf: an integer k (the multiples of k, written as integers), or a power of ten below 1
- * (a number then writes at most that many fraction digits; an integer is always one). */
+/* multipleOf: an integer k (the multiples of k, written as integers), a power of ten below 1 (a
+ * number then writes at most that many fraction digits; an integer is always one), or another
+ * decimal (a number's multiples listed, when the bounds leave few). */
 static struct frag number_value(struct js *j, const cJSON *s, bool integer)
 {
     struct gb *b = j->b;
@@ -687,9 +688,14 @@ static struct frag number_value(struct js *j, const cJSON *s, bool integer)
         } else if (mult == floor(mult) && mult <= (double)JN_MAX) {
             k = (int64_t)mult;
             integer = true;
+        } else if (!integer) {
+            struct frag f;
+            const char *why;
+            int rc = jn_decimal_multiples(b, lo, lo_ex, hi, hi_ex, mult, &f, &why);
+            return rc ? js_fail(j, rc, "%s", why) : f;
         } else {
             return js_fail(j, QERR_UNSUPPORTED, "%s",
-                           "'multipleOf' must be an integer or a power of ten (0.1, 0.01, ...)");
+                           "an integer's 'multipleOf' must be an integer or a power of ten");
         }
     }
     if (!has && k == 1 && max_frac == JN_DIGITS) return jn_number(b, integer);

@@ -313,6 +313,21 @@ START_TEST(multiple_of)
         ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 0.1: %s", num);
     }
     grammar_unref(g);
+    /* 0.25 above -1 and at most 1: listed, each in its shortest writing */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.25,"
+                                        "\"exclusiveMinimum\":-1,\"maximum\":1}");
+    for (int v = -2000; v <= 2000; v++) {
+        char num[24];
+        int a = abs(v);
+        snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
+        char *end = num + strlen(num);
+        while (end[-1] == '0') *--end = 0;
+        if (end[-1] == '.') *--end = 0;
+        bool in = v % 250 == 0 && v > -1000 && v <= 1000 && strcmp(num, "-0");
+        ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 0.25: %s", num);
+    }
+    REJECTS(g, "0.50");
+    grammar_unref(g);
     char msg[512];
     ck_assert_int_eq(
         compile_rc(GRAMMAR_JSON_SCHEMA,
