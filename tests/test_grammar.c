@@ -65,6 +65,16 @@ static int matches(struct grammar *g, const char *s)
 #define ACCEPTS(g, s) ck_assert_msg(matches(g, s) == 1, "should accept: %s", s)
 #define REJECTS(g, s) ck_assert_msg(matches(g, s) != 1, "should reject: %s", s)
 
+/* v thousandths in its shortest writing: "-1.25", "3", "0.007". */
+static void thousandths(int v, char *num, size_t cap)
+{
+    int a = abs(v);
+    snprintf(num, cap, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
+    char *end = num + strlen(num);
+    while (end[-1] == '0') *--end = 0;
+    if (end[-1] == '.') *--end = 0;
+}
+
 START_TEST(regex_basics)
 {
     struct grammar *g = compile_ok(GRAMMAR_REGEX, "(ab|c)+[0-9]{2,3}x?");
@@ -303,11 +313,7 @@ START_TEST(multiple_of)
                                         "\"exclusiveMinimum\":0.05,\"maximum\":2}");
     for (int v = -1000; v <= 3000; v++) {
         char num[24];
-        int a = abs(v);
-        snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
-        char *end = num + strlen(num);
-        while (end[-1] == '0') *--end = 0; /* the shortest writing */
-        if (end[-1] == '.') *--end = 0;
+        thousandths(v, num, sizeof num);
         const char *dot = strchr(num, '.');
         bool in = v > 50 && v <= 2000 && (!dot || strlen(dot + 1) <= 1);
         ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 0.1: %s", num);
@@ -318,12 +324,8 @@ START_TEST(multiple_of)
                                         "\"exclusiveMinimum\":-1,\"maximum\":1}");
     for (int v = -2000; v <= 2000; v++) {
         char num[24];
-        int a = abs(v);
-        snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
-        char *end = num + strlen(num);
-        while (end[-1] == '0') *--end = 0;
-        if (end[-1] == '.') *--end = 0;
-        bool in = v % 250 == 0 && v > -1000 && v <= 1000 && strcmp(num, "-0");
+        thousandths(v, num, sizeof num);
+        bool in = v % 250 == 0 && v > -1000 && v <= 1000;
         ck_assert_msg((matches(g, num) == 1) == in, "multipleOf 0.25: %s", num);
     }
     REJECTS(g, "0.50");
@@ -492,15 +494,7 @@ START_TEST(number_ranges_exact)
              * zero */
             if ((v < near_lo || v > near_hi) && v % 13) continue;
             char num[40], pad[48];
-            int a = abs(v);
-            if (a % 1000 == 0)
-                snprintf(num, sizeof num, "%s%d", v < 0 ? "-" : "", a / 1000);
-            else if (a % 100 == 0)
-                snprintf(num, sizeof num, "%s%d.%d", v < 0 ? "-" : "", a / 1000, a % 1000 / 100);
-            else if (a % 10 == 0)
-                snprintf(num, sizeof num, "%s%d.%02d", v < 0 ? "-" : "", a / 1000, a % 1000 / 10);
-            else
-                snprintf(num, sizeof num, "%s%d.%03d", v < 0 ? "-" : "", a / 1000, a % 1000);
+            thousandths(v, num, sizeof num);
             snprintf(pad, sizeof pad, "%s%s0", num, strchr(num, '.') ? "" : ".");
             bool in = number_in(num, lo, lo_ex, hi, hi_ex);
             ck_assert_msg((matches(g, num) == 1) == in, "%s: %s %s", schema, num,
