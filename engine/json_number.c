@@ -247,8 +247,8 @@ static struct frag frac_digits(struct gb *b, const struct bound *lo, bool tl,
     return f;
 }
 
-/* After an integer part: no fraction, or "." and at least one digit, within the bounds the
- * integer part is tight to (lo: tl, hi: th). Only called where one of the two is left. */
+/* After an integer part: no fraction, or "." and at least one digit, within the bounds whose
+ * integer part it equals (lo: tl, hi: th; neither: any fraction). */
 static struct frag fraction(struct gb *b, const struct bound *lo, bool tl, const struct bound *hi,
                             bool th)
 {
