@@ -349,6 +349,38 @@ int jn_power_of_ten(double d)
     return -(n + 1);
 }
 
+static int64_t pow10i(int n)
+{
+    int64_t p = 1;
+    while (n-- > 0) p *= 10;
+    return p;
+}
+
+/* The quotients q with lo <= q * k <= hi (k > 0): ceiling and floor of signed division. */
+static void quotients(int64_t lo, int64_t hi, int64_t k, int64_t *ql, int64_t *qh)
+{
+    *ql = lo / k + (lo % k > 0 ? 1 : 0);
+    *qh = hi / k - (hi % k < 0 ? 1 : 0);
+}
+
+/* The numbers q * D * 10^-n for q in [ql, qh], listed, each in its shortest writing (2.5, 3). */
+static struct frag list_multiples(struct gb *b, int64_t ql, int64_t qh, int64_t D, int n)
+{
+    const int64_t p = pow10i(n);
+    struct frag f = gb_alt_begin(b);
+    for (int64_t q = ql; q <= qh; q++) {
+        int64_t x = q * D, a = x < 0 ? -x : x;
+        char s[48];
+        int k = snprintf(s, sizeof s, "%s%lld", x < 0 ? "-" : "", (long long)(a / p));
+        if (a % p) {
+            k += snprintf(s + k, sizeof s - (size_t)k, ".%0*lld", n, (long long)(a % p));
+            while (s[k - 1] == '0') s[--k] = 0;
+        }
+        gb_alt_add(b, f, gb_lits(b, s));
+    }
+    return f;
+}
+
 /* q * 10^zeros written out: "0", or q's digits and the zeros. */
 static struct frag zeros_after(struct gb *b, struct frag q, int zeros)
 {
@@ -360,20 +392,14 @@ int jn_int_multiples(struct gb *b, int64_t l, int64_t h, int64_t k, struct frag 
                      const char **why)
 {
     *why = NULL;
-    /* the multiples q * k with q in [ql, qh] (floor and ceiling of signed division) */
-    int64_t ql = l / k + (l % k > 0 ? 1 : 0), qh = h / k - (h % k < 0 ? 1 : 0);
+    int64_t ql, qh;
+    quotients(l, h, k, &ql, &qh);
     if (ql > qh) {
         *why = "no multiple lies within the bounds";
         return QERR_INVALID;
     }
     if (qh - ql < JN_LIST_MAX) {
-        struct frag f = gb_alt_begin(b);
-        for (int64_t q = ql; q <= qh; q++) {
-            char s[32];
-            snprintf(s, sizeof s, "%lld", (long long)(q * k));
-            gb_alt_add(b, f, gb_lits(b, s));
-        }
-        *out = f;
+        *out = list_multiples(b, ql, qh, k, 0);
         return 0;
     }
     int zeros = 0;
@@ -398,9 +424,7 @@ static bool scaled(double v, int n, int64_t *fl, int64_t *ce)
 {
     struct bound d;
     if (bound_of(fabs(v), false, &d)) return false;
-    int64_t p = 1;
-    for (int i = 0; i < n; i++) p *= 10;
-    if (d.ip > (uint64_t)(INT64_MAX / 4 / p)) return false;
+    if (d.ip > (uint64_t)(INT64_MAX / 4 / pow10i(n))) return false;
     int64_t x = (int64_t)d.ip;
     for (int i = 0; i < n; i++) x = x * 10 + (d.fd[i] - '0');
     bool exact = rest_zero(&d, n);
@@ -427,25 +451,14 @@ int jn_decimal_multiples(struct gb *b, double lo, bool lo_ex, double hi, bool hi
         goto unsupported;
     /* the scaled multiples x = q * D within the bounds */
     int64_t xl = lo_ex ? lf + 1 : lc, xh = hi_ex ? hc - 1 : hf;
-    int64_t ql = xl / D + (xl % D > 0 ? 1 : 0), qh = xh / D - (xh % D < 0 ? 1 : 0);
+    int64_t ql, qh;
+    quotients(xl, xh, D, &ql, &qh);
     if (ql > qh) {
         *why = "no multiple lies within the bounds";
         return QERR_INVALID;
     }
     if (qh - ql >= JN_LIST_MAX) goto unsupported;
-    int64_t p = 1;
-    for (int i = 0; i < n; i++) p *= 10;
-    struct frag f = gb_alt_begin(b);
-    for (int64_t q = ql; q <= qh; q++) {
-        int64_t x = q * D, a = x < 0 ? -x : x;
-        char s[48];
-        int k = snprintf(s, sizeof s, "%s%lld.%0*lld", x < 0 ? "-" : "", (long long)(a / p), n,
-                         (long long)(a % p));
-        while (s[k - 1] == '0') s[--k] = 0; /* the shortest writing: 2.5, 3 */
-        if (s[k - 1] == '.') s[--k] = 0;
-        gb_alt_add(b, f, gb_lits(b, s));
-    }
-    *out = f;
+    *out = list_multiples(b, ql, qh, D, n);
     return 0;
 unsupported:
     *why = "'multipleOf' other than an integer or a power of ten needs bounds with at most 4096 "
