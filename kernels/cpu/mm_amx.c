@@ -222,7 +222,8 @@ TGT INLINE void amx_sets(const struct qpack *w, const struct q8act *a, int64_t g
                                                             ys + (size_t)t * (size_t)w->rows)
                                     : _mm512_setzero_ps();
                     if (nt == AMX_TOKENS)
-                        run_blocks(w, g, b0, b1, wide, xa, xstride, &as[s], c0, type, nt, acc);
+                        run_blocks(w, g, b0, b1, wide, xa, xstride, &as[s], c0, type, AMX_TOKENS,
+                                   acc);
                     else
                         run_blocks_part(w, g, b0, b1, wide, xa, xstride, &as[s], c0, type, nt, acc);
 #pragma GCC unroll 16
