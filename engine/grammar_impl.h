@@ -73,6 +73,11 @@ struct cp_range {
 };
 struct frag gb_codepoints(struct gb *b, const struct cp_range *r, int n);
 
+/* grammar_length.c: x's strings of min to max characters (max < 0: no upper bound), where x is
+ * a byte NFA without calls whose states and edges are the builder's from s0 and e0 on (just
+ * built). Returns x itself when its strings already have such lengths. */
+struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int max);
+
 /* grammar_regex.c: the regex subset. json_safe: match only characters a JSON string holds
  * unescaped (no '"', '\\' or control characters), for JSON Schema's pattern and formats. */
 struct frag gb_regex(struct gb *b, const char *re, size_t len, bool json_safe);

@@ -4,7 +4,10 @@
  * is one regular automaton whose token masks are cached per state; only what recurses (a $ref
  * to a schema being expanded, the generic JSON value) and array items repeated many times
  * become rules reached by call edges. Every keyword is either compiled, or an annotation
- * (title, description, ...), or refused with QERR_UNSUPPORTED naming it and where it is.
+ * (title, description, ...), or refused with QERR_UNSUPPORTED naming it and where it is, with
+ * two exceptions: an anyOf branch it cannot compile is left out (every output still matches),
+ * and uniqueItems over other items than a short list of values is not checked (an output may
+ * repeat an item, as it may repeat a key of additionalProperties: neither is regular).
  *
  * Choices and limits (documented in README): whitespace as grammar.h says; properties in
  * schema order; a missing additionalProperties means none when properties are listed (OpenAI
@@ -21,7 +24,10 @@
 
 #define JS_MAX_INLINE    48 /* nesting of inlined schemas */
 #define JS_MAX_REFS      64
-#define JS_INLINE_COPIES 8 /* array items repeated more often than this become a rule */
+#define JS_INLINE_COPIES 8    /* array items repeated more often than this become a rule */
+#define COUNT_MAX        1000 /* counts the automaton spells out (items, properties, characters) */
+#define LENGTH_MAX       (1 << 24) /* a pattern's or format's own length may make a bound moot */
+#define UNIQUE_MAX       8         /* uniqueItems is enforced over up to this many listed values */
 
 struct js {
     struct gb *b;
@@ -44,7 +50,7 @@ static struct frag js_value(struct js *j, const cJSON *s);
 
 static struct frag js_fail(struct js *j, int code, const char *fmt, const char *arg)
 {
-    char msg[300];
+    char msg[400];
     snprintf(msg, sizeof msg, fmt, arg);
     gb_fail(j->b, code, "%s (at %s)", msg, j->path[0] ? j->path : "/");
     return (struct frag){0, 0};
@@ -94,7 +100,7 @@ static const cJSON *get(const cJSON *s, const char *k)
     return cJSON_GetObjectItemCaseSensitive(s, k);
 }
 
-static bool get_count(struct js *j, const cJSON *s, const char *k, int *out)
+static bool get_count(struct js *j, const cJSON *s, const char *k, int *out, int limit)
 {
     const cJSON *v = get(s, k);
     if (!v) return false;
@@ -102,8 +108,10 @@ static bool get_count(struct js *j, const cJSON *s, const char *k, int *out)
         js_fail(j, QERR_INVALID, "'%s' must be a non-negative integer", k);
         return false;
     }
-    if (v->valuedouble > 1000) {
-        js_fail(j, QERR_UNSUPPORTED, "'%s' above 1000 is not supported", k);
+    if (v->valuedouble > limit) {
+        char msg[80];
+        snprintf(msg, sizeof msg, "'%s' above %d is not supported", k, limit);
+        js_fail(j, QERR_UNSUPPORTED, "%s", msg);
         return false;
     }
     *out = (int)v->valuedouble;
@@ -277,6 +285,87 @@ static struct frag ref_value(struct js *j, const char *ref)
     return f;
 }
 
+/* ---- values listed once each (uniqueItems; keys from a list) ---- */
+
+/* The values a schema allows when it is a short list of them (enum, const, boolean, null, a
+ * $ref to one of those): their count, or -1 when it is not such a list. */
+static int finite_values(struct js *j, const cJSON *s, const cJSON **out, int cap)
+{
+    for (int hops = 0; cJSON_IsObject(s) && hops < 8; hops++) {
+        const cJSON *ref = get(s, "$ref");
+        if (!ref) break;
+        if (!cJSON_IsString(ref) || !(s = resolve_ref(j, ref->valuestring))) return -1;
+    }
+    if (!cJSON_IsObject(s)) return -1;
+    const cJSON *x, *v, *t = get(s, "type");
+    int n = 0;
+    if ((x = get(s, "const"))) {
+        out[n++] = x;
+    } else if ((x = get(s, "enum")) && cJSON_IsArray(x)) {
+        cJSON_ArrayForEach(v, x)
+        {
+            bool dup = false;
+            for (int k = 0; k < n; k++) dup |= cJSON_Compare(out[k], v, true);
+            if (dup) continue;
+            if (n == cap) return -1;
+            out[n++] = v;
+        }
+    } else if (cJSON_IsString(t) && !strcmp(t->valuestring, "boolean")) {
+        static const cJSON yes = {.type = cJSON_True}, no = {.type = cJSON_False};
+        out[n++] = &yes;
+        out[n++] = &no;
+    } else if (cJSON_IsString(t) && !strcmp(t->valuestring, "null")) {
+        static const cJSON null = {.type = cJSON_NULL};
+        out[n++] = &null;
+    } else {
+        return -1;
+    }
+    return n;
+}
+
+/* Items (or an object's keys) drawn from n listed values, each at most once: the list's state
+ * is the set of values written so far (2^n of them), and a value may follow only where it is
+ * not in the set; the count of items is the set's size, so min/max come free. An object's key
+ * is followed by ':' and a value of schema `value` (NULL: any). */
+static struct frag unique_list(struct js *j, const cJSON *const *vals, int n, int min, int max,
+                               bool object, const cJSON *value)
+{
+    struct gb *b = j->b;
+    if (max < 0 || max > n) max = n;
+    if (min > max)
+        return js_fail(j, QERR_INVALID, "%s",
+                       object ? "minProperties cannot be met by the names propertyNames lists"
+                              : "minItems cannot be met by unique items");
+    struct frag open = gb_lits(b, object ? "{" : "["), close = gb_lits(b, object ? "}" : "]");
+    int node[1 << UNIQUE_MAX] = {0};
+    for (int set = 0; set < 1 << n; set++) node[set] = gb_state(b);
+    gb_eps(b, open.e, node[0]);
+    int copies = n << (n - 1);
+    for (int set = 0; set < 1 << n && !b->rc; set++) {
+        int size = __builtin_popcount((unsigned)set);
+        if (size >= min && size <= max) gb_eps(b, node[set], close.s);
+        if (size >= max) continue;
+        for (int v = 0; v < n; v++) {
+            if (set & 1 << v) continue;
+            struct frag f = set ? comma(b) : gb_empty(b);
+            f = gb_seq(b, f, literal_json(j, vals[v]));
+            if (object) {
+                f = gb_seq(b, f, gb_seq(b, gb_lits(b, ":"), ws(b)));
+                size_t save;
+                path_push(j, "additionalProperties", &save);
+                struct frag x = !cJSON_IsObject(value)      ? any_value(j)
+                                : copies > JS_INLINE_COPIES ? rule_for(j, value)
+                                                            : js_value(j, value);
+                path_pop(j, save);
+                f = gb_seq(b, f, x);
+            }
+            gb_eps(b, node[set], f.s);
+            gb_eps(b, f.e, node[set | 1 << v]);
+        }
+    }
+    return (struct frag){open.s, close.e};
+}
+
 /* ---- objects ---- */
 
 static bool in_required(const cJSON *req, const char *name)
@@ -286,21 +375,72 @@ static bool in_required(const cJSON *req, const char *name)
     return false;
 }
 
+/* Whether schema s allows only strings (propertyNames: a key is a JSON string). */
+static bool only_strings(struct js *j, const cJSON *s, int depth)
+{
+    const cJSON *x, *v;
+    if (!cJSON_IsObject(s) || depth > 16) return false;
+    if ((x = get(s, "$ref"))) {
+        const cJSON *t = cJSON_IsString(x) ? resolve_ref(j, x->valuestring) : NULL;
+        return t && only_strings(j, t, depth + 1);
+    }
+    if ((x = get(s, "const"))) return cJSON_IsString(x);
+    if ((x = get(s, "enum"))) {
+        cJSON_ArrayForEach(v, x) if (!cJSON_IsString(v)) return false;
+        return cJSON_IsArray(x);
+    }
+    if ((x = get(s, "anyOf")) || (x = get(s, "oneOf"))) {
+        cJSON_ArrayForEach(v, x) if (!only_strings(j, v, depth + 1)) return false;
+        return cJSON_IsArray(x);
+    }
+    const cJSON *t = get(s, "type");
+    if (t) return cJSON_IsString(t) && !strcmp(t->valuestring, "string");
+    return get(s, "minLength") || get(s, "maxLength") || get(s, "pattern") || get(s, "format");
+}
+
+/* Whether key is one of the values that names (only_strings, after $ref) lists; -1 when names
+ * is not a list of values. */
+static int names_list(struct js *j, const cJSON *names, const char *key)
+{
+    for (int hops = 0; hops < 8; hops++) {
+        const cJSON *ref = get(names, "$ref");
+        if (!ref) break;
+        names = resolve_ref(j, ref->valuestring);
+        if (!names) return -1;
+    }
+    const cJSON *x = get(names, "const"), *v;
+    if (x) return !strcmp(x->valuestring, key);
+    if (!(x = get(names, "enum"))) return -1;
+    cJSON_ArrayForEach(v, x) if (!strcmp(v->valuestring, key)) return 1;
+    return 0;
+}
+
 /* One additional member "key": value (with a leading comma when comma is set). */
 struct member_gen {
     struct js *j;
-    const cJSON *addl; /* its schema when an object, else any value */
+    const cJSON *addl;  /* its schema when an object, else any value */
+    const cJSON *names; /* propertyNames: the key's schema, or NULL for any string */
     bool comma;
+    const char *where; /* the value schema's place, for messages */
 };
 
 static struct frag member(struct gb *b, const void *ctx)
 {
     const struct member_gen *g = ctx;
     struct frag m = g->comma ? comma(b) : gb_empty(b);
-    m = gb_seq(b, m, gb_seq(b, gb_seq(b, json_string(b, 0, -1), gb_lits(b, ":")), ws(b)));
+    struct frag key;
+    if (g->names) {
+        size_t save;
+        path_push(g->j, "propertyNames", &save);
+        key = js_value(g->j, g->names);
+        path_pop(g->j, save);
+    } else {
+        key = json_string(b, 0, -1);
+    }
+    m = gb_seq(b, m, gb_seq(b, gb_seq(b, key, gb_lits(b, ":")), ws(b)));
     if (g->addl && cJSON_IsObject(g->addl)) {
         size_t save;
-        path_push(g->j, "additionalProperties", &save);
+        path_push(g->j, g->where, &save);
         m = gb_seq(b, m, js_value(g->j, g->addl));
         path_pop(g->j, save);
         return m;
@@ -331,10 +471,41 @@ static struct frag object_value(struct js *j, const cJSON *s)
     if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl))
         return js_fail(j, QERR_INVALID, "%s",
                        "'additionalProperties' must be a boolean or a schema");
-    bool extra = addl ? !cJSON_IsFalse(addl) : !props || !props->child;
+    const cJSON *names = get(s, "propertyNames"), *pats = get(s, "patternProperties");
+    if (pats && !cJSON_IsObject(pats))
+        return js_fail(j, QERR_INVALID, "%s", "'patternProperties' must be an object");
+    if (pats && pats->child) {
+        /* the only other members written are the pattern's: keys that match it whole, values
+         * of its schema (any object without other keys satisfies additionalProperties) */
+        if (pats->child->next || (props && props->child) || names)
+            return js_fail(j, QERR_UNSUPPORTED, "%s",
+                           "'patternProperties' is supported with one pattern, without "
+                           "'properties' or 'propertyNames'");
+        if (j->n_owned == JS_MAX_REFS)
+            return js_fail(j, QERR_UNSUPPORTED, "%s", "too many schemas");
+        cJSON *key = cJSON_CreateObject();
+        j->owned[j->n_owned++] = key;
+        if (!key || !cJSON_AddStringToObject(key, "pattern", pats->child->string)) {
+            gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
+            return (struct frag){0, 0};
+        }
+        names = key;
+        addl = pats->child;
+        if (!cJSON_IsObject(addl) && !cJSON_IsTrue(addl))
+            return js_fail(j, QERR_UNSUPPORTED, "%s", "a pattern's schema must be an object");
+    }
+    if (names) {
+        if (!cJSON_IsTrue(names) && !only_strings(j, names, 0))
+            return js_fail(j, QERR_UNSUPPORTED, "%s",
+                           "'propertyNames' must be a string schema (type string, an enum or "
+                           "const of strings, a pattern or format)");
+        if (cJSON_IsTrue(names)) names = NULL;
+    }
+    const char *where = pats && pats->child ? "patternProperties" : "additionalProperties";
+    bool extra = pats && pats->child ? true : addl ? !cJSON_IsFalse(addl) : !props || !props->child;
     int min_p = 0, max_p = -1;
-    bool has_min = get_count(j, s, "minProperties", &min_p),
-         has_max = get_count(j, s, "maxProperties", &max_p);
+    bool has_min = get_count(j, s, "minProperties", &min_p, COUNT_MAX),
+         has_max = get_count(j, s, "maxProperties", &max_p, COUNT_MAX);
     if (b->rc) return (struct frag){0, 0};
     if ((has_min || has_max) && ((props && props->child) || !extra))
         return js_fail(j, QERR_UNSUPPORTED, "%s",
@@ -342,6 +513,13 @@ static struct frag object_value(struct js *j, const cJSON *s)
                        "listed properties");
     if (has_max && min_p > max_p)
         return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
+    if (names && extra && !(props && props->child)) {
+        /* keys from a short list (a dict keyed by an enum): each written at most once */
+        const cJSON *vals[UNIQUE_MAX];
+        int n = finite_values(j, names, vals, UNIQUE_MAX);
+        if (b->rc) return (struct frag){0, 0};
+        if (n > 0) return unique_list(j, vals, n, min_p, has_max ? max_p : -1, true, addl);
+    }
     struct frag open = gb_lits(b, "{");
     /* t0: nothing written yet; t1: some member written (the next needs a comma) */
     int t0 = open.e, t1 = gb_state(b);
@@ -350,6 +528,16 @@ static struct frag object_value(struct js *j, const cJSON *s)
     cJSON_ArrayForEach(p, props)
     {
         bool required = req && in_required(req, p->string);
+        if (names) {
+            int in = names_list(j, names, p->string);
+            if (in < 0)
+                return js_fail(j, QERR_UNSUPPORTED, "%s",
+                               "'propertyNames' beside 'properties' must be an enum or const");
+            if (!in && required)
+                return js_fail(j, QERR_INVALID, "required property '%.60s' is not in propertyNames",
+                               p->string);
+            if (!in) continue; /* an optional property its name rules out */
+        }
         int n0 = gb_state(b), n1 = gb_state(b), mid = gb_state(b);
         struct frag k0 = key_frag(j, p->string);
         struct frag k1 = gb_seq(b, comma(b), key_frag(j, p->string));
@@ -375,7 +563,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
     struct frag close = gb_lits(b, "}");
     if (extra && (has_min || has_max)) {
         /* counted members: the first without a comma, the rest with one */
-        struct member_gen g0 = {j, addl, false}, g1 = {j, addl, true};
+        struct member_gen g0 = {j, addl, names, false, where}, g1 = {j, addl, names, true, where};
         if (min_p == 0) gb_eps(b, t0, close.s);
         if (max_p != 0) {
             struct frag first = member(b, &g0);
@@ -388,7 +576,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return (struct frag){open.s, close.e};
     }
     if (extra) {
-        struct member_gen g0 = {j, addl, false};
+        struct member_gen g0 = {j, addl, names, false, where};
         struct frag m = member(b, &g0);
         struct frag c = comma(b);
         gb_eps(b, t0, m.s);
@@ -517,9 +705,12 @@ static struct frag array_value(struct js *j, const cJSON *s)
 {
     struct gb *b = j->b;
     const cJSON *prefix = get(s, "prefixItems"), *items = get(s, "items");
+    const cJSON *unique = get(s, "uniqueItems");
+    if (unique && !cJSON_IsBool(unique))
+        return js_fail(j, QERR_INVALID, "%s", "'uniqueItems' must be a boolean");
     int min = 0, max = -1;
-    get_count(j, s, "minItems", &min);
-    get_count(j, s, "maxItems", &max);
+    get_count(j, s, "minItems", &min, COUNT_MAX);
+    get_count(j, s, "maxItems", &max, COUNT_MAX);
     if (b->rc) return (struct frag){0, 0};
     if (prefix && !cJSON_IsArray(prefix))
         return js_fail(j, QERR_INVALID, "%s", "'prefixItems' must be a list");
@@ -530,6 +721,15 @@ static struct frag array_value(struct js *j, const cJSON *s)
     if (max >= 0 && min > max)
         return js_fail(j, QERR_INVALID, "%s", "minItems is greater than maxItems");
     const cJSON *tail = items && cJSON_IsObject(items) ? items : NULL;
+    if (cJSON_IsTrue(unique) && tail && !prefix) {
+        const cJSON *vals[UNIQUE_MAX];
+        size_t save;
+        path_push(j, "items", &save);
+        int n = finite_values(j, tail, vals, UNIQUE_MAX);
+        path_pop(j, save);
+        if (b->rc) return (struct frag){0, 0};
+        if (n > 0) return unique_list(j, vals, n, min, max, false, NULL);
+    }
     struct frag open = gb_lits(b, "[");
     int end = gb_state(b);
     int cur = open.e;
@@ -599,6 +799,15 @@ struct format {
 #define RE_DUR_DATE                                                                                \
     "(" RE_DUR_N "D|" RE_DUR_N "M(" RE_DUR_N "D)?|" RE_DUR_N "Y(" RE_DUR_N "M(" RE_DUR_N "D)?)?)"
 
+#define RE_PREFIX4 "(3[0-2]|[12]?[0-9])"
+#define RE_PREFIX6 "(12[0-8]|1[01][0-9]|[1-9]?[0-9])"
+#define RE_NET4                                                                                    \
+    "(" RE_OCTET "\\.0\\.0\\.0/8|(" RE_OCTET "\\.){2}0\\.0/16|(" RE_OCTET "\\.){3}0/24|(" RE_OCTET \
+    "\\.){3}" RE_OCTET "(/32)?|0\\.0\\.0\\.0/0)"
+#define RE_NET6                                                                                    \
+    "((" RE_H16 ":):/16|(" RE_H16 ":){2}:/32|(" RE_H16 ":){3}:/48|(" RE_H16 ":){4}:/64|(" RE_H16   \
+    ":){5}:/80|(" RE_H16 ":){6}:/96|(" RE_H16 ":){7}:/112|(" RE_IPV6 ")(/128)?|::/0)"
+
 static const struct format formats[] = {
     {"date", RE_DATE},
     {"time", RE_TIME},
@@ -611,14 +820,34 @@ static const struct format formats[] = {
     {"ipv6", RE_IPV6},
     {"hostname", RE_LABEL "(\\." RE_LABEL "){0,5}"},
     {"duration", "P(" RE_DUR_DATE "(" RE_DUR_TIME ")?|" RE_DUR_TIME "|" RE_DUR_N "W)"},
+    /* Pydantic's network types: an interface is any address with any prefix; a network's host
+     * bits must be zero, so it is written on whole bytes (IPv4) or groups (IPv6) ending in zeros */
+    {"ipv4interface", "(" RE_OCTET "\\.){3}" RE_OCTET "/" RE_PREFIX4},
+    {"ipv6interface", RE_IPV6 "/" RE_PREFIX6},
+    {"ipv4network", RE_NET4},
+    {"ipv6network", RE_NET6},
+    {"ipvanyaddress", "(" RE_OCTET "\\.){3}" RE_OCTET "|" RE_IPV6},
+    {"ipvanyinterface", "(" RE_OCTET "\\.){3}" RE_OCTET "/" RE_PREFIX4 "|" RE_IPV6 "/" RE_PREFIX6},
+    {"ipvanynetwork", RE_NET4 "|" RE_NET6},
+    /* RFC 4648 base64 with its padding */
+    {"base64", "([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"},
+    /* formats that say what a string is for, not how it is written: any string */
+    {"binary", NULL},
+    {"password", NULL},
+    {"path", NULL},
 };
+
+static const char *const format_names =
+    "date, time, date-time, duration, email, hostname, uuid, uri, ipv4, ipv6, ipv4interface, "
+    "ipv6interface, ipv4network, ipv6network, ipvanyaddress, ipvanyinterface, ipvanynetwork, "
+    "base64, binary, password, path";
 
 static struct frag string_value(struct js *j, const cJSON *s)
 {
     struct gb *b = j->b;
     int min = 0, max = -1;
-    bool has_min = get_count(j, s, "minLength", &min);
-    bool has_max = get_count(j, s, "maxLength", &max);
+    bool has_min = get_count(j, s, "minLength", &min, LENGTH_MAX);
+    bool has_max = get_count(j, s, "maxLength", &max, LENGTH_MAX);
     if (b->rc) return (struct frag){0, 0};
     if (has_max && min > max) return js_fail(j, QERR_INVALID, "%s", "minLength > maxLength");
     const cJSON *pat = get(s, "pattern"), *fmt = get(s, "format");
@@ -631,20 +860,29 @@ static struct frag string_value(struct js *j, const cJSON *s)
     } else if (fmt) {
         if (!cJSON_IsString(fmt))
             return js_fail(j, QERR_INVALID, "%s", "'format' must be a string");
-        for (size_t k = 0; k < sizeof formats / sizeof formats[0]; k++)
-            if (!strcmp(fmt->valuestring, formats[k].name)) re = formats[k].re;
-        if (!re)
-            return js_fail(j, QERR_UNSUPPORTED,
-                           "format '%.40s' is not supported (date, time, date-time, duration, "
-                           "email, hostname, uuid, uri, ipv4, ipv6 are)",
-                           fmt->valuestring);
+        size_t k = 0;
+        while (k < sizeof formats / sizeof formats[0] && strcmp(fmt->valuestring, formats[k].name))
+            k++;
+        if (k == sizeof formats / sizeof formats[0]) {
+            char msg[320];
+            snprintf(msg, sizeof msg, "format '%.40s' is not supported (%s are)", fmt->valuestring,
+                     format_names);
+            return js_fail(j, QERR_UNSUPPORTED, "%s", msg);
+        }
+        re = formats[k].re;
     }
-    if (!re) return json_string(b, min, max);
-    if (has_min || has_max)
-        return js_fail(j, QERR_UNSUPPORTED, "%s",
-                       "'minLength'/'maxLength' together with 'pattern' or 'format'");
+    if (!re) {
+        /* a free string's automaton grows with its bounds (~20 states a character) */
+        if (min > COUNT_MAX || max > COUNT_MAX)
+            return js_fail(j, QERR_UNSUPPORTED, "'%s' above 1000 is not supported",
+                           min > COUNT_MAX ? "minLength" : "maxLength");
+        return json_string(b, min, max);
+    }
     struct frag f = gb_lits(b, "\"");
-    f = gb_seq(b, f, gb_regex(b, re, strlen(re), true));
+    int s0 = b->n_states, e0 = b->n_edges;
+    struct frag r = gb_regex(b, re, strlen(re), true);
+    if (has_min || has_max) r = gb_length(b, r, s0, e0, min, max);
+    f = gb_seq(b, f, r);
     return gb_seq(b, f, gb_lits(b, "\""));
 }
 
@@ -745,6 +983,9 @@ static const char *const supported[] = {"type",
                                         "multipleOf",
                                         "minProperties",
                                         "maxProperties",
+                                        "uniqueItems",
+                                        "propertyNames",
+                                        "patternProperties",
                                         NULL};
 
 static bool listed(const char *const *l, const char *k)
@@ -774,9 +1015,11 @@ static struct frag typed_value(struct js *j, const cJSON *s, const char *type)
 static const char *infer_type(const cJSON *s)
 {
     if (get(s, "properties") || get(s, "additionalProperties") || get(s, "required") ||
-        get(s, "minProperties") || get(s, "maxProperties"))
+        get(s, "minProperties") || get(s, "maxProperties") || get(s, "propertyNames") ||
+        get(s, "patternProperties"))
         return "object";
-    if (get(s, "items") || get(s, "prefixItems") || get(s, "minItems") || get(s, "maxItems"))
+    if (get(s, "items") || get(s, "prefixItems") || get(s, "minItems") || get(s, "maxItems") ||
+        get(s, "uniqueItems"))
         return "array";
     if (get(s, "minLength") || get(s, "maxLength") || get(s, "pattern") || get(s, "format"))
         return "string";
@@ -786,12 +1029,40 @@ static const char *infer_type(const cJSON *s)
     return NULL;
 }
 
+/* Where the builder stood, to drop what a branch built when that branch cannot be compiled. */
+struct js_mark {
+    int n_states, n_edges, n_rules, js_rules, any_rule;
+};
+
+static struct js_mark js_mark(const struct js *j)
+{
+    return (struct js_mark){j->b->n_states, j->b->n_edges, j->b->n_rules, j->n_rules, j->any_rule};
+}
+
+static void js_rollback(struct js *j, struct js_mark m)
+{
+    struct gb *b = j->b;
+    b->rc = 0;
+    if (b->err) *b->err = (struct qerr){0};
+    b->n_states = m.n_states;
+    b->n_edges = m.n_edges;
+    b->n_rules = m.n_rules;
+    j->n_rules = m.js_rules;
+    j->any_rule = m.any_rule;
+}
+
+/* anyOf/oneOf. A branch that uses what quern cannot compile is left out when another branch
+ * compiles: every output still matches the schema, it just never takes that branch (Pydantic's
+ * Decimal is a number or a string whose pattern has a lookahead). Errors in the schema itself
+ * (QERR_INVALID) are not forgiven. */
 static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
 {
     if (!cJSON_IsArray(list) || !list->child)
         return js_fail(j, QERR_INVALID, "'%s' must be a non-empty list", kw);
-    struct frag f = gb_alt_begin(j->b);
-    int i = 0;
+    struct gb *b = j->b;
+    struct frag f = gb_alt_begin(b);
+    struct qerr first = {0};
+    int i = 0, kept = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, list)
     {
@@ -799,9 +1070,18 @@ static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
         snprintf(seg, sizeof seg, "%s/%d", kw, i++);
         size_t save;
         path_push(j, seg, &save);
-        gb_alt_add(j->b, f, js_value(j, x));
+        struct js_mark m = js_mark(j);
+        struct frag v = js_value(j, x);
         path_pop(j, save);
+        if (b->rc == QERR_UNSUPPORTED) {
+            if (!first.code) first = b->err ? *b->err : (struct qerr){QERR_UNSUPPORTED, ""};
+            js_rollback(j, m);
+            continue;
+        }
+        gb_alt_add(b, f, v);
+        kept++;
     }
+    if (!kept && first.code) gb_fail(b, first.code, "%s", first.msg);
     return f;
 }
 

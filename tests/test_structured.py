@@ -13,6 +13,8 @@ official openai SDK (a Pydantic response_format, a tool round trip) when test_ht
 venv-openai exists.
 
 Needs QUERN_BIN and QUERN_MODEL; exit 77 without the model. Under QUERN_SANITIZED a subset runs."""
+import base64
+import binascii
 import datetime
 import ipaddress
 import json
@@ -80,12 +82,22 @@ def format_ok(v, f):
         elif f == "hostname":
             label = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
             return len(v) <= 253 and re.fullmatch(rf"{label}(\.{label})*", v) is not None
+        elif f in ("ipv4interface", "ipv6interface", "ipvanyinterface"):
+            ipaddress.ip_interface(v)
+            return f == "ipvanyinterface" or f[3] == str(ipaddress.ip_interface(v).version)
+        elif f in ("ipv4network", "ipv6network", "ipvanynetwork"):
+            ipaddress.ip_network(v)  # strict: host bits zero
+            return f == "ipvanynetwork" or f[3] == str(ipaddress.ip_network(v).version)
+        elif f == "ipvanyaddress":
+            ipaddress.ip_address(v)
+        elif f == "base64":
+            base64.b64decode(v, validate=True)
         elif f == "duration":  # RFC 3339 appendix A
             t = r"T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
             d = r"([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)"
             return re.fullmatch(rf"P({d}({t})?|{t}|[0-9]+W)", v) is not None
         return True
-    except ValueError:
+    except (ValueError, binascii.Error):
         return False
 
 
@@ -125,9 +137,18 @@ def validate(v, s, root, path="$"):
         for r in s.get("required", []):
             if r not in v:
                 errs.append(f"{path}: missing {r}")
+        pats = s.get("patternProperties", {})
+        names = s.get("propertyNames")
         for k, x in v.items():
+            if names is not None:
+                errs += validate(k, names, root, f"{path}.<name {k}>")
+            hit = [p for p in pats if re.search(p, k)]
+            for p in hit:
+                errs += validate(x, pats[p], root, f"{path}.{k}")
             if k in props:
                 errs += validate(x, props[k], root, f"{path}.{k}")
+            elif hit:
+                pass
             elif "additionalProperties" in s:
                 ap = s["additionalProperties"]
                 if ap is False:
@@ -147,6 +168,8 @@ def validate(v, s, root, path="$"):
                 errs += validate(x, s["items"], root, f"{path}[{i}]")
         if len(v) < s.get("minItems", 0) or len(v) > s.get("maxItems", 1 << 30):
             errs.append(f"{path}: {len(v)} items")
+        if s.get("uniqueItems") and len({json.dumps(x, sort_keys=True) for x in v}) != len(v):
+            errs.append(f"{path}: items repeat")
     if isinstance(v, str):
         if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", 1 << 30):
             errs.append(f"{path}: length {len(v)}")
@@ -551,6 +574,19 @@ r = parse(model="smol", messages=[{"role": "user", "content": "Describe a person
           response_format=Person, temperature=0, max_tokens=80)
 p = r.choices[0].message.parsed
 out["parsed"] = p.model_dump() if p else None
+# Pydantic's set (uniqueItems), dict keyed by an enum (propertyNames) and Decimal (anyOf)
+import decimal, enum
+class Color(enum.Enum):
+    RED = "red"; GREEN = "green"; BLUE = "blue"
+class Palette(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=16)
+    colors: set[Color]
+    stock: dict[Color, int]
+    price: decimal.Decimal
+r = parse(model="smol", messages=[{"role": "user", "content": "Describe a paint shop's palette."}],
+          response_format=Palette, temperature=0, max_tokens=120)
+p = r.choices[0].message.parsed
+out["palette"] = [r.choices[0].message.content, p.model_dump(mode="json") if p else None]
 # the Responses API's structured outputs: text_format becomes text.format (json_schema)
 rp = getattr(c.responses, "parse", None)
 if rp:
@@ -606,6 +642,14 @@ def test_sdk(d):
     p = out.get("parsed") or {}
     check(isinstance(p.get("name"), str) and 0 <= p.get("age", -1) <= 120,
           "SDK: parse() with a Pydantic model gives a validated object", repr(out["parsed"]))
+    text, pal = out["palette"]
+    raw = json.loads(text) if pal else {}
+    check(pal is not None and len(raw.get("colors", [])) == len(set(raw.get("colors", [])))
+          and set(raw.get("stock", {})) <= {"red", "green", "blue"}
+          and text.count('"red":') <= 1 and text.count('"green":') <= 1
+          and text.count('"blue":') <= 1,
+          "SDK: a Pydantic set, enum-keyed dict and Decimal parse, each value and key once",
+          repr(out["palette"]))
     if "resp_parsed" in out:
         rp = out["resp_parsed"] or {}
         check(rp == p, "SDK: responses.parse() with text_format gives chat's parsed object",

@@ -1,0 +1,216 @@
+/* grammar_length: a fragment's strings cut to a length range in characters (JSON Schema's
+ * minLength/maxLength beside a pattern or format).
+ *
+ * DESIGN. The fragment is a plain byte NFA (no calls) that the caller has just built, so its
+ * states and edges are the builder's last ones. A character is counted at its UTF-8 lead byte
+ * (continuation bytes 0x80-0xBF are not), so the product of the fragment with a counter is the
+ * fragment copied once per count: a lead-byte edge moves to the next copy, every other edge
+ * stays in its own. When the fragment's own shortest and longest strings already lie within
+ * the bounds (a format of at most 117 characters under a maxLength of 2083), it is returned
+ * as it is. The copies it leaves behind are unreachable and cost the DFA nothing. */
+#include <limits.h>
+#include <stdlib.h>
+
+#include "grammar_impl.h"
+
+#define LEN_MAX_STATES 200000 /* copies of the fragment, all counts together */
+
+static bool is_lead(uint8_t c)
+{
+    return c < 0x80 || c > 0xBF;
+}
+
+/* the fragment's edges by source state: [off[s], off[s+1]) in idx */
+struct sub {
+    int s0, n, e0, ne;
+    int *off, *idx;
+};
+
+static int sub_init(struct sub *g, const struct gb *b, int s0, int e0)
+{
+    g->s0 = s0;
+    g->n = b->n_states - s0;
+    g->e0 = e0;
+    g->ne = b->n_edges - e0;
+    g->off = calloc((size_t)g->n + 1, sizeof *g->off);
+    g->idx = malloc(((size_t)g->ne + 1) * sizeof *g->idx);
+    if (!g->off || !g->idx) return -1;
+    for (int k = 0; k < g->ne; k++) {
+        const struct gb_edge *e = &b->edges[e0 + k];
+        bool cont = e->lo >= 0x80 && e->hi <= 0xBF, touches = e->lo <= 0xBF && e->hi >= 0x80;
+        if (e->kind == GB_CALL || (e->kind == GB_BYTES && touches && !cont))
+            return 1; /* not a plain UTF-8 byte NFA */
+        g->off[e->from - s0 + 1]++;
+    }
+    for (int s = 0; s < g->n; s++) g->off[s + 1] += g->off[s];
+    int *fill = malloc(((size_t)g->n + 1) * sizeof *fill);
+    if (!fill) return -1;
+    for (int s = 0; s <= g->n; s++) fill[s] = g->off[s];
+    for (int k = 0; k < g->ne; k++) g->idx[fill[b->edges[e0 + k].from - s0]++] = e0 + k;
+    free(fill);
+    return 0;
+}
+
+/* Characters counted on an edge: 1 for a lead byte (the fragment's ranges never mix lead and
+ * continuation bytes: gb_codepoints splits them), else 0. */
+static int weight(const struct gb_edge *e)
+{
+    return e->kind == GB_BYTES && is_lead(e->lo) ? 1 : 0;
+}
+
+/* Shortest string in characters from start to end (a queue of states whose distance fell;
+ * the weights are 0 and 1, so this settles quickly). */
+static int shortest(const struct gb *b, const struct sub *g, int start, int end)
+{
+    int n = g->n, best = INT_MAX;
+    int *dist = malloc((size_t)n * sizeof *dist), *q = malloc((size_t)n * sizeof *q);
+    char *queued = calloc((size_t)n, 1);
+    if (!dist || !q || !queued) goto out;
+    for (int s = 0; s < n; s++) dist[s] = INT_MAX;
+    int head = 0, count = 0;
+    dist[start] = 0;
+    q[0] = start;
+    queued[start] = 1;
+    count = 1;
+    while (count) {
+        int s = q[head];
+        head = (head + 1) % n;
+        count--;
+        queued[s] = 0;
+        for (int k = g->off[s]; k < g->off[s + 1]; k++) {
+            const struct gb_edge *e = &b->edges[g->idx[k]];
+            int t = e->to - g->s0, w = weight(e);
+            if (dist[s] + w >= dist[t]) continue;
+            dist[t] = dist[s] + w;
+            if (!queued[t]) {
+                q[(head + count++) % n] = t;
+                queued[t] = 1;
+            }
+        }
+    }
+    best = dist[end];
+out:
+    free(dist);
+    free(q);
+    free(queued);
+    return best;
+}
+
+/* Longest string in characters, INT_MAX where a cycle lies on some path from start to end. */
+static int longest(const struct gb *b, const struct sub *g, int start, int end)
+{
+    int n = g->n, result = INT_MAX;
+    char *useful = calloc((size_t)n, 1), *color = calloc((size_t)n, 1);
+    int *memo = malloc((size_t)n * sizeof *memo), *stack = malloc((size_t)n * sizeof *stack),
+        *pos = malloc((size_t)n * sizeof *pos);
+    if (!useful || !color || !memo || !stack || !pos) goto out;
+    /* useful: reaches end (fixed point over the edges; the fragments are small) */
+    useful[end] = 1;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int k = 0; k < g->ne; k++) {
+            const struct gb_edge *e = &b->edges[g->e0 + k];
+            if (useful[e->to - g->s0] && !useful[e->from - g->s0])
+                useful[e->from - g->s0] = changed = 1;
+        }
+    }
+    if (!useful[start]) goto out;
+    /* iterative depth-first search over useful states: grey on the stack, black when done */
+    int sp = 0;
+    stack[sp] = start;
+    pos[sp++] = g->off[start];
+    color[start] = 1;
+    memo[start] = 0;
+    while (sp) {
+        int s = stack[sp - 1];
+        if (pos[sp - 1] == g->off[s + 1]) {
+            color[s] = 2;
+            sp--;
+            if (sp) {
+                int p = stack[sp - 1];
+                const struct gb_edge *e = &b->edges[g->idx[pos[sp - 1] - 1]];
+                int v = memo[s] + weight(e);
+                if (v > memo[p]) memo[p] = v;
+            }
+            continue;
+        }
+        const struct gb_edge *e = &b->edges[g->idx[pos[sp - 1]++]];
+        int t = e->to - g->s0;
+        if (!useful[t]) continue;
+        if (color[t] == 1) goto out; /* a cycle on a path to the end */
+        if (color[t] == 2) {
+            int v = memo[t] + weight(e);
+            if (v > memo[s]) memo[s] = v;
+            continue;
+        }
+        color[t] = 1;
+        memo[t] = 0;
+        stack[sp] = t;
+        pos[sp++] = g->off[t];
+    }
+    result = memo[start];
+out:
+    free(useful);
+    free(color);
+    free(memo);
+    free(stack);
+    free(pos);
+    return result;
+}
+
+struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int max)
+{
+    if (b->rc) return x;
+    struct sub g = {0};
+    struct frag out = x;
+    int rc = sub_init(&g, b, s0, e0);
+    if (rc) {
+        if (rc < 0)
+            gb_fail(b, QERR_NOMEM, "out of memory compiling the grammar");
+        else
+            gb_fail(b, QERR_UNSUPPORTED, "length bounds on a fragment with calls");
+        goto done;
+    }
+    int start = x.s - s0, end = x.e - s0;
+    int lo = shortest(b, &g, start, end), hi = longest(b, &g, start, end);
+    if (lo == INT_MAX) goto done;                /* matches nothing: nothing to cut */
+    int upper = max >= 0 && max < hi ? max : -1; /* the copy past which nothing goes */
+    int lower = min > lo ? min : 0;
+    if (upper < 0 && lower == 0) goto done;
+    if (upper >= 0 && lower > upper) {
+        gb_fail(b, QERR_INVALID, "no string of %d to %d characters matches", min, max);
+        goto done;
+    }
+    /* copies 0..last; without an upper bound the last one loops (any count >= lower) */
+    int last = upper >= 0 ? upper : lower;
+    if ((long)g.n * (last + 1) > LEN_MAX_STATES) {
+        gb_fail(b, QERR_UNSUPPORTED, "length bounds up to %d make too large an automaton", last);
+        goto done;
+    }
+    int base = b->n_states;
+    for (long k = 0; k < (long)g.n * (last + 1) && !b->rc; k++) gb_state(b);
+    int fin = gb_state(b);
+    if (b->rc) goto done;
+    for (int c = 0; c <= last; c++) {
+        for (int k = 0; k < g.ne; k++) {
+            struct gb_edge e = b->edges[e0 + k]; /* a copy: adding edges may move the array */
+            int from = base + c * g.n + (e.from - s0);
+            int tc = c + weight(&e);
+            if (tc > last) {
+                if (upper >= 0) continue; /* one character too many */
+                tc = last;
+            }
+            int to = base + tc * g.n + (e.to - s0);
+            if (e.kind == GB_BYTES)
+                gb_range(b, from, to, e.lo, e.hi);
+            else
+                gb_eps(b, from, to);
+        }
+        if (c >= lower) gb_eps(b, base + c * g.n + end, fin);
+    }
+    out = (struct frag){base + start, fin};
+done:
+    free(g.off);
+    free(g.idx);
+    return out;
+}
