@@ -27,7 +27,8 @@
 #define JS_INLINE_COPIES 8    /* array items repeated more often than this become a rule */
 #define COUNT_MAX        1000 /* counts the automaton spells out (items, properties, characters) */
 #define LENGTH_MAX       (1 << 24) /* a pattern's or format's own length may make a bound moot */
-#define UNIQUE_MAX       8         /* uniqueItems is enforced over up to this many listed values */
+#define FREE_MAX         500 /* characters of a free string's automaton (a longer one is cut) */
+#define UNIQUE_MAX       8   /* uniqueItems is enforced over up to this many listed values */
 
 struct js {
     struct gb *b;
@@ -799,6 +800,8 @@ struct format {
 #define RE_DUR_DATE                                                                                \
     "(" RE_DUR_N "D|" RE_DUR_N "M(" RE_DUR_N "D)?|" RE_DUR_N "Y(" RE_DUR_N "M(" RE_DUR_N "D)?)?)"
 
+#define RE_UUIDV(v)                                                                                \
+    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-" v "[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}"
 #define RE_PREFIX4 "(3[0-2]|[12]?[0-9])"
 #define RE_PREFIX6 "(12[0-8]|1[01][0-9]|[1-9]?[0-9])"
 #define RE_NET4                                                                                    \
@@ -820,6 +823,15 @@ static const struct format formats[] = {
     {"ipv6", RE_IPV6},
     {"hostname", RE_LABEL "(\\." RE_LABEL "){0,5}"},
     {"duration", "P(" RE_DUR_DATE "(" RE_DUR_TIME ")?|" RE_DUR_TIME "|" RE_DUR_N "W)"},
+    /* Pydantic's UUID1..UUID8: the version digit, and RFC 4122's variant (else there is none) */
+    {"uuid1", RE_UUIDV("1")},
+    {"uuid2", RE_UUIDV("2")},
+    {"uuid3", RE_UUIDV("3")},
+    {"uuid4", RE_UUIDV("4")},
+    {"uuid5", RE_UUIDV("5")},
+    {"uuid6", RE_UUIDV("6")},
+    {"uuid7", RE_UUIDV("7")},
+    {"uuid8", RE_UUIDV("8")},
     /* Pydantic's network types: an interface is any address with any prefix; a network's host
      * bits must be zero, so it is written on whole bytes (IPv4) or groups (IPv6) ending in zeros */
     {"ipv4interface", "(" RE_OCTET "\\.){3}" RE_OCTET "/" RE_PREFIX4},
@@ -838,7 +850,8 @@ static const struct format formats[] = {
 };
 
 static const char *const format_names =
-    "date, time, date-time, duration, email, hostname, uuid, uri, ipv4, ipv6, ipv4interface, "
+    "date, time, date-time, duration, email, hostname, uuid, uuid1-uuid8, uri, ipv4, ipv6, "
+    "ipv4interface, "
     "ipv6interface, ipv4network, ipv6network, ipvanyaddress, ipvanyinterface, ipvanynetwork, "
     "base64, binary, password, path";
 
@@ -872,11 +885,15 @@ static struct frag string_value(struct js *j, const cJSON *s)
         re = formats[k].re;
     }
     if (!re) {
-        /* a free string's automaton grows with its bounds (~20 states a character) */
-        if (min > COUNT_MAX || max > COUNT_MAX)
-            return js_fail(j, QERR_UNSUPPORTED, "'%s' above 1000 is not supported",
-                           min > COUNT_MAX ? "minLength" : "maxLength");
-        return json_string(b, min, max);
+        /* a free string's automaton spells out each count (~22 DFA states a character): a
+         * longer maxLength is cut to FREE_MAX (every output still fits it), a minLength cannot
+         * be */
+        if (min > FREE_MAX) {
+            char msg[80];
+            snprintf(msg, sizeof msg, "'minLength' above %d is not supported", FREE_MAX);
+            return js_fail(j, QERR_UNSUPPORTED, "%s", msg);
+        }
+        return json_string(b, min, max > FREE_MAX ? FREE_MAX : max);
     }
     struct frag f = gb_lits(b, "\"");
     int s0 = b->n_states, e0 = b->n_edges;

@@ -234,6 +234,10 @@ START_TEST(schema_strings)
         {"ipvanyaddress", "\"::1\"", "\"1.2.3\""},
         {"ipvanyinterface", "\"1.2.3.4/0\"", "\"1.2.3.4/\""},
         {"ipvanynetwork", "\"::/0\"", "\"1.2.3.4/24\""},
+        {"uuid4", "\"123e4567-e89b-42d3-a456-426614174000\"",
+         "\"123e4567-e89b-12d3-a456-426614174000\""},
+        {"uuid4", "\"123e4567-e89b-42d3-B456-426614174000\"",
+         "\"123e4567-e89b-42d3-c456-426614174000\""},
         {"base64", "\"aGk=\"", "\"aGk\""},
         {"base64", "\"\"", "\"a===\""},
         {"binary", "\"any \\\"thing\\\"\"", "\"a"},
@@ -308,10 +312,21 @@ START_TEST(length_with_pattern)
                                 "{\"type\":\"string\",\"format\":\"date\",\"maxLength\":9}", msg,
                                 sizeof msg),
                      QERR_INVALID);
-    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":2000}",
-                                msg, sizeof msg),
-                     QERR_UNSUPPORTED);
-    ck_assert_msg(strstr(msg, "maxLength"), "%s", msg);
+    /* a free string's long maxLength is cut to 500 characters; a long minLength is refused */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":5000}");
+    char longs[600];
+    for (int len = 499; len <= 501; len++) {
+        longs[0] = '"';
+        memset(longs + 1, 'x', (size_t)len);
+        longs[len + 1] = '"';
+        longs[len + 2] = 0;
+        ck_assert_msg((matches(g, longs) == 1) == (len <= 500), "%d characters", len);
+    }
+    grammar_unref(g);
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":501}", msg, sizeof msg),
+        QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "minLength"), "%s", msg);
 }
 END_TEST
 
