@@ -73,10 +73,12 @@ struct cp_range {
 };
 struct frag gb_codepoints(struct gb *b, const struct cp_range *r, int n);
 
-/* grammar_length.c: x's strings of min to max characters (max < 0: no upper bound), where x is
- * a byte NFA without calls whose states and edges are the builder's from s0 and e0 on (just
- * built). Returns x itself when its strings already have such lengths. */
+/* grammar_frag.c, over x: a byte NFA without calls whose states and edges are the builder's
+ * from s0 and e0 on (just built). gb_length: x's strings of min to max characters (max < 0: no
+ * upper bound), or x itself when its strings already have such lengths. gb_frag_takes: 1 when
+ * x takes the whole of str, 0 when not, -1 when x has calls (or memory ran out). */
 struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int max);
+int gb_frag_takes(struct gb *b, struct frag x, int s0, int e0, const char *str, size_t len);
 
 /* grammar_regex.c: the regex subset. json_safe: match only characters a JSON string holds
  * unescaped (no '"', '\\' or control characters), for JSON Schema's pattern and formats. */

@@ -367,6 +367,70 @@ static struct frag unique_list(struct js *j, const cJSON *const *vals, int n, in
     return (struct frag){open.s, close.e};
 }
 
+/* Where the builder stood, to drop what a branch built when that branch cannot be compiled. */
+struct js_mark {
+    int n_states, n_edges, n_rules, js_rules, any_rule;
+};
+
+static struct js_mark js_mark(const struct js *j)
+{
+    return (struct js_mark){j->b->n_states, j->b->n_edges, j->b->n_rules, j->n_rules, j->any_rule};
+}
+
+static void js_rollback(struct js *j, struct js_mark m)
+{
+    struct gb *b = j->b;
+    b->rc = 0;
+    if (b->err) *b->err = (struct qerr){0};
+    b->n_states = m.n_states;
+    b->n_edges = m.n_edges;
+    b->n_rules = m.n_rules;
+    j->n_rules = m.js_rules;
+    j->any_rule = m.any_rule;
+}
+
+/* Whether schema s writes exactly `key` as a JSON string: s is built, walked and taken back.
+ * -1 when that cannot be told. */
+static int writes_key(struct js *j, const cJSON *s, const char *key)
+{
+    struct gb *b = j->b;
+    cJSON *k = cJSON_CreateString(key);
+    char *lit = k ? cJSON_PrintUnformatted(k) : NULL;
+    cJSON_Delete(k);
+    if (!lit) return -1;
+    struct js_mark m = js_mark(j);
+    struct frag f = js_value(j, s);
+    int r = gb_frag_takes(b, f, m.n_states, m.n_edges, lit, strlen(lit));
+    cJSON_free(lit);
+    js_rollback(j, m);
+    return r;
+}
+
+/* Whether `key` may match pattern `re` as JSON Schema matches a pattern (anywhere in the key,
+ * unless anchored): 1, 0, or -1 when that cannot be told (the key holds characters the regex
+ * subset never matches). A pattern quern cannot compile leaves its error in the builder. */
+static int key_matches(struct js *j, const char *re, const char *key)
+{
+    struct gb *b = j->b;
+    for (const char *c = key; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) return -1;
+    size_t n = strlen(re), bs = 0;
+    bool head = n && re[0] == '^';
+    while (bs < n - (n > 0) && re[n - 2 - bs] == '\\') bs++;
+    bool tail = n > (size_t)head && re[n - 1] == '$' && bs % 2 == 0;
+    char *search = malloc(n + 16);
+    if (!search) return -1;
+    snprintf(search, n + 16, "%s(%.*s)%s", head ? "" : ".*", (int)(n - head - tail), re + head,
+             tail ? "" : ".*");
+    struct js_mark m = js_mark(j);
+    struct frag f = gb_regex(b, search, strlen(search), true);
+    free(search);
+    if (b->rc) return -1;
+    int r = gb_frag_takes(b, f, m.n_states, m.n_edges, key, strlen(key));
+    js_rollback(j, m);
+    return r;
+}
+
 /* ---- objects ---- */
 
 static bool in_required(const cJSON *req, const char *name)
@@ -397,23 +461,6 @@ static bool only_strings(struct js *j, const cJSON *s, int depth)
     const cJSON *t = get(s, "type");
     if (t) return cJSON_IsString(t) && !strcmp(t->valuestring, "string");
     return get(s, "minLength") || get(s, "maxLength") || get(s, "pattern") || get(s, "format");
-}
-
-/* Whether key is one of the values that names (only_strings, after $ref) lists; -1 when names
- * is not a list of values. */
-static int names_list(struct js *j, const cJSON *names, const char *key)
-{
-    for (int hops = 0; hops < 8; hops++) {
-        const cJSON *ref = get(names, "$ref");
-        if (!ref) break;
-        names = resolve_ref(j, ref->valuestring);
-        if (!names) return -1;
-    }
-    const cJSON *x = get(names, "const"), *v;
-    if (x) return !strcmp(x->valuestring, key);
-    if (!(x = get(names, "enum"))) return -1;
-    cJSON_ArrayForEach(v, x) if (!strcmp(v->valuestring, key)) return 1;
-    return 0;
 }
 
 /* One additional member "key": value (with a leading comma when comma is set). */
@@ -475,13 +522,27 @@ static struct frag object_value(struct js *j, const cJSON *s)
     const cJSON *names = get(s, "propertyNames"), *pats = get(s, "patternProperties");
     if (pats && !cJSON_IsObject(pats))
         return js_fail(j, QERR_INVALID, "%s", "'patternProperties' must be an object");
+    const cJSON *keys = NULL; /* the other members' keys: the pattern's, or propertyNames */
     if (pats && pats->child) {
         /* the only other members written are the pattern's: keys that match it whole, values
          * of its schema (any object without other keys satisfies additionalProperties) */
-        if (pats->child->next || (props && props->child) || names)
+        if (pats->child->next || names)
             return js_fail(j, QERR_UNSUPPORTED, "%s",
                            "'patternProperties' is supported with one pattern, without "
-                           "'properties' or 'propertyNames'");
+                           "'propertyNames'");
+        /* a listed property the pattern also matches would need both schemas */
+        const cJSON *p;
+        bool free_value =
+            cJSON_IsTrue(pats->child) || (cJSON_IsObject(pats->child) && !pats->child->child);
+        cJSON_ArrayForEach(p, props)
+        {
+            int hit = key_matches(j, pats->child->string, p->string);
+            if (b->rc) return (struct frag){0, 0};
+            if (hit != 0 && !free_value)
+                return js_fail(j, QERR_UNSUPPORTED,
+                               "property '%.60s' also matches the patternProperties pattern",
+                               p->string);
+        }
         if (j->n_owned == JS_MAX_REFS)
             return js_fail(j, QERR_UNSUPPORTED, "%s", "too many schemas");
         cJSON *key = cJSON_CreateObject();
@@ -490,7 +551,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
             gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
             return (struct frag){0, 0};
         }
-        names = key;
+        keys = key;
         addl = pats->child;
         if (!cJSON_IsObject(addl) && !cJSON_IsTrue(addl))
             return js_fail(j, QERR_UNSUPPORTED, "%s", "a pattern's schema must be an object");
@@ -514,10 +575,11 @@ static struct frag object_value(struct js *j, const cJSON *s)
                        "listed properties");
     if (has_max && min_p > max_p)
         return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
-    if (names && extra && !(props && props->child)) {
+    if (!keys) keys = names;
+    if (keys && extra && !(props && props->child)) {
         /* keys from a short list (a dict keyed by an enum): each written at most once */
         const cJSON *vals[UNIQUE_MAX];
-        int n = finite_values(j, names, vals, UNIQUE_MAX);
+        int n = finite_values(j, keys, vals, UNIQUE_MAX);
         if (b->rc) return (struct frag){0, 0};
         if (n > 0) return unique_list(j, vals, n, min_p, has_max ? max_p : -1, true, addl);
     }
@@ -530,10 +592,11 @@ static struct frag object_value(struct js *j, const cJSON *s)
     {
         bool required = req && in_required(req, p->string);
         if (names) {
-            int in = names_list(j, names, p->string);
+            int in = writes_key(j, names, p->string);
             if (in < 0)
-                return js_fail(j, QERR_UNSUPPORTED, "%s",
-                               "'propertyNames' beside 'properties' must be an enum or const");
+                return js_fail(j, QERR_UNSUPPORTED,
+                               "property '%.60s' could not be checked against propertyNames",
+                               p->string);
             if (!in && required)
                 return js_fail(j, QERR_INVALID, "required property '%.60s' is not in propertyNames",
                                p->string);
@@ -564,7 +627,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
     struct frag close = gb_lits(b, "}");
     if (extra && (has_min || has_max)) {
         /* counted members: the first without a comma, the rest with one */
-        struct member_gen g0 = {j, addl, names, false, where}, g1 = {j, addl, names, true, where};
+        struct member_gen g0 = {j, addl, keys, false, where}, g1 = {j, addl, keys, true, where};
         if (min_p == 0) gb_eps(b, t0, close.s);
         if (max_p != 0) {
             struct frag first = member(b, &g0);
@@ -577,7 +640,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return (struct frag){open.s, close.e};
     }
     if (extra) {
-        struct member_gen g0 = {j, addl, names, false, where};
+        struct member_gen g0 = {j, addl, keys, false, where};
         struct frag m = member(b, &g0);
         struct frag c = comma(b);
         gb_eps(b, t0, m.s);
@@ -1044,28 +1107,6 @@ static const char *infer_type(const cJSON *s)
         get(s, "exclusiveMaximum") || get(s, "multipleOf"))
         return "number";
     return NULL;
-}
-
-/* Where the builder stood, to drop what a branch built when that branch cannot be compiled. */
-struct js_mark {
-    int n_states, n_edges, n_rules, js_rules, any_rule;
-};
-
-static struct js_mark js_mark(const struct js *j)
-{
-    return (struct js_mark){j->b->n_states, j->b->n_edges, j->b->n_rules, j->n_rules, j->any_rule};
-}
-
-static void js_rollback(struct js *j, struct js_mark m)
-{
-    struct gb *b = j->b;
-    b->rc = 0;
-    if (b->err) *b->err = (struct qerr){0};
-    b->n_states = m.n_states;
-    b->n_edges = m.n_edges;
-    b->n_rules = m.n_rules;
-    j->n_rules = m.js_rules;
-    j->any_rule = m.any_rule;
 }
 
 /* anyOf/oneOf. A branch that uses what quern cannot compile is left out when another branch

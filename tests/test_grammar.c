@@ -400,6 +400,25 @@ START_TEST(property_names_and_patterns)
     REJECTS(g, "{\"A\":1}");
     REJECTS(g, "{\"a\":1,\"b\":2,\"c\":3}");
     grammar_unref(g);
+    /* patternProperties beside listed properties the pattern does not match; a pattern whose
+     * schema says nothing may match them */
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"],"
+                   "\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"string\"}}}");
+    ACCEPTS(g, "{\"id\":1}");
+    ACCEPTS(g, "{\"id\":1, \"x-ab\":\"s\", \"x-c\":\"t\"}");
+    REJECTS(g, "{\"id\":1,\"y\":\"s\"}");
+    REJECTS(g, "{\"id\":1,\"x-ab\":2}");
+    grammar_unref(g);
+    grammar_unref(compile_ok(GRAMMAR_JSON_SCHEMA,
+                             "{\"properties\":{\"max\":{\"type\":\"integer\"}},"
+                             "\"patternProperties\":{\"a\":{}}}"));
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"properties\":{\"ab\":{\"type\":\"integer\"},\"AB\":{\"type\":"
+                   "\"integer\"}},\"propertyNames\":{\"pattern\":\"^[a-z]+$\"}}");
+    ACCEPTS(g, "{\"ab\":1}");
+    REJECTS(g, "{\"AB\":1}");
+    grammar_unref(g);
     /* beside listed properties: an optional one the names rule out is never written */
     g = compile_ok(GRAMMAR_JSON_SCHEMA,
                    "{\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
@@ -423,7 +442,16 @@ START_TEST(property_names_and_patterns)
          "propertyNames"},
         {"{\"propertyNames\":{\"type\":\"integer\"}}", "string schema"},
         {"{\"patternProperties\":{\"^a\":{},\"^b\":{}}}", "one pattern"},
-        {"{\"properties\":{\"a\":{}},\"patternProperties\":{\"^b\":{}}}", "one pattern"},
+        {"{\"properties\":{\"x-a\":{\"type\":\"integer\"}},\"patternProperties\":{\"^x-\":{"
+         "\"type\":\"string\"}}}",
+         "also matches"},
+        /* JSON Schema's patterns match anywhere unless anchored: "max" holds an "a" */
+        {"{\"properties\":{\"max\":{\"type\":\"integer\"}},\"patternProperties\":{\"a\":{"
+         "\"type\":\"string\"}}}",
+         "also matches"},
+        {"{\"properties\":{\"ab\":{},\"AB\":{}},\"required\":[\"AB\"],\"propertyNames\":{"
+         "\"pattern\":\"^[a-z]+$\"}}",
+         "propertyNames"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         ck_assert_int_ne(compile_rc(GRAMMAR_JSON_SCHEMA, refused[i][0], msg, sizeof msg), 0);

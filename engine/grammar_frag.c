@@ -1,15 +1,17 @@
-/* grammar_length: a fragment's strings cut to a length range in characters (JSON Schema's
- * minLength/maxLength beside a pattern or format).
+/* grammar_frag: operations on a fragment just built (a plain byte NFA, no calls): its strings
+ * cut to a length range in characters (JSON Schema's minLength/maxLength beside a pattern or
+ * format), and whether it takes a given string (a key against propertyNames or a pattern).
  *
- * DESIGN. The fragment is a plain byte NFA (no calls) that the caller has just built, so its
- * states and edges are the builder's last ones. A character is counted at its UTF-8 lead byte
- * (continuation bytes 0x80-0xBF are not), so the product of the fragment with a counter is the
- * fragment copied once per count: a lead-byte edge moves to the next copy, every other edge
- * stays in its own. When the fragment's own shortest and longest strings already lie within
- * the bounds (a format of at most 117 characters under a maxLength of 2083), it is returned
- * as it is. The copies it leaves behind are unreachable and cost the DFA nothing. */
+ * DESIGN. The fragment's states and edges are the builder's last ones, so it is read in place.
+ * A character is counted at its UTF-8 lead byte (continuation bytes 0x80-0xBF are not), so the
+ * product of the fragment with a counter is the fragment copied once per count: a lead-byte
+ * edge moves to the next copy, every other edge stays in its own. When the fragment's own
+ * shortest and longest strings already lie within the bounds (a format of at most 117
+ * characters under a maxLength of 2083), it is returned as it is. The copies it leaves behind
+ * are unreachable and cost the DFA nothing. */
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "grammar_impl.h"
 
@@ -212,5 +214,71 @@ struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int 
 done:
     free(g.off);
     free(g.idx);
+    return out;
+}
+
+/* the states reachable from those marked in `on` by epsilon edges, marked too */
+static void closure(const struct gb *b, const struct sub *g, char *on, int *stack)
+{
+    int sp = 0;
+    for (int s = 0; s < g->n; s++)
+        if (on[s]) stack[sp++] = s;
+    while (sp) {
+        int s = stack[--sp];
+        for (int k = g->off[s]; k < g->off[s + 1]; k++) {
+            const struct gb_edge *e = &b->edges[g->idx[k]];
+            int t = e->to - g->s0;
+            if (e->kind == GB_EPS && !on[t]) {
+                on[t] = 1;
+                stack[sp++] = t;
+            }
+        }
+    }
+}
+
+int gb_frag_takes(struct gb *b, struct frag x, int s0, int e0, const char *str, size_t len)
+{
+    if (b->rc) return -1;
+    struct sub g = {0};
+    int out = -1;
+    char *on = NULL, *next = NULL;
+    int *stack = NULL;
+    if (sub_init(&g, b, s0, e0)) goto done;
+    on = calloc((size_t)g.n, 1);
+    next = calloc((size_t)g.n, 1);
+    stack = malloc((size_t)g.n * sizeof *stack);
+    if (!on || !next || !stack) goto done;
+    on[x.s - s0] = 1;
+    closure(b, &g, on, stack);
+    for (size_t i = 0; i < len; i++) {
+        uint8_t c = (uint8_t)str[i];
+        bool any = false;
+        memset(next, 0, (size_t)g.n);
+        for (int s = 0; s < g.n; s++) {
+            if (!on[s]) continue;
+            for (int k = g.off[s]; k < g.off[s + 1]; k++) {
+                const struct gb_edge *e = &b->edges[g.idx[k]];
+                if (e->kind == GB_BYTES && e->lo <= c && c <= e->hi) {
+                    next[e->to - s0] = 1;
+                    any = true;
+                }
+            }
+        }
+        if (!any) {
+            out = 0;
+            goto done;
+        }
+        closure(b, &g, next, stack);
+        char *t = on;
+        on = next;
+        next = t;
+    }
+    out = on[x.e - s0];
+done:
+    free(g.off);
+    free(g.idx);
+    free(on);
+    free(next);
+    free(stack);
     return out;
 }
