@@ -282,3 +282,116 @@ done:
     free(stack);
     return out;
 }
+
+/* ---- a fragment less a few strings ---- */
+
+/* The listed strings as a trie: node 0 the root; child lists sorted by nothing (they are short). */
+struct trie {
+    int n, cap;
+    struct trie_node {
+        int first, next; /* first child, next sibling (-1: none) */
+        uint8_t byte;
+        bool terminal; /* a listed string ends here */
+    } *nodes;
+};
+
+static int trie_add(struct trie *t, const char *s, size_t len)
+{
+    int cur = 0;
+    for (size_t i = 0; i < len; i++) {
+        int c = t->nodes[cur].first;
+        while (c >= 0 && t->nodes[c].byte != (uint8_t)s[i]) c = t->nodes[c].next;
+        if (c < 0) {
+            if (t->n == t->cap) {
+                int cap = t->cap * 2;
+                struct trie_node *nn = realloc(t->nodes, (size_t)cap * sizeof *nn);
+                if (!nn) return -1;
+                t->nodes = nn;
+                t->cap = cap;
+            }
+            c = t->n++;
+            t->nodes[c] = (struct trie_node){-1, t->nodes[cur].first, (uint8_t)s[i], false};
+            t->nodes[cur].first = c;
+        }
+        cur = c;
+    }
+    t->nodes[cur].terminal = true;
+    return 0;
+}
+
+struct frag gb_exclude(struct gb *b, struct frag x, int s0, int e0, const char *const *strs,
+                       const size_t *lens, int n)
+{
+    if (b->rc || n == 0) return x;
+    struct sub g = {0};
+    struct trie t = {1, 64, malloc(64 * sizeof(struct trie_node))};
+    int *id = NULL, *queue = NULL;
+    struct frag out = x;
+    int rc = sub_init(&g, b, s0, e0);
+    if (rc || !t.nodes) {
+        gb_fail(b, rc > 0 ? QERR_UNSUPPORTED : QERR_NOMEM, "cannot exclude strings here");
+        goto done;
+    }
+    t.nodes[0] = (struct trie_node){-1, -1, 0, false};
+    for (int i = 0; i < n; i++)
+        if (trie_add(&t, strs[i], lens[i])) {
+            gb_fail(b, QERR_NOMEM, "out of memory compiling the grammar");
+            goto done;
+        }
+    /* product states (fragment state, trie node or FREE = t.n: off the trie) */
+    int width = t.n + 1, FREE = t.n;
+    if ((long)g.n * width > LEN_MAX_STATES * 8L) {
+        gb_fail(b, QERR_UNSUPPORTED, "too many listed properties to keep other keys apart");
+        goto done;
+    }
+    id = malloc((size_t)g.n * width * sizeof *id);
+    queue = malloc((size_t)g.n * width * sizeof *queue);
+    if (!id || !queue) {
+        gb_fail(b, QERR_NOMEM, "out of memory compiling the grammar");
+        goto done;
+    }
+    for (long k = 0; k < (long)g.n * width; k++) id[k] = -1;
+    int head = 0, tail = 0, fin = gb_state(b);
+#define VISIT(s, tn)                                                                               \
+    (id[(s) * width + (tn)] >= 0                                                                   \
+         ? id[(s) * width + (tn)]                                                                  \
+         : (queue[tail++] = (s) * width + (tn), id[(s) * width + (tn)] = gb_state(b)))
+    int start = VISIT(x.s - s0, 0);
+    while (head < tail && !b->rc) {
+        int key = queue[head++], s = key / width, tn = key % width, from = id[key];
+        if (s == x.e - s0 && (tn == FREE || !t.nodes[tn].terminal)) gb_eps(b, from, fin);
+        for (int k = g.off[s]; k < g.off[s + 1]; k++) {
+            struct gb_edge e = b->edges[g.idx[k]]; /* a copy: adding edges may move the array */
+            int to = e.to - s0;
+            if (e.kind == GB_EPS) {
+                gb_eps(b, from, VISIT(to, tn));
+                continue;
+            }
+            if (tn == FREE) {
+                gb_range(b, from, VISIT(to, FREE), e.lo, e.hi);
+                continue;
+            }
+            /* the bytes the trie goes on with lead to their child, the rest leave it */
+            int lo = e.lo;
+            for (int c = e.lo; c <= e.hi + 1; c++) {
+                int child = -1;
+                if (c <= e.hi)
+                    for (int ch = t.nodes[tn].first; ch >= 0; ch = t.nodes[ch].next)
+                        if (t.nodes[ch].byte == c) child = ch;
+                if (c <= e.hi && child < 0) continue;
+                if (c > lo) gb_range(b, from, VISIT(to, FREE), (uint8_t)lo, (uint8_t)(c - 1));
+                if (child >= 0) gb_range(b, from, VISIT(to, child), (uint8_t)c, (uint8_t)c);
+                lo = c + 1;
+            }
+        }
+    }
+#undef VISIT
+    if (!b->rc) out = (struct frag){start, fin};
+done:
+    free(g.off);
+    free(g.idx);
+    free(t.nodes);
+    free(id);
+    free(queue);
+    return out;
+}

@@ -79,6 +79,9 @@ struct frag gb_codepoints(struct gb *b, const struct cp_range *r, int n);
  * x takes the whole of str, 0 when not, -1 when x has calls (or memory ran out). */
 struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int max);
 int gb_frag_takes(struct gb *b, struct frag x, int s0, int e0, const char *str, size_t len);
+/* x's strings other than strs[0..n) (a product of x with their trie). */
+struct frag gb_exclude(struct gb *b, struct frag x, int s0, int e0, const char *const *strs,
+                       const size_t *lens, int n);
 
 /* grammar_regex.c: the regex subset. json_safe: match only characters a JSON string holds
  * unescaped (no '"', '\\' or control characters), for JSON Schema's pattern and formats. */

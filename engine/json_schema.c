@@ -3,11 +3,13 @@
  * DESIGN. A schema is inlined into the automaton of its caller, so a schema without recursion
  * is one regular automaton whose token masks are cached per state; only what recurses (a $ref
  * to a schema being expanded, the generic JSON value) and array items repeated many times
- * become rules reached by call edges. Every keyword is either compiled, or an annotation
- * (title, description, ...), or refused with QERR_UNSUPPORTED naming it and where it is, with
- * two exceptions: an anyOf branch it cannot compile is left out (every output still matches),
- * and uniqueItems over other items than a short list of values is not checked (an output may
- * repeat an item, as it may repeat a key of additionalProperties: neither is regular).
+ * become rules reached by call edges. Keywords beside $ref, const/enum and anyOf hold too
+ * (merged as allOf parts: all_of_parts). A keyword of JSON Schema's vocabulary is either
+ * compiled or refused with QERR_UNSUPPORTED naming it and where it is; annotations and
+ * keywords outside the vocabulary are ignored, as the specification says. Two exceptions: an anyOf
+ * branch it cannot compile is left out (every output still matches), and uniqueItems over other
+ * items than a short list of values is not checked (an output may repeat an item, as it may repeat
+ * a key of additionalProperties: neither is regular).
  *
  * Choices and limits (documented in README): whitespace as grammar.h says; properties in
  * schema order; a missing additionalProperties means none when properties are listed (OpenAI
@@ -42,8 +44,8 @@ struct js {
     const cJSON *active[JS_MAX_INLINE]; /* $ref targets being inlined */
     int n_active;
     int depth;
-    cJSON *owned[JS_MAX_REFS]; /* merged allOf schemas */
-    int n_owned;
+    cJSON **owned; /* schemas made while compiling (merged allOf parts, copies) */
+    int n_owned, cap_owned;
     char path[256];
 };
 
@@ -55,6 +57,114 @@ static struct frag js_fail(struct js *j, int code, const char *fmt, const char *
     snprintf(msg, sizeof msg, fmt, arg);
     gb_fail(j->b, code, "%s (at %s)", msg, j->path[0] ? j->path : "/");
     return (struct frag){0, 0};
+}
+
+/* x, now owned by j (freed with it); NULL (and the builder failed) when x is NULL or no room. */
+static cJSON *js_own(struct js *j, cJSON *x)
+{
+    if (x && j->n_owned == j->cap_owned) {
+        int cap = j->cap_owned ? j->cap_owned * 2 : 16;
+        cJSON **n = realloc(j->owned, (size_t)cap * sizeof *n);
+        if (!n) {
+            cJSON_Delete(x);
+            x = NULL;
+        } else {
+            j->owned = n;
+            j->cap_owned = cap;
+        }
+    }
+    if (!x) {
+        gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+        return NULL;
+    }
+    return j->owned[j->n_owned++] = x;
+}
+
+/* ---- keywords ---- */
+
+static const char *const supported[] = {"type",
+                                        "properties",
+                                        "required",
+                                        "additionalProperties",
+                                        "items",
+                                        "prefixItems",
+                                        "minItems",
+                                        "maxItems",
+                                        "enum",
+                                        "const",
+                                        "anyOf",
+                                        "oneOf",
+                                        "allOf",
+                                        "$ref",
+                                        "minLength",
+                                        "maxLength",
+                                        "pattern",
+                                        "format",
+                                        "minimum",
+                                        "maximum",
+                                        "exclusiveMinimum",
+                                        "exclusiveMaximum",
+                                        "nullable",
+                                        "multipleOf",
+                                        "minProperties",
+                                        "maxProperties",
+                                        "uniqueItems",
+                                        "propertyNames",
+                                        "patternProperties",
+                                        "additionalItems",
+                                        NULL};
+/* JSON Schema's own keywords (drafts 4 to 2020-12) that quern does not compile: a schema using
+ * one is refused, naming it. A keyword outside the vocabulary (Kubernetes' x-kubernetes-...,
+ * draft 4's id, example) is ignored, as the specification says of unknown keywords. */
+static const char *const refused[] = {"not",
+                                      "if",
+                                      "then",
+                                      "else",
+                                      "dependencies",
+                                      "dependentRequired",
+                                      "dependentSchemas",
+                                      "contains",
+                                      "minContains",
+                                      "maxContains",
+                                      "unevaluatedProperties",
+                                      "unevaluatedItems",
+                                      "$dynamicRef",
+                                      "$recursiveRef",
+                                      "extends",
+                                      "disallow",
+                                      "divisibleBy",
+                                      NULL};
+
+static bool listed(const char *const *l, const char *k)
+{
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+/* A keyword that constrains (compiled or refused), as against annotations and unknown ones. */
+static bool says(const char *k)
+{
+    return listed(supported, k) || listed(refused, k);
+}
+
+/* Whether s has a constraining keyword other than those in but (NULL-terminated). */
+static bool says_besides(const cJSON *s, const char *const *but)
+{
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, s) if (says(kw->string) && !listed(but, kw->string)) return true;
+    return false;
+}
+
+/* A shallow copy of s without the keywords in drop, owned by j. */
+static cJSON *copy_without(struct js *j, const cJSON *s, const char *const *drop)
+{
+    cJSON *c = js_own(j, cJSON_CreateObject());
+    const cJSON *kw;
+    if (c)
+        cJSON_ArrayForEach(kw, s) if (!listed(drop, kw->string))
+            cJSON_AddItemReferenceToObject(c, kw->string, (cJSON *)kw);
+    return c;
 }
 
 /* ---- primitives ---- */
@@ -389,20 +499,25 @@ static void js_rollback(struct js *j, struct js_mark m)
     j->any_rule = m.any_rule;
 }
 
-/* Whether schema s writes exactly `key` as a JSON string: s is built, walked and taken back.
- * -1 when that cannot be told. */
+/* Whether schema s writes exactly the JSON text lit: s is built, walked and taken back. -1 when
+ * that cannot be told (s recurses, or cannot be compiled). */
+static int writes_text(struct js *j, const cJSON *s, const char *lit)
+{
+    struct js_mark m = js_mark(j);
+    struct frag f = js_value(j, s);
+    int r = gb_frag_takes(j->b, f, m.n_states, m.n_edges, lit, strlen(lit));
+    js_rollback(j, m);
+    return r;
+}
+
+/* Whether schema s writes exactly `key` as a JSON string. */
 static int writes_key(struct js *j, const cJSON *s, const char *key)
 {
-    struct gb *b = j->b;
     cJSON *k = cJSON_CreateString(key);
     char *lit = k ? cJSON_PrintUnformatted(k) : NULL;
     cJSON_Delete(k);
-    if (!lit) return -1;
-    struct js_mark m = js_mark(j);
-    struct frag f = js_value(j, s);
-    int r = gb_frag_takes(b, f, m.n_states, m.n_edges, lit, strlen(lit));
+    int r = lit ? writes_text(j, s, lit) : -1;
     cJSON_free(lit);
-    js_rollback(j, m);
     return r;
 }
 
@@ -466,25 +581,73 @@ static bool only_strings(struct js *j, const cJSON *s, int depth)
 /* One additional member "key": value (with a leading comma when comma is set). */
 struct member_gen {
     struct js *j;
-    const cJSON *addl;  /* its schema when an object, else any value */
-    const cJSON *names; /* propertyNames: the key's schema, or NULL for any string */
+    const cJSON *addl;   /* its schema when an object, else any value */
+    const cJSON *names;  /* propertyNames: the key's schema, or NULL for any string */
+    const cJSON *listed; /* the listed properties, whose names other keys must not take */
     bool comma;
     const char *where; /* the value schema's place, for messages */
 };
+
+/* A key written without escapes: its bytes are then its only spelling, so a listed name can be
+ * kept out of it byte by byte. */
+static struct frag plain_key(struct gb *b)
+{
+    static const struct cp_range plain[] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+    struct frag f = gb_lits(b, "\"");
+    f = gb_seq(b, f, gb_star(b, gb_codepoints(b, plain, 3)));
+    return gb_seq(b, f, gb_lits(b, "\""));
+}
+
+/* key less the JSON texts of the listed names: another member named like a listed property
+ * would escape that property's schema. */
+static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, const cJSON *listed)
+{
+    struct gb *b = j->b;
+    for (int k = e0; k < b->n_edges; k++)
+        if (b->edges[k].kind == GB_BYTES && b->edges[k].lo <= '\\' && '\\' <= b->edges[k].hi)
+            return js_fail(j, QERR_UNSUPPORTED, "%s",
+                           "'propertyNames' that allows escapes beside listed properties");
+    int n = cJSON_GetArraySize(listed), i = 0;
+    char **lits = calloc((size_t)n + 1, sizeof *lits);
+    size_t *lens = calloc((size_t)n + 1, sizeof *lens);
+    const cJSON *p;
+    if (lits && lens) {
+        cJSON_ArrayForEach(p, listed)
+        {
+            cJSON *str = cJSON_CreateString(p->string);
+            lits[i] = str ? cJSON_PrintUnformatted(str) : NULL;
+            cJSON_Delete(str);
+            if (!lits[i]) break;
+            lens[i] = strlen(lits[i]);
+            i++;
+        }
+    }
+    if (i == n)
+        key = gb_exclude(b, key, s0, e0, (const char *const *)lits, lens, n);
+    else
+        gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
+    for (int k = 0; lits && k < i; k++) cJSON_free(lits[k]);
+    free(lits);
+    free(lens);
+    return key;
+}
 
 static struct frag member(struct gb *b, const void *ctx)
 {
     const struct member_gen *g = ctx;
     struct frag m = g->comma ? comma(b) : gb_empty(b);
     struct frag key;
+    bool apart = g->listed && g->listed->child;
+    int s0 = b->n_states, e0 = b->n_edges;
     if (g->names) {
         size_t save;
         path_push(g->j, "propertyNames", &save);
         key = js_value(g->j, g->names);
         path_pop(g->j, save);
     } else {
-        key = json_string(b, 0, -1);
+        key = apart ? plain_key(b) : json_string(b, 0, -1);
     }
+    if (apart) key = keep_apart(g->j, key, s0, e0, g->listed);
     m = gb_seq(b, m, gb_seq(b, gb_seq(b, key, gb_lits(b, ":")), ws(b)));
     if (g->addl && cJSON_IsObject(g->addl)) {
         size_t save;
@@ -505,21 +668,44 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return js_fail(j, QERR_INVALID, "%s", "'properties' must be an object");
     if (req && !cJSON_IsArray(req))
         return js_fail(j, QERR_INVALID, "%s", "'required' must be a list");
-    if (req) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, req)
-        {
-            if (!cJSON_IsString(x))
-                return js_fail(j, QERR_INVALID, "%s", "'required' must hold strings");
-            if (!props || !get(props, x->valuestring))
-                return js_fail(j, QERR_UNSUPPORTED,
-                               "required property '%.60s' is not in 'properties'", x->valuestring);
-        }
-    }
     if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl))
         return js_fail(j, QERR_INVALID, "%s",
                        "'additionalProperties' must be a boolean or a schema");
     const cJSON *names = get(s, "propertyNames"), *pats = get(s, "patternProperties");
+    /* other keys: any when neither properties nor additionalProperties say (OpenAI's strict
+     * rule: none when properties are listed) */
+    bool open_keys = addl ? !cJSON_IsFalse(addl) : !props || !props->child;
+    if (req) {
+        const cJSON *x;
+        cJSON *merged = NULL;
+        cJSON_ArrayForEach(x, req)
+        {
+            if (!cJSON_IsString(x))
+                return js_fail(j, QERR_INVALID, "%s", "'required' must hold strings");
+            if (props && get(props, x->valuestring)) continue;
+            /* a required key the properties do not list: written as one of them, its value
+             * under additionalProperties */
+            if (pats)
+                return js_fail(j, QERR_UNSUPPORTED,
+                               "required property '%.60s' is not in 'properties'", x->valuestring);
+            if (addl && cJSON_IsFalse(addl))
+                return js_fail(j, QERR_INVALID,
+                               "required property '%.60s' is ruled out by additionalProperties: "
+                               "false",
+                               x->valuestring);
+            if (!merged) {
+                if (!(merged = js_own(j, cJSON_CreateObject()))) return (struct frag){0, 0};
+                const cJSON *p;
+                cJSON_ArrayForEach(p, props)
+                    cJSON_AddItemReferenceToObject(merged, p->string, (cJSON *)p);
+            }
+            if (cJSON_IsObject(addl))
+                cJSON_AddItemReferenceToObject(merged, x->valuestring, (cJSON *)addl);
+            else
+                cJSON_AddItemToObject(merged, x->valuestring, cJSON_CreateTrue());
+        }
+        if (merged) props = merged;
+    }
     if (pats && !cJSON_IsObject(pats))
         return js_fail(j, QERR_INVALID, "%s", "'patternProperties' must be an object");
     const cJSON *keys = NULL; /* the other members' keys: the pattern's, or propertyNames */
@@ -543,10 +729,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
                                "property '%.60s' also matches the patternProperties pattern",
                                p->string);
         }
-        if (j->n_owned == JS_MAX_REFS)
-            return js_fail(j, QERR_UNSUPPORTED, "%s", "too many schemas");
-        cJSON *key = cJSON_CreateObject();
-        j->owned[j->n_owned++] = key;
+        cJSON *key = js_own(j, cJSON_CreateObject());
         if (!key || !cJSON_AddStringToObject(key, "pattern", pats->child->string)) {
             gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
             return (struct frag){0, 0};
@@ -564,7 +747,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         if (cJSON_IsTrue(names)) names = NULL;
     }
     const char *where = pats && pats->child ? "patternProperties" : "additionalProperties";
-    bool extra = pats && pats->child ? true : addl ? !cJSON_IsFalse(addl) : !props || !props->child;
+    bool extra = (pats && pats->child) || open_keys;
     int min_p = 0, max_p = -1;
     bool has_min = get_count(j, s, "minProperties", &min_p, COUNT_MAX),
          has_max = get_count(j, s, "maxProperties", &max_p, COUNT_MAX);
@@ -627,7 +810,8 @@ static struct frag object_value(struct js *j, const cJSON *s)
     struct frag close = gb_lits(b, "}");
     if (extra && (has_min || has_max)) {
         /* counted members: the first without a comma, the rest with one */
-        struct member_gen g0 = {j, addl, keys, false, where}, g1 = {j, addl, keys, true, where};
+        struct member_gen g0 = {j, addl, keys, props, false, where},
+                          g1 = {j, addl, keys, props, true, where};
         if (min_p == 0) gb_eps(b, t0, close.s);
         if (max_p != 0) {
             struct frag first = member(b, &g0);
@@ -640,7 +824,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return (struct frag){open.s, close.e};
     }
     if (extra) {
-        struct member_gen g0 = {j, addl, keys, false, where};
+        struct member_gen g0 = {j, addl, keys, props, false, where};
         struct frag m = member(b, &g0);
         struct frag c = comma(b);
         gb_eps(b, t0, m.s);
@@ -653,14 +837,34 @@ static struct frag object_value(struct js *j, const cJSON *s)
     return (struct frag){open.s, close.e};
 }
 
-/* allOf of object schemas: one object with the union of their properties and requirements. */
-static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
+/* ---- allOf: one schema from several ---- */
+
+static const char *const object_kws[] = {
+    "properties",    "required",          "additionalProperties", "minProperties",
+    "maxProperties", "patternProperties", "propertyNames",        NULL};
+static const char *const array_kws[] = {
+    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", NULL};
+
+/* Only object keywords (and type "object") constrain s. */
+static bool object_like(const cJSON *s)
 {
-    if (!cJSON_IsArray(all) || !all->child)
-        return js_fail(j, QERR_INVALID, "%s", "'allOf' must be a non-empty list");
-    if (j->n_owned == JS_MAX_REFS) return js_fail(j, QERR_UNSUPPORTED, "%s", "too many allOf");
-    cJSON *m = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
-    j->owned[j->n_owned++] = m;
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, s)
+    {
+        if (!says(kw->string) || listed(object_kws, kw->string)) continue;
+        if (!strcmp(kw->string, "type") && cJSON_IsString(kw) && !strcmp(kw->valuestring, "object"))
+            continue;
+        return false;
+    }
+    return true;
+}
+
+/* Object parts: one object with the union of their properties and requirements; a property
+ * several parts list is held to all their schemas (an allOf of them). */
+static struct frag merge_objects(struct js *j, const cJSON *const *parts, int np)
+{
+    cJSON *m = js_own(j, cJSON_CreateObject());
+    cJSON *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     if (!m || !props || !req) {
         cJSON_Delete(props);
         cJSON_Delete(req);
@@ -671,20 +875,6 @@ static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
     cJSON_AddItemToObject(m, "properties", props);
     cJSON_AddItemToObject(m, "required", req);
     bool closed = false;
-    /* the schema itself may carry object keywords beside allOf */
-    const cJSON *parts[64];
-    int np = 0;
-    parts[np++] = s;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, all)
-    {
-        if (np == 64) return js_fail(j, QERR_UNSUPPORTED, "%s", "allOf with over 63 schemas");
-        const cJSON *t = x;
-        const cJSON *ref = get(t, "$ref");
-        if (ref && cJSON_IsString(ref)) t = resolve_ref(j, ref->valuestring);
-        if (!t) return (struct frag){0, 0};
-        parts[np++] = t;
-    }
     for (int k = 0; k < np; k++) {
         const cJSON *t = parts[k], *kw;
         cJSON_ArrayForEach(kw, t)
@@ -692,29 +882,50 @@ static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
             const char *n = kw->string;
             if (!strcmp(n, "properties") && cJSON_IsObject(kw)) {
                 const cJSON *p;
-                cJSON_ArrayForEach(p, kw) if (!get(props, p->string))
-                    cJSON_AddItemReferenceToObject(props, p->string, (cJSON *)p);
+                cJSON_ArrayForEach(p, kw)
+                {
+                    cJSON *have = cJSON_GetObjectItemCaseSensitive(props, p->string);
+                    if (!have) {
+                        cJSON_AddItemReferenceToObject(props, p->string, (cJSON *)p);
+                        continue;
+                    }
+                    /* listed again: both schemas hold */
+                    cJSON *both = cJSON_CreateObject(), *list = cJSON_CreateArray();
+                    if (!both || !list) {
+                        cJSON_Delete(both);
+                        cJSON_Delete(list);
+                        gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+                        return (struct frag){0, 0};
+                    }
+                    /* a reference node reads as what it refers to; our own merge is extended */
+                    const cJSON *prev = have->type & cJSON_IsReference ? NULL : get(have, "allOf");
+                    if (!prev) {
+                        cJSON_AddItemReferenceToArray(list, have);
+                    } else {
+                        const cJSON *e;
+                        cJSON_ArrayForEach(e, prev) cJSON_AddItemReferenceToArray(list, (cJSON *)e);
+                    }
+                    cJSON_AddItemReferenceToArray(list, (cJSON *)p);
+                    cJSON_AddItemToObject(both, "allOf", list);
+                    cJSON_ReplaceItemInObjectCaseSensitive(props, p->string, both);
+                }
             } else if (!strcmp(n, "required") && cJSON_IsArray(kw)) {
                 const cJSON *r;
-                cJSON_ArrayForEach(r,
-                                   kw) if (cJSON_IsString(r) && !in_required(req, r->valuestring))
-                    cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+                cJSON_ArrayForEach(r, kw)
+                {
+                    if (cJSON_IsString(r) && !in_required(req, r->valuestring))
+                        cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+                }
             } else if (!strcmp(n, "additionalProperties")) {
                 closed |= cJSON_IsFalse(kw);
-            } else if (!strcmp(n, "type")) {
-                if (!cJSON_IsString(kw) || strcmp(kw->valuestring, "object"))
-                    return js_fail(j, QERR_UNSUPPORTED, "%s",
-                                   "'allOf' is supported only over object schemas");
-            } else if (strcmp(n, "allOf") && strcmp(n, "title") && strcmp(n, "description") &&
-                       strcmp(n, "$defs") && strcmp(n, "definitions") && strcmp(n, "$ref") &&
-                       strcmp(n, "$schema") && strcmp(n, "$id") && strcmp(n, "$comment")) {
+            } else if (says(n) && strcmp(n, "type")) {
                 return js_fail(j, QERR_UNSUPPORTED,
-                               "keyword '%.60s' inside 'allOf' is not supported", n);
+                               "keyword '%.60s' in an object part of 'allOf' is not supported", n);
             }
         }
     }
-    /* a branch with additionalProperties false allows only its own properties: the merged
-     * object keeps the properties every such branch lists */
+    /* a part with additionalProperties false allows only its own properties: the merged
+     * object keeps the properties every such part lists */
     if (closed) {
         for (cJSON *p = props->child, *nx; p; p = nx) {
             nx = p->next;
@@ -727,7 +938,7 @@ static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
             if (everywhere) continue;
             if (in_required(req, p->string))
                 return js_fail(j, QERR_INVALID,
-                               "allOf: required property '%.60s' is excluded by another branch's "
+                               "allOf: required property '%.60s' is excluded by another part's "
                                "additionalProperties: false",
                                p->string);
             cJSON_Delete(cJSON_DetachItemViaPointer(props, p));
@@ -736,6 +947,128 @@ static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
     /* listed properties only (the policy for an object with properties) */
     cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse());
     return object_value(j, m);
+}
+
+/* The types both a and b allow ("integer" within "number"), as a new item; NULL if none. */
+static cJSON *type_meet(const cJSON *a, const cJSON *b)
+{
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *x, *y;
+    const cJSON *la = cJSON_IsArray(a) ? a->child : a, *lb = cJSON_IsArray(b) ? b->child : b;
+    for (x = la; x; x = cJSON_IsArray(a) ? x->next : NULL)
+        for (y = lb; y; y = cJSON_IsArray(b) ? y->next : NULL) {
+            if (!cJSON_IsString(x) || !cJSON_IsString(y)) continue;
+            const char *t = NULL;
+            if (!strcmp(x->valuestring, y->valuestring))
+                t = x->valuestring;
+            else if (!strcmp(x->valuestring, "integer") && !strcmp(y->valuestring, "number"))
+                t = "integer";
+            else if (!strcmp(x->valuestring, "number") && !strcmp(y->valuestring, "integer"))
+                t = "integer";
+            if (t) cJSON_AddItemToArray(out, cJSON_CreateString(t));
+        }
+    if (!out || !out->child) {
+        cJSON_Delete(out);
+        return NULL;
+    }
+    if (!out->child->next) {
+        cJSON *one = cJSON_CreateString(out->child->valuestring);
+        cJSON_Delete(out);
+        return one;
+    }
+    return out;
+}
+
+/* Several schemas that must all hold. Parts that say nothing drop out; one left is compiled as
+ * it is; object parts merge (merge_objects); otherwise the parts' keywords are put side by side,
+ * which is their meet when no two parts constrain the same thing: two parts giving one keyword
+ * different values are refused (types meet), and so are object or array keywords in two parts
+ * (additionalProperties depends on its part's properties). */
+static struct frag all_of_parts(struct js *j, const cJSON *const *in, int n_in)
+{
+    const cJSON *parts[64];
+    int np = 0;
+    for (int i = 0; i < n_in; i++) {
+        const cJSON *t = in[i];
+        static const char *const ref_only[] = {"$ref", NULL};
+        const cJSON *ref = cJSON_IsObject(t) ? get(t, "$ref") : NULL;
+        if (ref && cJSON_IsString(ref) && !says_besides(t, ref_only)) {
+            bool active = false; /* a reference being expanded stays a reference (recursion) */
+            const cJSON *r = resolve_ref(j, ref->valuestring);
+            if (!r) return (struct frag){0, 0};
+            for (int k = 0; k < j->n_active; k++) active |= j->active[k] == r;
+            if (!active) t = r;
+        }
+        if (cJSON_IsFalse(t))
+            return js_fail(j, QERR_UNSUPPORTED, "%s", "the schema 'false' allows nothing");
+        if (cJSON_IsTrue(t) || (cJSON_IsObject(t) && !says_besides(t, (const char *[]){NULL})))
+            continue;
+        if (!cJSON_IsObject(t)) return js_fail(j, QERR_INVALID, "%s", "a schema must be an object");
+        if (np == 64) return js_fail(j, QERR_UNSUPPORTED, "%s", "allOf with over 64 schemas");
+        parts[np++] = t;
+    }
+    if (np == 0) return any_value(j);
+    if (np == 1) return js_value(j, parts[0]);
+    bool objects = true;
+    for (int i = 0; i < np; i++) objects &= object_like(parts[i]);
+    if (objects) return merge_objects(j, parts, np);
+    cJSON *m = js_own(j, cJSON_CreateObject());
+    if (!m) return (struct frag){0, 0};
+    int with_object = 0, with_array = 0;
+    for (int i = 0; i < np; i++) {
+        bool o = false, a = false;
+        const cJSON *kw;
+        cJSON_ArrayForEach(kw, parts[i])
+        {
+            o |= listed(object_kws, kw->string);
+            a |= listed(array_kws, kw->string);
+        }
+        with_object += o;
+        with_array += a;
+    }
+    if (with_object > 1 || with_array > 1)
+        return js_fail(j, QERR_UNSUPPORTED, "%s",
+                       "'allOf' whose parts constrain objects or arrays beside other keywords");
+    for (int i = 0; i < np; i++) {
+        const cJSON *kw;
+        cJSON_ArrayForEach(kw, parts[i])
+        {
+            if (!says(kw->string)) continue;
+            cJSON *have = cJSON_GetObjectItemCaseSensitive(m, kw->string);
+            if (!have) {
+                cJSON_AddItemReferenceToObject(m, kw->string, (cJSON *)kw);
+                continue;
+            }
+            if (cJSON_Compare(have, kw, true)) continue;
+            if (!strcmp(kw->string, "type")) {
+                cJSON *t = type_meet(have, kw);
+                if (!t)
+                    return js_fail(j, QERR_INVALID, "%s", "allOf: the parts' types do not meet");
+                cJSON_ReplaceItemInObjectCaseSensitive(m, "type", t);
+                continue;
+            }
+            return js_fail(j, QERR_UNSUPPORTED, "parts of 'allOf' disagree on '%.60s'", kw->string);
+        }
+    }
+    return js_value(j, m);
+}
+
+/* allOf beside the schema's own keywords */
+static struct frag all_of(struct js *j, const cJSON *s, const cJSON *all)
+{
+    if (!cJSON_IsArray(all) || !all->child)
+        return js_fail(j, QERR_INVALID, "%s", "'allOf' must be a non-empty list");
+    const cJSON *parts[65];
+    int np = 0;
+    parts[np++] = copy_without(j, s, (const char *const[]){"allOf", NULL});
+    if (!parts[0]) return (struct frag){0, 0};
+    const cJSON *x;
+    cJSON_ArrayForEach(x, all)
+    {
+        if (np == 65) return js_fail(j, QERR_UNSUPPORTED, "%s", "allOf with over 64 schemas");
+        parts[np++] = x;
+    }
+    return all_of_parts(j, parts, np);
 }
 
 /* ---- arrays ---- */
@@ -778,6 +1111,12 @@ static struct frag array_value(struct js *j, const cJSON *s)
     if (b->rc) return (struct frag){0, 0};
     if (prefix && !cJSON_IsArray(prefix))
         return js_fail(j, QERR_INVALID, "%s", "'prefixItems' must be a list");
+    if (cJSON_IsArray(items) && !prefix) {
+        /* drafts 4 to 2019-09: a list of items is 2020-12's prefixItems, additionalItems its
+         * items (any when absent) */
+        prefix = items;
+        items = get(s, "additionalItems");
+    }
     if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items))
         return js_fail(j, QERR_UNSUPPORTED, "%s", "'items' must be a schema");
     int k = prefix ? cJSON_GetArraySize(prefix) : 0;
@@ -842,7 +1181,13 @@ struct format {
     const char *name, *re;
 };
 
-#define RE_DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+/* calendar dates only (no February 30th; the 29th in leap years), years 0001-9999 as Python's
+ * date takes them */
+#define RE_YEAR "([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+#define RE_LEAP "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+#define RE_DATE                                                                                    \
+    "(" RE_YEAR "-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|"   \
+    "02-(0[1-9]|1[0-9]|2[0-8]))|" RE_LEAP "-02-29)"
 #define RE_TIME                                                                                    \
     "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]" \
     ")"
@@ -1033,48 +1378,6 @@ static struct frag number_value(struct js *j, const cJSON *s, bool integer)
 
 /* ---- dispatch ---- */
 
-static const char *const annotations[] = {"title",    "description",   "default",  "examples",
-                                          "$schema",  "$id",           "$comment", "deprecated",
-                                          "readOnly", "writeOnly",     "$defs",    "definitions",
-                                          "strict",   "discriminator", NULL};
-static const char *const supported[] = {"type",
-                                        "properties",
-                                        "required",
-                                        "additionalProperties",
-                                        "items",
-                                        "prefixItems",
-                                        "minItems",
-                                        "maxItems",
-                                        "enum",
-                                        "const",
-                                        "anyOf",
-                                        "oneOf",
-                                        "allOf",
-                                        "$ref",
-                                        "minLength",
-                                        "maxLength",
-                                        "pattern",
-                                        "format",
-                                        "minimum",
-                                        "maximum",
-                                        "exclusiveMinimum",
-                                        "exclusiveMaximum",
-                                        "nullable",
-                                        "multipleOf",
-                                        "minProperties",
-                                        "maxProperties",
-                                        "uniqueItems",
-                                        "propertyNames",
-                                        "patternProperties",
-                                        NULL};
-
-static bool listed(const char *const *l, const char *k)
-{
-    for (; *l; l++)
-        if (!strcmp(*l, k)) return true;
-    return false;
-}
-
 static struct frag typed_value(struct js *j, const cJSON *s, const char *type)
 {
     if (!strcmp(type, "object")) return object_value(j, s);
@@ -1143,6 +1446,93 @@ static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
     return f;
 }
 
+/* Whether value v has JSON Schema type t (a name or a list of names). */
+static bool has_type(const cJSON *v, const cJSON *t)
+{
+    if (cJSON_IsArray(t)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, t) if (has_type(v, x)) return true;
+        return false;
+    }
+    if (!cJSON_IsString(t)) return false;
+    const char *n = t->valuestring;
+    if (!strcmp(n, "string")) return cJSON_IsString(v);
+    if (!strcmp(n, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(n, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(n, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(n, "null")) return cJSON_IsNull(v);
+    if (!strcmp(n, "object")) return cJSON_IsObject(v);
+    if (!strcmp(n, "array")) return cJSON_IsArray(v);
+    return false;
+}
+
+/* const/enum: the values the schema's other keywords allow too. A type is checked directly;
+ * other keywords by compiling them without const/enum and walking each value's JSON text (a
+ * value that walk cannot tell about is left out). */
+static struct frag listed_values(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    const cJSON *c = get(s, "const"), *e = get(s, "enum"), *v;
+    if (e && (!cJSON_IsArray(e) || !e->child))
+        return js_fail(j, QERR_INVALID, "%s", "'enum' must be a non-empty list");
+    static const char *const own_kws[] = {"const", "enum", "nullable", NULL};
+    static const char *const typed[] = {"const", "enum", "nullable", "type", NULL};
+    const cJSON *type = get(s, "type");
+    cJSON *rest = says_besides(s, typed) ? copy_without(j, s, own_kws) : NULL;
+    struct frag f = gb_alt_begin(b);
+    int kept = 0;
+    for (v = c ? c : e->child; v; v = c ? NULL : v->next) {
+        if (c && e) {
+            bool in = false;
+            const cJSON *w;
+            cJSON_ArrayForEach(w, e) in |= cJSON_Compare(v, w, true);
+            if (!in) continue;
+        }
+        if (type && !has_type(v, type)) continue;
+        if (rest) {
+            char *lit = cJSON_PrintUnformatted(v);
+            int ok = lit ? writes_text(j, rest, lit) : -1;
+            cJSON_free(lit);
+            if (b->rc) return f;
+            if (ok != 1) continue;
+        }
+        gb_alt_add(b, f, literal_json(j, v));
+        kept++;
+    }
+    if (!kept)
+        return js_fail(j, QERR_INVALID, "%s",
+                       "no value of 'const'/'enum' meets the schema's other keywords");
+    return f;
+}
+
+/* anyOf/oneOf beside other keywords: those hold in every branch (each branch compiled as the
+ * allOf of them and itself). */
+static struct frag alternatives_beside(struct js *j, const cJSON *s, const cJSON *list,
+                                       const char *kw)
+{
+    if (!cJSON_IsArray(list) || !list->child)
+        return js_fail(j, QERR_INVALID, "'%s' must be a non-empty list", kw);
+    const char *const mine[] = {kw, "nullable", NULL};
+    cJSON *rest = copy_without(j, s, mine), *branches = js_own(j, cJSON_CreateArray());
+    if (!rest || !branches) return (struct frag){0, 0};
+    const cJSON *x;
+    cJSON_ArrayForEach(x, list)
+    {
+        cJSON *both = cJSON_CreateObject(), *parts = cJSON_CreateArray();
+        if (!both || !parts) {
+            cJSON_Delete(both);
+            cJSON_Delete(parts);
+            gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+            return (struct frag){0, 0};
+        }
+        cJSON_AddItemReferenceToArray(parts, rest);
+        cJSON_AddItemReferenceToArray(parts, (cJSON *)x);
+        cJSON_AddItemToObject(both, "allOf", parts);
+        cJSON_AddItemToArray(branches, both);
+    }
+    return alternatives(j, branches, kw);
+}
+
 static struct frag js_value(struct js *j, const cJSON *s)
 {
     struct gb *b = j->b;
@@ -1156,7 +1546,7 @@ static struct frag js_value(struct js *j, const cJSON *s)
     const cJSON *kw;
     cJSON_ArrayForEach(kw, s)
     {
-        if (!listed(supported, kw->string) && !listed(annotations, kw->string)) {
+        if (listed(refused, kw->string)) {
             f = js_fail(j, QERR_UNSUPPORTED, "JSON Schema keyword '%.60s' is not supported",
                         kw->string);
             goto out;
@@ -1169,19 +1559,23 @@ static struct frag js_value(struct js *j, const cJSON *s)
             f = js_fail(j, QERR_INVALID, "%s", "'$ref' must be a string");
             goto out;
         }
-        f = ref_value(j, x->valuestring);
-    } else if ((x = get(s, "const"))) {
-        f = literal_json(j, x);
-    } else if ((x = get(s, "enum"))) {
-        if (!cJSON_IsArray(x) || !x->child) {
-            f = js_fail(j, QERR_INVALID, "%s", "'enum' must be a non-empty list");
-            goto out;
+        static const char *const ref_kws[] = {"$ref", "nullable", NULL};
+        if (says_besides(s, ref_kws)) {
+            /* keywords beside $ref hold too (2019-09 on; earlier drafts ignore them: holding
+             * them keeps every output valid under either) */
+            cJSON *rest = copy_without(j, s, ref_kws), *r = js_own(j, cJSON_CreateObject());
+            if (r) cJSON_AddStringToObject(r, "$ref", x->valuestring);
+            f = rest && r ? all_of_parts(j, (const cJSON *const[]){rest, r}, 2) : f;
+        } else {
+            f = ref_value(j, x->valuestring);
         }
-        f = gb_alt_begin(b);
-        const cJSON *v;
-        cJSON_ArrayForEach(v, x) gb_alt_add(b, f, literal_json(j, v));
+    } else if (get(s, "const") || get(s, "enum")) {
+        f = listed_values(j, s);
     } else if ((x = get(s, "anyOf")) || (x = get(s, "oneOf"))) {
-        f = alternatives(j, x, get(s, "anyOf") ? "anyOf" : "oneOf");
+        const char *kw_name = get(s, "anyOf") ? "anyOf" : "oneOf";
+        const char *const mine[] = {kw_name, "nullable", NULL};
+        f = says_besides(s, mine) ? alternatives_beside(j, s, x, kw_name)
+                                  : alternatives(j, x, kw_name);
     } else if ((x = get(s, "allOf"))) {
         f = all_of(j, s, x);
     } else if (cJSON_IsArray(type)) {
@@ -1219,6 +1613,7 @@ out:
 static void js_free(struct js *j)
 {
     for (int i = 0; i < j->n_owned; i++) cJSON_Delete(j->owned[i]);
+    free(j->owned);
 }
 
 static cJSON *parse_text(struct gb *b, const char *text, size_t len, const char *what)

@@ -13,6 +13,7 @@ int cli_bench(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_quantize(int argc, char **argv);
 int cli_eval(int argc, char **argv);
+int cli_grammar(int argc, char **argv);
 
 /* Parses a whole decimal integer / float into *out; false when text is not one or is out of
  * [lo, hi]. */

@@ -41,6 +41,21 @@ expect 2 "-n '-1'" -- generate --model "$model" --prompt hi -n -1
 expect 2 "-n '99999999999'" -- generate --model "$model" --prompt hi -n 99999999999
 expect 2 'not a number' -- generate --model "$model" --prompt hi --temp abc
 expect 2 'unexpected argument' -- info --model "$model" extra
+
+# quern grammar: a schema compiled, texts matched (exit 1 when one is not taken), --jsonl
+printf '{"type":"object","properties":{"n":{"type":"integer","maximum":9}},"required":["n"]}' >"$tmp/s.json"
+printf '{"n": 7}\n' >"$tmp/yes.json"
+printf '{"n": 10}' >"$tmp/no.json"
+expect 0 'yes.json: taken' -- grammar --source "$tmp/s.json" "$tmp/yes.json"
+"$bin" grammar --source "$tmp/s.json" "$tmp/yes.json" "$tmp/no.json" >"$tmp/out" 2>&1
+if [ $? -eq 1 ] && grep -q 'no.json: not taken' "$tmp/out"; then echo "ok: quern grammar: a text not taken -> 1"
+else echo "FAIL: quern grammar with a text not taken:"; sed 's/^/    /' "$tmp/out"; fails=$((fails + 1)); fi
+printf '{"source":{"not":{}}}\n{"source":{"enum":["a"]},"texts":["\\"a\\"","\\"b\\""]}\n' >"$tmp/in.jsonl"
+"$bin" grammar --jsonl "$tmp/in.jsonl" >"$tmp/out" 2>&1
+if grep -q '"code":"unsupported".*not' "$tmp/out" && grep -q '"takes":\[true,false\]' "$tmp/out"; then
+  echo "ok: quern grammar --jsonl"
+else echo "FAIL: quern grammar --jsonl:"; sed 's/^/    /' "$tmp/out"; fails=$((fails + 1)); fi
+expect 2 "unknown --kind 'xml'" -- grammar --kind xml --source "$tmp/s.json"
 expect 1 'exceeds the context length' -- generate --model "$model" --prompt hi -n 1000000
 # --rope-scale / --rope-freq-base (llama.cpp's): checked, and the scale stretches the context
 expect 2 '--rope-scale wants a number > 0' -- generate --model "$model" --prompt hi --rope-scale 0

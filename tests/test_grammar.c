@@ -330,6 +330,31 @@ START_TEST(length_with_pattern)
 }
 END_TEST
 
+/* format date: exactly the calendar's dates (leap years by the Gregorian rule, years 1-9999),
+ * every day 0-32 of months 0-13 in ten years checked */
+START_TEST(calendar_dates)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"date\"}");
+    static const int years[] = {0, 1, 4, 100, 400, 1900, 2000, 2023, 2024, 9999};
+    static const int mdays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    for (size_t i = 0; i < sizeof years / sizeof years[0]; i++) {
+        int y = years[i];
+        bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        for (int m = 0; m <= 13; m++)
+            for (int d = 0; d <= 32; d++) {
+                char s[24];
+                snprintf(s, sizeof s, "\"%04d-%02d-%02d\"", y, m, d);
+                bool want =
+                    y >= 1 && m >= 1 && m <= 12 && d >= 1 && d <= mdays[m - 1] + (m == 2 && leap);
+                ck_assert_msg((matches(g, s) == 1) == want, "%s should be %s", s,
+                              want ? "accepted" : "rejected");
+            }
+    }
+    grammar_unref(g);
+}
+END_TEST
+
 /* uniqueItems over listed values, against every array of up to 4 of them; and an object keyed
  * by a list (propertyNames), each key once. */
 START_TEST(unique_items)
@@ -457,6 +482,86 @@ START_TEST(property_names_and_patterns)
         ck_assert_int_ne(compile_rc(GRAMMAR_JSON_SCHEMA, refused[i][0], msg, sizeof msg), 0);
         ck_assert_msg(strstr(msg, refused[i][1]), "%s: %s", refused[i][0], msg);
     }
+}
+END_TEST
+
+/* Keywords beside $ref, const/enum and anyOf hold too; allOf parts meet; a required key the
+ * properties do not list; other keys never take a listed property's name; keywords outside
+ * JSON Schema's vocabulary are ignored. Each case is one of maskbench's unsound or refused
+ * patterns (tools/schema-coverage.py). */
+START_TEST(schema_siblings_and_merges)
+{
+    const struct {
+        const char *schema, *yes[3], *no[4];
+    } cases[] = {
+        /* anyOf beside properties: each branch holds them too */
+        {"{\"type\":\"object\",\"properties\":{\"shape\":{\"enum\":[\"circle\",\"square\"]},"
+         "\"radius\":{\"type\":\"number\"},\"side\":{\"type\":\"number\"}},\"required\":[\"shape\"]"
+         ","
+         "\"oneOf\":[{\"properties\":{\"shape\":{\"const\":\"circle\"}},\"required\":[\"radius\"]},"
+         "{\"properties\":{\"shape\":{\"const\":\"square\"}},\"required\":[\"side\"]}]}",
+         {"{\"shape\":\"circle\",\"radius\":2}", "{\"shape\":\"square\",\"side\":1}"},
+         {"{\"shape\":\"circle\",\"radius\":null}", "{\"shape\":\"circle\"}",
+          "{\"shape\":\"square\",\"radius\":1}", "{\"radius\":1}"}},
+        /* $ref beside maxLength */
+        {"{\"$ref\":\"#/$defs/s\",\"maxLength\":3,\"$defs\":{\"s\":{\"type\":\"string\","
+         "\"pattern\":\"^[a-z]+$\"}}}",
+         {"\"abc\"", "\"a\""},
+         {"\"abcd\"", "\"ab1\""}},
+        /* enum beside type and maxLength: only the values both allow */
+        {"{\"type\":\"string\",\"enum\":[\"a\",1,\"bb\"],\"maxLength\":1}",
+         {"\"a\""},
+         {"1", "\"bb\""}},
+        /* a property two allOf parts list holds to both schemas; types meet */
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{"
+         "\"minimum\":5}}}]}",
+         {"{\"a\":7}", "{}"},
+         {"{\"a\":3}", "{\"a\":7.5}"}},
+        {"{\"allOf\":[{\"type\":[\"string\",\"null\"]},{\"type\":\"string\",\"maxLength\":2}]}",
+         {"\"ab\""},
+         {"null", "\"abc\""}},
+        /* allOf of one part and annotations: that part */
+        {"{\"allOf\":[{\"$ref\":\"#/definitions/"
+         "e\"}],\"description\":\"d\",\"definitions\":{\"e\":{"
+         "\"enum\":[\"x\",\"y\"]}}}",
+         {"\"x\""},
+         {"\"z\""}},
+        /* a required key not listed: there, with additionalProperties' schema */
+        {"{\"required\":[\"a\"],\"additionalProperties\":{\"type\":\"integer\"}}",
+         {"{\"a\":1}"},
+         {"{}", "{\"a\":\"x\"}"}},
+        /* other keys may not take a listed name (the listed schema would not hold) */
+        {"{\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":true}",
+         {"{\"a\":1, \"b\":\"x\"}", "{\"ab\":\"x\"}", "{\"\":1}"},
+         {"{\"a\":\"x\"}", "{\"b\":1,\"a\":\"x\"}", "{\"\\u0061\":\"x\"}"}},
+        /* drafts 4-2019: items as a list, additionalItems */
+        {"{\"items\":[{\"type\":\"integer\"}],\"additionalItems\":{\"type\":\"boolean\"}}",
+         {"[1, true]", "[]"},
+         {"[1, 2]", "[true]"}},
+        /* outside the vocabulary: ignored */
+        {"{\"type\":\"integer\",\"id\":\"x\",\"x-kubernetes-int-or-string\":true,\"example\":3}",
+         {"3"},
+         {"\"3\""}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, cases[i].schema);
+        for (int k = 0; k < 3 && cases[i].yes[k]; k++)
+            ck_assert_msg(matches(g, cases[i].yes[k]) == 1, "%s should take %s", cases[i].schema,
+                          cases[i].yes[k]);
+        for (int k = 0; k < 4 && cases[i].no[k]; k++)
+            ck_assert_msg(matches(g, cases[i].no[k]) != 1, "%s should refuse %s", cases[i].schema,
+                          cases[i].no[k]);
+        grammar_unref(g);
+    }
+    char msg[512];
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[1,2]}", msg, sizeof msg),
+        QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"allOf\":[{\"minLength\":1},{\"minLength\":2}]}", msg,
+                                sizeof msg),
+                     QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "disagree"), "%s", msg);
 }
 END_TEST
 
@@ -1293,8 +1398,10 @@ static Suite *suite(void)
     tcase_add_test(tc, schema_strings);
     tcase_add_test(tc, length_with_pattern);
     tcase_add_test(tc, unique_items);
+    tcase_add_test(tc, calendar_dates);
     tcase_add_test(tc, property_names_and_patterns);
     tcase_add_test(tc, any_of_drops_unsupported);
+    tcase_add_test(tc, schema_siblings_and_merges);
     tcase_add_test(tc, integer_ranges);
     tcase_add_test(tc, number_ranges_exact);
     tcase_add_test(tc, multiple_of);
