@@ -40,16 +40,18 @@ static void grammar_free(struct grammar *g)
     free(g);
 }
 
-int grammar_compile(enum grammar_kind kind, const char *text, size_t len, struct grammar **out,
-                    struct qerr *err)
+/* One compile; free_max and *cut as gb_json_schema says (JSON Schema only). */
+static int compile_once(enum grammar_kind kind, const char *text, size_t len, int free_max,
+                        bool *cut, struct grammar **out, struct qerr *err)
 {
     *out = NULL;
+    *cut = false;
     struct gb b;
     gb_init(&b, err);
     int r;
     switch (kind) {
     case GRAMMAR_JSON_SCHEMA:
-        gb_json_schema(&b, text, len);
+        gb_json_schema(&b, text, len, free_max, cut);
         break;
     case GRAMMAR_JSON_OBJECT:
         gb_json_any_object(&b);
@@ -100,6 +102,26 @@ int grammar_compile(enum grammar_kind kind, const char *text, size_t len, struct
     }
     *out = g;
     return 0;
+}
+
+int grammar_compile(enum grammar_kind kind, const char *text, size_t len, struct grammar **out,
+                    struct qerr *err)
+{
+    /* A schema too large for the automaton whose strings have long maxLengths is tried again
+     * with them cut shorter (every output still fits the schema); the first error stands when
+     * no retry compiles. */
+    bool cut;
+    int rc = compile_once(kind, text, len, JS_FREE_MAX, &cut, out, err);
+    for (int free_max = JS_FREE_MAX / 2; rc == QERR_FULL && cut && free_max >= JS_FREE_MIN;
+         free_max /= 2) {
+        struct qerr again = {0};
+        if (!compile_once(kind, text, len, free_max, &cut, out, &again)) {
+            if (err) *err = (struct qerr){0};
+            return 0;
+        }
+        cut &= again.code == QERR_FULL;
+    }
+    return rc;
 }
 
 void grammar_ref(struct grammar *g)

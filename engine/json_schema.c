@@ -29,8 +29,7 @@
 #define JS_INLINE_COPIES 8    /* array items repeated more often than this become a rule */
 #define COUNT_MAX        1000 /* counts the automaton spells out (items, properties, characters) */
 #define LENGTH_MAX       (1 << 24) /* a pattern's or format's own length may make a bound moot */
-#define FREE_MAX         500 /* characters of a free string's automaton (a longer one is cut) */
-#define UNIQUE_MAX       8   /* uniqueItems is enforced over up to this many listed values */
+#define UNIQUE_MAX       8         /* uniqueItems is enforced over up to this many listed values */
 
 struct js {
     struct gb *b;
@@ -47,6 +46,8 @@ struct js {
     cJSON **owned; /* schemas made while compiling (merged allOf parts, copies) */
     int n_owned, cap_owned;
     char path[256];
+    int free_max; /* characters a free string is written in at most (a longer maxLength is cut) */
+    bool cut;     /* some string's maxLength is above JS_FREE_MIN: a smaller free_max cuts it */
 };
 
 static struct frag js_value(struct js *j, const cJSON *s);
@@ -1294,18 +1295,26 @@ static struct frag string_value(struct js *j, const cJSON *s)
     }
     if (!re) {
         /* a free string's automaton spells out each count (~22 DFA states a character): a
-         * longer maxLength is cut to FREE_MAX (every output still fits it), a minLength cannot
+         * longer maxLength is cut to free_max (every output still fits it), a minLength cannot
          * be */
-        if (min > FREE_MAX) {
+        if (min > JS_FREE_MAX) {
             char msg[80];
-            snprintf(msg, sizeof msg, "'minLength' above %d is not supported", FREE_MAX);
+            snprintf(msg, sizeof msg, "'minLength' above %d is not supported", JS_FREE_MAX);
             return js_fail(j, QERR_UNSUPPORTED, "%s", msg);
         }
-        return json_string(b, min, max > FREE_MAX ? FREE_MAX : max);
+        j->cut |= max > JS_FREE_MIN;
+        if (max > j->free_max) max = j->free_max > min ? j->free_max : min;
+        return json_string(b, min, max);
     }
     struct frag f = gb_lits(b, "\"");
     int s0 = b->n_states, e0 = b->n_edges;
     struct frag r = gb_regex(b, re, strlen(re), true);
+    if (has_max && max > JS_FREE_MIN) {
+        /* cut like a free string's (a retry may cut below the format's own shortest string:
+         * then the schema is too large after all) */
+        j->cut = true;
+        if (max > j->free_max) max = j->free_max > min ? j->free_max : min;
+    }
     if (has_min || has_max) r = gb_length(b, r, s0, e0, min, max);
     f = gb_seq(b, f, r);
     return gb_seq(b, f, gb_lits(b, "\""));
@@ -1624,14 +1633,16 @@ static cJSON *parse_text(struct gb *b, const char *text, size_t len, const char 
     return root;
 }
 
-struct frag gb_json_schema(struct gb *b, const char *text, size_t len)
+struct frag gb_json_schema(struct gb *b, const char *text, size_t len, int free_max, bool *cut)
 {
+    *cut = false;
     cJSON *root = parse_text(b, text, len, "schema");
     if (!root) return (struct frag){0, 0};
-    struct js j = {.b = b, .root = root, .any_rule = -1};
+    struct js j = {.b = b, .root = root, .any_rule = -1, .free_max = free_max};
     int r = gb_rule_new(b);
     struct frag f = js_value(&j, root);
     gb_rule_set(b, r, f);
+    *cut = j.cut;
     js_free(&j);
     cJSON_Delete(root);
     return f;
@@ -1749,7 +1760,7 @@ struct frag gb_tool_calls(struct gb *b, const char *text, size_t len)
 {
     cJSON *root = parse_text(b, text, len, "tool list");
     if (!root) return (struct frag){0, 0};
-    struct js j = {.b = b, .any_rule = -1};
+    struct js j = {.b = b, .any_rule = -1, .free_max = JS_FREE_MAX};
     int r = gb_rule_new(b);
     int fmt = tool_fmt(b, get(root, "format"));
     const cJSON *tools = get(root, "tools"), *t;

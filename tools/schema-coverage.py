@@ -12,7 +12,13 @@ Each schema goes through `quern grammar --jsonl` with its instances written as q
 - complete: valid instances the grammar takes (quern writes properties in schema order and
   strings in a subset of each format, so a valid instance may be refused: not an error).
 
+With --peer llguidance (its Python package importable: pip install llguidance jsonschema) the
+same corpus also goes through llguidance, the JSON Schema compiler of vLLM's guidance backend
+and of llama.cpp, in the same run and the same terms (its default flexible whitespace takes
+quern's spacing too).
+
 usage: tools/schema-coverage.py MASKBENCH_DATA_DIR [--bin build/server/quern] [--show N]
+                                [--peer llguidance]
 """
 import argparse
 import collections
@@ -37,11 +43,46 @@ def reason(msg):
     return msg[:110]
 
 
+def run_llguidance(lines):
+    """The answers `quern grammar --jsonl` gives, from llguidance (bytes as tokens)."""
+    import llguidance
+
+    class ByteTokenizer:
+        eos_token_id, bos_token_id = 256, None
+        tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+        special_token_ids = [256]
+
+        def __call__(self, s):
+            return list(s if isinstance(s, bytes) else s.encode())
+
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer()))
+    out = []
+    for line in lines:
+        d = json.loads(line)
+        t0 = time.time()
+        try:
+            g = llguidance.LLMatcher.grammar_from_json_schema(d["source"])
+            err = llguidance.LLMatcher.validate_grammar(g)
+        except Exception as ex:  # a schema it refuses
+            err = str(ex) or type(ex).__name__
+        ms = (time.time() - t0) * 1e3
+        if err:
+            out.append({"ok": False, "code": "error", "error": err.splitlines()[0][:200]})
+            continue
+        takes = []
+        for text in d["texts"]:
+            m = llguidance.LLMatcher(tok, g, log_level=0)
+            takes.append(bool(m.consume_tokens(list(text.encode()))) and m.is_accepting())
+        out.append({"ok": True, "ms": ms, "takes": takes})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data")
     ap.add_argument("--bin", default="build/server/quern")
     ap.add_argument("--show", type=int, default=8, help="unsound cases to print")
+    ap.add_argument("--peer", choices=["llguidance"], help="run the corpus through a peer")
     a = ap.parse_args()
     files = sorted(glob.glob(os.path.join(a.data, "*.json")))
     if not files:
@@ -57,12 +98,15 @@ def main():
                                  "texts": [canonical(t["data"]) for t in tests]}))
         meta.append((os.path.basename(f), [bool(t["valid"]) for t in tests]))
     t0 = time.time()
-    r = subprocess.run([a.bin, "grammar", "--jsonl", "-"], input="\n".join(lines) + "\n",
-                       capture_output=True, text=True)
+    if a.peer == "llguidance":
+        out = run_llguidance(lines)
+    else:
+        r = subprocess.run([a.bin, "grammar", "--jsonl", "-"], input="\n".join(lines) + "\n",
+                           capture_output=True, text=True)
+        out = [json.loads(x) for x in r.stdout.splitlines()]
+        if len(out) != len(lines):
+            sys.exit(f"quern grammar answered {len(out)} of {len(lines)} lines: {r.stderr[-500:]}")
     wall = time.time() - t0
-    out = [json.loads(x) for x in r.stdout.splitlines()]
-    if len(out) != len(lines):
-        sys.exit(f"quern grammar answered {len(out)} of {len(lines)} lines: {r.stderr[-500:]}")
     by_src = collections.Counter(m[0].split("---")[0].rsplit("_", 1)[0] for m in meta)
     ok_src = collections.Counter()
     reasons = collections.Counter()
@@ -85,7 +129,8 @@ def main():
                 if took:
                     unsound.append((name, text))
     n, ok = len(out), sum(ok_src.values())
-    print(f"corpus: {n} schemas from {a.data} ({wall:.1f} s)")
+    print(f"corpus: {n} schemas from {a.data} ({wall:.1f} s), compiler: "
+          f"{a.peer or a.bin}")
     print(f"compiled: {ok} of {n} ({100 * ok / n:.1f} %); compile time median "
           f"{sorted(ms)[len(ms) // 2]:.2f} ms, max {max(ms):.0f} ms")
     print("by source (compiled / schemas):")
