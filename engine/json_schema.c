@@ -843,8 +843,6 @@ static struct frag object_value(struct js *j, const cJSON *s)
 static const char *const object_kws[] = {
     "properties",    "required",          "additionalProperties", "minProperties",
     "maxProperties", "patternProperties", "propertyNames",        NULL};
-static const char *const array_kws[] = {
-    "items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", NULL};
 
 /* Only object keywords (and type "object") constrain s. */
 static bool object_like(const cJSON *s)
@@ -980,6 +978,64 @@ static cJSON *type_meet(const cJSON *a, const cJSON *b)
     return out;
 }
 
+/* The keywords whose meaning depends on the others in their part (additionalProperties on its
+ * part's properties, items on prefixItems): two parts with them cannot be put side by side. */
+static const char *const object_dep[] = {"properties", "additionalProperties", "patternProperties",
+                                         NULL};
+static const char *const array_dep[] = {"items", "prefixItems", "additionalItems", NULL};
+
+/* *out: one value of keyword b->string that says what a and b (the same keyword, unequal
+ * values) say together: types intersected, requirements and lower bounds gathered, upper bounds
+ * the least, enum values in both. Returns 0, QERR_INVALID when nothing meets both, or
+ * QERR_UNSUPPORTED when quern cannot say both in one value (two patterns). */
+static int meet(const cJSON *a, const cJSON *b, cJSON **out)
+{
+    static const char *const lower[] = {"minItems", "minLength",        "minProperties",
+                                        "minimum",  "exclusiveMinimum", NULL};
+    static const char *const upper[] = {"maxItems", "maxLength",        "maxProperties",
+                                        "maximum",  "exclusiveMaximum", NULL};
+    const char *k = b->string;
+    *out = NULL;
+    if (!strcmp(k, "type")) {
+        *out = type_meet(a, b);
+        return *out ? 0 : QERR_INVALID;
+    }
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && (listed(lower, k) || listed(upper, k))) {
+        bool take_b =
+            listed(lower, k) ? b->valuedouble > a->valuedouble : b->valuedouble < a->valuedouble;
+        *out = cJSON_CreateNumber(take_b ? b->valuedouble : a->valuedouble);
+        return *out ? 0 : QERR_NOMEM;
+    }
+    if (!strcmp(k, "uniqueItems") && cJSON_IsBool(a) && cJSON_IsBool(b)) {
+        *out = cJSON_CreateBool(cJSON_IsTrue(a) || cJSON_IsTrue(b));
+        return *out ? 0 : QERR_NOMEM;
+    }
+    if ((strcmp(k, "required") && strcmp(k, "enum")) || !cJSON_IsArray(a) || !cJSON_IsArray(b))
+        return QERR_UNSUPPORTED;
+    bool all = !strcmp(k, "required"); /* required: every name; enum: the values in both */
+    cJSON *list = cJSON_CreateArray();
+    if (!list) return QERR_NOMEM;
+    const cJSON *x, *y;
+    cJSON_ArrayForEach(x, a)
+    {
+        bool in_b = false;
+        cJSON_ArrayForEach(y, b) in_b |= cJSON_Compare(x, y, true);
+        if (all || in_b) cJSON_AddItemToArray(list, cJSON_Duplicate(x, true));
+    }
+    cJSON_ArrayForEach(y, b)
+    {
+        bool in_a = false;
+        cJSON_ArrayForEach(x, a) in_a |= cJSON_Compare(x, y, true);
+        if (all && !in_a) cJSON_AddItemToArray(list, cJSON_Duplicate(y, true));
+    }
+    if (!list->child) {
+        cJSON_Delete(list);
+        return QERR_INVALID;
+    }
+    *out = list;
+    return 0;
+}
+
 /* Several schemas that must all hold. Parts that say nothing drop out; one left is compiled as
  * it is; object parts merge (merge_objects); otherwise the parts' keywords are put side by side,
  * which is their meet when no two parts constrain the same thing: two parts giving one keyword
@@ -1021,15 +1077,15 @@ static struct frag all_of_parts(struct js *j, const cJSON *const *in, int n_in)
         const cJSON *kw;
         cJSON_ArrayForEach(kw, parts[i])
         {
-            o |= listed(object_kws, kw->string);
-            a |= listed(array_kws, kw->string);
+            o |= listed(object_dep, kw->string);
+            a |= listed(array_dep, kw->string);
         }
         with_object += o;
         with_array += a;
     }
     if (with_object > 1 || with_array > 1)
         return js_fail(j, QERR_UNSUPPORTED, "%s",
-                       "'allOf' whose parts constrain objects or arrays beside other keywords");
+                       "'allOf' whose parts list properties or items beside other keywords");
     for (int i = 0; i < np; i++) {
         const cJSON *kw;
         cJSON_ArrayForEach(kw, parts[i])
@@ -1041,14 +1097,13 @@ static struct frag all_of_parts(struct js *j, const cJSON *const *in, int n_in)
                 continue;
             }
             if (cJSON_Compare(have, kw, true)) continue;
-            if (!strcmp(kw->string, "type")) {
-                cJSON *t = type_meet(have, kw);
-                if (!t)
-                    return js_fail(j, QERR_INVALID, "%s", "allOf: the parts' types do not meet");
-                cJSON_ReplaceItemInObjectCaseSensitive(m, "type", t);
-                continue;
-            }
-            return js_fail(j, QERR_UNSUPPORTED, "parts of 'allOf' disagree on '%.60s'", kw->string);
+            cJSON *both;
+            int rc = meet(have, kw, &both);
+            if (rc == QERR_INVALID)
+                return js_fail(j, QERR_INVALID, "allOf: no value meets both parts' '%.60s'",
+                               kw->string);
+            if (rc) return js_fail(j, rc, "parts of 'allOf' disagree on '%.60s'", kw->string);
+            cJSON_ReplaceItemInObjectCaseSensitive(m, kw->string, both);
         }
     }
     return js_value(j, m);
@@ -1211,6 +1266,13 @@ struct format {
 
 #define RE_UUIDV(v)                                                                                \
     "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-" v "[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}"
+/* RFC 3986's characters: unreserved, reserved but '#', '[' and ']', and %-escapes */
+#define RE_URI_CH   "([A-Za-z0-9._~:/?@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})"
+#define RE_URI_FRAG "(#" RE_URI_CH "{0,50})?"
+#define RE_URI      "[a-zA-Z][a-zA-Z0-9+.-]{0,15}:" RE_URI_CH "{1,100}" RE_URI_FRAG
+/* a relative reference: no scheme, so no ':' in its first segment (none at all, here) */
+#define RE_RELREF  "([A-Za-z0-9._~/?@!$&'()*+,;=-]|%[0-9A-Fa-f]{2}){0,100}" RE_URI_FRAG
+#define RE_BASE64  "([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 #define RE_PREFIX4 "(3[0-2]|[12]?[0-9])"
 #define RE_PREFIX6 "(12[0-8]|1[01][0-9]|[1-9]?[0-9])"
 #define RE_NET4                                                                                    \
@@ -1227,7 +1289,7 @@ static const struct format formats[] = {
     {"email", "[a-zA-Z0-9_%+-]{1,32}(\\.[a-zA-Z0-9_%+-]{1,32}){0,3}@[a-zA-Z0-9-]{1,32}"
               "(\\.[a-zA-Z0-9-]{1,32}){0,3}\\.[a-zA-Z]{2,8}"},
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-    {"uri", "[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[!-~]{1,100}"},
+    {"uri", RE_URI},
     {"ipv4", "(" RE_OCTET "\\.){3}" RE_OCTET},
     {"ipv6", RE_IPV6},
     {"hostname", RE_LABEL "(\\." RE_LABEL "){0,5}"},
@@ -1250,8 +1312,12 @@ static const struct format formats[] = {
     {"ipvanyaddress", "(" RE_OCTET "\\.){3}" RE_OCTET "|" RE_IPV6},
     {"ipvanyinterface", "(" RE_OCTET "\\.){3}" RE_OCTET "/" RE_PREFIX4 "|" RE_IPV6 "/" RE_PREFIX6},
     {"ipvanynetwork", RE_NET4 "|" RE_NET6},
-    /* RFC 4648 base64 with its padding */
-    {"base64", "([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"},
+    /* RFC 4648 base64 with its padding (OpenAPI calls it byte) */
+    {"base64", RE_BASE64},
+    {"byte", RE_BASE64},
+    /* RFC 3986: a URI, or a relative reference of its characters (no spaces) */
+    {"uri-reference", RE_URI "|" RE_RELREF},
+    {"url", RE_URI},
     /* formats that say what a string is for, not how it is written: any string */
     {"binary", NULL},
     {"password", NULL},
@@ -1262,7 +1328,7 @@ static const char *const format_names =
     "date, time, date-time, duration, email, hostname, uuid, uuid1-uuid8, uri, ipv4, ipv6, "
     "ipv4interface, "
     "ipv6interface, ipv4network, ipv6network, ipvanyaddress, ipvanyinterface, ipvanynetwork, "
-    "base64, binary, password, path";
+    "base64, byte, uri-reference, url, binary, password, path";
 
 static struct frag string_value(struct js *j, const cJSON *s)
 {
@@ -1475,6 +1541,17 @@ static bool has_type(const cJSON *v, const cJSON *t)
     return false;
 }
 
+/* The JSON Schema type of value v ("integer" for a whole number). */
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsString(v)) return "string";
+    if (cJSON_IsNumber(v)) return v->valuedouble == floor(v->valuedouble) ? "integer" : "number";
+    if (cJSON_IsBool(v)) return "boolean";
+    if (cJSON_IsObject(v)) return "object";
+    if (cJSON_IsArray(v)) return "array";
+    return "null";
+}
+
 /* const/enum: the values the schema's other keywords allow too. A type is checked directly;
  * other keywords by compiling them without const/enum and walking each value's JSON text (a
  * value that walk cannot tell about is left out). */
@@ -1499,8 +1576,12 @@ static struct frag listed_values(struct js *j, const cJSON *s)
         }
         if (type && !has_type(v, type)) continue;
         if (rest) {
+            /* without a type of its own, the rest is read for the value's type: another type's
+             * keywords (required, for a number) say nothing of it */
+            cJSON *typed_rest = type ? rest : copy_without(j, rest, (const char *const[]){NULL});
+            if (typed_rest && !type) cJSON_AddStringToObject(typed_rest, "type", type_name(v));
             char *lit = cJSON_PrintUnformatted(v);
-            int ok = lit ? writes_text(j, rest, lit) : -1;
+            int ok = lit && typed_rest ? writes_text(j, typed_rest, lit) : -1;
             cJSON_free(lit);
             if (b->rc) return f;
             if (ok != 1) continue;

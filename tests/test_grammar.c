@@ -238,6 +238,10 @@ START_TEST(schema_strings)
          "\"123e4567-e89b-12d3-a456-426614174000\""},
         {"uuid4", "\"123e4567-e89b-42d3-B456-426614174000\"",
          "\"123e4567-e89b-42d3-c456-426614174000\""},
+        {"uri", "\"urn:isbn:0451450523#p%2A\"", "\"https://example.com/memo<\""},
+        {"uri", "\"a:b\"", "\"a:%zz\""},
+        {"uri-reference", "\"../a/b?c#d\"", "\"1:x\""},
+        {"byte", "\"aGk=\"", "\"aGk\""},
         {"base64", "\"aGk=\"", "\"aGk\""},
         {"base64", "\"\"", "\"a===\""},
         {"binary", "\"any \\\"thing\\\"\"", "\"a"},
@@ -533,6 +537,13 @@ START_TEST(schema_siblings_and_merges)
         {"{\"allOf\":[{\"type\":[\"string\",\"null\"]},{\"type\":\"string\",\"maxLength\":2}]}",
          {"\"ab\""},
          {"null", "\"abc\""}},
+        /* one keyword in two parts: the bounds that hold for both, the values in both */
+        {"{\"allOf\":[{\"minLength\":1,\"maxLength\":4},{\"minLength\":2,\"maxLength\":9}]}",
+         {"\"ab\"", "\"abcd\""},
+         {"\"a\"", "\"abcde\""}},
+        {"{\"allOf\":[{\"enum\":[1,2,3]},{\"enum\":[2,3,4]},{\"required\":[\"a\"]}]}",
+         {"2", "3"},
+         {"1", "4"}},
         /* allOf of one part and annotations: that part */
         {"{\"allOf\":[{\"$ref\":\"#/definitions/"
          "e\"}],\"description\":\"d\",\"definitions\":{\"e\":{"
@@ -571,10 +582,13 @@ START_TEST(schema_siblings_and_merges)
         compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"enum\":[1,2]}", msg, sizeof msg),
         QERR_INVALID);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
-                                "{\"allOf\":[{\"minLength\":1},{\"minLength\":2}]}", msg,
+                                "{\"allOf\":[{\"pattern\":\"^a\"},{\"pattern\":\"b$\"}]}", msg,
                                 sizeof msg),
                      QERR_UNSUPPORTED);
     ck_assert_msg(strstr(msg, "disagree"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"allOf\":[{\"enum\":[1,2]},{\"enum\":[3]}]}", msg, sizeof msg),
+                     QERR_INVALID);
 }
 END_TEST
 
