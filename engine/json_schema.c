@@ -1655,7 +1655,8 @@ static struct frag js_value(struct js *j, const cJSON *s)
              * them keeps every output valid under either) */
             cJSON *rest = copy_without(j, s, ref_kws), *r = js_own(j, cJSON_CreateObject());
             if (r) cJSON_AddStringToObject(r, "$ref", x->valuestring);
-            f = rest && r ? all_of_parts(j, (const cJSON *const[]){rest, r}, 2) : f;
+            f = rest && r ? all_of_parts(j, (const cJSON *const[]){rest, r}, 2)
+                          : (struct frag){0, 0};
         } else {
             f = ref_value(j, x->valuestring);
         }
