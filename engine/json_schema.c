@@ -660,6 +660,89 @@ static struct frag member(struct gb *b, const void *ctx)
     return gb_seq(b, m, any_value(g->j));
 }
 
+/* Whether a listed property may be written under propertyNames (names; NULL: any). A
+ * required one it rules out makes the schema unsatisfiable (an error in the builder). */
+static bool name_allowed(struct js *j, const cJSON *names, const char *name, bool required)
+{
+    if (!names) return true;
+    int in = writes_key(j, names, name);
+    if (in < 0)
+        js_fail(j, QERR_UNSUPPORTED, "property '%.60s' could not be checked against propertyNames",
+                name);
+    else if (!in && required)
+        js_fail(j, QERR_INVALID, "required property '%.60s' is not in propertyNames", name);
+    return in == 1;
+}
+
+/* What counted_object needs of an object schema. */
+struct counted {
+    const cJSON *props, *req, *names, *keys, *addl;
+    const char *where;
+    bool extra;
+    int min, max; /* minProperties, maxProperties (-1: none) */
+};
+
+/* An object whose members are counted (minProperties/maxProperties beside listed properties,
+ * or without other keys): the chain of properties runs in layers by the count of members
+ * written so far, 0..top (without a maximum the top layer holds every count from top on), and
+ * may close from the layers at or above the minimum. A property's value is a rule called from
+ * every layer, so the layers do not copy it. */
+static struct frag counted_object(struct js *j, const struct counted *c)
+{
+    struct gb *b = j->b;
+    int top = c->max >= 0 ? c->max : c->min > 1 ? c->min : 1;
+    if (top > 64)
+        return js_fail(j, QERR_UNSUPPORTED, "%s",
+                       "minProperties/maxProperties above 64 beside listed properties");
+    int cur[65], nx[65];
+    struct frag open = gb_lits(b, "{"), close = gb_lits(b, "}");
+    for (int k = 0; k <= top; k++) cur[k] = gb_state(b);
+    gb_eps(b, open.e, cur[0]);
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c->props)
+    {
+        bool required = c->req && in_required(c->req, p->string);
+        if (!name_allowed(j, c->names, p->string, required)) {
+            if (b->rc) return (struct frag){0, 0};
+            continue;
+        }
+        size_t save, save2;
+        path_push(j, "properties", &save);
+        path_push(j, p->string, &save2);
+        for (int k = 0; k <= top && !b->rc; k++) {
+            nx[k] = gb_state(b);
+            if (!required) gb_eps(b, cur[k], nx[k]);
+        }
+        for (int k = 0; k <= top && !b->rc; k++) {
+            int to = k + 1;
+            if (to > top) {
+                if (c->max >= 0) continue; /* a member more than maxProperties */
+                to = top;
+            }
+            struct frag f =
+                k ? gb_seq(b, comma(b), key_frag(j, p->string)) : key_frag(j, p->string);
+            f = gb_seq(b, f, top > 1 ? rule_for(j, p) : js_value(j, p));
+            gb_eps(b, cur[k], f.s);
+            gb_eps(b, f.e, nx[to]);
+        }
+        path_pop(j, save);
+        memcpy(cur, nx, sizeof cur);
+    }
+    for (int k = 0; c->extra && k <= top && !b->rc; k++) {
+        int to = k + 1;
+        if (to > top) {
+            if (c->max >= 0) continue;
+            to = top;
+        }
+        struct member_gen g = {j, c->addl, c->keys, c->props, k > 0, c->where};
+        struct frag m = member(b, &g);
+        gb_eps(b, cur[k], m.s);
+        gb_eps(b, m.e, cur[to]);
+    }
+    for (int k = c->min < top ? c->min : top; k <= top; k++) gb_eps(b, cur[k], close.s);
+    return (struct frag){open.s, close.e};
+}
+
 static struct frag object_value(struct js *j, const cJSON *s)
 {
     struct gb *b = j->b;
@@ -753,13 +836,14 @@ static struct frag object_value(struct js *j, const cJSON *s)
     bool has_min = get_count(j, s, "minProperties", &min_p, COUNT_MAX),
          has_max = get_count(j, s, "maxProperties", &max_p, COUNT_MAX);
     if (b->rc) return (struct frag){0, 0};
-    if ((has_min || has_max) && ((props && props->child) || !extra))
-        return js_fail(j, QERR_UNSUPPORTED, "%s",
-                       "minProperties/maxProperties are supported only on objects without "
-                       "listed properties");
     if (has_max && min_p > max_p)
         return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
     if (!keys) keys = names;
+    if ((has_min || has_max) && ((props && props->child) || !extra)) {
+        struct counted c = {
+            props, req, names, keys, addl, where, extra, min_p, has_max ? max_p : -1};
+        return counted_object(j, &c);
+    }
     if (keys && extra && !(props && props->child)) {
         /* keys from a short list (a dict keyed by an enum): each written at most once */
         const cJSON *vals[UNIQUE_MAX];
@@ -775,16 +859,9 @@ static struct frag object_value(struct js *j, const cJSON *s)
     cJSON_ArrayForEach(p, props)
     {
         bool required = req && in_required(req, p->string);
-        if (names) {
-            int in = writes_key(j, names, p->string);
-            if (in < 0)
-                return js_fail(j, QERR_UNSUPPORTED,
-                               "property '%.60s' could not be checked against propertyNames",
-                               p->string);
-            if (!in && required)
-                return js_fail(j, QERR_INVALID, "required property '%.60s' is not in propertyNames",
-                               p->string);
-            if (!in) continue; /* an optional property its name rules out */
+        if (!name_allowed(j, names, p->string, required)) {
+            if (b->rc) return (struct frag){0, 0};
+            continue; /* an optional property its name rules out */
         }
         int n0 = gb_state(b), n1 = gb_state(b), mid = gb_state(b);
         struct frag k0 = key_frag(j, p->string);

@@ -592,6 +592,50 @@ START_TEST(schema_siblings_and_merges)
 }
 END_TEST
 
+/* minProperties/maxProperties beside listed properties (and other keys), against every object
+ * of the listed a, b, c (in order, each present or not) and up to two other keys */
+START_TEST(counted_properties)
+{
+    const struct {
+        const char *counts;
+        int min, max;
+        bool extra;
+    } cases[] = {{"\"minProperties\":1", 1, 99, false},
+                 {"\"maxProperties\":2", 0, 2, false},
+                 {"\"minProperties\":2,\"maxProperties\":3", 2, 3, true},
+                 {"\"minProperties\":3", 3, 99, true}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char schema[300];
+        snprintf(
+            schema, sizeof schema,
+            "{\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"},\"c\":{"
+            "\"type\":\"integer\"}},\"additionalProperties\":%s,%s}",
+            cases[i].extra ? "{\"type\":\"integer\"}" : "false", cases[i].counts);
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, schema);
+        for (int set = 0; set < 8; set++)
+            for (int others = 0; others <= 2; others++) {
+                char obj[120] = "{";
+                int n = 0;
+                for (int k = 0; k < 3; k++)
+                    if (set & 1 << k) {
+                        size_t len = strlen(obj);
+                        snprintf(obj + len, sizeof obj - len, "%s\"%c\":%d", n++ ? ", " : "",
+                                 'a' + k, k);
+                    }
+                for (int k = 0; k < others; k++) {
+                    size_t len = strlen(obj);
+                    snprintf(obj + len, sizeof obj - len, "%s\"x%d\":%d", n++ ? ", " : "", k, k);
+                }
+                strcat(obj, "}");
+                bool want = n >= cases[i].min && n <= cases[i].max && (cases[i].extra || !others);
+                ck_assert_msg((matches(g, obj) == 1) == want, "%s: %s should be %s", schema, obj,
+                              want ? "accepted" : "rejected");
+            }
+        grammar_unref(g);
+    }
+}
+END_TEST
+
 /* An anyOf branch that cannot be compiled is left out; what it built is taken back (here the
  * generic JSON value's rule, made inside the dropped branch, then needed by the next). */
 START_TEST(any_of_drops_unsupported)
@@ -1429,6 +1473,7 @@ static Suite *suite(void)
     tcase_add_test(tc, property_names_and_patterns);
     tcase_add_test(tc, any_of_drops_unsupported);
     tcase_add_test(tc, schema_siblings_and_merges);
+    tcase_add_test(tc, counted_properties);
     tcase_add_test(tc, integer_ranges);
     tcase_add_test(tc, number_ranges_exact);
     tcase_add_test(tc, multiple_of);
