@@ -51,6 +51,7 @@ struct js {
 };
 
 static struct frag js_value(struct js *j, const cJSON *s);
+static const cJSON *negate(struct js *j, const cJSON *s);
 
 static struct frag js_fail(struct js *j, int code, const char *fmt, const char *arg)
 {
@@ -83,6 +84,10 @@ static cJSON *js_own(struct js *j, cJSON *x)
 
 /* ---- keywords ---- */
 
+/* Internal keywords "not" turns into (a leading space: no schema author writes one). */
+#define KW_ABSENT   " absent"   /* keys an object must not have */
+#define KW_EXCLUDED " excluded" /* strings a string must not be */
+
 static const char *const supported[] = {"type",
                                         "properties",
                                         "required",
@@ -113,12 +118,14 @@ static const char *const supported[] = {"type",
                                         "propertyNames",
                                         "patternProperties",
                                         "additionalItems",
+                                        "not",
+                                        KW_ABSENT,
+                                        KW_EXCLUDED,
                                         NULL};
 /* JSON Schema's own keywords (drafts 4 to 2020-12) that quern does not compile: a schema using
  * one is refused, naming it. A keyword outside the vocabulary (Kubernetes' x-kubernetes-...,
  * draft 4's id, example) is ignored, as the specification says of unknown keywords. */
-static const char *const refused[] = {"not",
-                                      "if",
+static const char *const refused[] = {"if",
                                       "then",
                                       "else",
                                       "dependencies",
@@ -168,6 +175,28 @@ static cJSON *copy_without(struct js *j, const cJSON *s, const char *const *drop
     return c;
 }
 
+/* Appends to s's list k the items of add (or add itself when it is not a list). */
+static void append_to(cJSON *s, const char *k, const cJSON *add)
+{
+    cJSON *list = cJSON_GetObjectItemCaseSensitive(s, k);
+    if (!list) {
+        list = cJSON_CreateArray();
+        if (!list) return;
+        cJSON_AddItemToObject(s, k, list);
+    } else if (list->type & cJSON_IsReference) {
+        /* a list shared with the user's schema: copied before it grows */
+        cJSON *own = cJSON_Duplicate(list, true);
+        cJSON_ReplaceItemInObjectCaseSensitive(s, k, own);
+        list = own;
+    }
+    if (!cJSON_IsArray(add)) {
+        cJSON_AddItemToArray(list, cJSON_Duplicate(add, true));
+        return;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, add) cJSON_AddItemToArray(list, cJSON_Duplicate(x, true));
+}
+
 /* ---- primitives ---- */
 
 static struct frag ws(struct gb *b)
@@ -177,10 +206,10 @@ static struct frag ws(struct gb *b)
 
 static struct frag json_char(struct gb *b, const void *ctx)
 {
-    (void)ctx;
     static const struct cp_range plain[] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
     struct frag f = gb_alt_begin(b);
     gb_alt_add(b, f, gb_codepoints(b, plain, 3));
+    if (ctx) return f; /* no escapes: a string's bytes are then its only spelling */
     struct frag esc = gb_lits(b, "\\");
     struct frag one = gb_alt_begin(b);
     static const char simple[] = "\"\\/bfnrt";
@@ -202,6 +231,15 @@ static struct frag json_string(struct gb *b, int min, int max)
 {
     struct frag f = gb_lits(b, "\"");
     f = gb_seq(b, f, gb_repeat(b, json_char, NULL, min, max));
+    return gb_seq(b, f, gb_lits(b, "\""));
+}
+
+/* The same without escapes (strings some of which are kept out byte by byte). */
+static struct frag json_string_plain(struct gb *b, int min, int max)
+{
+    static const bool plain = true;
+    struct frag f = gb_lits(b, "\"");
+    f = gb_seq(b, f, gb_repeat(b, json_char, &plain, min, max));
     return gb_seq(b, f, gb_lits(b, "\""));
 }
 
@@ -585,6 +623,7 @@ struct member_gen {
     const cJSON *addl;   /* its schema when an object, else any value */
     const cJSON *names;  /* propertyNames: the key's schema, or NULL for any string */
     const cJSON *listed; /* the listed properties, whose names other keys must not take */
+    const cJSON *absent; /* names "not" keeps out (a list, or NULL) */
     bool comma;
     const char *where; /* the value schema's place, for messages */
 };
@@ -601,21 +640,24 @@ static struct frag plain_key(struct gb *b)
 
 /* key less the JSON texts of the listed names: another member named like a listed property
  * would escape that property's schema. */
-static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, const cJSON *listed)
+static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, const cJSON *listed,
+                              const cJSON *absent)
 {
     struct gb *b = j->b;
     for (int k = e0; k < b->n_edges; k++)
         if (b->edges[k].kind == GB_BYTES && b->edges[k].lo <= '\\' && '\\' <= b->edges[k].hi)
             return js_fail(j, QERR_UNSUPPORTED, "%s",
                            "'propertyNames' that allows escapes beside listed properties");
-    int n = cJSON_GetArraySize(listed), i = 0;
+    int n = cJSON_GetArraySize(listed) + cJSON_GetArraySize(absent), i = 0;
     char **lits = calloc((size_t)n + 1, sizeof *lits);
     size_t *lens = calloc((size_t)n + 1, sizeof *lens);
     const cJSON *p;
-    if (lits && lens) {
-        cJSON_ArrayForEach(p, listed)
+    for (int pass = 0; lits && lens && pass < 2; pass++) {
+        const cJSON *from = pass ? absent : listed;
+        cJSON_ArrayForEach(p, from)
         {
-            cJSON *str = cJSON_CreateString(p->string);
+            if (pass && !cJSON_IsString(p)) continue;
+            cJSON *str = cJSON_CreateString(pass ? p->valuestring : p->string);
             lits[i] = str ? cJSON_PrintUnformatted(str) : NULL;
             cJSON_Delete(str);
             if (!lits[i]) break;
@@ -623,8 +665,8 @@ static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, con
             i++;
         }
     }
-    if (i == n)
-        key = gb_exclude(b, key, s0, e0, (const char *const *)lits, lens, n);
+    if (lits && lens)
+        key = gb_exclude(b, key, s0, e0, (const char *const *)lits, lens, i);
     else
         gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
     for (int k = 0; lits && k < i; k++) cJSON_free(lits[k]);
@@ -638,7 +680,7 @@ static struct frag member(struct gb *b, const void *ctx)
     const struct member_gen *g = ctx;
     struct frag m = g->comma ? comma(b) : gb_empty(b);
     struct frag key;
-    bool apart = g->listed && g->listed->child;
+    bool apart = (g->listed && g->listed->child) || (g->absent && g->absent->child);
     int s0 = b->n_states, e0 = b->n_edges;
     if (g->names) {
         size_t save;
@@ -648,7 +690,7 @@ static struct frag member(struct gb *b, const void *ctx)
     } else {
         key = apart ? plain_key(b) : json_string(b, 0, -1);
     }
-    if (apart) key = keep_apart(g->j, key, s0, e0, g->listed);
+    if (apart) key = keep_apart(g->j, key, s0, e0, g->listed, g->absent);
     m = gb_seq(b, m, gb_seq(b, gb_seq(b, key, gb_lits(b, ":")), ws(b)));
     if (g->addl && cJSON_IsObject(g->addl)) {
         size_t save;
@@ -674,9 +716,32 @@ static bool name_allowed(struct js *j, const cJSON *names, const char *name, boo
     return in == 1;
 }
 
+/* Whether listed property name may be written: not kept out by "not" (absent), and allowed
+ * by propertyNames. */
+static bool listed_ok(struct js *j, const cJSON *names, const cJSON *absent, const char *name,
+                      bool required, const cJSON *schema)
+{
+    const cJSON *x, *n = cJSON_IsObject(schema) ? get(schema, "not") : NULL;
+    /* false, or not {}: the property may not be there (its schema allows no value) */
+    if (cJSON_IsFalse(schema) ||
+        (n && (cJSON_IsTrue(n) ||
+               (cJSON_IsObject(n) && !says_besides(n, (const char *const[]){NULL}))))) {
+        if (required) js_fail(j, QERR_INVALID, "required property '%.60s' allows no value", name);
+        return false;
+    }
+    cJSON_ArrayForEach(x, absent)
+    {
+        if (!cJSON_IsString(x) || strcmp(x->valuestring, name)) continue;
+        if (required)
+            js_fail(j, QERR_INVALID, "required property '%.60s' is ruled out by 'not'", name);
+        return false;
+    }
+    return name_allowed(j, names, name, required);
+}
+
 /* What counted_object needs of an object schema. */
 struct counted {
-    const cJSON *props, *req, *names, *keys, *addl;
+    const cJSON *props, *req, *names, *keys, *addl, *absent;
     const char *where;
     bool extra;
     int min, max; /* minProperties, maxProperties (-1: none) */
@@ -702,7 +767,7 @@ static struct frag counted_object(struct js *j, const struct counted *c)
     cJSON_ArrayForEach(p, c->props)
     {
         bool required = c->req && in_required(c->req, p->string);
-        if (!name_allowed(j, c->names, p->string, required)) {
+        if (!listed_ok(j, c->names, c->absent, p->string, required, p)) {
             if (b->rc) return (struct frag){0, 0};
             continue;
         }
@@ -734,7 +799,7 @@ static struct frag counted_object(struct js *j, const struct counted *c)
             if (c->max >= 0) continue;
             to = top;
         }
-        struct member_gen g = {j, c->addl, c->keys, c->props, k > 0, c->where};
+        struct member_gen g = {j, c->addl, c->keys, c->props, c->absent, k > 0, c->where};
         struct frag m = member(b, &g);
         gb_eps(b, cur[k], m.s);
         gb_eps(b, m.e, cur[to]);
@@ -756,6 +821,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return js_fail(j, QERR_INVALID, "%s",
                        "'additionalProperties' must be a boolean or a schema");
     const cJSON *names = get(s, "propertyNames"), *pats = get(s, "patternProperties");
+    const cJSON *absent = get(s, KW_ABSENT);
     /* other keys: any when neither properties nor additionalProperties say (OpenAI's strict
      * rule: none when properties are listed) */
     bool open_keys = addl ? !cJSON_IsFalse(addl) : !props || !props->child;
@@ -840,16 +906,22 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
     if (!keys) keys = names;
     if ((has_min || has_max) && ((props && props->child) || !extra)) {
-        struct counted c = {
-            props, req, names, keys, addl, where, extra, min_p, has_max ? max_p : -1};
+        struct counted c = {props,  req,   names, keys,  addl,
+                            absent, where, extra, min_p, has_max ? max_p : -1};
         return counted_object(j, &c);
     }
     if (keys && extra && !(props && props->child)) {
         /* keys from a short list (a dict keyed by an enum): each written at most once */
         const cJSON *vals[UNIQUE_MAX];
-        int n = finite_values(j, keys, vals, UNIQUE_MAX);
+        int n = finite_values(j, keys, vals, UNIQUE_MAX), kept = 0;
         if (b->rc) return (struct frag){0, 0};
-        if (n > 0) return unique_list(j, vals, n, min_p, has_max ? max_p : -1, true, addl);
+        for (int i = 0; i < n; i++) {
+            bool out = false;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, absent) out |= cJSON_Compare(x, vals[i], true);
+            if (!out) vals[kept++] = vals[i];
+        }
+        if (n > 0) return unique_list(j, vals, kept, min_p, has_max ? max_p : -1, true, addl);
     }
     struct frag open = gb_lits(b, "{");
     /* t0: nothing written yet; t1: some member written (the next needs a comma) */
@@ -859,7 +931,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
     cJSON_ArrayForEach(p, props)
     {
         bool required = req && in_required(req, p->string);
-        if (!name_allowed(j, names, p->string, required)) {
+        if (!listed_ok(j, names, absent, p->string, required, p)) {
             if (b->rc) return (struct frag){0, 0};
             continue; /* an optional property its name rules out */
         }
@@ -888,8 +960,8 @@ static struct frag object_value(struct js *j, const cJSON *s)
     struct frag close = gb_lits(b, "}");
     if (extra && (has_min || has_max)) {
         /* counted members: the first without a comma, the rest with one */
-        struct member_gen g0 = {j, addl, keys, props, false, where},
-                          g1 = {j, addl, keys, props, true, where};
+        struct member_gen g0 = {j, addl, keys, props, absent, false, where},
+                          g1 = {j, addl, keys, props, absent, true, where};
         if (min_p == 0) gb_eps(b, t0, close.s);
         if (max_p != 0) {
             struct frag first = member(b, &g0);
@@ -902,7 +974,7 @@ static struct frag object_value(struct js *j, const cJSON *s)
         return (struct frag){open.s, close.e};
     }
     if (extra) {
-        struct member_gen g0 = {j, addl, keys, props, false, where};
+        struct member_gen g0 = {j, addl, keys, props, absent, false, where};
         struct frag m = member(b, &g0);
         struct frag c = comma(b);
         gb_eps(b, t0, m.s);
@@ -917,9 +989,9 @@ static struct frag object_value(struct js *j, const cJSON *s)
 
 /* ---- allOf: one schema from several ---- */
 
-static const char *const object_kws[] = {
-    "properties",    "required",          "additionalProperties", "minProperties",
-    "maxProperties", "patternProperties", "propertyNames",        NULL};
+static const char *const object_kws[] = {"properties",    "required",      "additionalProperties",
+                                         "minProperties", "maxProperties", "patternProperties",
+                                         "propertyNames", KW_ABSENT,       NULL};
 
 /* Only object keywords (and type "object") constrain s. */
 static bool object_like(const cJSON *s)
@@ -994,6 +1066,8 @@ static struct frag merge_objects(struct js *j, const cJSON *const *parts, int np
                 }
             } else if (!strcmp(n, "additionalProperties")) {
                 closed |= cJSON_IsFalse(kw);
+            } else if (!strcmp(n, KW_ABSENT)) {
+                append_to(m, KW_ABSENT, kw);
             } else if (says(n) && strcmp(n, "type")) {
                 return js_fail(j, QERR_UNSUPPORTED,
                                "keyword '%.60s' in an object part of 'allOf' is not supported", n);
@@ -1087,9 +1161,10 @@ static int meet(const cJSON *a, const cJSON *b, cJSON **out)
         *out = cJSON_CreateBool(cJSON_IsTrue(a) || cJSON_IsTrue(b));
         return *out ? 0 : QERR_NOMEM;
     }
-    if ((strcmp(k, "required") && strcmp(k, "enum")) || !cJSON_IsArray(a) || !cJSON_IsArray(b))
+    bool all = !strcmp(k, "required") || !strcmp(k, KW_ABSENT) || !strcmp(k, KW_EXCLUDED);
+    if ((!all && strcmp(k, "enum")) || !cJSON_IsArray(a) || !cJSON_IsArray(b))
         return QERR_UNSUPPORTED;
-    bool all = !strcmp(k, "required"); /* required: every name; enum: the values in both */
+    /* required and the internal lists: every item; enum: the values in both */
     cJSON *list = cJSON_CreateArray();
     if (!list) return QERR_NOMEM;
     const cJSON *x, *y;
@@ -1133,6 +1208,7 @@ static struct frag all_of_parts(struct js *j, const cJSON *const *in, int n_in)
             for (int k = 0; k < j->n_active; k++) active |= j->active[k] == r;
             if (!active) t = r;
         }
+        if (cJSON_IsObject(t) && get(t, "not") && !(t = negate(j, t))) return (struct frag){0, 0};
         if (cJSON_IsFalse(t))
             return js_fail(j, QERR_UNSUPPORTED, "%s", "the schema 'false' allows nothing");
         if (cJSON_IsTrue(t) || (cJSON_IsObject(t) && !says_besides(t, (const char *[]){NULL})))
@@ -1407,6 +1483,45 @@ static const char *const format_names =
     "ipv6interface, ipv4network, ipv6network, ipvanyaddress, ipvanyinterface, ipvanynetwork, "
     "base64, byte, uri-reference, url, binary, password, path";
 
+/* A string other than the listed ones (what "not" of an enum leaves): written without escapes,
+ * so each listed string has one spelling to keep out. */
+static struct frag string_less(struct js *j, const cJSON *s, int min, int max, const char *re,
+                               const cJSON *excluded)
+{
+    (void)s;
+    struct gb *b = j->b;
+    int s0 = b->n_states, e0 = b->n_edges;
+    struct frag f;
+    if (re) {
+        f = gb_lits(b, "\"");
+        int r0 = b->n_states, re0 = b->n_edges;
+        struct frag r = gb_regex(b, re, strlen(re), true);
+        if (min > 0 || max >= 0) r = gb_length(b, r, r0, re0, min, max);
+        f = gb_seq(b, gb_seq(b, f, r), gb_lits(b, "\""));
+    } else {
+        if (max > j->free_max) max = j->free_max > min ? j->free_max : min;
+        f = json_string_plain(b, min, max);
+    }
+    int n = cJSON_GetArraySize(excluded), i = 0;
+    char **lits = calloc((size_t)n + 1, sizeof *lits);
+    size_t *lens = calloc((size_t)n + 1, sizeof *lens);
+    const cJSON *x;
+    if (lits && lens) cJSON_ArrayForEach(x, excluded)
+        {
+            if (!cJSON_IsString(x) || !(lits[i] = cJSON_PrintUnformatted(x))) continue;
+            lens[i] = strlen(lits[i]);
+            i++;
+        }
+    if (lits && lens)
+        f = gb_exclude(b, f, s0, e0, (const char *const *)lits, lens, i);
+    else
+        gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
+    for (int k = 0; lits && k < i; k++) cJSON_free(lits[k]);
+    free(lits);
+    free(lens);
+    return f;
+}
+
 static struct frag string_value(struct js *j, const cJSON *s)
 {
     struct gb *b = j->b;
@@ -1436,6 +1551,8 @@ static struct frag string_value(struct js *j, const cJSON *s)
         }
         re = formats[k].re;
     }
+    const cJSON *excluded = get(s, KW_EXCLUDED);
+    if (excluded) return string_less(j, s, min, max, re, excluded);
     if (!re) {
         /* a free string's automaton spells out each count (~22 DFA states a character): a
          * longer maxLength is cut to free_max (every output still fits it), a minLength cannot
@@ -1618,6 +1735,110 @@ static bool has_type(const cJSON *v, const cJSON *t)
     return false;
 }
 
+/* Whether type t (a name or a list of names) names n. */
+static bool has_type_name(const cJSON *t, const char *n)
+{
+    const cJSON *x;
+    if (cJSON_IsString(t)) return !strcmp(t->valuestring, n);
+    cJSON_ArrayForEach(x, t) if (cJSON_IsString(x) && !strcmp(x->valuestring, n)) return true;
+    return false;
+}
+
+/* The one key of {"required": [k]}, or NULL. */
+static const cJSON *single_required(const cJSON *n)
+{
+    const cJSON *r = cJSON_IsObject(n) ? get(n, "required") : NULL;
+    static const char *const only[] = {"required", NULL};
+    if (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 1 || !cJSON_IsString(r->child) ||
+        says_besides(n, only))
+        return NULL;
+    return r->child;
+}
+
+/* s with its "not" turned into what quern compiles (a copy without it): not {type} narrows
+ * the type; not {required: [k]}, or not an anyOf of such, keeps the keys out of the object;
+ * not {enum}/{const} of strings keeps those strings out of a string. Other forms are refused;
+ * not {} allows nothing. */
+static const cJSON *negate(struct js *j, const cJSON *s)
+{
+    const cJSON *n = get(s, "not");
+    static const char *const ref_only[] = {"$ref", NULL};
+    for (int hops = 0;
+         hops < 8 && cJSON_IsObject(n) && get(n, "$ref") && !says_besides(n, ref_only); hops++)
+        if (!cJSON_IsString(get(n, "$ref")) || !(n = resolve_ref(j, get(n, "$ref")->valuestring)))
+            return NULL;
+    static const char *const none[] = {NULL};
+    if (cJSON_IsTrue(n) || (cJSON_IsObject(n) && !says_besides(n, none))) {
+        js_fail(j, QERR_INVALID, "%s", "'not' of a schema that allows everything allows nothing");
+        return NULL;
+    }
+    cJSON *c = copy_without(j, s, (const char *const[]){"not", NULL});
+    if (!c) return NULL;
+    static const char *const types_only[] = {"type", NULL};
+    static const char *const values_only[] = {"enum", "const", "type", NULL};
+    const cJSON *t = get(n, "type"), *alts = get(n, "anyOf"), *x;
+    if (cJSON_IsFalse(n)) return c;
+    if (t && !says_besides(n, types_only)) {
+        static const char *const all[] = {"string", "number", "boolean", "null", "object", "array"};
+        cJSON *left = cJSON_CreateArray();
+        bool num_out = false, int_out = false;
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            cJSON *one = cJSON_CreateString(all[i]);
+            if (has_type_name(t, all[i]))
+                num_out |= !strcmp(all[i], "number");
+            else
+                cJSON_AddItemToArray(left, cJSON_Duplicate(one, true));
+            cJSON_Delete(one);
+        }
+        int_out = has_type_name(t, "integer");
+        if (int_out && !num_out) {
+            cJSON_Delete(left);
+            js_fail(j, QERR_UNSUPPORTED, "%s", "'not' of type integer (a number not whole)");
+            return NULL;
+        }
+        const cJSON *have = get(c, "type");
+        cJSON *meet_t = have ? type_meet(have, left) : cJSON_Duplicate(left, true);
+        cJSON_Delete(left);
+        if (!meet_t) {
+            js_fail(j, QERR_INVALID, "%s", "'not' rules out every type the schema allows");
+            return NULL;
+        }
+        if (have)
+            cJSON_ReplaceItemInObjectCaseSensitive(c, "type", meet_t);
+        else
+            cJSON_AddItemToObject(c, "type", meet_t);
+        return c;
+    }
+    if (single_required(n)) {
+        append_to(c, KW_ABSENT, single_required(n));
+        return c;
+    }
+    if (cJSON_IsArray(alts) && !says_besides(n, (const char *const[]){"anyOf", NULL})) {
+        cJSON_ArrayForEach(x, alts) if (!single_required(x)) goto refuse;
+        cJSON_ArrayForEach(x, alts) append_to(c, KW_ABSENT, single_required(x));
+        return c;
+    }
+    if ((get(n, "enum") || get(n, "const")) && !says_besides(n, values_only) &&
+        (!t || (cJSON_IsString(t) && !strcmp(t->valuestring, "string")))) {
+        const cJSON *vals = get(n, "enum") ? get(n, "enum") : get(n, "const");
+        if (cJSON_IsArray(vals)) {
+            cJSON_ArrayForEach(x, vals) if (!cJSON_IsString(x)) goto refuse;
+        } else if (!cJSON_IsString(vals)) {
+            goto refuse;
+        }
+        /* what is not one of these strings: quern writes a string that is not */
+        const cJSON *have = get(c, "type");
+        if (have && !has_type_name(have, "string")) return c; /* no string to keep out */
+        if (!have) cJSON_AddStringToObject(c, "type", "string");
+        append_to(c, KW_EXCLUDED, vals);
+        return c;
+    }
+refuse:
+    js_fail(j, QERR_UNSUPPORTED, "%s",
+            "'not' is supported over {}, a type, required keys, and enum/const of strings");
+    return NULL;
+}
+
 /* The JSON Schema type of value v ("integer" for a whole number). */
 static const char *type_name(const cJSON *v)
 {
@@ -1718,6 +1939,11 @@ static struct frag js_value(struct js *j, const cJSON *s)
                         kw->string);
             goto out;
         }
+    }
+    if (get(s, "not")) {
+        const cJSON *c = negate(j, s);
+        f = c ? js_value(j, c) : (struct frag){0, 0};
+        goto out;
     }
     const cJSON *nullable = get(s, "nullable"), *type = get(s, "type"), *x;
     bool add_null = nullable && cJSON_IsTrue(nullable);

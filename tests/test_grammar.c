@@ -562,6 +562,26 @@ START_TEST(schema_siblings_and_merges)
         {"{\"items\":[{\"type\":\"integer\"}],\"additionalItems\":{\"type\":\"boolean\"}}",
          {"[1, true]", "[]"},
          {"[1, 2]", "[true]"}},
+        /* not: required keys kept out (also from other keys), types, strings; in oneOf
+         * branches ("x or y, not both") */
+        {"{\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":true,\"not\":{"
+         "\"required\":[\"b\"]}}",
+         {"{\"a\":1}", "{\"bb\":1}"},
+         {"{\"a\":1,\"b\":2}", "{\"b\":1}"}},
+        {"{\"properties\":{\"x\":{\"type\":\"integer\"},\"y\":{\"type\":\"integer\"}},"
+         "\"oneOf\":[{\"required\":[\"x\"],\"not\":{\"required\":[\"y\"]}},{\"required\":["
+         "\"y\"],\"not\":{\"required\":[\"x\"]}}]}",
+         {"{\"x\":1}", "{\"y\":1}"},
+         {"{\"x\":1,\"y\":2}", "{}"}},
+        {"{\"not\":{\"type\":[\"object\",\"array\",\"null\"]}}",
+         {"1", "\"a\"", "true"},
+         {"null", "[]", "{}"}},
+        {"{\"type\":\"string\",\"not\":{\"enum\":[\"a\",\"b\"]}}",
+         {"\"c\"", "\"ab\"", "\"\""},
+         {"\"a\"", "\"b\"", "\"\\u0061\""}},
+        {"{\"properties\":{\"a\":{\"not\":{}},\"b\":{\"type\":\"integer\"}}}",
+         {"{\"b\":1}"},
+         {"{\"a\":1}"}},
         /* outside the vocabulary: ignored */
         {"{\"type\":\"integer\",\"id\":\"x\",\"x-kubernetes-int-or-string\":true,\"example\":3}",
          {"3"},
@@ -588,6 +608,13 @@ START_TEST(schema_siblings_and_merges)
     ck_assert_msg(strstr(msg, "disagree"), "%s", msg);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
                                 "{\"allOf\":[{\"enum\":[1,2]},{\"enum\":[3]}]}", msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"not\":{}}", msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"properties\":{\"a\":{}},\"required\":[\"a\"],\"not\":{"
+                                "\"required\":[\"a\"]}}",
+                                msg, sizeof msg),
                      QERR_INVALID);
 }
 END_TEST
@@ -642,7 +669,7 @@ START_TEST(any_of_drops_unsupported)
 {
     struct grammar *g = compile_ok(
         GRAMMAR_JSON_SCHEMA,
-        "{\"anyOf\":[{\"properties\":{\"a\":true,\"b\":{\"not\":{}}},\"required\":[\"a\",\"b\"]},"
+        "{\"anyOf\":[{\"properties\":{\"a\":true,\"b\":{\"if\":{}}},\"required\":[\"a\",\"b\"]},"
         "{\"type\":\"array\",\"items\":true},{\"type\":\"string\",\"pattern\":\"^(?!x)a$\"}]}");
     ACCEPTS(g, "[1, {\"x\":[2]}]");
     REJECTS(g, "{\"a\":1,\"b\":2}");
@@ -650,7 +677,7 @@ START_TEST(any_of_drops_unsupported)
     grammar_unref(g);
     char msg[512];
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
-                                "{\"anyOf\":[{\"pattern\":\"(?=a)\"},{\"not\":{}}]}", msg,
+                                "{\"anyOf\":[{\"pattern\":\"(?=a)\"},{\"contains\":{}}]}", msg,
                                 sizeof msg),
                      QERR_UNSUPPORTED);
     ck_assert_msg(strstr(msg, "lookaround"), "%s", msg);
@@ -815,7 +842,7 @@ START_TEST(schema_refusals)
         QERR_UNSUPPORTED);
     ck_assert_msg(strstr(msg, "contains"), "%s", msg);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
-                                "{\"properties\":{\"a\":{\"not\":{\"type\":\"string\"}}}}", msg,
+                                "{\"properties\":{\"a\":{\"not\":{\"pattern\":\"x\"}}}}", msg,
                                 sizeof msg),
                      QERR_UNSUPPORTED);
     ck_assert_msg(strstr(msg, "'not'") && strstr(msg, "/properties/a"), "%s", msg);
