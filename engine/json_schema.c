@@ -638,22 +638,18 @@ static struct frag plain_key(struct gb *b)
     return gb_seq(b, f, gb_lits(b, "\""));
 }
 
-/* key less the JSON texts of the listed names: another member named like a listed property
- * would escape that property's schema. */
-static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, const cJSON *listed,
-                              const cJSON *absent)
+/* f (just built from s0, e0 on, written without escapes) less the JSON texts of the keys of
+ * object `keys` and of the string items of list `strs` (either may be NULL). */
+static struct frag exclude_strings(struct js *j, struct frag f, int s0, int e0, const cJSON *keys,
+                                   const cJSON *strs)
 {
     struct gb *b = j->b;
-    for (int k = e0; k < b->n_edges; k++)
-        if (b->edges[k].kind == GB_BYTES && b->edges[k].lo <= '\\' && '\\' <= b->edges[k].hi)
-            return js_fail(j, QERR_UNSUPPORTED, "%s",
-                           "'propertyNames' that allows escapes beside listed properties");
-    int n = cJSON_GetArraySize(listed) + cJSON_GetArraySize(absent), i = 0;
+    int n = cJSON_GetArraySize(keys) + cJSON_GetArraySize(strs), i = 0;
     char **lits = calloc((size_t)n + 1, sizeof *lits);
     size_t *lens = calloc((size_t)n + 1, sizeof *lens);
     const cJSON *p;
     for (int pass = 0; lits && lens && pass < 2; pass++) {
-        const cJSON *from = pass ? absent : listed;
+        const cJSON *from = pass ? strs : keys;
         cJSON_ArrayForEach(p, from)
         {
             if (pass && !cJSON_IsString(p)) continue;
@@ -666,13 +662,26 @@ static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, con
         }
     }
     if (lits && lens)
-        key = gb_exclude(b, key, s0, e0, (const char *const *)lits, lens, i);
+        f = gb_exclude(b, f, s0, e0, (const char *const *)lits, lens, i);
     else
         gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
     for (int k = 0; lits && k < i; k++) cJSON_free(lits[k]);
     free(lits);
     free(lens);
-    return key;
+    return f;
+}
+
+/* key less the JSON texts of the listed names: another member named like a listed property
+ * would escape that property's schema. */
+static struct frag keep_apart(struct js *j, struct frag key, int s0, int e0, const cJSON *listed,
+                              const cJSON *absent)
+{
+    struct gb *b = j->b;
+    for (int k = e0; k < b->n_edges; k++)
+        if (b->edges[k].kind == GB_BYTES && b->edges[k].lo <= '\\' && '\\' <= b->edges[k].hi)
+            return js_fail(j, QERR_UNSUPPORTED, "%s",
+                           "'propertyNames' that allows escapes beside listed properties");
+    return exclude_strings(j, key, s0, e0, listed, absent);
 }
 
 static struct frag member(struct gb *b, const void *ctx)
@@ -1502,24 +1511,7 @@ static struct frag string_less(struct js *j, const cJSON *s, int min, int max, c
         if (max > j->free_max) max = j->free_max > min ? j->free_max : min;
         f = json_string_plain(b, min, max);
     }
-    int n = cJSON_GetArraySize(excluded), i = 0;
-    char **lits = calloc((size_t)n + 1, sizeof *lits);
-    size_t *lens = calloc((size_t)n + 1, sizeof *lens);
-    const cJSON *x;
-    if (lits && lens) cJSON_ArrayForEach(x, excluded)
-        {
-            if (!cJSON_IsString(x) || !(lits[i] = cJSON_PrintUnformatted(x))) continue;
-            lens[i] = strlen(lits[i]);
-            i++;
-        }
-    if (lits && lens)
-        f = gb_exclude(b, f, s0, e0, (const char *const *)lits, lens, i);
-    else
-        gb_fail(b, QERR_NOMEM, "out of memory compiling the schema");
-    for (int k = 0; lits && k < i; k++) cJSON_free(lits[k]);
-    free(lits);
-    free(lens);
-    return f;
+    return exclude_strings(j, f, s0, e0, NULL, excluded);
 }
 
 static struct frag string_value(struct js *j, const cJSON *s)
