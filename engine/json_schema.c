@@ -1801,13 +1801,29 @@ static const cJSON *negate(struct js *j, const cJSON *s)
             cJSON_AddItemToObject(c, "type", meet_t);
         return c;
     }
-    if (single_required(n)) {
-        append_to(c, KW_ABSENT, single_required(n));
-        return c;
+    bool keys = single_required(n) != NULL;
+    if (!keys && cJSON_IsArray(alts) && !says_besides(n, (const char *const[]){"anyOf", NULL})) {
+        keys = true;
+        cJSON_ArrayForEach(x, alts) keys &= single_required(x) != NULL;
     }
-    if (cJSON_IsArray(alts) && !says_besides(n, (const char *const[]){"anyOf", NULL})) {
-        cJSON_ArrayForEach(x, alts) if (!single_required(x)) goto refuse;
-        cJSON_ArrayForEach(x, alts) append_to(c, KW_ABSENT, single_required(x));
+    if (keys) {
+        /* required says nothing of other types, so its negation holds only of objects */
+        const cJSON *have = get(c, "type");
+        cJSON *obj = cJSON_CreateString("object");
+        cJSON *meet_t = have && obj ? type_meet(have, obj) : obj;
+        if (meet_t != obj) cJSON_Delete(obj);
+        if (!meet_t) {
+            js_fail(j, QERR_INVALID, "%s", "'not' of required keys rules out every type allowed");
+            return NULL;
+        }
+        if (have)
+            cJSON_ReplaceItemInObjectCaseSensitive(c, "type", meet_t);
+        else
+            cJSON_AddItemToObject(c, "type", meet_t);
+        if (single_required(n))
+            append_to(c, KW_ABSENT, single_required(n));
+        else
+            cJSON_ArrayForEach(x, alts) append_to(c, KW_ABSENT, single_required(x));
         return c;
     }
     if ((get(n, "enum") || get(n, "const")) && !says_besides(n, values_only) &&

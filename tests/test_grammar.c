@@ -611,6 +611,11 @@ START_TEST(schema_siblings_and_merges)
                      QERR_INVALID);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"not\":{}}", msg, sizeof msg),
                      QERR_INVALID);
+    /* required says nothing of a string, so its negation holds of none */
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"type\":\"string\",\"not\":{\"required\":[\"a\"]}}", msg,
+                                sizeof msg),
+                     QERR_INVALID);
     ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
                                 "{\"properties\":{\"a\":{}},\"required\":[\"a\"],\"not\":{"
                                 "\"required\":[\"a\"]}}",
