@@ -292,7 +292,7 @@ struct trie {
         int first, next; /* first child, next sibling (-1: none) */
         uint8_t byte;
         bool terminal; /* a listed string ends here */
-    } *nodes;
+    } * nodes;
 };
 
 static int trie_add(struct trie *t, const char *s, size_t len)
@@ -353,9 +353,9 @@ struct frag gb_exclude(struct gb *b, struct frag x, int s0, int e0, const char *
     for (long k = 0; k < (long)g.n * width; k++) id[k] = -1;
     int head = 0, tail = 0, fin = gb_state(b);
 #define VISIT(s, tn)                                                                               \
-    (id[(s) * width + (tn)] >= 0                                                                   \
-         ? id[(s) * width + (tn)]                                                                  \
-         : (queue[tail++] = (s) * width + (tn), id[(s) * width + (tn)] = gb_state(b)))
+    (id[(s)*width + (tn)] >= 0                                                                     \
+         ? id[(s)*width + (tn)]                                                                    \
+         : (queue[tail++] = (s)*width + (tn), id[(s)*width + (tn)] = gb_state(b)))
     int start = VISIT(x.s - s0, 0);
     while (head < tail && !b->rc) {
         int key = queue[head++], s = key / width, tn = key % width, from = id[key];

@@ -1747,6 +1747,23 @@ static const cJSON *single_required(const cJSON *n)
     return r->child;
 }
 
+/* c's type narrowed to those of t too (c's own copy); false (the builder failed) when none is
+ * left. */
+static bool narrow_type(struct js *j, cJSON *c, const cJSON *t)
+{
+    const cJSON *have = get(c, "type");
+    cJSON *meet_t = have ? type_meet(have, t) : cJSON_Duplicate(t, true);
+    if (!meet_t) {
+        js_fail(j, QERR_INVALID, "%s", "'not' rules out every type the schema allows");
+        return false;
+    }
+    if (have)
+        cJSON_ReplaceItemInObjectCaseSensitive(c, "type", meet_t);
+    else
+        cJSON_AddItemToObject(c, "type", meet_t);
+    return true;
+}
+
 /* s with its "not" turned into what quern compiles (a copy without it): not {type} narrows
  * the type; not {required: [k]}, or not an anyOf of such, keeps the keys out of the object;
  * not {enum}/{const} of strings keeps those strings out of a string. Other forms are refused;
@@ -1788,18 +1805,9 @@ static const cJSON *negate(struct js *j, const cJSON *s)
             js_fail(j, QERR_UNSUPPORTED, "%s", "'not' of type integer (a number not whole)");
             return NULL;
         }
-        const cJSON *have = get(c, "type");
-        cJSON *meet_t = have ? type_meet(have, left) : cJSON_Duplicate(left, true);
+        bool ok = narrow_type(j, c, left);
         cJSON_Delete(left);
-        if (!meet_t) {
-            js_fail(j, QERR_INVALID, "%s", "'not' rules out every type the schema allows");
-            return NULL;
-        }
-        if (have)
-            cJSON_ReplaceItemInObjectCaseSensitive(c, "type", meet_t);
-        else
-            cJSON_AddItemToObject(c, "type", meet_t);
-        return c;
+        return ok ? c : NULL;
     }
     bool keys = single_required(n) != NULL;
     if (!keys && cJSON_IsArray(alts) && !says_besides(n, (const char *const[]){"anyOf", NULL})) {
@@ -1808,18 +1816,10 @@ static const cJSON *negate(struct js *j, const cJSON *s)
     }
     if (keys) {
         /* required says nothing of other types, so its negation holds only of objects */
-        const cJSON *have = get(c, "type");
         cJSON *obj = cJSON_CreateString("object");
-        cJSON *meet_t = have && obj ? type_meet(have, obj) : obj;
-        if (meet_t != obj) cJSON_Delete(obj);
-        if (!meet_t) {
-            js_fail(j, QERR_INVALID, "%s", "'not' of required keys rules out every type allowed");
-            return NULL;
-        }
-        if (have)
-            cJSON_ReplaceItemInObjectCaseSensitive(c, "type", meet_t);
-        else
-            cJSON_AddItemToObject(c, "type", meet_t);
+        bool ok = obj && narrow_type(j, c, obj);
+        cJSON_Delete(obj);
+        if (!ok) return NULL;
         if (single_required(n))
             append_to(c, KW_ABSENT, single_required(n));
         else
