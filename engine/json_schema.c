@@ -628,16 +628,6 @@ struct member_gen {
     const char *where; /* the value schema's place, for messages */
 };
 
-/* A key written without escapes: its bytes are then its only spelling, so a listed name can be
- * kept out of it byte by byte. */
-static struct frag plain_key(struct gb *b)
-{
-    static const struct cp_range plain[] = {{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
-    struct frag f = gb_lits(b, "\"");
-    f = gb_seq(b, f, gb_star(b, gb_codepoints(b, plain, 3)));
-    return gb_seq(b, f, gb_lits(b, "\""));
-}
-
 /* f (just built from s0, e0 on, written without escapes) less the JSON texts of the keys of
  * object `keys` and of the string items of list `strs` (either may be NULL). */
 static struct frag exclude_strings(struct js *j, struct frag f, int s0, int e0, const cJSON *keys,
@@ -697,7 +687,9 @@ static struct frag member(struct gb *b, const void *ctx)
         key = js_value(g->j, g->names);
         path_pop(g->j, save);
     } else {
-        key = apart ? plain_key(b) : json_string(b, 0, -1);
+        /* without escapes, a key's bytes are its only spelling: listed names are kept out byte by
+         * byte */
+        key = apart ? json_string_plain(b, 0, -1) : json_string(b, 0, -1);
     }
     if (apart) key = keep_apart(g->j, key, s0, e0, g->listed, g->absent);
     m = gb_seq(b, m, gb_seq(b, gb_seq(b, key, gb_lits(b, ":")), ws(b)));
@@ -1494,10 +1486,9 @@ static const char *const format_names =
 
 /* A string other than the listed ones (what "not" of an enum leaves): written without escapes,
  * so each listed string has one spelling to keep out. */
-static struct frag string_less(struct js *j, const cJSON *s, int min, int max, const char *re,
+static struct frag string_less(struct js *j, int min, int max, const char *re,
                                const cJSON *excluded)
 {
-    (void)s;
     struct gb *b = j->b;
     int s0 = b->n_states, e0 = b->n_edges;
     struct frag f;
@@ -1544,7 +1535,7 @@ static struct frag string_value(struct js *j, const cJSON *s)
         re = formats[k].re;
     }
     const cJSON *excluded = get(s, KW_EXCLUDED);
-    if (excluded) return string_less(j, s, min, max, re, excluded);
+    if (excluded) return string_less(j, min, max, re, excluded);
     if (!re) {
         /* a free string's automaton spells out each count (~22 DFA states a character): a
          * longer maxLength is cut to free_max (every output still fits it), a minLength cannot
@@ -1707,26 +1698,6 @@ static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
     return f;
 }
 
-/* Whether value v has JSON Schema type t (a name or a list of names). */
-static bool has_type(const cJSON *v, const cJSON *t)
-{
-    if (cJSON_IsArray(t)) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, t) if (has_type(v, x)) return true;
-        return false;
-    }
-    if (!cJSON_IsString(t)) return false;
-    const char *n = t->valuestring;
-    if (!strcmp(n, "string")) return cJSON_IsString(v);
-    if (!strcmp(n, "number")) return cJSON_IsNumber(v);
-    if (!strcmp(n, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
-    if (!strcmp(n, "boolean")) return cJSON_IsBool(v);
-    if (!strcmp(n, "null")) return cJSON_IsNull(v);
-    if (!strcmp(n, "object")) return cJSON_IsObject(v);
-    if (!strcmp(n, "array")) return cJSON_IsArray(v);
-    return false;
-}
-
 /* Whether type t (a name or a list of names) names n. */
 static bool has_type_name(const cJSON *t, const char *n)
 {
@@ -1734,6 +1705,24 @@ static bool has_type_name(const cJSON *t, const char *n)
     if (cJSON_IsString(t)) return !strcmp(t->valuestring, n);
     cJSON_ArrayForEach(x, t) if (cJSON_IsString(x) && !strcmp(x->valuestring, n)) return true;
     return false;
+}
+
+/* The JSON Schema type of value v ("integer" for a whole number). */
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsString(v)) return "string";
+    if (cJSON_IsNumber(v)) return v->valuedouble == floor(v->valuedouble) ? "integer" : "number";
+    if (cJSON_IsBool(v)) return "boolean";
+    if (cJSON_IsObject(v)) return "object";
+    if (cJSON_IsArray(v)) return "array";
+    return "null";
+}
+
+/* Whether value v has type t (a name or a list of names): a whole number is a number too. */
+static bool has_type(const cJSON *v, const cJSON *t)
+{
+    const char *n = type_name(v);
+    return has_type_name(t, n) || (!strcmp(n, "integer") && has_type_name(t, "number"));
 }
 
 /* The one key of {"required": [k]}, or NULL. */
@@ -1845,17 +1834,6 @@ refuse:
     js_fail(j, QERR_UNSUPPORTED, "%s",
             "'not' is supported over {}, a type, required keys, and enum/const of strings");
     return NULL;
-}
-
-/* The JSON Schema type of value v ("integer" for a whole number). */
-static const char *type_name(const cJSON *v)
-{
-    if (cJSON_IsString(v)) return "string";
-    if (cJSON_IsNumber(v)) return v->valuedouble == floor(v->valuedouble) ? "integer" : "number";
-    if (cJSON_IsBool(v)) return "boolean";
-    if (cJSON_IsObject(v)) return "object";
-    if (cJSON_IsArray(v)) return "array";
-    return "null";
 }
 
 /* const/enum: the values the schema's other keywords allow too. A type is checked directly;
