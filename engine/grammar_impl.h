@@ -110,7 +110,7 @@ int jn_power_of_ten(double d);
 int jn_decimal_multiples(struct gb *b, double lo, bool lo_ex, double hi, bool hi_ex, double d,
                          struct frag *out, const char **why);
 
-/* json_schema.c */
+/* json_schema.c (and json_schema_*.c: json_schema_impl.h) */
 /* free_max: the characters a string is written in at most, whatever larger maxLength it has
  * (JS_FREE_MAX at first; a schema too large for the automaton is tried again with it halved,
  * down to JS_FREE_MIN); *cut says whether some string's maxLength is above JS_FREE_MIN, so
@@ -119,6 +119,7 @@ int jn_decimal_multiples(struct gb *b, double lo, bool lo_ex, double hi, bool hi
 #define JS_FREE_MIN 32
 struct frag gb_json_schema(struct gb *b, const char *text, size_t len, int free_max, bool *cut);
 struct frag gb_json_any_object(struct gb *b);
+/* grammar_tools.c */
 struct frag gb_tool_calls(struct gb *b, const char *text, size_t len);
 /* grammar_gbnf.c: makes rule 0 (the root) and what it calls */
 struct frag gb_gbnf(struct gb *b, const char *text, size_t len);
