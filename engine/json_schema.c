@@ -35,6 +35,12 @@ struct frag js_fail(struct js *j, int code, const char *fmt, const char *arg)
     return (struct frag){0, 0};
 }
 
+struct frag js_nothing(struct js *j, const char *fmt, const char *arg)
+{
+    if (!j->b->rc) j->nothing = true;
+    return js_fail(j, QERR_INVALID, fmt, arg);
+}
+
 /* x, now owned by j (freed with it); NULL (and the builder failed) when x is NULL or no room. */
 cJSON *js_own(struct js *j, cJSON *x)
 {
@@ -89,6 +95,9 @@ static const char *const supported[] = {"type",
                                         "patternProperties",
                                         "additionalItems",
                                         "not",
+                                        "dependencies",
+                                        "dependentRequired",
+                                        "dependentSchemas",
                                         KW_ABSENT,
                                         KW_EXCLUDED,
                                         NULL};
@@ -98,9 +107,6 @@ static const char *const supported[] = {"type",
 static const char *const refused[] = {"if",
                                       "then",
                                       "else",
-                                      "dependencies",
-                                      "dependentRequired",
-                                      "dependentSchemas",
                                       "contains",
                                       "minContains",
                                       "maxContains",
@@ -316,6 +322,32 @@ struct frag gb_json_any_object(struct gb *b)
 
 /* ---- $ref ---- */
 
+/* The schema under n whose $anchor is name, or whose id/$id (drafts 4-7) is "#name". */
+static const cJSON *find_anchor(const cJSON *n, const char *name, int depth)
+{
+    if (depth > 64 || !(cJSON_IsObject(n) || cJSON_IsArray(n))) return NULL;
+    if (cJSON_IsObject(n)) {
+        static const char *const ids[] = {"$anchor", "$id", "id"};
+        for (int k = 0; k < 3; k++) {
+            const cJSON *id = get(n, ids[k]);
+            const char *v = cJSON_IsString(id) ? id->valuestring : NULL;
+            if (v && k > 0) v = v[0] == '#' ? v + 1 : NULL;
+            if (v && !strcmp(v, name)) return n;
+        }
+    }
+    const cJSON *c, *hit;
+    cJSON_ArrayForEach(c, n) if ((hit = find_anchor(c, name, depth + 1))) return hit;
+    return NULL;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
 const cJSON *js_resolve_ref(struct js *j, const char *ref)
 {
     if (ref[0] != '#') {
@@ -323,8 +355,28 @@ const cJSON *js_resolve_ref(struct js *j, const char *ref)
                 ref);
         return NULL;
     }
+    /* a URI fragment: %-escapes decoded first, then the JSON pointer's ~ escapes (RFC 6901) */
+    char frag[512];
+    size_t m = 0;
+    const char *q = ref + 1;
+    for (; *q && m + 1 < sizeof frag; m++) {
+        int hi = q[0] == '%' ? hex_digit(q[1]) : -1, lo = hi >= 0 ? hex_digit(q[2]) : -1;
+        if (hi == 0 && lo == 0) lo = -1; /* %00 is no name's byte: left as it is */
+        frag[m] = lo >= 0 ? (char)(hi * 16 + lo) : *q;
+        q += lo >= 0 ? 3 : 1;
+    }
+    frag[m] = 0;
+    if (*q) {
+        js_fail(j, QERR_UNSUPPORTED, "$ref '%.80s' is too long", ref);
+        return NULL;
+    }
     const cJSON *n = j->root;
-    const char *p = ref + 1;
+    const char *p = frag;
+    if (*p && *p != '/') {
+        n = find_anchor(j->root, p, 0);
+        if (!n) js_fail(j, QERR_INVALID, "$ref '%.80s' points to nothing", ref);
+        return n;
+    }
     while (*p == '/') {
         p++;
         char seg[128];
@@ -403,6 +455,7 @@ void js_rollback(struct js *j, struct js_mark m)
     b->n_rules = m.n_rules;
     j->n_rules = m.js_rules;
     j->any_rule = m.any_rule;
+    j->nothing = false;
 }
 
 /* Whether schema s writes exactly the JSON text lit: s is built, walked and taken back. -1 when
@@ -465,15 +518,16 @@ static const char *infer_type(const cJSON *s)
 
 /* anyOf/oneOf. A branch that uses what quern cannot compile is left out when another branch
  * compiles: every output still matches the schema, it just never takes that branch (Pydantic's
- * Decimal is a number or a string whose pattern has a lookahead). Errors in the schema itself
- * (QERR_INVALID) are not forgiven. */
-static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
+ * Decimal is a number or a string whose pattern has a lookahead). So is a branch that allows
+ * nothing (js_nothing), which changes nothing. Other errors in the schema itself (QERR_INVALID)
+ * are not forgiven. */
+struct frag js_alternatives(struct js *j, const cJSON *list, const char *kw)
 {
     if (!cJSON_IsArray(list) || !list->child)
         return js_fail(j, QERR_INVALID, "'%s' must be a non-empty list", kw);
     struct gb *b = j->b;
     struct frag f = gb_alt_begin(b);
-    struct qerr first = {0};
+    struct qerr first = {0}, empty = {0}; /* the first branch refused, the first allowing nothing */
     int i = 0, kept = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, list)
@@ -485,15 +539,22 @@ static struct frag alternatives(struct js *j, const cJSON *list, const char *kw)
         struct js_mark m = js_mark(j);
         struct frag v = js_value(j, x);
         js_path_pop(j, save);
-        if (b->rc == QERR_UNSUPPORTED) {
-            if (!first.code) first = b->err ? *b->err : (struct qerr){QERR_UNSUPPORTED, ""};
+        bool nothing = b->rc == QERR_INVALID && j->nothing;
+        if (b->rc == QERR_UNSUPPORTED || nothing) {
+            struct qerr *keep = nothing ? &empty : &first;
+            if (!keep->code) *keep = b->err ? *b->err : (struct qerr){b->rc, ""};
             js_rollback(j, m);
             continue;
         }
         gb_alt_add(b, f, v);
         kept++;
     }
+    /* none left: what quern refuses says more than what allows nothing */
     if (!kept && first.code) gb_fail(b, first.code, "%s", first.msg);
+    if (!kept && !first.code && empty.code) {
+        gb_fail(b, empty.code, "%s", empty.msg);
+        j->nothing = true;
+    }
     return f;
 }
 
@@ -535,8 +596,7 @@ static struct frag listed_values(struct js *j, const cJSON *s)
         kept++;
     }
     if (!kept)
-        return js_fail(j, QERR_INVALID, "%s",
-                       "no value of 'const'/'enum' meets the schema's other keywords");
+        return js_nothing(j, "%s", "no value of 'const'/'enum' meets the schema's other keywords");
     return f;
 }
 
@@ -565,7 +625,7 @@ static struct frag alternatives_beside(struct js *j, const cJSON *s, const cJSON
         cJSON_AddItemToObject(both, "allOf", parts);
         cJSON_AddItemToArray(branches, both);
     }
-    return alternatives(j, branches, kw);
+    return js_alternatives(j, branches, kw);
 }
 
 struct frag js_value(struct js *j, const cJSON *s)
@@ -592,6 +652,10 @@ struct frag js_value(struct js *j, const cJSON *s)
         f = c ? js_value(j, c) : (struct frag){0, 0};
         goto out;
     }
+    if (get(s, "dependencies") || get(s, "dependentRequired") || get(s, "dependentSchemas")) {
+        f = js_dependencies(j, s);
+        goto out;
+    }
     const cJSON *nullable = get(s, "nullable"), *type = get(s, "type"), *x;
     bool add_null = nullable && cJSON_IsTrue(nullable);
     if ((x = get(s, "$ref"))) {
@@ -616,7 +680,7 @@ struct frag js_value(struct js *j, const cJSON *s)
         const char *kw_name = get(s, "anyOf") ? "anyOf" : "oneOf";
         const char *const mine[] = {kw_name, "nullable", NULL};
         f = js_says_besides(s, mine) ? alternatives_beside(j, s, x, kw_name)
-                                     : alternatives(j, x, kw_name);
+                                     : js_alternatives(j, x, kw_name);
     } else if ((x = get(s, "allOf"))) {
         f = js_all_of(j, s, x);
     } else if (cJSON_IsArray(type)) {

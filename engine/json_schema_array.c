@@ -54,9 +54,9 @@ struct frag js_unique_list(struct js *j, const cJSON *const *vals, int n, int mi
     struct gb *b = j->b;
     if (max < 0 || max > n) max = n;
     if (min > max)
-        return js_fail(j, QERR_INVALID, "%s",
-                       object ? "minProperties cannot be met by the names propertyNames lists"
-                              : "minItems cannot be met by unique items");
+        return js_nothing(j, "%s",
+                          object ? "minProperties cannot be met by the names propertyNames lists"
+                                 : "minItems cannot be met by unique items");
     struct frag open = gb_lits(b, object ? "{" : "["), close = gb_lits(b, object ? "}" : "]");
     int node[1 << UNIQUE_MAX] = {0};
     for (int set = 0; set < 1 << n; set++) node[set] = gb_state(b);
@@ -135,8 +135,7 @@ struct frag js_array_value(struct js *j, const cJSON *s)
         return js_fail(j, QERR_UNSUPPORTED, "%s", "'items' must be a schema");
     int k = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (items && cJSON_IsFalse(items)) max = max < 0 || max > k ? k : max;
-    if (max >= 0 && min > max)
-        return js_fail(j, QERR_INVALID, "%s", "minItems is greater than maxItems");
+    if (max >= 0 && min > max) return js_nothing(j, "%s", "minItems is greater than maxItems");
     const cJSON *tail = items && cJSON_IsObject(items) ? items : NULL;
     if (cJSON_IsTrue(unique) && tail && !prefix) {
         const cJSON *vals[UNIQUE_MAX];
@@ -181,7 +180,7 @@ struct frag js_array_value(struct js *j, const cJSON *s)
         gb_eps(b, cur, rest.s);
         cur = rest.e;
     } else if (count < min) {
-        return js_fail(j, QERR_INVALID, "%s", "minItems cannot be met with these items");
+        return js_nothing(j, "%s", "minItems cannot be met with these items");
     }
     gb_eps(b, cur, end);
     struct frag close = gb_lits(b, "]");

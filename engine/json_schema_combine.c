@@ -108,10 +108,10 @@ static struct frag merge_objects(struct js *j, const cJSON *const *parts, int np
             }
             if (everywhere) continue;
             if (js_in_required(req, p->string))
-                return js_fail(j, QERR_INVALID,
-                               "allOf: required property '%.60s' is excluded by another part's "
-                               "additionalProperties: false",
-                               p->string);
+                return js_nothing(j,
+                                  "allOf: required property '%.60s' is excluded by another part's "
+                                  "additionalProperties: false",
+                                  p->string);
             cJSON_Delete(cJSON_DetachItemViaPointer(props, p));
         }
     }
@@ -275,8 +275,7 @@ struct frag js_all_of_parts(struct js *j, const cJSON *const *in, int n_in)
             cJSON *both;
             int rc = meet(have, kw, &both);
             if (rc == QERR_INVALID)
-                return js_fail(j, QERR_INVALID, "allOf: no value meets both parts' '%.60s'",
-                               kw->string);
+                return js_nothing(j, "allOf: no value meets both parts' '%.60s'", kw->string);
             if (rc) return js_fail(j, rc, "parts of 'allOf' disagree on '%.60s'", kw->string);
             cJSON_ReplaceItemInObjectCaseSensitive(m, kw->string, both);
         }
@@ -349,7 +348,7 @@ static bool narrow_type(struct js *j, cJSON *c, const cJSON *t)
     const cJSON *have = get(c, "type");
     cJSON *meet_t = have ? type_meet(have, t) : cJSON_Duplicate(t, true);
     if (!meet_t) {
-        js_fail(j, QERR_INVALID, "%s", "'not' rules out every type the schema allows");
+        js_nothing(j, "%s", "'not' rules out every type the schema allows");
         return false;
     }
     if (have)
@@ -374,7 +373,7 @@ const cJSON *js_negate(struct js *j, const cJSON *s)
             return NULL;
     static const char *const none[] = {NULL};
     if (cJSON_IsTrue(n) || (cJSON_IsObject(n) && !js_says_besides(n, none))) {
-        js_fail(j, QERR_INVALID, "%s", "'not' of a schema that allows everything allows nothing");
+        js_nothing(j, "%s", "'not' of a schema that allows everything allows nothing");
         return NULL;
     }
     cJSON *c = js_copy_without(j, s, (const char *const[]){"not", NULL});

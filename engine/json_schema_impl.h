@@ -6,7 +6,7 @@
  *   json_schema.c          the walk: keyword dispatch, $ref, anyOf/oneOf, const/enum, the
  *                          generic JSON value, the helpers below
  *   json_schema_object.c   objects: properties, required, additionalProperties,
- *                          patternProperties, propertyNames, min/maxProperties
+ *                          patternProperties, propertyNames, min/maxProperties, dependencies
  *   json_schema_array.c    arrays: items, prefixItems, min/maxItems, uniqueItems
  *   json_schema_scalar.c   strings (length, pattern, format) and numbers (bounds, multipleOf)
  *   json_schema_combine.c  allOf (parts merged into one schema) and not (turned into what the
@@ -28,6 +28,7 @@
 #define COUNT_MAX        1000 /* counts the automaton spells out (items, properties, characters) */
 #define LENGTH_MAX       (1 << 24) /* a pattern's or format's own length may make a bound moot */
 #define UNIQUE_MAX       8         /* uniqueItems is enforced over up to this many listed values */
+#define DEP_MAX          6         /* properties with dependencies: 2^DEP_MAX branches at most */
 
 /* Internal keywords "not" turns into (a leading space: no schema author writes one). */
 #define KW_ABSENT   " absent"   /* keys an object must not have */
@@ -51,6 +52,7 @@ struct js {
     char path[256];
     int free_max; /* characters a free string is written in at most (a longer maxLength is cut) */
     bool cut;     /* some string's maxLength is above JS_FREE_MIN: a smaller free_max cuts it */
+    bool nothing; /* the builder's error says the schema allows no value (js_nothing) */
 };
 
 static inline const cJSON *get(const cJSON *s, const char *k)
@@ -77,9 +79,18 @@ struct frag js_value(struct js *j, const cJSON *s);
 struct frag js_any_value(struct js *j);
 /* A call to the rule compiling s (made once; calls may come before its body). */
 struct frag js_rule_for(struct js *j, const cJSON *s);
+/* The schema a local $ref names: a JSON pointer ("#/$defs/a", %-escapes decoded), or an
+ * anchor ("#a": $anchor "a", or draft 4-7's id/$id "#a"). NULL (the builder failed) if none. */
 const cJSON *js_resolve_ref(struct js *j, const char *ref);
+/* anyOf/oneOf (kw) over the schemas of list; branches quern refuses, or that allow nothing,
+ * are left out while one is left. */
+struct frag js_alternatives(struct js *j, const cJSON *list, const char *kw);
 /* Fails the builder with fmt (one %s: arg) and where in the schema; the empty fragment. */
 struct frag js_fail(struct js *j, int code, const char *fmt, const char *arg);
+/* The same for a schema that allows no value (QERR_INVALID, and j->nothing set when it is the
+ * builder's first error): an optional property or an anyOf branch that allows nothing is left
+ * out where it stands, which changes nothing the schema allows. */
+struct frag js_nothing(struct js *j, const char *fmt, const char *arg);
 /* x, now owned by j (freed with it); NULL (and the builder failed) when x is NULL or no room. */
 cJSON *js_own(struct js *j, cJSON *x);
 void js_free(struct js *j);
@@ -127,6 +138,14 @@ bool js_in_required(const cJSON *req, const char *name);
  * object `keys` and of the string items of list `strs` (either may be NULL). */
 struct frag js_exclude_strings(struct js *j, struct frag f, int s0, int e0, const cJSON *keys,
                                const cJSON *strs);
+
+/* dependencies (drafts 4-7), dependentRequired and dependentSchemas (2019-09 on): where the
+ * object has property A it has the names listed for A too, or meets the schema given for A.
+ * Compiled as one anyOf branch per set of the triggers present (at most 2^DEP_MAX): the branch
+ * requires its triggers and the names they list, keeps the other triggers out (KW_ABSENT),
+ * and meets its triggers' schemas (allOf); a branch that allows nothing is left out. (Requiring
+ * the triggers only makes the branches disjoint: their union is the same without it.) */
+struct frag js_dependencies(struct js *j, const cJSON *s);
 
 /* ---- json_schema_array.c ---- */
 

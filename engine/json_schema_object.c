@@ -1,7 +1,7 @@
 /* json_schema_object: objects. Properties are written in schema order, each required one
  * once; other members (additionalProperties, patternProperties' one pattern, keys under
  * propertyNames) come after them and never take a listed property's name; min/maxProperties
- * count the members. */
+ * count the members; dependencies are branches by the set of triggers present. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,7 +160,7 @@ static bool name_allowed(struct js *j, const cJSON *names, const char *name, boo
         js_fail(j, QERR_UNSUPPORTED, "property '%.60s' could not be checked against propertyNames",
                 name);
     else if (!in && required)
-        js_fail(j, QERR_INVALID, "required property '%.60s' is not in propertyNames", name);
+        js_nothing(j, "required property '%.60s' is not in propertyNames", name);
     return in == 1;
 }
 
@@ -174,14 +174,13 @@ static bool listed_ok(struct js *j, const cJSON *names, const cJSON *absent, con
     if (cJSON_IsFalse(schema) ||
         (n && (cJSON_IsTrue(n) ||
                (cJSON_IsObject(n) && !js_says_besides(n, (const char *const[]){NULL}))))) {
-        if (required) js_fail(j, QERR_INVALID, "required property '%.60s' allows no value", name);
+        if (required) js_nothing(j, "required property '%.60s' allows no value", name);
         return false;
     }
     cJSON_ArrayForEach(x, absent)
     {
         if (!cJSON_IsString(x) || strcmp(x->valuestring, name)) continue;
-        if (required)
-            js_fail(j, QERR_INVALID, "required property '%.60s' is ruled out by 'not'", name);
+        if (required) js_nothing(j, "required property '%.60s' is ruled out by 'not'", name);
         return false;
     }
     return name_allowed(j, names, name, required);
@@ -287,10 +286,10 @@ struct frag js_object_value(struct js *j, const cJSON *s)
                 return js_fail(j, QERR_UNSUPPORTED,
                                "required property '%.60s' is not in 'properties'", x->valuestring);
             if (addl && cJSON_IsFalse(addl))
-                return js_fail(j, QERR_INVALID,
-                               "required property '%.60s' is ruled out by additionalProperties: "
-                               "false",
-                               x->valuestring);
+                return js_nothing(j,
+                                  "required property '%.60s' is ruled out by additionalProperties: "
+                                  "false",
+                                  x->valuestring);
             if (!merged) {
                 if (!(merged = js_own(j, cJSON_CreateObject()))) return (struct frag){0, 0};
                 const cJSON *p;
@@ -350,8 +349,7 @@ struct frag js_object_value(struct js *j, const cJSON *s)
     bool has_min = js_get_count(j, s, "minProperties", &min_p, COUNT_MAX),
          has_max = js_get_count(j, s, "maxProperties", &max_p, COUNT_MAX);
     if (b->rc) return (struct frag){0, 0};
-    if (has_max && min_p > max_p)
-        return js_fail(j, QERR_INVALID, "%s", "minProperties > maxProperties");
+    if (has_max && min_p > max_p) return js_nothing(j, "%s", "minProperties > maxProperties");
     if (!keys) keys = names;
     if ((has_min || has_max) && ((props && props->child) || !extra)) {
         struct counted c = {props,  req,   names, keys,  addl,
@@ -383,6 +381,8 @@ struct frag js_object_value(struct js *j, const cJSON *s)
             if (b->rc) return (struct frag){0, 0};
             continue; /* an optional property its name rules out */
         }
+        bool clean = !b->rc;
+        struct js_mark m = js_mark(j);
         int n0 = gb_state(b), n1 = gb_state(b), mid = gb_state(b);
         struct frag k0 = js_key_frag(j, p->string);
         struct frag k1 = gb_seq(b, comma(b), js_key_frag(j, p->string));
@@ -395,6 +395,10 @@ struct frag js_object_value(struct js *j, const cJSON *s)
         js_path_push(j, p->string, &save2);
         struct frag v = js_value(j, p);
         js_path_pop(j, save);
+        if (clean && !required && b->rc == QERR_INVALID && j->nothing) {
+            js_rollback(j, m); /* an optional property that allows no value is never written */
+            continue;
+        }
         gb_eps(b, mid, v.s);
         gb_eps(b, v.e, n1);
         if (!required) {
@@ -433,4 +437,79 @@ struct frag js_object_value(struct js *j, const cJSON *s)
     gb_eps(b, t0, close.s);
     gb_eps(b, t1, close.s);
     return (struct frag){open.s, close.e};
+}
+
+/* Appends the name to s's list k. */
+static bool append_name(cJSON *s, const char *k, const char *name)
+{
+    cJSON *n = cJSON_CreateString(name);
+    if (!n) return false;
+    js_append_to(s, k, n);
+    cJSON_Delete(n);
+    return true;
+}
+
+struct frag js_dependencies(struct js *j, const cJSON *s)
+{
+    static const char *const kws[] = {"dependencies", "dependentRequired", "dependentSchemas",
+                                      NULL};
+    const cJSON *trig[DEP_MAX + 1]; /* each trigger's entry: its name, and what it asks */
+    int n = 0;
+    for (int k = 0; kws[k]; k++) {
+        const cJSON *x = get(s, kws[k]), *d, *v;
+        if (!x) continue;
+        if (!cJSON_IsObject(x)) return js_fail(j, QERR_INVALID, "'%s' must be an object", kws[k]);
+        cJSON_ArrayForEach(d, x)
+        {
+            /* names (a list; draft 3's one string), or a schema */
+            bool names = k != 2 && (cJSON_IsArray(d) || (k == 0 && cJSON_IsString(d)));
+            bool schema = k != 1 && (cJSON_IsObject(d) || cJSON_IsBool(d));
+            if (cJSON_IsArray(d)) cJSON_ArrayForEach(v, d) names &= cJSON_IsString(v);
+            if (!names && !schema)
+                return js_fail(j, QERR_INVALID, "'%s' must map names to lists of names or schemas",
+                               kws[k]);
+            if (n == DEP_MAX) {
+                char msg[80];
+                snprintf(msg, sizeof msg, "dependencies on more than %d properties", DEP_MAX);
+                return js_fail(j, QERR_UNSUPPORTED, "%s", msg);
+            }
+            trig[n++] = d;
+        }
+    }
+    cJSON *base = js_copy_without(j, s, kws), *branches = js_own(j, cJSON_CreateArray());
+    if (!base || !branches) return (struct frag){0, 0};
+    for (int set = 0; set < 1 << n; set++) {
+        cJSON *br = js_copy_without(j, base, (const char *const[]){NULL}), *all = NULL;
+        if (!br) return (struct frag){0, 0};
+        bool ok = true;
+        for (int i = 0; i < n && ok; i++) {
+            const cJSON *d = trig[i];
+            if (!(set & 1 << i)) {
+                ok = append_name(br, KW_ABSENT, d->string);
+                continue;
+            }
+            ok = append_name(br, "required", d->string);
+            if (cJSON_IsArray(d) || cJSON_IsString(d)) {
+                js_append_to(br, "required", d);
+                continue;
+            }
+            if (!all) {
+                cJSON *wrap = js_own(j, cJSON_CreateObject());
+                all = cJSON_CreateArray();
+                if (!wrap || !all || !cJSON_AddItemReferenceToArray(all, br)) {
+                    cJSON_Delete(all);
+                    if (wrap) gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+                    return (struct frag){0, 0};
+                }
+                cJSON_AddItemToObject(wrap, "allOf", all);
+                br = wrap;
+            }
+            ok = cJSON_AddItemReferenceToArray(all, (cJSON *)d);
+        }
+        if (!ok || !cJSON_AddItemReferenceToArray(branches, br)) {
+            gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+            return (struct frag){0, 0};
+        }
+    }
+    return js_alternatives(j, branches, "dependencies");
 }

@@ -668,6 +668,202 @@ START_TEST(counted_properties)
 }
 END_TEST
 
+/* Oracles for dependencies_brute_force: which members an object has (bit k: the k-th of
+ * a, b, c, d; bit 4: the extra key x0), and a's value. */
+static bool dep_names(unsigned has, int a)
+{
+    (void)a; /* a needs b; c needs d (draft 3's one name) */
+    return (!(has & 1) || has & 2) && (!(has & 4) || has & 8) && !(has & 16);
+}
+static bool dep_required_and_schema(unsigned has, int a)
+{
+    (void)a; /* a needs b and c; d needs a (a schema with required) */
+    return (!(has & 1) || (has & 6) == 6) && (!(has & 8) || has & 1) && !(has & 16);
+}
+static bool dep_schema_bound(unsigned has, int a)
+{
+    /* with b, an a (when there is one) is at least 5 */
+    return (!(has & 2) || !(has & 1) || a >= 5) && !(has & 16);
+}
+static bool dep_mutual(unsigned has, int a)
+{
+    (void)a;
+    return !(has & 1) == !(has & 2) && !(has & 16);
+}
+static bool dep_extra_key(unsigned has, int a)
+{
+    (void)a; /* an extra key x0 needs d */
+    return !(has & 16) || has & 8;
+}
+static bool dep_contradiction(unsigned has, int a)
+{
+    (void)a; /* a needs b, and b rules a out: no a */
+    return !(has & 1) && !(has & 16);
+}
+
+/* dependencies, dependentRequired and dependentSchemas over every set of members: each
+ * object's verdict against the rule it states. */
+START_TEST(dependencies_brute_force)
+{
+    const struct {
+        const char *kws, *extra;
+        bool (*want)(unsigned has, int a);
+    } cases[] = {
+        {"\"dependencies\":{\"a\":[\"b\"],\"c\":\"d\"}", "false", dep_names},
+        {"\"dependentRequired\":{\"a\":[\"b\",\"c\"]},\"dependentSchemas\":{\"d\":{\"required\":["
+         "\"a\"]}}",
+         "false", dep_required_and_schema},
+        {"\"dependencies\":{\"b\":{\"properties\":{\"a\":{\"minimum\":5}}}}", "false",
+         dep_schema_bound},
+        {"\"dependentRequired\":{\"a\":[\"b\"],\"b\":[\"a\"]}", "false", dep_mutual},
+        {"\"dependencies\":{\"x0\":[\"d\"]}", "{\"type\":\"integer\"}", dep_extra_key},
+        {"\"dependentRequired\":{\"a\":[\"b\"]},\"dependentSchemas\":{\"b\":{\"not\":{"
+         "\"required\":[\"a\"]}}}",
+         "false", dep_contradiction},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char schema[400];
+        snprintf(schema, sizeof schema,
+                 "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{"
+                 "\"type\":\"integer\"},\"c\":{\"type\":\"integer\"},\"d\":{\"type\":\"integer\"}},"
+                 "\"additionalProperties\":%s,%s}",
+                 cases[i].extra, cases[i].kws);
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, schema);
+        for (unsigned has = 0; has < 32; has++)
+            for (int a = 1; a <= 7; a += 6) {
+                char obj[120] = "{";
+                int n = 0;
+                for (int k = 0; k < 5; k++) {
+                    if (!(has & 1u << k)) continue;
+                    size_t len = strlen(obj);
+                    snprintf(obj + len, sizeof obj - len, "%s\"%s\":%d", n++ ? ", " : "",
+                             (const char *const[]){"a", "b", "c", "d", "x0"}[k], k ? k : a);
+                }
+                strcat(obj, "}");
+                bool want = cases[i].want(has, a);
+                ck_assert_msg((matches(g, obj) == 1) == want, "%s: %s should be %s", schema, obj,
+                              want ? "accepted" : "rejected");
+            }
+        grammar_unref(g);
+    }
+    char msg[512];
+    ck_assert_int_eq(
+        compile_rc(GRAMMAR_JSON_SCHEMA, "{\"dependentRequired\":{\"a\":{}}}", msg, sizeof msg),
+        QERR_INVALID);
+    ck_assert_int_eq(
+        compile_rc(
+            GRAMMAR_JSON_SCHEMA,
+            "{\"dependentRequired\":{\"a\":[\"b\"],\"b\":[\"c\"],\"c\":[\"d\"],\"d\":[\"e\"],"
+            "\"e\":[\"f\"],\"f\":[\"g\"],\"g\":[\"a\"]}}",
+            msg, sizeof msg),
+        QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(msg, "more than 6"), "%s", msg);
+}
+END_TEST
+
+/* Where a schema allows no value: an optional property or an anyOf branch is left out, a
+ * required one (or the whole schema) is an error. */
+START_TEST(unsatisfiable_parts_left_out)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{\"type\":\"integer\"}"
+        ","
+        "\"c\":{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"minLength\":3,"
+        "\"maxLength\":2}},\"required\":[\"d\"]}},\"required\":[\"b\"]}");
+    ACCEPTS(g, "{\"b\":1}");
+    REJECTS(g, "{\"a\":\"x\",\"b\":1}");
+    REJECTS(g, "{\"b\":1,\"c\":{}}");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"anyOf\":[{\"type\":\"integer\",\"minimum\":5,\"maximum\":4},{\"type\":"
+                   "\"array\",\"minItems\":2,\"maxItems\":1},{\"type\":\"boolean\"}]}");
+    ACCEPTS(g, "true");
+    REJECTS(g, "5");
+    REJECTS(g, "[]");
+    grammar_unref(g);
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]}},"
+                                "\"required\":[\"a\"]}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_msg(strstr(msg, "/properties/a"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"anyOf\":[{\"type\":\"integer\",\"minimum\":5,\"maximum\":4},{"
+                                "\"minLength\":1,\"maxLength\":0}]}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+    /* a branch quern refuses is what the error names when no branch is left */
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"anyOf\":[{\"type\":\"integer\",\"minimum\":5,\"maximum\":4},{"
+                                "\"pattern\":\"(?=a)\"}]}",
+                                msg, sizeof msg),
+                     QERR_UNSUPPORTED);
+    /* malformed, not empty: never left out */
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":-1}}}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+}
+END_TEST
+
+/* $ref by anchor ($anchor; drafts 4-7's id "#name") and by pointers with %-escapes, which are
+ * decoded before the pointer's ~ escapes (RFC 6901: %7E0 is ~0, then ~). */
+START_TEST(ref_anchors_and_escapes)
+{
+    struct grammar *g = compile_ok(
+        GRAMMAR_JSON_SCHEMA,
+        "{\"type\":\"array\",\"prefixItems\":[{\"$ref\":\"#num\"},{\"$ref\":\"#flag\"},{\"$ref\":"
+        "\"#/definitions/a%20b\"},{\"$ref\":\"#/definitions/c~1d%7E0\"}],\"items\":false,"
+        "\"definitions\":{\"n\":{\"$anchor\":\"num\",\"type\":\"integer\"},\"f\":{\"id\":\"#flag\","
+        "\"type\":\"boolean\"},\"a b\":{\"type\":\"null\"},\"c/d~0\":{\"const\":\"wrong\"},"
+        "\"c/d~\":{\"const\":\"s\"}}}");
+    ACCEPTS(g, "[1, true, null, \"s\"]");
+    REJECTS(g, "[true, 1, null, \"s\"]");
+    REJECTS(g, "[1, true, null, \"wrong\"]");
+    grammar_unref(g);
+    char msg[512];
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"$ref\":\"#nowhere\",\"$defs\":{\"a\":{\"$anchor\":\"else\"}}}",
+                                msg, sizeof msg),
+                     QERR_INVALID);
+    ck_assert_msg(strstr(msg, "points to nothing"), "%s", msg);
+    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA,
+                                "{\"$ref\":\"#/$defs/a%00b\",\"$defs\":{\"a\":{}}}", msg,
+                                sizeof msg),
+                     QERR_INVALID);
+}
+END_TEST
+
+/* Formats: JSON Schema's own, as subsets; others are annotations (any string). */
+START_TEST(formats_standard_and_unknown)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"json-pointer\"}");
+    ACCEPTS(g, "\"\"");
+    ACCEPTS(g, "\"/a/b~1c/~0\"");
+    REJECTS(g, "\"a/b\"");
+    REJECTS(g, "\"/a~2\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA,
+                   "{\"type\":\"string\",\"format\":\"relative-json-pointer\"}");
+    ACCEPTS(g, "\"0#\"");
+    ACCEPTS(g, "\"12/a\"");
+    REJECTS(g, "\"01/a\"");
+    REJECTS(g, "\"/a\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"iri\"}");
+    ACCEPTS(g, "\"https://example.com/a?b=c\"");
+    REJECTS(g, "\"no scheme\"");
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"color\"}");
+    ACCEPTS(g, "\"dark red\"");
+    ACCEPTS(g, "\"\"");
+    grammar_unref(g);
+}
+END_TEST
+
 /* An anyOf branch that cannot be compiled is left out; what it built is taken back (here the
  * generic JSON value's rule, made inside the dropped branch, then needed by the next). */
 START_TEST(any_of_drops_unsupported)
@@ -851,9 +1047,6 @@ START_TEST(schema_refusals)
                                 sizeof msg),
                      QERR_UNSUPPORTED);
     ck_assert_msg(strstr(msg, "'not'") && strstr(msg, "/properties/a"), "%s", msg);
-    ck_assert_int_eq(compile_rc(GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"iri\"}",
-                                msg, sizeof msg),
-                     QERR_UNSUPPORTED);
     ck_assert_int_eq(
         compile_rc(GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/none\"}", msg, sizeof msg),
         QERR_INVALID);
@@ -1511,6 +1704,10 @@ static Suite *suite(void)
     tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, schema_refs_and_combinators);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, dependencies_brute_force);
+    tcase_add_test(tc, unsatisfiable_parts_left_out);
+    tcase_add_test(tc, ref_anchors_and_escapes);
+    tcase_add_test(tc, formats_standard_and_unknown);
     tcase_add_test(tc, cache_lru);
     tcase_add_test(tc, mask_exact);
     tcase_add_test(tc, forced_bytes_and_allowed_runs);
