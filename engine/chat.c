@@ -19,6 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* DeepSeek's markers: fullwidth bars (U+FF5C) and, in the end of sentence, U+2581 */
+#define DS_USER      "<｜User｜>"
+#define DS_ASSISTANT "<｜Assistant｜>"
+#define DS_EOS       "<｜end▁of▁sentence｜>"
+
 static bool has(const char *s, size_t len, const char *needle)
 {
     return memmem(s, len, needle, strlen(needle)) != NULL;
@@ -33,6 +38,8 @@ const char *chat_kind_name(enum chat_kind k)
         return "llama3";
     case CHAT_LLAMA2:
         return "llama2";
+    case CHAT_DEEPSEEK3:
+        return "deepseek3";
     }
     return "unknown";
 }
@@ -59,6 +66,8 @@ const char *chat_template_name(const struct chat_template *t)
         return "chatml";
     case CHAT_LLAMA3:
         return "llama3";
+    case CHAT_DEEPSEEK3:
+        return t->think ? "deepseek-r1" : "deepseek3";
     case CHAT_LLAMA2:
         break;
     }
@@ -167,10 +176,48 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         out->tools = CHAT_TOOLS_LLAMA3;
         return 0;
     }
+    if (has(tmpl, len, DS_USER) && has(tmpl, len, DS_ASSISTANT) && has(tmpl, len, DS_EOS)) {
+        out->kind = CHAT_DEEPSEEK3;
+        out->think = has(tmpl, len, DS_ASSISTANT "<think>");
+        return 0;
+    }
     return qerr_set(err, QERR_UNSUPPORTED,
-                    "chat template: not recognized (no <|im_start|>, [INST] or "
-                    "<|start_header_id|> marker): \"%.*s%s\"",
+                    "chat template: not recognized (no <|im_start|>, [INST], "
+                    "<|start_header_id|> or <｜User｜> marker): \"%.*s%s\"",
                     (int)(len > 80 ? 80 : len), tmpl, len > 80 ? "..." : "");
+}
+
+int chat_template_by_name(const char *name, struct chat_template *out, struct qerr *err)
+{
+    static const struct chat_template named[] = {
+        {.kind = CHAT_CHATML},
+        {.kind = CHAT_LLAMA3, .tools = CHAT_TOOLS_LLAMA3},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2_SYS},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2_SYS_BOS},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2_SYS_STRIP},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_MISTRAL_V1, .tools = CHAT_TOOLS_MISTRAL},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_MISTRAL_V3, .tools = CHAT_TOOLS_MISTRAL},
+        {.kind = CHAT_LLAMA2,
+         .variant = CHAT_VARIANT_MISTRAL_V3_TEKKEN,
+         .tools = CHAT_TOOLS_MISTRAL},
+        {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_MISTRAL_V7, .tools = CHAT_TOOLS_MISTRAL},
+        {.kind = CHAT_DEEPSEEK3},
+        {.kind = CHAT_DEEPSEEK3, .think = true},
+    };
+    char names[256] = "";
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+        const char *n = chat_template_name(&named[i]);
+        if (name && !strcmp(name, n)) {
+            *out = named[i];
+            return 0;
+        }
+        size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", n);
+    }
+    memset(out, 0, sizeof *out);
+    return qerr_set(err, QERR_UNSUPPORTED, "chat template '%.40s': not a known name (%s)",
+                    name ? name : "", names);
 }
 
 void chat_template_free(struct chat_template *t)
@@ -353,6 +400,70 @@ static void fmt_llama2(enum chat_variant v, const struct chat_msg *m, const enum
     }
 }
 
+/* DeepSeek-R1-Distill-Llama's template, tool turns included: the last system message's text
+ * first, then the turns; an assistant's text after its last "</think>" (earlier reasoning is
+ * not kept); calls in ```json blocks; results between output markers. Two of its quirks are
+ * kept as its Jinja has them: only the first assistant message with calls opens the calls
+ * block (later ones write continuation calls), and a lone call never closes it. The tool
+ * list itself is nowhere in the template: offering tools is refused. */
+static int fmt_deepseek3(const struct chat_template *t, const struct chat_msg *m,
+                         const enum role *r, size_t n, const cJSON *tools, bool gen, struct sb *b,
+                         struct qerr *err)
+{
+    if (tools && cJSON_GetArraySize(tools) > 0)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "chat template %s: it writes no tool list, so tools cannot be offered",
+                        chat_template_name(t));
+    const char *sys = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (r[i] == ROLE_SYSTEM) sys = m[i].content;
+    if (sys) sb_msg(b, sys);
+    bool first_call = true, first_output = true, in_tool = false;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i] == ROLE_USER) {
+            sb_str(b, DS_USER);
+            sb_msg(b, m[i].content);
+            in_tool = false;
+        } else if (r[i] == ROLE_ASSISTANT && !m[i].content) {
+            for (size_t k = 0; k < m[i].n_calls; k++) {
+                const struct chat_call *c = &m[i].calls[k];
+                sb_str(b, first_call ? DS_ASSISTANT "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+                                     : "\n<｜tool▁call▁begin｜>");
+                sb_str(b, "function<｜tool▁sep｜>");
+                sb_msg(b, c->name);
+                sb_str(b, "\n```json\n");
+                sb_msg(b, c->arguments ? c->arguments : "");
+                sb_str(b, "\n```<｜tool▁call▁end｜>");
+                if (!first_call) sb_str(b, "<｜tool▁calls▁end｜>" DS_EOS);
+                first_call = false;
+            }
+            in_tool = false;
+        } else if (r[i] == ROLE_ASSISTANT) {
+            if (in_tool) {
+                sb_str(b, "<｜tool▁outputs▁end｜>");
+                sb_msg(b, m[i].content);
+            } else {
+                const char *c = m[i].content, *x;
+                while ((x = strstr(c, "</think>"))) c = x + strlen("</think>");
+                sb_str(b, DS_ASSISTANT);
+                sb_msg(b, c);
+            }
+            sb_str(b, DS_EOS);
+            in_tool = false;
+        } else if (r[i] == ROLE_TOOL) {
+            sb_str(b, first_output ? "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>"
+                                   : "\n<｜tool▁output▁begin｜>");
+            sb_msg(b, m[i].content ? m[i].content : "");
+            sb_str(b, "<｜tool▁output▁end｜>");
+            first_output = false;
+            in_tool = true;
+        }
+    }
+    if (in_tool) sb_str(b, "<｜tool▁outputs▁end｜>");
+    if (gen && !in_tool) sb_str(b, t->think ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+    return 0;
+}
+
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b)
 {
@@ -370,6 +481,9 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
             fmt_mistral(t->variant, m, r, n, b);
         else
             fmt_llama2(t->variant, m, r, n, b);
+        break;
+    case CHAT_DEEPSEEK3:
+        fmt_deepseek3(t, m, r, n, NULL, gen, b, NULL);
         break;
     }
 }
@@ -436,7 +550,9 @@ int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs
     struct sb b = {.spans = content && n_content};
     sb_put(&b, "", 0);
     int rc = 0;
-    if (list || tool_turns)
+    if (t->kind == CHAT_DEEPSEEK3)
+        rc = fmt_deepseek3(t, msgs, r, n, list, gen, &b, err);
+    else if (list || tool_turns)
         rc = chat_fmt_tools(t, msgs, r, n, list, gen, &b, err);
     else
         chat_fmt_plain(t, msgs, r, n, gen, &b);

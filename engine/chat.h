@@ -16,6 +16,9 @@ enum chat_kind {
     CHAT_CHATML, /* <|im_start|>role\ncontent<|im_end|>\n */
     CHAT_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
     CHAT_LLAMA2, /* <s>[INST] <<SYS>>..<</SYS>> user [/INST] assistant</s> (also Mistral) */
+    /* system<｜User｜>user<｜Assistant｜>assistant<｜end▁of▁sentence｜> (DeepSeek-V3, and the
+     * R1 distills of Llama, whose generation prompt opens a <think> block) */
+    CHAT_DEEPSEEK3,
 };
 
 /* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */
@@ -49,6 +52,9 @@ struct chat_template {
      * "You are a helpful AI assistant named SmolLM, trained by Hugging Face"); NULL if none.
      * Owned by the struct. */
     char *default_system;
+    /* The generation prompt opens the model's reasoning (DeepSeek-R1's "<think>\n"): the answer
+     * starts inside a <think> block and its text after "</think>" is the reply. */
+    bool think;
 };
 
 /* One tool call an assistant message made (as the request sent it back). */
@@ -69,6 +75,10 @@ struct chat_msg {
 /* Recognizes the template text (len bytes); QERR_UNSUPPORTED naming the template otherwise. */
 int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out, struct qerr *err);
 void chat_template_free(struct chat_template *t);
+/* The format named as chat_template_name names it ("chatml", "llama3", "mistral-v7",
+ * "deepseek-r1", ...), as llama.cpp's --chat-template NAME; QERR_UNSUPPORTED listing the names
+ * otherwise. */
+int chat_template_by_name(const char *name, struct chat_template *out, struct qerr *err);
 const char *chat_kind_name(enum chat_kind k);
 /* The precise format, e.g. "chatml", "llama3", "llama2-sys", "mistral-v7". */
 const char *chat_template_name(const struct chat_template *t);

@@ -151,4 +151,18 @@ void cli_spec_close(struct cli_spec *s);
 /* The model path: the --model argument, else $QUERN_MODEL, else the default. */
 const char *cli_model_path(const char *arg);
 
+/* The chat template (serve, generate): with --chat-template ARG, the format ARG names
+ * (chat_template_by_name), else the Jinja text of the file ARG, else ARG as Jinja text, the
+ * last two recognized by their markers; without it, the model's tokenizer.chat_template.
+ * Errors name ARG or the model's key. */
+#define CLI_CHAT_TEMPLATE_HELP                                                                     \
+    "  --chat-template T   the chat format instead of the model's: a name (chatml, llama3,\n"      \
+    "                    llama2[-sys[-bos|-strip]], mistral-v1|v3|v3-tekken|v7, deepseek3,\n"      \
+    "                    deepseek-r1), or a Jinja template of a known family, in a file or\n"      \
+    "                    inline\n"
+struct gguf_file;
+struct chat_template;
+int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_template *out,
+                      struct qerr *err);
+
 #endif

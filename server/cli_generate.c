@@ -22,7 +22,8 @@ static void generate_usage(FILE *out)
         "  --prompt TEXT     the prompt (UTF-8)\n"
         "  -n N              tokens to generate (default 64)\n"
         "  --chat            wrap the prompt in the model's chat template as a user message\n"
-        "  --system TEXT     system message for --chat (default: the template's own)\n"
+        "  --system TEXT     system message for --chat (default: the template's "
+        "own)\n" CLI_CHAT_TEMPLATE_HELP
         "  --temp T          temperature, 0 = greedy (default 0.8)\n"
         "  --top-k K         keep the K most likely tokens (default 40, 0 = off)\n"
         "  --top-p P         nucleus sampling (default 0.95)\n"
@@ -70,7 +71,8 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 
 struct gen_args {
     const char *model, *prompt, *system;
-    const char *trace_path; /* --trace */
+    const char *chat_template; /* --chat-template (implies --chat) */
+    const char *trace_path;    /* --trace */
     long n_predict, threads;
     bool chat, ignore_eos, stats;
     struct cli_backend_args be;
@@ -92,7 +94,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_SYSTEM,
         O_REPEAT,
         O_NOSTATS,
-        O_TRACE
+        O_TRACE,
+        O_CHATTMPL
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -111,6 +114,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          CLI_SPEC_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {"trace", required_argument, 0, O_TRACE},
+                                         {"chat-template", required_argument, 0, O_CHATTMPL},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .stats = true, .be.precision = MATMUL_AUTO};
     sample_params_cli_default(&a->sp); /* the defaults --help states */
@@ -144,6 +148,10 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             break;
         case O_TRACE:
             a->trace_path = optarg;
+            break;
+        case O_CHATTMPL:
+            a->chat_template = optarg;
+            a->chat = true;
             break;
         case O_SYSTEM:
             a->system = optarg;
@@ -215,11 +223,9 @@ static int tokenize_prompt(const struct gguf_file *f, const struct tokenizer *to
             qerr_wrap(err, "--prompt");
         return rc;
     }
-    struct gguf_str tmpl;
-    if ((rc = gguf_get_str(f, "tokenizer.chat_template", &tmpl, err)))
-        return qerr_wrap(err, "--chat");
     struct chat_template ct;
-    if ((rc = chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, err))) return rc;
+    if ((rc = cli_chat_template(f, a->chat_template, &ct, err)))
+        return qerr_wrap(err, a->chat_template ? "--chat-template" : "--chat");
     struct chat_msg msgs[2];
     size_t n_msgs = 0;
     if (a->system) msgs[n_msgs++] = (struct chat_msg){.role = "system", .content = a->system};

@@ -69,7 +69,8 @@ static void serve_usage(FILE *out)
         "  --mask-mode launch|thread|after\n"
         "                           when structured outputs' token masks are computed: once\n"
         "                           the forward is issued (default), on a helper thread\n"
-        "                           beside it, or before each sampling (docs/benchmarks.md)\n"
+        "                           beside it, or before each sampling "
+        "(docs/benchmarks.md)\n" CLI_CHAT_TEMPLATE_HELP
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
         "                           and vLLM parse them)\n"
@@ -148,7 +149,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_REQTIMEOUT,
         O_STALL,
         O_POOLING,
-        O_MASK
+        O_MASK,
+        O_CHATTMPL
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -168,6 +170,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-body", required_argument, 0, O_BODY},
         {"max-connections", required_argument, 0, O_CONNS},
         {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
+        {"chat-template", required_argument, 0, O_CHATTMPL},
         {"no-webui", no_argument, 0, O_NOWEBUI},
         {"trace", required_argument, 0, O_TRACE},
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
@@ -294,6 +297,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_CHATSPECIAL:
             o->chat_parse_special = true;
             break;
+        case O_CHATTMPL:
+            o->chat_template = optarg;
+            break;
         case O_NOWEBUI:
             o->no_webui = true;
             break;
@@ -347,11 +353,11 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     if (tokenizer_pre_is_fallback(L->tok))
         fprintf(stderr, "quern serve: warning: unknown pre-tokenizer '%s'; using GPT-2's\n",
                 tokenizer_pre_name(L->tok));
-    struct gguf_str tmpl;
     struct qerr cerr = {0};
-    if (gguf_get_str(L->f, "tokenizer.chat_template", &tmpl, &cerr) == 0 &&
-        chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &L->chat, &cerr) == 0) {
+    if (cli_chat_template(L->f, o->chat_template, &L->chat, &cerr) == 0) {
         L->has_chat = true;
+    } else if (o->chat_template) {
+        return qerr_set(err, cerr.code, "%s", cerr.msg); /* asked for: not served without it */
     } else {
         snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
         fprintf(stderr, "quern serve: warning: no chat endpoint: %s\n", cerr.msg);

@@ -6,6 +6,8 @@
 
 #include "cli.h"
 
+#include "../engine/chat.h"
+#include "../engine/gguf.h"
 #include "../engine/model.h"
 
 bool cli_parse_int(const char *text, long lo, long hi, long *out)
@@ -158,5 +160,30 @@ int cli_backends_open(const char *prog, const struct cli_backend_args *b, int th
                                 .gemm_min_tokens = b->knobs.gemm_min_tokens};
     int rc = backend_group_create(&r, b->tp > 0 ? b->tp : 1, g, err);
     if (!rc) fprintf(stderr, "quern %s: backend: %s\n", prog, err->msg);
+    return rc;
+}
+
+int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_template *out,
+                      struct qerr *err)
+{
+    if (!arg) {
+        struct gguf_str tmpl;
+        int rc = gguf_get_str(f, "tokenizer.chat_template", &tmpl, err);
+        return rc ? rc : chat_template_parse(tmpl.ptr, (size_t)tmpl.len, out, err);
+    }
+    if (chat_template_by_name(arg, out, NULL) == 0) return 0;
+    FILE *fp = fopen(arg, "rb");
+    if (!fp && !strchr(arg, '{')) /* neither a file nor Jinja: a name misspelled */
+        return chat_template_by_name(arg, out, err);
+    if (!fp) return chat_template_parse(arg, strlen(arg), out, err);
+    char *text = malloc((size_t)1 << 20);
+    size_t len = text ? fread(text, 1, ((size_t)1 << 20) - 1, fp) : 0;
+    bool whole = text && feof(fp) && !ferror(fp);
+    fclose(fp);
+    int rc = !text ? qerr_set(err, QERR_NOMEM, "--chat-template %s: out of memory", arg)
+             : !whole
+                 ? qerr_set(err, QERR_INVALID, "--chat-template %s: unreadable or over 1 MiB", arg)
+                 : chat_template_parse(text, len, out, err);
+    free(text);
     return rc;
 }

@@ -43,11 +43,13 @@ struct serve_opts {
     double stall_timeout_s;   /* a stream whose client reads nothing that long is aborted */
     const char *trace_path;   /* --trace: engine/trace.h's file; NULL: no trace */
     bool log_json;
-    struct cli_backend_args be;  /* --precision, --device, --tp, --batch-invariant, the knobs */
-    bool chat_parse_special;     /* --chat-parse-special: control tokens in message content count */
-    enum engine_pooling pooling; /* --pooling: /v1/embeddings' pooling (default mean) */
-    struct cli_spec spec;        /* --spec, --spec-k */
-    bool no_webui;               /* --no-webui: no page at / (server/webui.h) */
+    struct cli_backend_args be; /* --precision, --device, --tp, --batch-invariant, the knobs */
+    bool chat_parse_special;    /* --chat-parse-special: control tokens in message content count */
+    const char
+        *chat_template; /* --chat-template: a format's name or a template (NULL: the model's) */
+    enum engine_pooling pooling;     /* --pooling: /v1/embeddings' pooling (default mean) */
+    struct cli_spec spec;            /* --spec, --spec-k */
+    bool no_webui;                   /* --no-webui: no page at / (server/webui.h) */
     enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
 };
 

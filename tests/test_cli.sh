@@ -85,6 +85,15 @@ expect 1 'exceeds the context length' -- generate --model "$model" --prompt "$lo
 # another first token at this prompt's near-tie (logprob -1.97 vs -2.04), as llama.cpp does
 expect 0 'Paris' -- generate --model "$model" --chat --temp 0 -n 24 --precision f32 \
   --prompt "What is the capital of France?"
+# --chat-template: a format by name (ChatML without SmolLM2's default system prompt gives the
+# same answer), a Jinja file of a known family, a misspelled name (the names listed)
+expect 0 'Paris' -- generate --model "$model" --chat-template chatml --temp 0 -n 24 --precision f32 \
+  --prompt "What is the capital of France?"
+expect 0 '' -- generate --model "$model" --temp 0 -n 4 --prompt hi \
+  --chat-template "$(dirname "$0")/golden/templates/deepseek-r1-distill-llama-8b.jinja"
+expect 1 "--chat-template: chat template 'chatm1': not a known name \\(chatml, llama3" -- \
+  generate --model "$model" --chat-template chatm1 --prompt hi -n 1
+expect 1 'not recognized' -- generate --model "$model" --chat-template '{{ messages }}' --prompt hi -n 1
 expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16, f32 or q8" -- generate --model "$model" --prompt hi --kv-type f8

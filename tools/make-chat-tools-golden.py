@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Renders tests/golden/templates/*.jinja (the chat templates of Llama-3.1-8B-Instruct,
-Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3 and Mistral-Nemo-Instruct-2407) over a set of
+Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
+DeepSeek-R1-Distill-Llama-8B, the last from llama.cpp's models/templates) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
 no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
@@ -53,11 +54,32 @@ MISTRAL_CASES = [
      [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "},
       Q], True),
 ]
+CALL2 = {"role": "assistant", "content": None, "tool_calls": [
+    CALL["tool_calls"][0],
+    {"id": "f5G6h7J8k", "type": "function",
+     "function": {"name": "get_time", "arguments": "{\"tz\": \"Europe/Paris\"}"}}]}
+# DeepSeek-R1's template writes no tool list (none is offered) and adds the arguments text as
+# it is (a string, as transformers passes it)
+DEEPSEEK_CASES = [
+    ("a system message and one question", [],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("an earlier answer with its reasoning, then a question", [],
+     [Q, {"role": "assistant", "content": "<think>\nParis is sunny.\n</think>\n\nSunny, 21 C."},
+      {"role": "user", "content": "And tomorrow?"}], True),
+    ("a round trip: the call, its result, the answer", [],
+     [Q, CALL, RESULT, {"role": "assistant", "content": "It is 21.5 C and sunny."}], False),
+    ("two calls and two results", [],
+     [Q, CALL2, RESULT, dict(RESULT, tool_call_id="f5G6h7J8k", content="14:05")], True),
+    ("two system messages: the last one holds", [],
+     [{"role": "system", "content": "A"}, Q, {"role": "system", "content": "B"}], True),
+]
+STRING_ARGUMENTS = {"deepseek-r1-distill-llama-8b"}
 TEMPLATES = {
     "llama-3.1-8b-instruct": LLAMA_CASES,
     "llama-3.2-3b-instruct": LLAMA_CASES,
     "mistral-7b-instruct-v0.3": MISTRAL_CASES,
     "mistral-nemo-instruct-2407": MISTRAL_CASES,
+    "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
 }
 
 
@@ -70,7 +92,7 @@ def raise_exception(msg):
     raise jinja2.exceptions.TemplateError(msg)
 
 
-def render(text, tools, messages, gen):
+def render(text, tools, messages, gen, string_arguments=False):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
@@ -78,7 +100,8 @@ def render(text, tools, messages, gen):
     msgs = copy.deepcopy(messages)
     for m in msgs:  # vLLM hands templates the arguments as a dict
         for c in m.get("tool_calls") or []:
-            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+            if not string_arguments:
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
         if m.get("tool_calls") is None:
             m.pop("tool_calls", None)
     return env.from_string(text).render(messages=msgs, tools=tools, add_generation_prompt=gen,
@@ -94,7 +117,8 @@ def main():
         for what, tools, messages, gen in cases:
             out["cases"].append({"template": name, "what": what, "tools": [t["function"] for t in tools],
                                  "messages": messages, "add_generation_prompt": gen,
-                                 "formatted": render(text, tools, messages, gen)})
+                                 "formatted": render(text, tools, messages, gen,
+                                                     name in STRING_ARGUMENTS)})
     path = os.path.join(ROOT, "tests", "golden", "chat_tools.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)
