@@ -41,6 +41,22 @@ static void grammar_free(struct grammar *g)
 }
 
 /* One compile; free_max and *cut as gb_json_schema says (JSON Schema only). */
+/* Rule 0 (the root) preceded by reasoning: any text without "</think>", then "</think>" and
+ * spaces or newlines. The reasoning may not end the output: the grammar's own text must come. */
+static void after_think(struct gb *b)
+{
+    if (b->rc || b->n_rules == 0) return;
+    struct frag body = {b->rules[0].start, b->rules[0].end};
+    int after = gb_state(b);
+    struct frag think = gb_text_until(b, "</think>", after);
+    struct frag space = gb_alt_begin(b);
+    gb_alt_add(b, space, gb_lits(b, " "));
+    gb_alt_add(b, space, gb_lits(b, "\n"));
+    struct frag rest = gb_seq(b, gb_star(b, space), body);
+    gb_eps(b, after, rest.s);
+    gb_rule_set(b, 0, (struct frag){think.s, rest.e});
+}
+
 static int compile_once(enum grammar_kind kind, const char *text, size_t len, int free_max,
                         bool *cut, struct grammar **out, struct qerr *err)
 {
@@ -49,6 +65,8 @@ static int compile_once(enum grammar_kind kind, const char *text, size_t len, in
     struct gb b;
     gb_init(&b, err);
     int r;
+    bool think = kind & GRAMMAR_AFTER_THINK;
+    kind &= ~GRAMMAR_AFTER_THINK;
     switch (kind) {
     case GRAMMAR_JSON_SCHEMA:
         gb_json_schema(&b, text, len, free_max, cut);
@@ -73,6 +91,7 @@ static int compile_once(enum grammar_kind kind, const char *text, size_t len, in
     default:
         gb_fail(&b, QERR_INVALID, "unknown grammar kind %d", (int)kind);
     }
+    if (think) after_think(&b);
     /* a compiler that returned without a fragment must have said why; if not, refuse here
      * rather than determinize nothing */
     for (int i = 0; !b.rc && i < b.n_rules; i++)

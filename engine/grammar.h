@@ -31,6 +31,10 @@ enum grammar_kind {
     GRAMMAR_CHOICE,      /* text: a JSON list of strings; the output is one of them */
     GRAMMAR_TOOL_CALLS,  /* text: {"tools":[{"name","parameters"}...],"parallel":bool} */
     GRAMMAR_GBNF,        /* text: rules in the GBNF subset of engine/grammar_gbnf.c */
+    /* OR'ed into a kind: the output first reasons freely up to "</think>" (a reasoning model's
+     * block, which its prompt opened), then, after any spaces and newlines, holds to the
+     * grammar (vLLM's structured outputs after the reasoning ends) */
+    GRAMMAR_AFTER_THINK = 0x100,
 };
 
 /* Limits: a call stack deeper than this (JSON nested in recursive rules) is not followed. */

@@ -395,3 +395,34 @@ done:
     free(queue);
     return out;
 }
+
+struct frag gb_text_until(struct gb *b, const char *tag, int after)
+{
+    int L = (int)strlen(tag), fail[32] = {0}, st[32];
+    for (int k = 0; k < L; k++) st[k] = gb_state(b);
+    int end = gb_state(b);
+    for (int k = 1, m = 0; k < L; k++) { /* KMP failure function */
+        while (m && tag[k] != tag[m]) m = fail[m - 1];
+        if (tag[k] == tag[m]) m++;
+        fail[k] = m;
+    }
+    for (int k = 0; k < L; k++) {
+        gb_eps(b, st[k], end);
+        int lo = 0, prev = -2;
+        for (int c = 0; c <= 256; c++) {
+            int to = -1;
+            if (c < 256) {
+                int m = k;
+                while (m && (unsigned char)tag[m] != c) m = fail[m - 1];
+                if ((unsigned char)tag[m] == c) m++;
+                to = m == L ? after : st[m];
+            }
+            if (c == 256 || to != prev) {
+                if (prev >= -1 && c > lo) gb_range(b, st[k], prev, (uint8_t)lo, (uint8_t)(c - 1));
+                lo = c;
+                prev = to;
+            }
+        }
+    }
+    return (struct frag){st[0], end};
+}

@@ -80,6 +80,10 @@ struct frag gb_codepoints(struct gb *b, const struct cp_range *r, int n);
 struct frag gb_length(struct gb *b, struct frag x, int s0, int e0, int min, int max);
 int gb_frag_takes(struct gb *b, struct frag x, int s0, int e0, const char *str, size_t len);
 /* x's strings other than strs[0..n) (a product of x with their trie). */
+/* Free text (any bytes) that never contains `tag` (up to 31 bytes), whose end (e) may finish
+ * the rule, and a path that leaves it at `tag`'s last byte to state `after` (a KMP automaton
+ * over bytes). */
+struct frag gb_text_until(struct gb *b, const char *tag, int after);
 struct frag gb_exclude(struct gb *b, struct frag x, int s0, int e0, const char *const *strs,
                        const size_t *lens, int n);
 

@@ -7,39 +7,6 @@
 
 #include "json_schema_impl.h"
 
-/* Free text that never contains `tag`, whose end (e) may finish the rule, and a path that
- * leaves it at `tag`'s last byte to `after` (a KMP automaton over bytes). */
-static struct frag text_until(struct gb *b, const char *tag, int after)
-{
-    int L = (int)strlen(tag), fail[32] = {0}, st[32];
-    for (int k = 0; k < L; k++) st[k] = gb_state(b);
-    int end = gb_state(b);
-    for (int k = 1, m = 0; k < L; k++) { /* KMP failure function */
-        while (m && tag[k] != tag[m]) m = fail[m - 1];
-        if (tag[k] == tag[m]) m++;
-        fail[k] = m;
-    }
-    for (int k = 0; k < L; k++) {
-        gb_eps(b, st[k], end);
-        int lo = 0, prev = -2;
-        for (int c = 0; c <= 256; c++) {
-            int to = -1;
-            if (c < 256) {
-                int m = k;
-                while (m && (unsigned char)tag[m] != c) m = fail[m - 1];
-                if ((unsigned char)tag[m] == c) m++;
-                to = m == L ? after : st[m];
-            }
-            if (c == 256 || to != prev) {
-                if (prev >= -1 && c > lo) gb_range(b, st[k], prev, (uint8_t)lo, (uint8_t)(c - 1));
-                lo = c;
-                prev = to;
-            }
-        }
-    }
-    return (struct frag){st[0], end};
-}
-
 /* How the tool list asks calls to be written ("format"; Hermes when absent). */
 enum tool_fmt { TF_HERMES, TF_LLAMA3, TF_MISTRAL, TF_MISTRAL_NOSP, TF_MISTRAL_ARGS };
 
@@ -154,7 +121,7 @@ struct frag gb_tool_calls(struct gb *b, const char *text, size_t len)
          * (the text may not contain the tag otherwise) */
         const char *tag = fmt == TF_HERMES ? "<tool_call>" : "[TOOL_CALLS]";
         struct frag body = gb_seq(b, gb_lits(b, open[fmt] + strlen(tag)), calls);
-        struct frag txt = text_until(b, tag, body.s);
+        struct frag txt = gb_text_until(b, tag, body.s);
         all = gb_alt_begin(b);
         gb_eps(b, all.s, txt.s);
         gb_eps(b, txt.e, all.e);

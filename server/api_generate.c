@@ -32,15 +32,16 @@ _Static_assert(OAI_MAX_CHOICES <= ENGINE_MAX_GROUP, "a request's choices must fi
 struct choice {
     struct request *req; /* NULL once released */
     bool done;
-    int prompt;            /* index of its prompt */
-    size_t text_len;       /* bytes of text so far (echo included): logprobs text_offset */
-    int logged_tokens;     /* of its tokens, those already counted in the request's log */
-    size_t streamed;       /* streamed with tools: bytes of its text already sent as content */
-    size_t prompt_off;     /* echo with logprobs: where the next prompt token's text begins */
-    size_t lp_sent;        /* streamed: echoed prompt logprobs already sent */
-    struct oai_choice out; /* non-streamed: the collected text and logprobs */
-    char error[256];       /* FINISH_ERROR: the engine's message */
-    bool request_fault;    /* FINISH_ERROR caused by the request's constraints (req_event) */
+    int prompt;             /* index of its prompt */
+    size_t text_len;        /* bytes of text so far (echo included): logprobs text_offset */
+    int logged_tokens;      /* of its tokens, those already counted in the request's log */
+    size_t streamed;        /* streamed with tools: bytes of its text already sent as content */
+    size_t prompt_off;      /* echo with logprobs: where the next prompt token's text begins */
+    size_t lp_sent;         /* streamed: echoed prompt logprobs already sent */
+    struct oai_think think; /* streamed with reasoning: what of its text went out */
+    struct oai_choice out;  /* non-streamed: the collected text and logprobs */
+    char error[256];        /* FINISH_ERROR: the engine's message */
+    bool request_fault;     /* FINISH_ERROR caused by the request's constraints (req_event) */
 };
 
 struct gen {
@@ -187,6 +188,22 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         if (!rc && len && !g->tools) /* with tools the text may become calls: held */
             rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++, ev->text, len,
                                                 FINISH_NONE, NULL));
+    } else if (g->stream && g->meta.reasoning && !(ev->done && fin == FINISH_ERROR)) {
+        /* the text is kept: a "</think>" may come split over events */
+        if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        struct oai_span rs = {0, 0}, cs = {0, 0};
+        if (!rc) oai_think_next(&c->think, c->out.text.p, c->out.text.len, ev->done, &rs, &cs);
+        bool lp_sent = false;
+        if (!rc && rs.len) {
+            rc = append_chunk(g, oai_write_reasoning_chunk(&g->meta, i, c->out.text.p + rs.off,
+                                                           rs.len, lp ? &one : NULL, lp ? 1 : 0,
+                                                           g->include_usage));
+            lp_sent = lp;
+        }
+        if (!rc && (cs.len || ev->done || (lp && !lp_sent)))
+            rc = append_chunk(g, oai_write_chunk(&g->meta, i, c->out.text.p + cs.off, cs.len, NULL,
+                                                 fin, &c->out.stop, lp && !lp_sent ? &one : NULL,
+                                                 lp && !lp_sent ? 1 : 0, g->include_usage));
     } else if (g->stream && g->tools && !(ev->done && fin == FINISH_ERROR)) {
         /* content is sent as it comes, up to where a call may begin; the calls when
          * the choice ends */
@@ -606,7 +623,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
-    if ((rc = api_grammar(s, r, &grammar, e))) goto fail;
+    bool reasoning = api_reasoning(s, r);
+    if ((rc = api_grammar(s, r, reasoning, &grammar, e))) goto fail;
     const char *prefix = r->kind == OAI_RESPONSES ? "resp_"
                          : r->kind == OAI_CHAT    ? "chatcmpl-"
                                                   : "cmpl-";
@@ -633,7 +651,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .logprobs = r->logprobs,
                                 .prompt_logprobs = r->prompt_logprobs >= 0,
                                 .prompt_top = r->prompt_logprobs,
-                                .vocab = api_vocab(s)};
+                                .vocab = api_vocab(s),
+                                .reasoning = reasoning};
     g->echo_lp = r->kind == OAI_COMPLETION && r->echo && r->logprobs >= 0;
     int prompt_top = g->echo_lp ? r->logprobs : -1;
     if (r->prompt_logprobs > prompt_top) prompt_top = r->prompt_logprobs;

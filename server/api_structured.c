@@ -7,8 +7,14 @@
 
 #include "api_structured.h"
 
-int api_grammar(struct serve *s, const struct oai_request *r, struct grammar **out,
-                struct oai_error *e)
+bool api_reasoning(const struct serve *s, const struct oai_request *r)
+{
+    return r->kind == OAI_CHAT && s->chat && s->chat->think && r->chat_end == CHAT_END_GENERATE &&
+           !s->o->no_reasoning_split;
+}
+
+int api_grammar(struct serve *s, const struct oai_request *r, bool after_think,
+                struct grammar **out, struct oai_error *e)
 {
     *out = NULL;
     if (r->constraint.kind < 0) return 0;
@@ -18,8 +24,10 @@ int api_grammar(struct serve *s, const struct oai_request *r, struct grammar **o
     if (!s->engine)
         rc = qerr_set(&q, QERR_FULL, "draining");
     else
-        rc = engine_grammar(s->engine, (enum grammar_kind)r->constraint.kind, r->constraint.text,
-                            r->constraint.len, out, &q);
+        rc = engine_grammar(
+            s->engine,
+            (enum grammar_kind)(r->constraint.kind | (after_think ? GRAMMAR_AFTER_THINK : 0)),
+            r->constraint.text, r->constraint.len, out, &q);
     pthread_rwlock_unlock(&s->lock);
     if (!rc) return 0;
     if (rc == QERR_FULL && !strcmp(q.msg, "draining"))

@@ -70,7 +70,11 @@ static void serve_usage(FILE *out)
         "                           when structured outputs' token masks are computed: once\n"
         "                           the forward is issued (default), on a helper thread\n"
         "                           beside it, or before each sampling "
-        "(docs/benchmarks.md)\n" CLI_CHAT_TEMPLATE_HELP
+        "(docs/benchmarks.md)\n" CLI_CHAT_TEMPLATE_HELP "  --reasoning-format deepseek|none\n"
+        "                           where the chat template opens a <think> block\n"
+        "                           (DeepSeek-R1): the answer's reasoning, up to </think>, as\n"
+        "                           message.reasoning_content, the rest as content (default\n"
+        "                           deepseek), or all of it as content (none)\n"
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
         "                           and vLLM parse them)\n"
@@ -150,7 +154,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_STALL,
         O_POOLING,
         O_MASK,
-        O_CHATTMPL
+        O_CHATTMPL,
+        O_REASONING
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -171,6 +176,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-connections", required_argument, 0, O_CONNS},
         {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
         {"chat-template", required_argument, 0, O_CHATTMPL},
+        {"reasoning-format", required_argument, 0, O_REASONING},
         {"no-webui", no_argument, 0, O_NOWEBUI},
         {"trace", required_argument, 0, O_TRACE},
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
@@ -299,6 +305,12 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_CHATTMPL:
             o->chat_template = optarg;
+            break;
+        case O_REASONING:
+            if (!strcmp(optarg, "none"))
+                o->no_reasoning_split = true;
+            else if (strcmp(optarg, "deepseek"))
+                bad = "--reasoning-format wants deepseek or none";
             break;
         case O_NOWEBUI:
             o->no_webui = true;

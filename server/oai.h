@@ -238,7 +238,30 @@ struct oai_meta {
     bool prompt_logprobs; /* each choice has "prompt_logprobs" (vLLM's), with prompt_top */
     int prompt_top;       /* alternatives per prompt token (0..20) */
     struct oai_vocab vocab;
+    bool reasoning; /* chat: the output splits into reasoning_content and content (oai_think) */
 };
+
+/* Reasoning models (server/oai_think.c): where the chat template opens a <think> block
+ * (chat_template.think), the output up to "</think>" is the message's reasoning_content and
+ * what follows its content (vLLM's deepseek_r1 parser, llama.cpp's deepseek format); a
+ * "<think>" the model writes first is left out. */
+struct oai_span {
+    size_t off, len;
+};
+struct oai_think {
+    bool started, ended;
+    size_t sent; /* bytes of the output already given out (as reasoning, content or skipped) */
+};
+/* The next pieces of a streamed output whose text so far is text[0..len) (the same bytes as
+ * before, grown; done: the output is whole): the reasoning and the content not yet given out,
+ * either maybe empty. Holds back what may be the start of "</think>" (or of a first
+ * "<think>") until the next bytes tell. */
+void oai_think_next(struct oai_think *t, const char *text, size_t len, bool done,
+                    struct oai_span *reasoning, struct oai_span *content);
+/* A whole output: its reasoning and content; false when the reasoning never ended (cut by
+ * max_tokens: all of it is reasoning, and content is null). */
+bool oai_think_split(const char *text, size_t len, struct oai_span *reasoning,
+                     struct oai_span *content);
 
 struct oai_usage {
     int prompt_tokens, completion_tokens, cached_tokens;
@@ -257,6 +280,9 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
 char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
                       const char *role, enum finish_reason finish, const struct oai_stop *stop,
                       const struct oai_lp *lp, size_t n_lp, bool usage_null);
+/* A streamed chat chunk of reasoning: delta.reasoning_content, with logprobs lp[0..n_lp). */
+char *oai_write_reasoning_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
+                                const struct oai_lp *lp, size_t n_lp, bool usage_null);
 /* The final usage chunk: empty choices, usage filled. */
 char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u);
 #define OAI_SSE_DONE "data: [DONE]\n\n"

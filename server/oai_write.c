@@ -279,7 +279,13 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             if (!msg) goto fail;
             cJSON_AddStringToObject(msg, "role", "assistant");
-            json_add(msg, "content", str_n(text, c[i].text.len));
+            struct oai_span r = {0, 0}, t = {0, c[i].text.len};
+            if (m->reasoning && !oai_think_split(text, c[i].text.len, &r, &t)) {
+                json_add(msg, "content", cJSON_CreateNull()); /* the reasoning never ended */
+            } else {
+                json_add(msg, "content", str_n(text + t.off, t.len));
+            }
+            if (m->reasoning) json_add(msg, "reasoning_content", str_n(text + r.off, r.len));
         } else {
             json_add(ch, "text", str_n(text, c[i].text.len));
         }
@@ -295,9 +301,11 @@ fail:
     return NULL;
 }
 
-char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
-                      const char *role, enum finish_reason finish, const struct oai_stop *stop,
-                      const struct oai_lp *lp, size_t n_lp, bool usage_null)
+/* A chunk whose chat delta holds text under key (content or reasoning_content). */
+static char *chunk(const struct oai_meta *m, int index, const char *key, const char *text,
+                   size_t len, const char *role, enum finish_reason finish,
+                   const struct oai_stop *stop, const struct oai_lp *lp, size_t n_lp,
+                   bool usage_null)
 {
     cJSON *o = head(m, true);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -313,7 +321,7 @@ char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, siz
         if (!delta) goto fail;
         if (role) cJSON_AddStringToObject(delta, "role", role);
         if (len || (role && finish == FINISH_NONE))
-            json_add(delta, "content", str_n(text ? text : "", len));
+            json_add(delta, key, str_n(text ? text : "", len));
     } else {
         json_add(ch, "text", str_n(text ? text : "", len));
     }
@@ -325,6 +333,20 @@ char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, siz
 fail:
     cJSON_Delete(o);
     return NULL;
+}
+
+char *oai_write_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
+                      const char *role, enum finish_reason finish, const struct oai_stop *stop,
+                      const struct oai_lp *lp, size_t n_lp, bool usage_null)
+{
+    return chunk(m, index, "content", text, len, role, finish, stop, lp, n_lp, usage_null);
+}
+
+char *oai_write_reasoning_chunk(const struct oai_meta *m, int index, const char *text, size_t len,
+                                const struct oai_lp *lp, size_t n_lp, bool usage_null)
+{
+    return chunk(m, index, "reasoning_content", text, len, NULL, FINISH_NONE, NULL, lp, n_lp,
+                 usage_null);
 }
 
 char *oai_write_usage_chunk(const struct oai_meta *m, const struct oai_usage *u)

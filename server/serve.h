@@ -45,8 +45,9 @@ struct serve_opts {
     bool log_json;
     struct cli_backend_args be; /* --precision, --device, --tp, --batch-invariant, the knobs */
     bool chat_parse_special;    /* --chat-parse-special: control tokens in message content count */
-    const char
-        *chat_template; /* --chat-template: a format's name or a template (NULL: the model's) */
+    /* --chat-template: a format's name or a template (NULL: the model's) */
+    const char *chat_template;
+    bool no_reasoning_split;         /* --reasoning-format none: a <think> block stays in content */
     enum engine_pooling pooling;     /* --pooling: /v1/embeddings' pooling (default mean) */
     struct cli_spec spec;            /* --spec, --spec-k */
     bool no_webui;                   /* --no-webui: no page at / (server/webui.h) */

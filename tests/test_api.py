@@ -472,6 +472,63 @@ def test_sdk(d):
           "city" in o["call"][0][2], "SDK: responses with a tool: a function_call", o["call"])
 
 
+THINK_END = {"9617": 8, "17400": 8, "46": 8}  # "</", "think", ">": SmolLM2 writes </think> first
+
+
+def test_reasoning(_d):
+    """A template that opens a <think> block (DeepSeek-R1-Distill-Llama's, from a file): the
+    answer's reasoning is message.reasoning_content, the rest content, streamed the same; a
+    response_format holds after the reasoning; tools are refused (the template lists none)."""
+    tmpl = os.path.join(HERE, "golden", "templates", "deepseek-r1-distill-llama-8b.jinja")
+    d = Daemon("--chat-template", tmpl)
+    try:
+        q = [{"role": "user", "content": "What is 2+2?"}]
+
+        def both(body):
+            st, _, r = d.post("/v1/chat/completions", body)
+            check(st == 200, "reasoning: the request is served", str(r)[:300])
+            m = r["choices"][0]["message"]
+            rs, cs, fin = "", "", None
+            for ch in d.stream("/v1/chat/completions", dict(body, stream=True)):
+                if ch == "[DONE]" or not ch["choices"]:
+                    continue
+                delta = ch["choices"][0]["delta"]
+                rs += delta.get("reasoning_content") or ""
+                cs += delta.get("content") or ""
+                fin = ch["choices"][0]["finish_reason"] or fin
+            check(rs == m["reasoning_content"] and cs == (m["content"] or "")
+                  and fin == r["choices"][0]["finish_reason"],
+                  "reasoning: streamed deltas add up to the response",
+                  f"{rs!r} / {cs!r} vs {m!r}")
+            return m, r["choices"][0]["finish_reason"]
+
+        # the prompt ends in "<think>\n": cut short, all of the answer is reasoning
+        m, fin = both({"messages": q, "max_tokens": 12, "temperature": 0})
+        check(m["content"] is None and m["reasoning_content"] and fin == "length",
+              "reasoning: an answer cut before </think> is reasoning, content null", str(m))
+        # the same tokens as a plain completion: the split is of that very text
+        st, _, tk = d.post("/tokenize", {"messages": q})
+        body = {"prompt": tk["tokens"], "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END}
+        st, _, raw = d.post("/v1/completions", body)
+        raw = raw["choices"][0]["text"]
+        m, _ = both({"messages": q, "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END})
+        check("</think>" in raw and m["reasoning_content"] + "</think>" + m["content"] == raw,
+              "reasoning: reasoning_content + </think> + content is the output", f"{raw!r} {m!r}")
+        # a response_format holds once the reasoning has ended
+        m, fin = both({"messages": q, "max_tokens": 24, "temperature": 0, "logit_bias": THINK_END,
+                       "response_format": {"type": "json_object"}})
+        check("{" not in m["reasoning_content"] and (m["content"] or "").lstrip().startswith("{"),
+              "reasoning: json_object constrains the answer after </think>", str(m))
+        st, _, r = d.post("/v1/chat/completions", {"messages": q, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+        check(st == 400 and "tool" in json.dumps(r), "reasoning: tools on this template are a 400",
+              f"{st} {r}")
+    finally:
+        check(d.stop() == 0, "reasoning: its daemon exits 0")
+        d.reader.join(10)
+        test_http.check_sanitizers(d)
+
+
 def main():
     if not test_http.BIN or not os.path.exists(test_http.BIN):
         print("skip: QUERN_BIN not set or missing")
@@ -485,7 +542,8 @@ def main():
     only = os.environ.get("QUERN_TEST_ONLY", "")
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
-                  test_responses, test_responses_format, test_responses_tools, test_sdk):
+                  test_responses, test_responses_format, test_responses_tools, test_sdk,
+                  test_reasoning):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()

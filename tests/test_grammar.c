@@ -668,6 +668,29 @@ START_TEST(counted_properties)
 }
 END_TEST
 
+/* GRAMMAR_AFTER_THINK: free reasoning up to "</think>", then spaces or newlines, then the
+ * grammar; the reasoning alone never ends the output. */
+START_TEST(after_think)
+{
+    struct grammar *g =
+        compile_ok(GRAMMAR_JSON_SCHEMA | GRAMMAR_AFTER_THINK,
+                   "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+                   "\"required\":[\"x\"]}");
+    ACCEPTS(g, "Let me think: </thin, </ think>.</think>\n\n{\"x\":1}");
+    ACCEPTS(g, "</think>{\"x\":2}");
+    REJECTS(g, "{\"x\":1}");
+    REJECTS(g, "a</think>b</think>{\"x\":1}");
+    REJECTS(g, "a</think>");
+    REJECTS(g, "a</think>\n{}");
+    ck_assert_int_eq(matches(g, "a</thi"), 2);
+    grammar_unref(g);
+    g = compile_ok(GRAMMAR_CHOICE | GRAMMAR_AFTER_THINK, "[\"yes\",\"no\"]");
+    ACCEPTS(g, "hm</think> no");
+    REJECTS(g, "hm</think> maybe");
+    grammar_unref(g);
+}
+END_TEST
+
 /* Oracles for dependencies_brute_force: which members an object has (bit k: the k-th of
  * a, b, c, d; bit 4: the extra key x0), and a's value. */
 static bool dep_names(unsigned has, int a)
@@ -1704,6 +1727,7 @@ static Suite *suite(void)
     tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, schema_refs_and_combinators);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, after_think);
     tcase_add_test(tc, dependencies_brute_force);
     tcase_add_test(tc, unsatisfiable_parts_left_out);
     tcase_add_test(tc, ref_anchors_and_escapes);

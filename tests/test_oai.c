@@ -860,6 +860,81 @@ static const struct oai_meta *meta(enum oai_kind k, int logprobs)
     return &m;
 }
 
+/* Reasoning split (oai_think): every way of cutting each text into three streamed pieces gives
+ * the split of the whole, and the streamed pieces never hold part of a tag. */
+START_TEST(think_split_streamed)
+{
+    static const struct {
+        const char *text, *reasoning, *content; /* content NULL: the reasoning never ended */
+    } cases[] = {
+        {"Let me see.\n</think>\n\nFour.", "Let me see.\n", "\n\nFour."},
+        {"<think>\nhm</think>ok", "\nhm", "ok"},
+        {"</think>", "", ""},
+        {"still thinking </thi", "still thinking </thi", NULL},
+        {"<thin", "<thin", NULL},
+        {"a</think>b</think>c", "a", "b</think>c"},
+        {"", "", NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *t = cases[k].text;
+        size_t n = strlen(t);
+        struct oai_span r, c;
+        bool ended = oai_think_split(t, n, &r, &c);
+        ck_assert_int_eq(ended, cases[k].content != NULL);
+        ck_assert_int_eq(r.len, strlen(cases[k].reasoning));
+        ck_assert(!memcmp(t + r.off, cases[k].reasoning, r.len));
+        if (ended) {
+            ck_assert_int_eq(c.len, strlen(cases[k].content));
+            ck_assert(!memcmp(t + c.off, cases[k].content, c.len));
+        }
+        for (size_t a = 0; a <= n; a++)
+            for (size_t b = a; b <= n; b++) {
+                struct oai_think st = {0};
+                char rs[64] = "", cs[64] = "";
+                size_t cuts[3] = {a, b, n};
+                for (int p = 0; p < 3; p++) {
+                    oai_think_next(&st, t, cuts[p], p == 2, &r, &c);
+                    ck_assert(r.off + r.len <= cuts[p] && c.off + c.len <= cuts[p]);
+                    strncat(rs, t + r.off, r.len);
+                    strncat(cs, t + c.off, c.len);
+                    /* nothing given out may be part of "</think>" before the rest of it is */
+                    if (p < 2 && !st.ended) ck_assert_msg(!strstr(rs, "</"), "%s", rs);
+                }
+                ck_assert_msg(!strcmp(rs, cases[k].reasoning), "'%s' cut %zu,%zu: '%s'", t, a, b,
+                              rs);
+                ck_assert_msg(!strcmp(cs, cases[k].content ? cases[k].content : ""),
+                              "'%s' cut %zu,%zu: '%s'", t, a, b, cs);
+            }
+    }
+    /* the whole response: reasoning_content beside content (null when it never ended) */
+    struct oai_meta m = *meta(OAI_CHAT, -1);
+    m.reasoning = true;
+    struct oai_choice ch = {.finish = FINISH_STOP};
+    ck_assert_int_eq(sbuf_append(&ch.text, "Hm.</think>\n\nFour.", 18), 0);
+    struct oai_usage u = {0};
+    char *out = oai_write_response(&m, &ch, 1, &u);
+    cJSON *o = cJSON_Parse(out);
+    const cJSON *msg =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "Hm.");
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, "\n\nFour.");
+    cJSON_Delete(o);
+    free(out);
+    ch.text.len = 3; /* "Hm.": cut before the reasoning ended */
+    out = oai_write_response(&m, &ch, 1, &u);
+    o = cJSON_Parse(out);
+    msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "Hm.");
+    cJSON_Delete(o);
+    free(out);
+    sbuf_free(&ch.text);
+    out = oai_write_reasoning_chunk(&m, 0, "abc", 3, NULL, 0, false);
+    ck_assert_msg(strstr(out, "\"delta\":{\"reasoning_content\":\"abc\"}"), "%s", out);
+    free(out);
+}
+END_TEST
+
 /* Parses "data: {...}\n\n" and returns the JSON. */
 static cJSON *sse_json(const char *chunk)
 {
@@ -1708,6 +1783,7 @@ int main(void)
     tcase_add_test(w, write_errors_and_misc);
     tcase_add_test(w, metrics_text);
     tcase_add_test(w, sbuf_basics);
+    tcase_add_test(w, think_split_streamed);
     suite_add_tcase(s, w);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
