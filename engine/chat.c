@@ -40,6 +40,8 @@ const char *chat_kind_name(enum chat_kind k)
         return "llama2";
     case CHAT_DEEPSEEK3:
         return "deepseek3";
+    case CHAT_ZEPHYR:
+        return "zephyr";
     }
     return "unknown";
 }
@@ -68,6 +70,8 @@ const char *chat_template_name(const struct chat_template *t)
         return "llama3";
     case CHAT_DEEPSEEK3:
         return t->think ? "deepseek-r1" : "deepseek3";
+    case CHAT_ZEPHYR:
+        return "zephyr";
     case CHAT_LLAMA2:
         break;
     }
@@ -181,9 +185,16 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         out->think = has(tmpl, len, DS_ASSISTANT "<think>");
         return 0;
     }
+    /* Zephyr's turns end with the model's eos_token; Phi-3's (which quern does not run) with
+     * <|end|> */
+    if (has(tmpl, len, "<|user|>") && has(tmpl, len, "<|assistant|>") &&
+        has(tmpl, len, "eos_token") && !has(tmpl, len, "<|end|>")) {
+        out->kind = CHAT_ZEPHYR;
+        return 0;
+    }
     return qerr_set(err, QERR_UNSUPPORTED,
                     "chat template: not recognized (no <|im_start|>, [INST], "
-                    "<|start_header_id|> or <｜User｜> marker): \"%.*s%s\"",
+                    "<|start_header_id|>, <｜User｜> or <|user|> marker): \"%.*s%s\"",
                     (int)(len > 80 ? 80 : len), tmpl, len > 80 ? "..." : "");
 }
 
@@ -204,6 +215,7 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
         {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_MISTRAL_V7, .tools = CHAT_TOOLS_MISTRAL},
         {.kind = CHAT_DEEPSEEK3},
         {.kind = CHAT_DEEPSEEK3, .think = true},
+        {.kind = CHAT_ZEPHYR},
     };
     char names[256] = "";
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
@@ -464,6 +476,21 @@ static int fmt_deepseek3(const struct chat_template *t, const struct chat_msg *m
     return 0;
 }
 
+/* Zephyr's template (TinyLlama-1.1B-Chat's too): each turn "<|role|>\n" content "</s>\n",
+ * the eos_token of the Llama and Mistral tokenizers these models use; then "<|assistant|>\n"
+ * (the template's own newline after its last tag, which transformers' rendering keeps). */
+static void fmt_zephyr(const struct chat_msg *m, size_t n, bool gen, struct sb *b)
+{
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|");
+        sb_str(b, m[i].role);
+        sb_str(b, "|>\n");
+        sb_msg(b, m[i].content);
+        sb_str(b, "</s>\n");
+    }
+    if (gen && n > 0) sb_str(b, "<|assistant|>\n");
+}
+
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b)
 {
@@ -484,6 +511,9 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
         break;
     case CHAT_DEEPSEEK3:
         fmt_deepseek3(t, m, r, n, NULL, gen, b, NULL);
+        break;
+    case CHAT_ZEPHYR:
+        fmt_zephyr(m, n, gen, b);
         break;
     }
 }

@@ -19,6 +19,8 @@ enum chat_kind {
     /* system<｜User｜>user<｜Assistant｜>assistant<｜end▁of▁sentence｜> (DeepSeek-V3, and the
      * R1 distills of Llama, whose generation prompt opens a <think> block) */
     CHAT_DEEPSEEK3,
+    /* <|system|>\nsystem</s>\n<|user|>\nuser</s>\n<|assistant|>\n (Zephyr, TinyLlama-Chat) */
+    CHAT_ZEPHYR,
 };
 
 /* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */

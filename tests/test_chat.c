@@ -382,9 +382,9 @@ static size_t golden_msgs(const cJSON *list, struct chat_msg *m, size_t cap,
  * unknown one lists them. DeepSeek's template without R1's <think>: the V3 form. */
 START_TEST(templates_by_name_and_deepseek)
 {
-    static const char *const names[] = {"chatml",     "llama3",     "llama2",
-                                        "llama2-sys", "mistral-v3", "mistral-v3-tekken",
-                                        "mistral-v7", "deepseek3",  "deepseek-r1"};
+    static const char *const names[] = {
+        "chatml",     "llama3",    "llama2",      "llama2-sys", "mistral-v3", "mistral-v3-tekken",
+        "mistral-v7", "deepseek3", "deepseek-r1", "zephyr"};
     struct chat_template ct;
     struct qerr err = {0};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -392,8 +392,8 @@ START_TEST(templates_by_name_and_deepseek)
         ck_assert_str_eq(chat_template_name(&ct), names[i]);
         chat_template_free(&ct);
     }
-    ck_assert_int_eq(chat_template_by_name("zephyr", &ct, &err), QERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "'zephyr'") && strstr(err.msg, "deepseek-r1"), "%s", err.msg);
+    ck_assert_int_eq(chat_template_by_name("vicuna", &ct, &err), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "'vicuna'") && strstr(err.msg, "deepseek-r1"), "%s", err.msg);
     /* DeepSeek-V3's markers without R1's <think>: the generation prompt is the bare marker */
     static const char v3[] = "{% for m in messages %}{% if m['role'] == 'user' %}{{'<｜User｜>' + "
                              "m['content']}}{% else %}{{'<｜Assistant｜>' + m['content'] + "
@@ -441,8 +441,14 @@ START_TEST(tool_templates_golden)
         struct qerr err = {0};
         ck_assert_msg(chat_template_parse(tmpl, strlen(tmpl), &ct, &err) == 0, "%s", err.msg);
         bool llama = !strncmp(name, "llama", 5), deepseek = !strncmp(name, "deepseek", 8);
-        ck_assert_int_eq(ct.kind, llama ? CHAT_LLAMA3 : deepseek ? CHAT_DEEPSEEK3 : CHAT_LLAMA2);
-        if (deepseek)
+        bool zephyr = !strncmp(name, "zephyr", 6);
+        ck_assert_int_eq(ct.kind, llama      ? CHAT_LLAMA3
+                                  : deepseek ? CHAT_DEEPSEEK3
+                                  : zephyr   ? CHAT_ZEPHYR
+                                             : CHAT_LLAMA2);
+        if (zephyr)
+            ck_assert_str_eq(chat_template_name(&ct), "zephyr");
+        else if (deepseek)
             ck_assert_msg(ct.think && !strcmp(chat_template_name(&ct), "deepseek-r1"), "%s",
                           chat_template_name(&ct));
         else
@@ -467,14 +473,15 @@ START_TEST(tool_templates_golden)
         for (size_t k = 0; hit && k < n_sp; k++)
             in_span |=
                 (size_t)(hit - out) >= sp[k].off && (size_t)(hit - out) < sp[k].off + sp[k].len;
-        ck_assert_msg(in_span || (deepseek && !hit), "%s: the tool text is not content", name);
+        ck_assert_msg(in_span || ((deepseek || zephyr) && !hit), "%s: the tool text is not content",
+                      name);
         free(sp);
         free(out);
         free(tools);
         chat_template_free(&ct);
         checked++;
     }
-    ck_assert_int_ge(checked, 19);
+    ck_assert_int_ge(checked, 22);
     printf("chat: %d tool conversations match the jinja2 renderings\n", checked);
     cJSON_Delete(root);
 }

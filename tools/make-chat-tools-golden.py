@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Renders tests/golden/templates/*.jinja (the chat templates of Llama-3.1-8B-Instruct,
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
-DeepSeek-R1-Distill-Llama-8B, the last from llama.cpp's models/templates) over a set of
+DeepSeek-R1-Distill-Llama-8B, the last from llama.cpp's models/templates, and Zephyr-7B-beta's,
+which TinyLlama-1.1B-Chat carries too) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
 no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
@@ -74,12 +75,22 @@ DEEPSEEK_CASES = [
      [{"role": "system", "content": "A"}, Q, {"role": "system", "content": "B"}], True),
 ]
 STRING_ARGUMENTS = {"deepseek-r1-distill-llama-8b"}
+# Zephyr's template writes no tools, calls or results: plain conversations only
+ZEPHYR_CASES = [
+    ("a system message and one question", [],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("no system message, an earlier exchange", [],
+     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "}, Q], True),
+    ("a closed conversation (no generation prompt)", [],
+     [Q, {"role": "assistant", "content": "Sunny."}], False),
+]
 TEMPLATES = {
     "llama-3.1-8b-instruct": LLAMA_CASES,
     "llama-3.2-3b-instruct": LLAMA_CASES,
     "mistral-7b-instruct-v0.3": MISTRAL_CASES,
     "mistral-nemo-instruct-2407": MISTRAL_CASES,
     "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
+    "zephyr-7b-beta": ZEPHYR_CASES,
 }
 
 
