@@ -10,7 +10,8 @@ button during a long answer aborts the request on the server (the engine's abort
 /metrics); the engine view during 8 concurrent
 requests fired from Python shows running requests and KV blocks in use, then all free; the page
 at phone width; reload keeps the conversations and the key; Markdown from the model never
-becomes markup; no console errors. Then a daemon with --no-webui answers / with 404.
+becomes markup; a reasoning model's reasoning shows folded above its answer, as text; no
+console errors. Then a daemon with --no-webui answers / with 404.
 
 Screenshots go to $QUERN_BUILD_DIR (meson's build directory): webui-chat.png, webui-engine.png,
 webui-phone.png. The JavaScript is syntax-checked by `node --check` when node is installed;
@@ -366,6 +367,24 @@ def test_markdown_is_safe(p):
           "Markdown renders as nodes with text, never as markup", repr(r))
 
 
+def test_reasoning_block(p):
+    """A reasoning model's delta.reasoning_content shows in a folded block above the answer, as
+    text; open while it streams and nothing of the answer has come."""
+    r = p.js("const a = {role: 'assistant', content: 'Four.', reasoning: 'Let <b>me</b> see', stats: null};"
+             "const n = messageNode(a, false);"
+             "const s = messageNode({role: 'assistant', content: '', reasoning: 'hm', stats: null}, true);"
+             "const t = n.querySelector('details.reasoning .reasoning-text');"
+             "return {text: t && t.textContent, tags: n.querySelectorAll('details b').length,"
+             " open: n.querySelector('details').open,"
+             " streaming_open: s.querySelector('details').open,"
+             " body: n.querySelector('.body').textContent,"
+             " plain: messageNode({role: 'assistant', content: 'x', stats: null}, false)"
+             ".querySelectorAll('details').length};")
+    check(r["text"] == "Let <b>me</b> see" and r["tags"] == 0 and not r["open"]
+          and r["streaming_open"] and r["body"].strip() == "Four." and r["plain"] == 0,
+          "reasoning shows folded above the answer, as text (open while only it streams)", repr(r))
+
+
 def test_reload_and_phone(p, dm):
     d = p.d
     d.get(dm.url + "/")
@@ -425,6 +444,7 @@ def main():
         test_stop(p, dm)
         test_engine_view(p, dm)
         test_markdown_is_safe(p)
+        test_reasoning_block(p)
         test_reload_and_phone(p, dm)
         errors = [e for e in p.console if e.get("level") == "SEVERE"]
         check(not errors, f"no console errors ({len(p.console)} console entries in all)",

@@ -261,6 +261,14 @@ function statsText(m) {
 function messageNode(m, streaming) {
   const wrap = el('div', 'msg ' + m.role);
   wrap.appendChild(el('div', 'role', m.role === 'user' ? 'You' : 'Assistant'));
+  if (m.reasoning) {
+    // a reasoning model's thinking (delta.reasoning_content): folded once the answer starts
+    const think = el('details', 'reasoning');
+    think.open = streaming && !m.content;
+    think.appendChild(el('summary', null, 'Reasoning'));
+    think.appendChild(el('div', 'reasoning-text', m.reasoning));
+    wrap.appendChild(think);
+  }
   const body = el('div', 'body' + (streaming ? ' cursor' : ''));
   renderMarkdown(body, m.content);
   wrap.appendChild(body);
@@ -385,6 +393,13 @@ async function generate(cont) {
           const ch = j.choices && j.choices[0];
           if (!ch) continue;
           if (ch.finish_reason) finish = ch.finish_reason;
+          const think = ch.delta && ch.delta.reasoning_content;
+          if (think) {
+            if (tFirst === null) tFirst = performance.now();
+            chunks++;
+            answer.reasoning = (answer.reasoning || '') + think;
+            updateLast(answer, true);
+          }
           const piece = ch.delta && ch.delta.content;
           if (piece) {
             if (tFirst === null) tFirst = performance.now();
