@@ -39,6 +39,7 @@ struct choice {
     size_t prompt_off;      /* echo with logprobs: where the next prompt token's text begins */
     size_t lp_sent;         /* streamed: echoed prompt logprobs already sent */
     struct oai_think think; /* streamed with reasoning: what of its text went out */
+    bool rs_closed;         /* streamed responses: the reasoning item's closing events sent */
     struct oai_choice out;  /* non-streamed: the collected text and logprobs */
     char error[256];        /* FINISH_ERROR: the engine's message */
     bool request_fault;     /* FINISH_ERROR caused by the request's constraints (req_event) */
@@ -63,6 +64,7 @@ struct gen {
     /* /v1/responses: the chat's one choice written as a response; events numbered by seq */
     struct oai_resp resp;
     char msg_id[48];
+    char rs_id[48]; /* responses with reasoning: the reasoning item's id */
     char *instructions;
     cJSON *text_format; /* the request's text.format (a copy: the request's tree goes first) */
     int32_t *pred_ids;  /* the prediction's tokens (each choice's engine request copies them) */
@@ -150,6 +152,21 @@ static int on_prompt_event(struct gen *g, struct choice *c, const struct req_eve
     return rc;
 }
 
+/* A streamed response's reasoning item closes (its whole text), and the message item and its
+ * part open. */
+static int resp_close_reasoning(struct gen *g, struct choice *c)
+{
+    int rc = 0;
+    const char *text = c->out.text.p ? c->out.text.p : "";
+    for (int ev = OAI_RESP_RS_TEXT_DONE; ev <= OAI_RESP_RS_ITEM_DONE && !rc; ev++)
+        rc = append_chunk(
+            g, oai_resp_event(&g->resp, ev, g->seq++, text, c->out.text.len, FINISH_NONE, NULL));
+    for (int ev = OAI_RESP_ITEM_ADDED; ev <= OAI_RESP_PART_ADDED && !rc; ev++)
+        rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
+    c->rs_closed = true;
+    return rc;
+}
+
 /* Takes in one event of choice i. */
 static int on_event(struct gen *g, int i, const struct req_event *ev)
 {
@@ -182,7 +199,19 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
                                         .token = ev->stop_token,
                                         .by_token = ev->stop_token >= 0};
     int rc = 0;
-    if (g->stream && g->meta.kind == OAI_RESPONSES) {
+    if (g->stream && g->meta.kind == OAI_RESPONSES && g->resp.reasoning) {
+        /* the reasoning item's text, then (once </think> is read) the message's */
+        if (len) rc = sbuf_append(&c->out.text, ev->text, len);
+        struct oai_span rs = {0, 0}, cs = {0, 0};
+        if (!rc) oai_think_next(&c->think, c->out.text.p, c->out.text.len, ev->done, &rs, &cs);
+        if (!rc && rs.len)
+            rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_RS_DELTA, g->seq++,
+                                                c->out.text.p + rs.off, rs.len, FINISH_NONE, NULL));
+        if (!rc && c->think.ended && !c->rs_closed) rc = resp_close_reasoning(g, c);
+        if (!rc && cs.len)
+            rc = append_chunk(g, oai_resp_event(&g->resp, OAI_RESP_DELTA, g->seq++,
+                                                c->out.text.p + cs.off, cs.len, FINISH_NONE, NULL));
+    } else if (g->stream && g->meta.kind == OAI_RESPONSES) {
         /* the text is kept for the closing events (stream_read) */
         if (len) rc = sbuf_append(&c->out.text, ev->text, len);
         if (!rc && len && !g->tools) /* with tools the text may become calls: held */
@@ -359,6 +388,7 @@ static int resp_stream_end(struct gen *g)
     size_t len = resp_take_calls(g);
     enum finish_reason fin = c->out.finish;
     int rc = 0;
+    if (g->resp.reasoning && !c->rs_closed) rc = resp_close_reasoning(g, &g->ch[0]);
     bool msg = oai_resp_has_message(&g->resp, len);
     for (int ev = OAI_RESP_ITEM_ADDED; g->tools && msg && ev <= OAI_RESP_PART_ADDED && !rc; ev++)
         rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
@@ -630,6 +660,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                                   : "cmpl-";
     snprintf(g->id, sizeof g->id, "%s%s", prefix, rq->log->id);
     snprintf(g->msg_id, sizeof g->msg_id, "msg_%s", rq->log->id);
+    snprintf(g->rs_id, sizeof g->rs_id, "rs_%s", rq->log->id);
     if ((r->instructions && !(g->instructions = strdup(r->instructions))) ||
         (r->text_format && !(g->text_format = cJSON_Duplicate(r->text_format, true)))) {
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
@@ -643,7 +674,9 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .text_format = g->text_format,
                                 .max_output_tokens = r->max_tokens,
                                 .temperature = r->sample.temperature,
-                                .top_p = r->sample.top_p};
+                                .top_p = r->sample.top_p,
+                                .reasoning = reasoning,
+                                .rs_id = g->rs_id};
     g->meta = (struct oai_meta){.kind = r->kind,
                                 .id = g->id,
                                 .model = model,
@@ -761,7 +794,11 @@ static int stream_begin(struct gen *g)
     int rc = 0;
     if (g->meta.kind == OAI_RESPONSES) {
         int last = g->tools ? OAI_RESP_IN_PROGRESS : OAI_RESP_PART_ADDED;
+        if (g->resp.reasoning) last = OAI_RESP_IN_PROGRESS; /* the reasoning item comes first */
         for (int ev = OAI_RESP_CREATED; ev <= last && !rc; ev++)
+            rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
+        for (int ev = OAI_RESP_RS_ITEM_ADDED;
+             g->resp.reasoning && ev <= OAI_RESP_RS_PART_ADDED && !rc; ev++)
             rc = append_chunk(g, oai_resp_event(&g->resp, ev, g->seq++, "", 0, FINISH_NONE, NULL));
         return rc;
     }

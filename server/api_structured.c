@@ -9,8 +9,8 @@
 
 bool api_reasoning(const struct serve *s, const struct oai_request *r)
 {
-    return r->kind == OAI_CHAT && s->chat && s->chat->think && r->chat_end == CHAT_END_GENERATE &&
-           !s->o->no_reasoning_split;
+    return (r->kind == OAI_CHAT || r->kind == OAI_RESPONSES) && s->chat && s->chat->think &&
+           r->chat_end == CHAT_END_GENERATE && !s->o->no_reasoning_split;
 }
 
 int api_grammar(struct serve *s, const struct oai_request *r, bool after_think,

@@ -36,6 +36,38 @@ static cJSON *text_part(const char *text, size_t len)
     return p;
 }
 
+/* With reasoning: the output's reasoning (*rs) and the message's text (*msg); without, all of
+ * it is the message's. */
+static void parts(const struct oai_resp *r, const char *text, size_t len, struct oai_span *rs,
+                  struct oai_span *msg)
+{
+    *rs = (struct oai_span){0, 0};
+    *msg = (struct oai_span){0, len};
+    if (r->reasoning && !oai_think_split(text, len, rs, msg)) *msg = (struct oai_span){len, 0};
+}
+
+/* {"type":"reasoning_text","text":...} */
+static cJSON *reasoning_part(const char *text, size_t len)
+{
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", "reasoning_text");
+    json_add(p, "text", str_n(text, len));
+    return p;
+}
+
+/* The reasoning item: empty and in progress, or done with its text. */
+static cJSON *reasoning_item(const struct oai_resp *r, bool done, const char *text, size_t len)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", r->rs_id);
+    cJSON_AddStringToObject(m, "type", "reasoning");
+    cJSON_AddArrayToObject(m, "summary");
+    cJSON *content = cJSON_AddArrayToObject(m, "content");
+    if (done && content) cJSON_AddItemToArray(content, reasoning_part(text, len));
+    cJSON_AddStringToObject(m, "status", done ? "completed" : "in_progress");
+    return m;
+}
+
 /* The assistant message item: empty and in progress, or done with its text (incomplete when
  * max_output_tokens cut it). */
 static cJSON *message_item(const struct oai_resp *r, bool done, const char *text, size_t len,
@@ -112,8 +144,11 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
     cJSON_AddStringToObject(o, "model", r->model);
     cJSON *out = cJSON_AddArrayToObject(o, "output");
     if (out && finish != FINISH_NONE) {
+        struct oai_span rs, msg;
+        parts(r, text, len, &rs, &msg);
+        if (r->reasoning) cJSON_AddItemToArray(out, reasoning_item(r, true, text + rs.off, rs.len));
         if (oai_resp_has_message(r, len))
-            cJSON_AddItemToArray(out, message_item(r, true, text, len, finish));
+            cJSON_AddItemToArray(out, message_item(r, true, text + msg.off, msg.len, finish));
         for (size_t k = 0; k < r->n_calls; k++) cJSON_AddItemToArray(out, call_item(r, k, true));
     }
     cJSON_AddBoolToObject(o, "parallel_tool_calls", true); /* as sent is not kept: the default */
@@ -143,7 +178,7 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
             if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
             cJSON_AddNumberToObject(us, "output_tokens", u->completion_tokens);
             d = cJSON_AddObjectToObject(us, "output_tokens_details");
-            if (d) cJSON_AddNumberToObject(d, "reasoning_tokens", 0);
+            if (d) cJSON_AddNumberToObject(d, "reasoning_tokens", 0); /* not counted apart */
             cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->completion_tokens);
         }
     } else {
@@ -172,6 +207,12 @@ static const char *const event_names[] = {
     [OAI_RESP_PART_DONE] = "response.content_part.done",
     [OAI_RESP_ITEM_DONE] = "response.output_item.done",
     [OAI_RESP_DONE] = "response.completed",
+    [OAI_RESP_RS_ITEM_ADDED] = "response.output_item.added",
+    [OAI_RESP_RS_PART_ADDED] = "response.content_part.added",
+    [OAI_RESP_RS_DELTA] = "response.reasoning_text.delta",
+    [OAI_RESP_RS_TEXT_DONE] = "response.reasoning_text.done",
+    [OAI_RESP_RS_PART_DONE] = "response.content_part.done",
+    [OAI_RESP_RS_ITEM_DONE] = "response.output_item.done",
 };
 
 char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, const char *text,
@@ -184,6 +225,10 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", type);
     cJSON_AddNumberToObject(o, "sequence_number", seq);
+    int msg_index = r->reasoning ? 1 : 0;
+    struct oai_span rs = {0, len}, msg = {0, len};
+    if (ev != OAI_RESP_DELTA && ev != OAI_RESP_RS_DELTA && ev != OAI_RESP_DONE)
+        parts(r, text, len, &rs, &msg);
     switch (ev) {
     case OAI_RESP_CREATED:
     case OAI_RESP_IN_PROGRESS:
@@ -194,21 +239,40 @@ char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, 
         break;
     case OAI_RESP_ITEM_ADDED:
     case OAI_RESP_ITEM_DONE:
-        cJSON_AddNumberToObject(o, "output_index", 0);
-        json_add(o, "item", message_item(r, ev == OAI_RESP_ITEM_DONE, text, len, finish));
+        cJSON_AddNumberToObject(o, "output_index", msg_index);
+        json_add(o, "item",
+                 message_item(r, ev == OAI_RESP_ITEM_DONE, text + msg.off, msg.len, finish));
         break;
     case OAI_RESP_PART_ADDED:
     case OAI_RESP_PART_DONE:
     case OAI_RESP_DELTA:
     case OAI_RESP_TEXT_DONE:
         cJSON_AddStringToObject(o, "item_id", r->msg_id);
-        cJSON_AddNumberToObject(o, "output_index", 0);
+        cJSON_AddNumberToObject(o, "output_index", msg_index);
         cJSON_AddNumberToObject(o, "content_index", 0);
         if (ev == OAI_RESP_PART_ADDED || ev == OAI_RESP_PART_DONE)
-            json_add(o, "part", text_part(text, ev == OAI_RESP_PART_DONE ? len : 0));
+            json_add(o, "part", text_part(text + msg.off, ev == OAI_RESP_PART_DONE ? msg.len : 0));
         else
-            json_add(o, ev == OAI_RESP_DELTA ? "delta" : "text", str_n(text, len));
+            json_add(o, ev == OAI_RESP_DELTA ? "delta" : "text", str_n(text + msg.off, msg.len));
         if (ev == OAI_RESP_DELTA || ev == OAI_RESP_TEXT_DONE) cJSON_AddArrayToObject(o, "logprobs");
+        break;
+    case OAI_RESP_RS_ITEM_ADDED:
+    case OAI_RESP_RS_ITEM_DONE:
+        cJSON_AddNumberToObject(o, "output_index", 0);
+        json_add(o, "item", reasoning_item(r, ev == OAI_RESP_RS_ITEM_DONE, text + rs.off, rs.len));
+        break;
+    case OAI_RESP_RS_PART_ADDED:
+    case OAI_RESP_RS_PART_DONE:
+    case OAI_RESP_RS_DELTA:
+    case OAI_RESP_RS_TEXT_DONE:
+        cJSON_AddStringToObject(o, "item_id", r->rs_id);
+        cJSON_AddNumberToObject(o, "output_index", 0);
+        cJSON_AddNumberToObject(o, "content_index", 0);
+        if (ev == OAI_RESP_RS_PART_ADDED || ev == OAI_RESP_RS_PART_DONE)
+            json_add(o, "part",
+                     reasoning_part(text + rs.off, ev == OAI_RESP_RS_PART_DONE ? rs.len : 0));
+        else
+            json_add(o, ev == OAI_RESP_RS_DELTA ? "delta" : "text", str_n(text + rs.off, rs.len));
         break;
     }
     return sse_event(type, o);
@@ -238,8 +302,9 @@ char *oai_resp_call_event(const struct oai_resp *r, enum oai_resp_call_event ev,
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", names[ev]);
     cJSON_AddNumberToObject(o, "sequence_number", seq);
-    cJSON_AddNumberToObject(o, "output_index",
-                            (double)(k + (oai_resp_has_message(r, len) ? 1 : 0)));
+    cJSON_AddNumberToObject(
+        o, "output_index",
+        (double)(k + (r->reasoning ? 1 : 0) + (oai_resp_has_message(r, len) ? 1 : 0)));
     if (ev == OAI_RESP_CALL_ADDED || ev == OAI_RESP_CALL_DONE) {
         json_add(o, "item", call_item(r, k, ev == OAI_RESP_CALL_DONE));
     } else {

@@ -9,8 +9,12 @@
  * sequence_number; the stream then ends (no [DONE]). With tool calls (the chat's <tool_call>
  * blocks, parsed by the caller into calls), the output is the message (only when it has text, or
  * there are no calls) followed by one function_call item per call, each streamed as
- * output_item.added, function_call_arguments.delta and .done, output_item.done. Every writer
- * returns a malloc'd string, NULL on OOM. */
+ * output_item.added, function_call_arguments.delta and .done, output_item.done. A reasoning
+ * model's output (reasoning set: the template opens a <think> block) begins with a reasoning
+ * item (rs_..., its text up to "</think>" as a reasoning_text part, split by oai_think), streamed
+ * as output_item.added, content_part.added, reasoning_text.delta per piece, reasoning_text.done,
+ * content_part.done and output_item.done before the message's events; the message then holds
+ * the text after "</think>". Every writer returns a malloc'd string, NULL on OOM. */
 #ifndef QUERN_OAI_RESP_H
 #define QUERN_OAI_RESP_H
 
@@ -27,6 +31,8 @@ struct oai_resp {
     const struct cJSON *text_format;   /* text.format to echo, NULL: {"type": "text"} */
     const struct oai_tool_call *calls; /* the function calls after the message's text */
     size_t n_calls;
+    bool reasoning;    /* a reasoning item comes first (output index 0), the message after it */
+    const char *rs_id; /* "rs_..." */
 };
 
 /* The response object: status "in_progress" (no output yet), or finished with text[0..len) and
@@ -44,8 +50,18 @@ enum oai_resp_event {
     OAI_RESP_PART_DONE,   /* the part with the whole text */
     OAI_RESP_ITEM_DONE,   /* the item with the whole text */
     OAI_RESP_DONE,        /* response.completed or .incomplete: the whole response */
+    /* the reasoning item's, before the message's ITEM_ADDED (text: the whole output, whose
+     * reasoning they carry; RS_DELTA's text is the delta) */
+    OAI_RESP_RS_ITEM_ADDED,
+    OAI_RESP_RS_PART_ADDED,
+    OAI_RESP_RS_DELTA,
+    OAI_RESP_RS_TEXT_DONE,
+    OAI_RESP_RS_PART_DONE,
+    OAI_RESP_RS_ITEM_DONE,
 };
 
+/* text[0..len): the delta (DELTA, RS_DELTA), else the whole output (with reasoning, each event
+ * takes its part of it). */
 char *oai_resp_event(const struct oai_resp *r, enum oai_resp_event ev, int seq, const char *text,
                      size_t len, enum finish_reason finish, const struct oai_usage *u);
 

@@ -511,7 +511,8 @@ def test_reasoning(_d):
         body = {"prompt": tk["tokens"], "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END}
         st, _, raw = d.post("/v1/completions", body)
         raw = raw["choices"][0]["text"]
-        m, _ = both({"messages": q, "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END})
+        m = m_split = both({"messages": q, "max_tokens": 12, "temperature": 0,
+                            "logit_bias": THINK_END})[0]
         check("</think>" in raw and m["reasoning_content"] + "</think>" + m["content"] == raw,
               "reasoning: reasoning_content + </think> + content is the output", f"{raw!r} {m!r}")
         # a response_format holds once the reasoning has ended
@@ -519,6 +520,58 @@ def test_reasoning(_d):
                        "response_format": {"type": "json_object"}})
         check("{" not in m["reasoning_content"] and (m["content"] or "").lstrip().startswith("{"),
               "reasoning: json_object constrains the answer after </think>", str(m))
+        # /v1/responses: a reasoning item first, the message after it; streamed as events
+        body = {"input": q[0]["content"], "max_output_tokens": 12, "temperature": 0,
+                "logit_bias": THINK_END}
+        st, _, r = d.post("/v1/responses", body)
+        out = r.get("output", [])
+        check(st == 200 and [o["type"] for o in out] == ["reasoning", "message"]
+              and out[0]["content"][0]["text"] == m_split["reasoning_content"]
+              and out[1]["content"][0]["text"] == m_split["content"]
+              and r["id"].replace("resp_", "rs_") == out[0]["id"],
+              "reasoning: /v1/responses gives a reasoning item, then the message", str(r)[:600])
+        conn = d.conn()
+        conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                     headers={"Content-Type": "application/json"})
+        events, kind = [], None
+        for line in conn.getresponse().read().decode().splitlines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:])))
+        conn.close()
+        names = [k for k, _ in events]
+        rs = "".join(e["delta"] for k, e in events if k == "response.reasoning_text.delta")
+        txt = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
+        final = events[-1][1].get("response", {}) if events else {}
+        check(rs == m_split["reasoning_content"] and txt == m_split["content"]
+              and names.index("response.reasoning_text.done") < names.index("response.output_text.delta")
+              and all(e["output_index"] == 1 for k, e in events if k == "response.output_text.delta")
+              and [e["sequence_number"] for _, e in events] == list(range(len(events)))
+              and [(o["type"], o["content"][0]["text"]) for o in final.get("output", [])]
+              == [(o["type"], o["content"][0]["text"]) for o in out],
+              "reasoning: the streamed response's events add up to the same output", str(names))
+        # cut before </think>: the reasoning item holds it all, streamed as reasoning deltas
+        body = {"input": q[0]["content"], "max_output_tokens": 12, "temperature": 0}
+        st, _, r = d.post("/v1/responses", body)
+        out = r.get("output", [])
+        conn = d.conn()
+        conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                     headers={"Content-Type": "application/json"})
+        events, kind = [], None
+        for line in conn.getresponse().read().decode().splitlines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:])))
+        conn.close()
+        rs = "".join(e["delta"] for k, e in events if k == "response.reasoning_text.delta")
+        check(r.get("status") == "incomplete" and [o["type"] for o in out] == ["reasoning", "message"]
+              and out[0]["content"][0]["text"] and out[0]["content"][0]["text"] == rs
+              and out[1]["content"][0]["text"] == ""
+              and not any(k == "response.output_text.delta" for k, _ in events),
+              "reasoning: /v1/responses cut while reasoning: all of it in the reasoning item",
+              f"{r!r}"[:500])
         st, _, r = d.post("/v1/chat/completions", {"messages": q, "tools": [
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
         check(st == 400 and "tool" in json.dumps(r), "reasoning: tools on this template are a 400",
