@@ -98,16 +98,16 @@ static const char *const supported[] = {"type",
                                         "dependencies",
                                         "dependentRequired",
                                         "dependentSchemas",
+                                        "if",
+                                        "then",
+                                        "else",
                                         KW_ABSENT,
                                         KW_EXCLUDED,
                                         NULL};
 /* JSON Schema's own keywords (drafts 4 to 2020-12) that quern does not compile: a schema using
  * one is refused, naming it. A keyword outside the vocabulary (Kubernetes' x-kubernetes-...,
  * draft 4's id, example) is ignored, as the specification says of unknown keywords. */
-static const char *const refused[] = {"if",
-                                      "then",
-                                      "else",
-                                      "contains",
+static const char *const refused[] = {"contains",
                                       "minContains",
                                       "maxContains",
                                       "unevaluatedProperties",
@@ -654,6 +654,10 @@ struct frag js_value(struct js *j, const cJSON *s)
     }
     if (get(s, "dependencies") || get(s, "dependentRequired") || get(s, "dependentSchemas")) {
         f = js_dependencies(j, s);
+        goto out;
+    }
+    if (get(s, "if")) {
+        f = js_if_then_else(j, s);
         goto out;
     }
     const cJSON *nullable = get(s, "nullable"), *type = get(s, "type"), *x;

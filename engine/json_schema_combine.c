@@ -1,7 +1,7 @@
 /* json_schema_combine: keywords that combine schemas. allOf's parts are merged into one schema
  * the rest of the compiler reads (objects' properties united, bounds met, types intersected);
  * not is turned into keywords of the schema beside it (a narrower type, keys kept out, strings
- * kept out). */
+ * kept out); if/then/else is an anyOf of the branch where if holds and those where it fails. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -440,4 +440,66 @@ refuse:
     js_fail(j, QERR_UNSUPPORTED, "%s",
             "'not' is supported over {}, a type, required keys, and enum/const of strings");
     return NULL;
+}
+
+/* ---- if/then/else ---- */
+
+/* {"allOf": [a, b, c]} (c may be NULL; a NULL b or c: true), owned by j. */
+static cJSON *all3(struct js *j, const cJSON *a, const cJSON *b, const cJSON *c)
+{
+    cJSON *o = js_own(j, cJSON_CreateObject()), *l = cJSON_CreateArray();
+    if (!o || !l) {
+        cJSON_Delete(l);
+        if (o) gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+        return NULL;
+    }
+    const cJSON *parts[] = {a, b, c};
+    for (int k = 0; k < 3; k++)
+        if (parts[k]) cJSON_AddItemReferenceToArray(l, (cJSON *)parts[k]);
+    cJSON_AddItemToObject(o, "allOf", l);
+    return o;
+}
+
+struct frag js_if_then_else(struct js *j, const cJSON *s)
+{
+    static const char *const kws[] = {"if", "then", "else", NULL};
+    const cJSON *c = get(s, "if"), *then = get(s, "then"), *els = get(s, "else");
+    if (!cJSON_IsObject(c) && !cJSON_IsBool(c))
+        return js_fail(j, QERR_INVALID, "%s", "'if' must be a schema");
+    cJSON *base = js_copy_without(j, s, kws), *branches = js_own(j, cJSON_CreateArray());
+    if (!base || !branches) return (struct frag){0, 0};
+    if (cJSON_IsBool(c)) /* always or never: then or else alone */
+        return js_value(j, all3(j, base, cJSON_IsTrue(c) ? then : els, NULL));
+    cJSON_AddItemReferenceToArray(branches, all3(j, base, c, then));
+    /* the reasons `if` fails */
+    static const char *const simple[] = {"properties", "required", "type", NULL};
+    const cJSON *props = get(c, "properties"), *req = get(c, "required"), *x;
+    cJSON *reasons = cJSON_CreateArray();
+    if (!reasons) return js_fail(j, QERR_NOMEM, "%s", "out of memory");
+    if (!js_says_besides(c, simple) && !get(c, "type")) {
+        cJSON_ArrayForEach(x, props)
+        {
+            /* present, with a value its schema rules out */
+            cJSON *r = cJSON_CreateObject(), *p = cJSON_AddObjectToObject(r, "properties");
+            cJSON *n = cJSON_AddObjectToObject(p, x->string);
+            if (n) cJSON_AddItemReferenceToObject(n, "not", (cJSON *)x);
+            cJSON *rq = cJSON_AddArrayToObject(r, "required");
+            if (rq) cJSON_AddItemToArray(rq, cJSON_CreateString(x->string));
+            cJSON_AddItemToArray(reasons, r);
+        }
+        cJSON_ArrayForEach(x, req)
+        {
+            if (!cJSON_IsString(x)) continue;
+            cJSON *r = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(r, KW_ABSENT);
+            if (a) cJSON_AddItemToArray(a, cJSON_CreateString(x->valuestring));
+            cJSON_AddItemToArray(reasons, r);
+        }
+    } else {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddItemReferenceToObject(r, "not", (cJSON *)c);
+        cJSON_AddItemToArray(reasons, r);
+    }
+    if (!js_own(j, reasons)) return (struct frag){0, 0};
+    cJSON_ArrayForEach(x, reasons) cJSON_AddItemReferenceToArray(branches, all3(j, base, x, els));
+    return js_alternatives(j, branches, "if");
 }

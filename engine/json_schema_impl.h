@@ -9,8 +9,8 @@
  *                          patternProperties, propertyNames, min/maxProperties, dependencies
  *   json_schema_array.c    arrays: items, prefixItems, min/maxItems, uniqueItems
  *   json_schema_scalar.c   strings (length, pattern, format) and numbers (bounds, multipleOf)
- *   json_schema_combine.c  allOf (parts merged into one schema) and not (turned into what the
- *                          others compile)
+ *   json_schema_combine.c  allOf (parts merged into one schema), not (turned into what the
+ *                          others compile) and if/then/else (branches)
  * A function that cannot compile what it is given calls js_fail (the builder keeps the first
  * error) and returns the empty fragment; callers check j->b->rc where they go on. */
 #ifndef QUERN_JSON_SCHEMA_IMPL_H
@@ -171,6 +171,13 @@ struct frag js_all_of_parts(struct js *j, const cJSON *const *in, int n_in);
 /* s with its "not" turned into keywords the others compile (a copy owned by j); NULL (the
  * builder failed) for a form quern does not compile. */
 const cJSON *js_negate(struct js *j, const cJSON *s);
+/* if/then/else: anyOf the branch where `if` holds (allOf the schema, if, then) and the branches
+ * where it fails (allOf the schema, a reason it fails, else): for an `if` of properties and
+ * required keys, one reason per property (present with a value its schema rules out: `not`,
+ * as js_negate compiles it) and per required key (absent); for another `if`, not of all of it.
+ * A reason quern cannot compile is left out, so `else` is then reached less often than the
+ * schema allows, never wrongly. then/else without if say nothing. */
+struct frag js_if_then_else(struct js *j, const cJSON *s);
 /* The JSON Schema type of value v ("integer" for a whole number); whether v has type t (a
  * name or a list of names). */
 const char *js_type_name(const cJSON *v);

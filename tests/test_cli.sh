@@ -50,9 +50,9 @@ expect 0 'yes.json: taken' -- grammar --source "$tmp/s.json" "$tmp/yes.json"
 "$bin" grammar --source "$tmp/s.json" "$tmp/yes.json" "$tmp/no.json" >"$tmp/out" 2>&1
 if [ $? -eq 1 ] && grep -q 'no.json: not taken' "$tmp/out"; then echo "ok: quern grammar: a text not taken -> 1"
 else echo "FAIL: quern grammar with a text not taken:"; sed 's/^/    /' "$tmp/out"; fails=$((fails + 1)); fi
-printf '{"source":{"if":{}}}\n{"source":{"enum":["a"]},"texts":["\\"a\\"","\\"b\\""]}\n' >"$tmp/in.jsonl"
+printf '{"source":{"contains":{}}}\n{"source":{"enum":["a"]},"texts":["\\"a\\"","\\"b\\""]}\n' >"$tmp/in.jsonl"
 "$bin" grammar --jsonl "$tmp/in.jsonl" >"$tmp/out" 2>&1
-if grep -q '"code":"unsupported".*if' "$tmp/out" && grep -q '"takes":\[true,false\]' "$tmp/out"; then
+if grep -q '"code":"unsupported".*contains' "$tmp/out" && grep -q '"takes":\[true,false\]' "$tmp/out"; then
   echo "ok: quern grammar --jsonl"
 else echo "FAIL: quern grammar --jsonl:"; sed 's/^/    /' "$tmp/out"; fails=$((fails + 1)); fi
 expect 2 "unknown --kind 'xml'" -- grammar --kind xml --source "$tmp/s.json"

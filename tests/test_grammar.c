@@ -668,6 +668,76 @@ START_TEST(counted_properties)
 }
 END_TEST
 
+/* Oracles for if_then_else_brute_force: kind 0 (absent), 1-3 ("a".."c"); x, y present. */
+static bool ite_kind_a(int kind, bool x, bool y)
+{
+    return kind <= 1 ? x : y; /* if kind (when there) is "a" then x else y */
+}
+static bool ite_required_enum(int kind, bool x, bool y)
+{
+    (void)y; /* if kind is there and "a" or "b", then x; no else */
+    return (kind == 1 || kind == 2) ? x : true;
+}
+static bool ite_required_only(int kind, bool x, bool y)
+{
+    (void)kind; /* if x then y */
+    return !x || y;
+}
+static bool ite_false(int kind, bool x, bool y)
+{
+    (void)kind;
+    (void)x;
+    return y; /* if false: else alone */
+}
+static bool ite_unused(int kind, bool x, bool y)
+{
+    (void)kind, (void)x, (void)y; /* then/else without if say nothing */
+    return true;
+}
+
+/* if/then/else over every object of a kind (absent, "a", "b", "c") and optional x and y. */
+START_TEST(if_then_else_brute_force)
+{
+    const struct {
+        const char *kws;
+        bool (*want)(int kind, bool x, bool y);
+    } cases[] = {
+        {"\"if\":{\"properties\":{\"kind\":{\"const\":\"a\"}}},\"then\":{\"required\":[\"x\"]},"
+         "\"else\":{\"required\":[\"y\"]}",
+         ite_kind_a},
+        {"\"if\":{\"properties\":{\"kind\":{\"enum\":[\"a\",\"b\"]}},\"required\":[\"kind\"]},"
+         "\"then\":{\"required\":[\"x\"]}",
+         ite_required_enum},
+        {"\"if\":{\"required\":[\"x\"]},\"then\":{\"required\":[\"y\"]}", ite_required_only},
+        {"\"if\":false,\"then\":{\"required\":[\"x\"]},\"else\":{\"required\":[\"y\"]}", ite_false},
+        {"\"then\":{\"required\":[\"x\"]},\"else\":{\"required\":[\"y\"]}", ite_unused},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char schema[400];
+        snprintf(
+            schema, sizeof schema,
+            "{\"type\":\"object\",\"properties\":{\"kind\":{\"type\":\"string\",\"enum\":[\"a\","
+            "\"b\",\"c\"]},\"x\":{\"type\":\"integer\"},\"y\":{\"type\":\"integer\"}},"
+            "\"additionalProperties\":false,%s}",
+            cases[i].kws);
+        struct grammar *g = compile_ok(GRAMMAR_JSON_SCHEMA, schema);
+        for (int kind = 0; kind < 4; kind++)
+            for (int xy = 0; xy < 4; xy++) {
+                char obj[80] = "{";
+                int n = 0;
+                if (kind) snprintf(obj + 1, sizeof obj - 1, "\"kind\":\"%c\"", 'a' + kind - 1), n++;
+                if (xy & 1) strcat(obj, n++ ? ", \"x\":1" : "\"x\":1");
+                if (xy & 2) strcat(obj, n++ ? ", \"y\":2" : "\"y\":2");
+                strcat(obj, "}");
+                bool want = cases[i].want(kind, xy & 1, xy & 2);
+                ck_assert_msg((matches(g, obj) == 1) == want, "%s: %s should be %s", schema, obj,
+                              want ? "accepted" : "rejected");
+            }
+        grammar_unref(g);
+    }
+}
+END_TEST
+
 /* GRAMMAR_AFTER_THINK: free reasoning up to "</think>", then spaces or newlines, then the
  * grammar; the reasoning alone never ends the output. */
 START_TEST(after_think)
@@ -893,7 +963,8 @@ START_TEST(any_of_drops_unsupported)
 {
     struct grammar *g = compile_ok(
         GRAMMAR_JSON_SCHEMA,
-        "{\"anyOf\":[{\"properties\":{\"a\":true,\"b\":{\"if\":{}}},\"required\":[\"a\",\"b\"]},"
+        "{\"anyOf\":[{\"properties\":{\"a\":true,\"b\":{\"contains\":{}}},\"required\":[\"a\","
+        "\"b\"]},"
         "{\"type\":\"array\",\"items\":true},{\"type\":\"string\",\"pattern\":\"^(?!x)a$\"}]}");
     ACCEPTS(g, "[1, {\"x\":[2]}]");
     REJECTS(g, "{\"a\":1,\"b\":2}");
@@ -1727,6 +1798,7 @@ static Suite *suite(void)
     tcase_add_test(tc, multiple_of);
     tcase_add_test(tc, schema_refs_and_combinators);
     tcase_add_test(tc, schema_refusals);
+    tcase_add_test(tc, if_then_else_brute_force);
     tcase_add_test(tc, after_think);
     tcase_add_test(tc, dependencies_brute_force);
     tcase_add_test(tc, unsatisfiable_parts_left_out);

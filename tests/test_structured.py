@@ -438,9 +438,9 @@ def test_errors(d):
               f"{s} {json.dumps(r)[:300]}")
         return e.get("message", "")
     m = err({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "string", "if": {}}}}}}},
+        "type": "object", "properties": {"a": {"type": "string", "contains": {}}}}}}},
         "response_format.json_schema.schema", "an unsupported keyword is a 400 naming the field")
-    check("'if'" in m and "/properties/a" in m, "... and the keyword and where", m)
+    check("'contains'" in m and "/properties/a" in m, "... and the keyword and where", m)
     err({"response_format": {"type": "xml"}}, "response_format.type", "an unknown response_format type")
     err({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
         "response_format.json_schema.schema", "a schema that is not an object")
