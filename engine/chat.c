@@ -185,10 +185,10 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         out->think = has(tmpl, len, DS_ASSISTANT "<think>");
         return 0;
     }
-    /* Zephyr's turns end with the model's eos_token; Phi-3's (which quern does not run) with
-     * <|end|> */
-    if (has(tmpl, len, "<|user|>") && has(tmpl, len, "<|assistant|>") &&
-        has(tmpl, len, "eos_token") && !has(tmpl, len, "<|end|>")) {
+    /* Zephyr's user turn ends with the model's eos_token, as Falcon 3's (a "\n") and Phi-3's
+     * (<|end|>), with the same role markers, do not: its own expression is the marker */
+    if (has(tmpl, len, "'<|user|>\\n' + message['content'] + eos_token") &&
+        has(tmpl, len, "<|assistant|>")) {
         out->kind = CHAT_ZEPHYR;
         return 0;
     }

@@ -301,6 +301,14 @@ START_TEST(refusals)
     ck_assert_ptr_nonnull(strstr(err.msg, "not recognized"));
     ck_assert_ptr_nonnull(strstr(err.msg, "m['role']"));
     ck_assert_int_eq(chat_template_parse("", 0, &ct, &err), QERR_UNSUPPORTED);
+    /* Zephyr's role markers with another turn end (Falcon 3's "\n", Phi-3's <|end|>): not
+     * Zephyr */
+    const char *falcon3 = "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|user|>\\n' + "
+                          "m['content'] + '\\n' }}{% else %}{{ '<|assistant|>\\n' + m['content'] "
+                          "+ eos_token + '\\n' }}{% endif %}{% endfor %}";
+    ck_assert_int_eq(chat_template_parse(falcon3, strlen(falcon3), &ct, &err), QERR_UNSUPPORTED);
+    const char *phi3 = "{{'<|user|>\\n' + message['content'] + '<|end|>\\n<|assistant|>\\n'}}";
+    ck_assert_int_eq(chat_template_parse(phi3, strlen(phi3), &ct, &err), QERR_UNSUPPORTED);
     const char *phi4 = "{{'<|im_start|>' + m['role'] + '<|im_sep|>'}}";
     ck_assert_int_eq(chat_template_parse(phi4, strlen(phi4), &ct, &err), QERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err.msg, "not ChatML"));
