@@ -186,9 +186,11 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         return 0;
     }
     /* Zephyr's user turn ends with the model's eos_token, as Falcon 3's (a "\n") and Phi-3's
-     * (<|end|>), with the same role markers, do not: its own expression is the marker */
-    if (has(tmpl, len, "'<|user|>\\n' + message['content'] + eos_token") &&
-        has(tmpl, len, "<|assistant|>")) {
+     * (<|end|>), with the same role markers, do not: its own expressions are the marker, with
+     * the line break after each that writes the "\n" after a turn and after the generation
+     * prompt (copies written on one line, or with '\n' added, format otherwise: refused) */
+    if (has(tmpl, len, "'<|user|>\\n' + message['content'] + eos_token }}\n") &&
+        has(tmpl, len, "{{ '<|assistant|>' }}\n")) {
         out->kind = CHAT_ZEPHYR;
         return 0;
     }

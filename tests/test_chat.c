@@ -307,6 +307,11 @@ START_TEST(refusals)
                           "m['content'] + '\\n' }}{% else %}{{ '<|assistant|>\\n' + m['content'] "
                           "+ eos_token + '\\n' }}{% endif %}{% endfor %}";
     ck_assert_int_eq(chat_template_parse(falcon3, strlen(falcon3), &ct, &err), QERR_UNSUPPORTED);
+    /* Zephyr's expressions on one line: no "\n" after each turn, so not the format quern writes */
+    const char *zephyr1 = "{% for message in messages %}{% if message['role'] == 'user' %}{{ "
+                          "'<|user|>\\n' + message['content'] + eos_token }}{% endif %}{% endfor "
+                          "%}{{ '<|assistant|>' }}";
+    ck_assert_int_eq(chat_template_parse(zephyr1, strlen(zephyr1), &ct, &err), QERR_UNSUPPORTED);
     const char *phi3 = "{{'<|user|>\\n' + message['content'] + '<|end|>\\n<|assistant|>\\n'}}";
     ck_assert_int_eq(chat_template_parse(phi3, strlen(phi3), &ct, &err), QERR_UNSUPPORTED);
     const char *phi4 = "{{'<|im_start|>' + m['role'] + '<|im_sep|>'}}";
