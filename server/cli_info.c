@@ -157,7 +157,8 @@ int cli_info(int argc, char **argv)
         struct chat_template ct;
         struct qerr terr = {0};
         if (chat_template_parse(tmpl.ptr, (size_t)tmpl.len, &ct, &terr) == 0) {
-            printf("chat template %s%s%s\n", chat_kind_name(ct.kind),
+            printf("chat template %s%s%s%s\n", chat_template_name(&ct),
+                   ct.think ? ", answers open with a <think> block" : "",
                    ct.default_system ? ", default system: " : "",
                    ct.default_system ? ct.default_system : "");
             chat_template_free(&ct);
