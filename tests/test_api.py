@@ -242,6 +242,22 @@ def resp_text(r):
     return "".join(c["text"] for o in r["output"] for c in o["content"])
 
 
+def resp_events(d, body):
+    """A streamed /v1/responses request: its HTTP status and (event type, payload) pairs."""
+    events, kind = [], None
+    conn = d.conn()
+    conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    for line in resp.read().decode().splitlines():
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            events.append((kind, json.loads(line[6:])))
+    conn.close()
+    return resp.status, events
+
+
 def test_responses(d):
     body = {"model": "smol", "instructions": "Answer in one short sentence.",
             "input": "What is the capital of France?", "max_output_tokens": 24, "temperature": 0}
@@ -259,25 +275,14 @@ def test_responses(d):
     check(text and text == c["choices"][0]["message"]["content"] and
           r["usage"]["input_tokens"] == c["usage"]["prompt_tokens"],
           "responses: the chat path's answer to instructions + input", f"{text!r} {c}")
-    events = []
-    conn = d.conn()
-    conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    kind = None
-    for line in resp.read().decode().splitlines():
-        if line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            events.append((kind, json.loads(line[6:])))
-    conn.close()
+    status, events = resp_events(d, body)
     names = [k for k, _ in events]
     deltas = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
     final = events[-1][1]["response"] if events else {}
     want = ["response.created", "response.in_progress", "response.output_item.added",
             "response.content_part.added"]
     last = "response.completed" if r["status"] == "completed" else "response.incomplete"
-    check(resp.status == 200 and names[:4] == want and
+    check(status == 200 and names[:4] == want and
           names[-4:] == ["response.output_text.done", "response.content_part.done",
                          "response.output_item.done", last] and
           all(k == e["type"] for k, e in events) and
@@ -530,16 +535,7 @@ def test_reasoning(_d):
               and out[1]["content"][0]["text"] == m_split["content"]
               and r["id"].replace("resp_", "rs_") == out[0]["id"],
               "reasoning: /v1/responses gives a reasoning item, then the message", str(r)[:600])
-        conn = d.conn()
-        conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
-                     headers={"Content-Type": "application/json"})
-        events, kind = [], None
-        for line in conn.getresponse().read().decode().splitlines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                events.append((kind, json.loads(line[6:])))
-        conn.close()
+        _, events = resp_events(d, body)
         names = [k for k, _ in events]
         rs = "".join(e["delta"] for k, e in events if k == "response.reasoning_text.delta")
         txt = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
@@ -555,16 +551,7 @@ def test_reasoning(_d):
         body = {"input": q[0]["content"], "max_output_tokens": 12, "temperature": 0}
         st, _, r = d.post("/v1/responses", body)
         out = r.get("output", [])
-        conn = d.conn()
-        conn.request("POST", "/v1/responses", body=json.dumps(dict(body, stream=True)),
-                     headers={"Content-Type": "application/json"})
-        events, kind = [], None
-        for line in conn.getresponse().read().decode().splitlines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                events.append((kind, json.loads(line[6:])))
-        conn.close()
+        _, events = resp_events(d, body)
         rs = "".join(e["delta"] for k, e in events if k == "response.reasoning_text.delta")
         check(r.get("status") == "incomplete" and [o["type"] for o in out] == ["reasoning", "message"]
               and out[0]["content"][0]["text"] and out[0]["content"][0]["text"] == rs
