@@ -171,21 +171,10 @@ static bool check_calls(const struct chat_msg *m, size_t i, struct qerr *err)
 
 /* ---- Hermes: a rewrite into plain messages ---- */
 
-static char *cat(const char *a, const char *b, const char *c)
-{
-    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
-    char *s = malloc(la + lb + lc + 1);
-    if (!s) return NULL;
-    memcpy(s, a, la);
-    memcpy(s + la, b, lb);
-    memcpy(s + la + lb, c, lc + 1);
-    return s;
-}
-
 static char *hermes_system(const char *base, const cJSON *tools)
 {
     struct sb t = {0};
-    if (base && *base) {
+    if (base) {
         sb_str(&t, base);
         sb_str(&t, "\n\n");
     }
@@ -195,15 +184,14 @@ static char *hermes_system(const char *base, const cJSON *tools)
     const cJSON *fn;
     cJSON_ArrayForEach(fn, tools)
     {
+        /* as the template's `tool | tojson` writes the request's tool: json.dumps' spacing */
         cJSON *w = cJSON_CreateObject();
         cJSON_AddStringToObject(w, "type", "function");
         cJSON_AddItemReferenceToObject(w, "function", (cJSON *)fn);
-        char *s = w ? cJSON_PrintUnformatted(w) : NULL;
-        cJSON_Delete(w);
-        if (!s) t.oom = true;
+        if (!w) t.oom = true;
         sb_str(&t, "\n");
-        if (s) sb_str(&t, s);
-        cJSON_free(s);
+        if (w) py_dump(&t, w, 0, 0);
+        cJSON_Delete(w);
     }
     sb_str(&t, "\n</tools>\n\nFor each function call, return a json object with function name and "
                "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
@@ -215,24 +203,27 @@ static char *hermes_system(const char *base, const cJSON *tools)
     return t.p;
 }
 
-static char *hermes_calls(const struct chat_msg *m)
+/* An assistant message's text and calls as Qwen2.5's template writes them: the name as it is,
+ * the arguments (parsed) through tojson. NULL with err set for arguments that are not an
+ * object, or on OOM (err untouched). */
+static char *hermes_calls(const struct chat_msg *m, size_t msg, struct qerr *err)
 {
     struct sb t = {0};
     sb_put(&t, "", 0);
     if (m->content && *m->content) sb_str(&t, m->content);
     for (size_t k = 0; k < m->n_calls; k++) {
-        cJSON *n = cJSON_CreateString(m->calls[k].name);
-        char *q = n ? cJSON_PrintUnformatted(n) : NULL;
-        cJSON_Delete(n);
-        if (!q) t.oom = true;
-        const char *a = m->calls[k].arguments;
+        cJSON *args = call_args(&m->calls[k], msg, err);
+        if (!args) {
+            free(t.p);
+            return NULL;
+        }
         if (t.n) sb_str(&t, "\n");
-        sb_str(&t, "<tool_call>\n{\"name\": ");
-        sb_str(&t, q ? q : "");
-        sb_str(&t, ", \"arguments\": ");
-        sb_str(&t, a && *a ? a : "{}");
+        sb_str(&t, "<tool_call>\n{\"name\": \"");
+        sb_str(&t, m->calls[k].name);
+        sb_str(&t, "\", \"arguments\": ");
+        py_dump(&t, args, 0, 0);
         sb_str(&t, "}\n</tool_call>");
-        cJSON_free(q);
+        cJSON_Delete(args);
     }
     if (t.oom) {
         free(t.p);
@@ -268,8 +259,19 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
         mm[k] = (struct chat_msg){.role = m[i].role, .content = m[i].content};
         rr[k] = r[i];
         if (r[i] == ROLE_TOOL) {
-            own[k] =
-                cat("<tool_response>\n", m[i].content ? m[i].content : "", "\n</tool_response>");
+            /* results in a row share one user turn, as Qwen2.5's template writes them */
+            struct sb t = {0};
+            for (; i < n && r[i] == ROLE_TOOL; i++) {
+                sb_str(&t, t.n ? "\n<tool_response>\n" : "<tool_response>\n");
+                sb_str(&t, m[i].content ? m[i].content : "");
+                sb_str(&t, "\n</tool_response>");
+            }
+            i--;
+            if (t.oom) {
+                free(t.p);
+                t.p = NULL;
+            }
+            own[k] = t.p;
             mm[k] = (struct chat_msg){.role = "user", .content = own[k]};
             rr[k] = ROLE_USER;
         } else if (r[i] == ROLE_ASSISTANT && m[i].n_calls) {
@@ -277,7 +279,12 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
                 rc = QERR_INVALID;
                 break;
             }
-            mm[k].content = own[k] = hermes_calls(&m[i]);
+            struct qerr aerr = {0};
+            mm[k].content = own[k] = hermes_calls(&m[i], i, &aerr);
+            if (!own[k] && aerr.code) {
+                rc = qerr_set(err, aerr.code, "%s", aerr.msg);
+                break;
+            }
         } else {
             continue;
         }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Renders tests/golden/templates/*.jinja (the chat templates of Llama-3.1-8B-Instruct,
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
-DeepSeek-R1-Distill-Llama-8B, the last from llama.cpp's models/templates, and Zephyr-7B-beta's,
-which TinyLlama-1.1B-Chat carries too) over a set of
+DeepSeek-R1-Distill-Llama-8B and Qwen2.5-7B-Instruct, from llama.cpp's models/templates, and
+Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
 no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
@@ -84,6 +84,18 @@ ZEPHYR_CASES = [
     ("a closed conversation (no generation prompt)", [],
      [Q, {"role": "assistant", "content": "Sunny."}], False),
 ]
+# Qwen2.5's ChatML with Hermes tool calls: the format quern writes for every ChatML template
+QWEN_CASES = [
+    ("tools and one question (its default system text)", [WEATHER, TIME], [Q], True),
+    ("tools beside a system message", [WEATHER],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("a round trip: the call and its result", [WEATHER], [Q, CALL, RESULT], True),
+    ("two calls, two results in a row, then an answer and a new question", [WEATHER, TIME],
+     [Q, dict(CALL2, content="Let me look."), RESULT,
+      dict(RESULT, tool_call_id="f5G6h7J8k", content="14:05"),
+      {"role": "assistant", "content": "21.5 C and sunny; 14:05."},
+      {"role": "user", "content": "And tomorrow?"}], True),
+]
 TEMPLATES = {
     "llama-3.1-8b-instruct": LLAMA_CASES,
     "llama-3.2-3b-instruct": LLAMA_CASES,
@@ -91,6 +103,7 @@ TEMPLATES = {
     "mistral-nemo-instruct-2407": MISTRAL_CASES,
     "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
     "zephyr-7b-beta": ZEPHYR_CASES,
+    "qwen2.5-7b-instruct": QWEN_CASES,
 }
 
 
