@@ -441,6 +441,9 @@ static int fmt_deepseek3(const struct chat_template *t, const struct chat_msg *m
         } else if (r[i] == ROLE_ASSISTANT && !m[i].content) {
             for (size_t k = 0; k < m[i].n_calls; k++) {
                 const struct chat_call *c = &m[i].calls[k];
+                if (!c->name || !*c->name)
+                    return qerr_set(err, QERR_INVALID,
+                                    "chat_format: message %zu: tool call %zu has no name", i, k);
                 sb_str(b, first_call ? DS_ASSISTANT "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
                                      : "\n<｜tool▁call▁begin｜>");
                 sb_str(b, "function<｜tool▁sep｜>");

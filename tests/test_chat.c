@@ -429,6 +429,14 @@ START_TEST(templates_by_name_and_deepseek)
     ck_assert_int_eq(n_sp, 3);
     free(sp);
     free(out);
+    /* a call without a name (the request's) is refused, not written */
+    struct chat_call nameless = {.id = "c1", .name = NULL, .arguments = "{}"};
+    struct chat_msg calls[] = {{.role = "user", .content = "hi"},
+                               {.role = "assistant", .calls = &nameless, .n_calls = 1}};
+    ck_assert_int_eq(
+        chat_format_tools(&ct, calls, 2, NULL, CHAT_END_GENERATE, &out, NULL, NULL, &err),
+        QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "no name"), "%s", err.msg);
     /* it writes no tool list: offering tools is refused, naming the template */
     ck_assert_int_eq(chat_format_tools(&ct, m, 2, "[{\"name\":\"f\"}]", CHAT_END_GENERATE, &out,
                                        NULL, NULL, &err),
