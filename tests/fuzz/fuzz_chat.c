@@ -27,11 +27,20 @@ static bool inside_some_message(const char *s, size_t n, const struct chat_msg *
     for (size_t i = 0; i < n_msgs; i++)
         if (memmem(m[i].content, strlen(m[i].content), s, n)) return true;
     /* a tool result as its format writes it: in Hermes's <tool_response> wrapper (a rewritten
-     * user message), or as a JSON string (Llama 3's tojson) */
-    static const char open[] = "<tool_response>\n", close[] = "\n</tool_response>";
-    size_t lo = sizeof open - 1, lc = sizeof close - 1;
-    if (n >= lo + lc && !memcmp(s, open, lo) && !memcmp(s + n - lc, close, lc))
-        return n == lo + lc || inside_some_message(s + lo, n - lo - lc, m, n_msgs);
+     * user message, results in a row joined by "\n" in one), or as a JSON string (Llama 3's
+     * tojson) */
+    static const char open[] = "<tool_response>\n", close[] = "\n</tool_response>",
+                      join[] = "\n</tool_response>\n<tool_response>\n";
+    size_t lo = sizeof open - 1, lc = sizeof close - 1, lj = sizeof join - 1;
+    if (n >= lo + lc && !memcmp(s, open, lo) && !memcmp(s + n - lc, close, lc)) {
+        const char *p = s + lo, *e = s + n - lc;
+        if (p == e || inside_some_message(p, (size_t)(e - p), m, n_msgs)) return true;
+        /* each result of a row on its own (a result holding the join itself is checked whole
+         * above) */
+        for (const char *q; (q = memmem(p, (size_t)(e - p), join, lj)); p = q + lj)
+            if (q > p && !inside_some_message(p, (size_t)(q - p), m, n_msgs)) return false;
+        return p == e || inside_some_message(p, (size_t)(e - p), m, n_msgs);
+    }
     cJSON *j = n && s[0] == '"' ? cJSON_ParseWithLength(s, n) : NULL;
     bool in = cJSON_IsString(j) &&
               (!*j->valuestring ||
