@@ -40,6 +40,8 @@ struct choice {
     size_t lp_sent;         /* streamed: echoed prompt logprobs already sent */
     struct oai_think think; /* streamed with reasoning: what of its text went out */
     bool rs_closed;         /* streamed responses: the reasoning item's closing events sent */
+    int reasoning_tokens;   /* with reasoning: its tokens up to the event that closed it; -1
+                             * while it is open */
     struct oai_choice out;  /* non-streamed: the collected text and logprobs */
     char error[256];        /* FINISH_ERROR: the engine's message */
     bool request_fault;     /* FINISH_ERROR caused by the request's constraints (req_event) */
@@ -266,8 +268,13 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         if (!rc && lp)
             rc = oai_choice_add_lp(&c->out, one.token, one.logprob, one.text_offset, one.top,
                                    one.n_top);
+        struct oai_span rs, cs; /* only where the reasoning ends, for its token count */
+        if (!rc && g->meta.reasoning)
+            oai_think_next(&c->think, c->out.text.p, c->out.text.len, ev->done, &rs, &cs);
     }
     c->text_len += len;
+    if (g->meta.reasoning && c->reasoning_tokens < 0 && (c->think.ended || ev->done))
+        c->reasoning_tokens = ev->completion_tokens;
     /* counted as they come, so a request cut short logs what it streamed */
     if (g->log && ev->completion_tokens > c->logged_tokens) {
         g->log->completion_tokens += ev->completion_tokens - c->logged_tokens;
@@ -283,6 +290,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
         g->usage.completion_tokens += ev->completion_tokens;
         g->usage.accepted_tokens += ev->accepted_tokens;
         g->usage.rejected_tokens += ev->rejected_tokens;
+        if (g->meta.reasoning) g->usage.reasoning_tokens += c->reasoning_tokens;
         if (i % g->n_per == 0) g->usage.cached_tokens += ev->cached_tokens; /* once a prompt */
         metrics_observe_request(&g->s->metrics, ev);
         if (g->log) {
@@ -653,6 +661,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
+    for (int i = 0; i < n_prompts * r->n; i++) g->ch[i].reasoning_tokens = -1;
     bool reasoning = api_reasoning(s, r);
     if ((rc = api_grammar(s, r, reasoning, &grammar, e))) goto fail;
     const char *prefix = r->kind == OAI_RESPONSES ? "resp_"
@@ -686,6 +695,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .prompt_top = r->prompt_logprobs,
                                 .vocab = api_vocab(s),
                                 .reasoning = reasoning};
+    g->usage.reasoning = reasoning;
     g->echo_lp = r->kind == OAI_COMPLETION && r->echo && r->logprobs >= 0;
     int prompt_top = g->echo_lp ? r->logprobs : -1;
     if (r->prompt_logprobs > prompt_top) prompt_top = r->prompt_logprobs;

@@ -265,8 +265,10 @@ bool oai_think_split(const char *text, size_t len, struct oai_span *reasoning,
 
 struct oai_usage {
     int prompt_tokens, completion_tokens, cached_tokens;
-    int accepted_tokens; /* completion tokens a speculative draft had guessed */
-    int rejected_tokens; /* drafted tokens that were not kept */
+    bool reasoning;       /* a reasoning template's answers: reasoning_tokens is reported */
+    int reasoning_tokens; /* of the completion tokens, the reasoning's (oai_think) */
+    int accepted_tokens;  /* completion tokens a speculative draft had guessed */
+    int rejected_tokens;  /* drafted tokens that were not kept */
 };
 
 const char *oai_finish_name(enum finish_reason r); /* NULL for FINISH_NONE */

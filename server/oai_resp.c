@@ -178,7 +178,7 @@ static cJSON *response_obj(const struct oai_resp *r, const char *text, size_t le
             if (d) cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
             cJSON_AddNumberToObject(us, "output_tokens", u->completion_tokens);
             d = cJSON_AddObjectToObject(us, "output_tokens_details");
-            if (d) cJSON_AddNumberToObject(d, "reasoning_tokens", 0); /* not counted apart */
+            if (d) cJSON_AddNumberToObject(d, "reasoning_tokens", u->reasoning_tokens);
             cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->completion_tokens);
         }
     } else {

@@ -235,6 +235,7 @@ static cJSON *usage_obj(const struct oai_usage *u)
     if (d) {
         cJSON_AddNumberToObject(d, "accepted_prediction_tokens", u->accepted_tokens);
         cJSON_AddNumberToObject(d, "rejected_prediction_tokens", u->rejected_tokens);
+        if (u->reasoning) cJSON_AddNumberToObject(d, "reasoning_tokens", u->reasoning_tokens);
     }
     return o;
 }

@@ -493,36 +493,45 @@ def test_reasoning(_d):
             st, _, r = d.post("/v1/chat/completions", body)
             check(st == 200, "reasoning: the request is served", str(r)[:300])
             m = r["choices"][0]["message"]
-            rs, cs, fin = "", "", None
-            for ch in d.stream("/v1/chat/completions", dict(body, stream=True)):
+            rs, cs, fin, su = "", "", None, {}
+            for ch in d.stream("/v1/chat/completions",
+                               dict(body, stream=True, stream_options={"include_usage": True})):
+                if ch != "[DONE]" and ch.get("usage"):
+                    su = ch["usage"]
                 if ch == "[DONE]" or not ch["choices"]:
                     continue
                 delta = ch["choices"][0]["delta"]
                 rs += delta.get("reasoning_content") or ""
                 cs += delta.get("content") or ""
                 fin = ch["choices"][0]["finish_reason"] or fin
+            u = r["usage"]
             check(rs == m["reasoning_content"] and cs == (m["content"] or "")
-                  and fin == r["choices"][0]["finish_reason"],
-                  "reasoning: streamed deltas add up to the response",
-                  f"{rs!r} / {cs!r} vs {m!r}")
-            return m, r["choices"][0]["finish_reason"]
+                  and fin == r["choices"][0]["finish_reason"]
+                  and su.get("completion_tokens_details") == u["completion_tokens_details"],
+                  "reasoning: streamed deltas (and usage) add up to the response",
+                  f"{rs!r} / {cs!r} vs {m!r}; {su} vs {u}")
+            return m, r["choices"][0]["finish_reason"], u
 
         # the prompt ends in "<think>\n": cut short, all of the answer is reasoning
-        m, fin = both({"messages": q, "max_tokens": 12, "temperature": 0})
-        check(m["content"] is None and m["reasoning_content"] and fin == "length",
-              "reasoning: an answer cut before </think> is reasoning, content null", str(m))
+        m, fin, u = both({"messages": q, "max_tokens": 12, "temperature": 0})
+        check(m["content"] is None and m["reasoning_content"] and fin == "length"
+              and u["completion_tokens_details"]["reasoning_tokens"] == u["completion_tokens"] == 12,
+              "reasoning: an answer cut before </think> is reasoning, content null, all its tokens",
+              f"{m} {u}")
         # the same tokens as a plain completion: the split is of that very text
         st, _, tk = d.post("/tokenize", {"messages": q})
         body = {"prompt": tk["tokens"], "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END}
         st, _, raw = d.post("/v1/completions", body)
         raw = raw["choices"][0]["text"]
-        m = m_split = both({"messages": q, "max_tokens": 12, "temperature": 0,
-                            "logit_bias": THINK_END})[0]
-        check("</think>" in raw and m["reasoning_content"] + "</think>" + m["content"] == raw,
-              "reasoning: reasoning_content + </think> + content is the output", f"{raw!r} {m!r}")
+        m, _, u = both({"messages": q, "max_tokens": 12, "temperature": 0, "logit_bias": THINK_END})
+        m_split, rt = m, u["completion_tokens_details"]["reasoning_tokens"]
+        check("</think>" in raw and m["reasoning_content"] + "</think>" + m["content"] == raw
+              and 0 < rt < u["completion_tokens"],
+              "reasoning: reasoning_content + </think> + content is the output; the reasoning's "
+              "tokens counted apart", f"{raw!r} {m!r} {u}")
         # a response_format holds once the reasoning has ended
-        m, fin = both({"messages": q, "max_tokens": 24, "temperature": 0, "logit_bias": THINK_END,
-                       "response_format": {"type": "json_object"}})
+        m, fin, _ = both({"messages": q, "max_tokens": 24, "temperature": 0,
+                          "logit_bias": THINK_END, "response_format": {"type": "json_object"}})
         check("{" not in m["reasoning_content"] and (m["content"] or "").lstrip().startswith("{"),
               "reasoning: json_object constrains the answer after </think>", str(m))
         # /v1/responses: a reasoning item first, the message after it; streamed as events
@@ -533,7 +542,8 @@ def test_reasoning(_d):
         check(st == 200 and [o["type"] for o in out] == ["reasoning", "message"]
               and out[0]["content"][0]["text"] == m_split["reasoning_content"]
               and out[1]["content"][0]["text"] == m_split["content"]
-              and r["id"].replace("resp_", "rs_") == out[0]["id"],
+              and r["id"].replace("resp_", "rs_") == out[0]["id"]
+              and r["usage"]["output_tokens_details"]["reasoning_tokens"] == rt,
               "reasoning: /v1/responses gives a reasoning item, then the message", str(r)[:600])
         _, events = resp_events(d, body)
         names = [k for k, _ in events]
