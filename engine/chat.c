@@ -306,6 +306,23 @@ void sb_trimmed(struct sb *b, const char *s)
     sb_content(b, s + i, n - i);
 }
 
+/* Each message as open role mid content close (content trimmed when trim): the turns of
+ * ChatML, Llama 3 and Zephyr. */
+static void role_turns(const struct chat_msg *m, size_t n, const char *open, const char *mid,
+                       const char *close, bool trim, struct sb *b)
+{
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, open);
+        sb_str(b, m[i].role);
+        sb_str(b, mid);
+        if (trim)
+            sb_trimmed(b, m[i].content);
+        else
+            sb_msg(b, m[i].content);
+        sb_str(b, close);
+    }
+}
+
 static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                        size_t n, bool gen, struct sb *b)
 {
@@ -314,25 +331,13 @@ static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, 
         sb_str(b, t->default_system);
         sb_str(b, "<|im_end|>\n");
     }
-    for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|im_start|>");
-        sb_str(b, m[i].role);
-        sb_str(b, "\n");
-        sb_msg(b, m[i].content);
-        sb_str(b, "<|im_end|>\n");
-    }
+    role_turns(m, n, "<|im_start|>", "\n", "<|im_end|>\n", false, b);
     if (gen) sb_str(b, "<|im_start|>assistant\n");
 }
 
 static void fmt_llama3(const struct chat_msg *m, size_t n, bool gen, struct sb *b)
 {
-    for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|start_header_id|>");
-        sb_str(b, m[i].role);
-        sb_str(b, "<|end_header_id|>\n\n");
-        sb_trimmed(b, m[i].content);
-        sb_str(b, "<|eot_id|>");
-    }
+    role_turns(m, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true, b);
     if (gen) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
@@ -486,13 +491,7 @@ static int fmt_deepseek3(const struct chat_template *t, const struct chat_msg *m
  * (the template's own newline after its last tag, which transformers' rendering keeps). */
 static void fmt_zephyr(const struct chat_msg *m, size_t n, bool gen, struct sb *b)
 {
-    for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|");
-        sb_str(b, m[i].role);
-        sb_str(b, "|>\n");
-        sb_msg(b, m[i].content);
-        sb_str(b, "</s>\n");
-    }
+    role_turns(m, n, "<|", "|>\n", "</s>\n", false, b);
     if (gen && n > 0) sb_str(b, "<|assistant|>\n");
 }
 

@@ -151,6 +151,16 @@ cJSON *js_copy_without(struct js *j, const cJSON *s, const char *const *drop)
     return c;
 }
 
+cJSON *js_all_of_list(struct js *j, const cJSON *const *parts, int n)
+{
+    cJSON *o = js_own(j, cJSON_CreateObject()), *l = o ? cJSON_AddArrayToObject(o, "allOf") : NULL;
+    bool ok = l != NULL;
+    for (int k = 0; ok && k < n; k++)
+        if (parts[k]) ok = cJSON_AddItemReferenceToArray(l, (cJSON *)parts[k]);
+    if (o && !ok) gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
+    return ok ? o : NULL;
+}
+
 /* Appends to s's list k the items of add (or add itself when it is not a list). */
 void js_append_to(cJSON *s, const char *k, const cJSON *add)
 {
@@ -613,17 +623,9 @@ static struct frag alternatives_beside(struct js *j, const cJSON *s, const cJSON
     const cJSON *x;
     cJSON_ArrayForEach(x, list)
     {
-        cJSON *both = cJSON_CreateObject(), *parts = cJSON_CreateArray();
-        if (!both || !parts) {
-            cJSON_Delete(both);
-            cJSON_Delete(parts);
-            gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
-            return (struct frag){0, 0};
-        }
-        cJSON_AddItemReferenceToArray(parts, rest);
-        cJSON_AddItemReferenceToArray(parts, (cJSON *)x);
-        cJSON_AddItemToObject(both, "allOf", parts);
-        cJSON_AddItemToArray(branches, both);
+        cJSON *both = js_all_of_list(j, (const cJSON *const[]){rest, x}, 2);
+        if (!both) return (struct frag){0, 0};
+        cJSON_AddItemReferenceToArray(branches, both);
     }
     return js_alternatives(j, branches, kw);
 }

@@ -444,20 +444,10 @@ refuse:
 
 /* ---- if/then/else ---- */
 
-/* {"allOf": [a, b, c]} (c may be NULL; a NULL b or c: true), owned by j. */
+/* {"allOf": [a, b, c]} (a NULL b or c: true), owned by j. */
 static cJSON *all3(struct js *j, const cJSON *a, const cJSON *b, const cJSON *c)
 {
-    cJSON *o = js_own(j, cJSON_CreateObject()), *l = cJSON_CreateArray();
-    if (!o || !l) {
-        cJSON_Delete(l);
-        if (o) gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
-        return NULL;
-    }
-    const cJSON *parts[] = {a, b, c};
-    for (int k = 0; k < 3; k++)
-        if (parts[k]) cJSON_AddItemReferenceToArray(l, (cJSON *)parts[k]);
-    cJSON_AddItemToObject(o, "allOf", l);
-    return o;
+    return js_all_of_list(j, (const cJSON *const[]){a, b, c}, 3);
 }
 
 struct frag js_if_then_else(struct js *j, const cJSON *s)

@@ -104,6 +104,8 @@ bool js_says(const char *k);
 bool js_says_besides(const cJSON *s, const char *const *but);
 /* A shallow copy of s without the keywords in drop, owned by j. */
 cJSON *js_copy_without(struct js *j, const cJSON *s, const char *const *drop);
+/* {"allOf": parts[0..n)} (NULL parts left out), owned by j; NULL (the builder failed) on OOM. */
+cJSON *js_all_of_list(struct js *j, const cJSON *const *parts, int n);
 /* Appends to s's list k the items of add (or add itself when it is not a list). */
 void js_append_to(cJSON *s, const char *k, const cJSON *add);
 /* Keyword k of s as a count in *out: false when absent or wrong (the builder failed then). */

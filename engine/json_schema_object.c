@@ -479,8 +479,10 @@ struct frag js_dependencies(struct js *j, const cJSON *s)
     cJSON *base = js_copy_without(j, s, kws), *branches = js_own(j, cJSON_CreateArray());
     if (!base || !branches) return (struct frag){0, 0};
     for (int set = 0; set < 1 << n; set++) {
-        cJSON *br = js_copy_without(j, base, (const char *const[]){NULL}), *all = NULL;
+        cJSON *br = js_copy_without(j, base, (const char *const[]){NULL});
         if (!br) return (struct frag){0, 0};
+        const cJSON *parts[DEP_MAX + 1] = {br}; /* br, then its triggers' schemas */
+        int np = 1;
         bool ok = true;
         for (int i = 0; i < n && ok; i++) {
             const cJSON *d = trig[i];
@@ -493,19 +495,9 @@ struct frag js_dependencies(struct js *j, const cJSON *s)
                 js_append_to(br, "required", d);
                 continue;
             }
-            if (!all) {
-                cJSON *wrap = js_own(j, cJSON_CreateObject());
-                all = cJSON_CreateArray();
-                if (!wrap || !all || !cJSON_AddItemReferenceToArray(all, br)) {
-                    cJSON_Delete(all);
-                    if (wrap) gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
-                    return (struct frag){0, 0};
-                }
-                cJSON_AddItemToObject(wrap, "allOf", all);
-                br = wrap;
-            }
-            ok = cJSON_AddItemReferenceToArray(all, (cJSON *)d);
+            parts[np++] = d;
         }
+        if (ok && np > 1 && !(br = js_all_of_list(j, parts, np))) return (struct frag){0, 0};
         if (!ok || !cJSON_AddItemReferenceToArray(branches, br)) {
             gb_fail(j->b, QERR_NOMEM, "out of memory compiling the schema");
             return (struct frag){0, 0};
