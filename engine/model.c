@@ -14,8 +14,13 @@
 struct layer {
     const float *attn_norm, *ffn_norm; /* device copies, [dim] */
     struct bweight wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* device copies or NULL: this rank's q, k, v biases (qkv_bias), q and k norms [head_dim]
+     * (qk_norm) */
+    const float *bq, *bk, *bv, *q_norm, *k_norm;
     void *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] of the backend's KV element */
-    void *own[2]; /* tensor parallelism: this rank's column shards of wo and w_down, copied */
+    /* copies the file's bytes could not serve: this rank's column shards of wo and w_down
+     * (tensor parallelism), q's and k's rows in the rope's order (rope_neox) */
+    void *own[4];
 };
 
 /* Activation arena: sized once for max_batch_tokens so a forward allocates nothing. */
@@ -206,14 +211,22 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     struct gguf_str arch;
     int rc = gguf_get_str(f, "general.architecture", &arch, err);
     if (rc) return rc;
-    /* Llama-family files all use this layout; others (gpt2, phi, qwen2 with biases) do not */
-    static const char *const supported[] = {"llama", "mistral"};
+    /* Llama-family files use this layout; Qwen2 adds q/k/v biases, Qwen3 q/k norms, both the
+     * NeoX rope; others (gpt2, phi, gemma) do not fit it */
+    static const struct {
+        const char *name;
+        bool neox;
+    } supported[] = {{"llama", false}, {"mistral", false}, {"qwen2", true}, {"qwen3", true}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
-        ok |= gguf_str_eq(arch, supported[i]);
+        if (gguf_str_eq(arch, supported[i].name)) {
+            ok = true;
+            cfg->rope_neox = supported[i].neox;
+        }
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
-                        "%s: unsupported architecture '%.*s' (quern runs llama, mistral)",
+                        "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
+                        "qwen3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -266,6 +279,13 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
         return qerr_set(err, QERR_FORMAT, "%s: missing tensor token_embd.weight", gguf_path(f));
     cfg->vocab = (int)emb->ne[1];
     cfg->tied_output = gguf_tensor_find(f, "output.weight") == NULL;
+    /* the first layer says which optional tensors every layer has (the loader then requires
+     * them in each); Qwen3 without its norms would run, wrongly */
+    cfg->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
+    cfg->qk_norm = gguf_tensor_find(f, "blk.0.attn_q_norm.weight") != NULL;
+    if (!cfg->qk_norm && strcmp(a, "qwen3") == 0)
+        return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (qwen3)",
+                        gguf_path(f));
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
                         gguf_path(f), cfg->eps, cfg->rope_base);
@@ -438,11 +458,22 @@ static void drop_all_file_pages(const struct gguf_file *f, const struct model *m
     }
 }
 
+/* Which row of a NeoX-rope head (its first rot dims turned as pairs (i, i + rot / 2)) sits at
+ * row r of the head the backend's rope turns (pairs (2i, 2i + 1)): the inverse of the row order
+ * llama.cpp's converter gives llama's q and k. */
+static int neox_row(int r, int rot)
+{
+    return r < rot ? (r % 2) * (rot / 2) + r / 2 : r;
+}
+
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
- * shard. Rows are a window on the file; columns are copied into *own (freed with the model). */
+ * shard. Rows are a window on the file; columns are copied into *own (freed with the model), and
+ * so are the rows when neox_hd is a head size (rope_neox: each head's rows in neox_row's order,
+ * r0 and nr whole heads). */
 static int load_weight_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t cols, int64_t rows, int64_t r0, int64_t nr, int64_t c0,
-                            int64_t nc, struct bweight *w, void **own, struct qerr *err)
+                            int64_t nc, int neox_hd, struct bweight *w, void **own,
+                            struct qerr *err)
 {
     const struct gguf_tensor *t = NULL;
     int rc = find_tensor(f, name, cols, rows, &t, err);
@@ -459,14 +490,17 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
     w->rows = nr;
     w->cols = nc;
     w->host = (const uint8_t *)bytes + (size_t)r0 * row_bytes;
-    if (nc != cols) {
+    if (nc != cols || neox_hd) {
         size_t part = qtype_row_bytes(t->type, (size_t)nc);
         size_t skip = qtype_row_bytes(t->type, (size_t)c0);
         uint8_t *p = malloc((size_t)nr * part);
         if (!p) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
-        for (int64_t r = 0; r < nr; r++)
-            memcpy(p + (size_t)r * part, (const uint8_t *)w->host + (size_t)r * row_bytes + skip,
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t src =
+                neox_hd ? r - r % neox_hd + neox_row((int)(r % neox_hd), m->cfg.rot_dim) : r;
+            memcpy(p + (size_t)r * part, (const uint8_t *)w->host + (size_t)src * row_bytes + skip,
                    part);
+        }
         *own = p;
         w->host = p;
     }
@@ -479,30 +513,44 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
 static int load_weight(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
                        int64_t rows, struct bweight *w, struct qerr *err)
 {
-    return load_weight_part(m, f, name, cols, rows, 0, rows, 0, cols, w, NULL, err);
+    return load_weight_part(m, f, name, cols, rows, 0, rows, 0, cols, 0, w, NULL, err);
 }
 
-static int load_vector(struct model *m, const struct gguf_file *f, const char *name, int64_t n,
-                       const float **out, struct qerr *err)
+/* Elements [off, off + n) of the vector `name` of n_all elements, on the device (a rank's share
+ * of a bias); with neox_hd each head's elements in neox_row's order, as load_weight_part's rows. */
+static int load_vector_part(struct model *m, const struct gguf_file *f, const char *name,
+                            int64_t n_all, int64_t off, int64_t n, int neox_hd, const float **out,
+                            struct qerr *err)
 {
     const struct gguf_tensor *t = NULL;
-    int rc = find_tensor(f, name, n, 1, &t, err);
+    int rc = find_tensor(f, name, n_all, 1, &t, err);
     if (rc) return rc;
     const void *bytes;
     if ((rc = gguf_tensor_bytes(f, t, &bytes, err))) return rc;
-    scan_tensor(m, t, bytes);
-    float *host = malloc((size_t)n * sizeof *host);
+    if (m->sh.rank == 0) scan_tensor(m, t, bytes);
+    float *host = malloc((size_t)(n_all + n) * sizeof *host);
     float *dev = m->be->ops->buf_alloc(m->be, (size_t)n * sizeof *dev);
     if (!host || !dev) {
         free(host);
         if (dev) m->be->ops->buf_free(m->be, dev);
         return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
     }
-    qtype_dequantize_row(t->type, bytes, host, (size_t)n);
-    m->be->ops->buf_write(m->be, dev, host, (size_t)n * sizeof *dev);
+    qtype_dequantize_row(t->type, bytes, host, (size_t)n_all);
+    float *part = host + n_all;
+    for (int64_t i = 0; i < n; i++)
+        part[i] =
+            host[off +
+                 (neox_hd ? i - i % neox_hd + neox_row((int)(i % neox_hd), m->cfg.rot_dim) : i)];
+    m->be->ops->buf_write(m->be, dev, part, (size_t)n * sizeof *dev);
     free(host);
     *out = dev;
     return 0;
+}
+
+static int load_vector(struct model *m, const struct gguf_file *f, const char *name, int64_t n,
+                       const float **out, struct qerr *err)
+{
+    return load_vector_part(m, f, name, n, 0, n, 0, out, err);
 }
 
 /* An out-of-memory error naming what was asked for and, on a device, what is free. */
@@ -627,21 +675,39 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         int full_kv = c->n_kv_heads * hd;
         /* this rank's shard (model_shard.h): rows r0.. of column-parallel weights, columns c0.. of
          * row-parallel ones */
-#define LOADW(field, suffix, cols, rows, r0, nr, c0, nc, own)                                      \
+#define LOADW(field, suffix, cols, rows, r0, nr, c0, nc, neox, own)                                \
     do {                                                                                           \
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                \
-        if ((rc = load_weight_part(m, f, name, cols, rows, r0, nr, c0, nc, &ly->field, own, err))) \
+        if ((rc = load_weight_part(m, f, name, cols, rows, r0, nr, c0, nc, neox, &ly->field, own,  \
+                                   err)))                                                          \
             goto fail;                                                                             \
     } while (0)
-        LOADW(wq, "attn_q", c->dim, c->n_heads * hd, s->q0 * hd, s->nq * hd, 0, c->dim, NULL);
-        LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
-        LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, NULL);
-        LOADW(wo, "attn_output", c->n_heads * hd, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd,
+        int neox = c->rope_neox ? hd : 0;
+        LOADW(wq, "attn_q", c->dim, c->n_heads * hd, s->q0 * hd, s->nq * hd, 0, c->dim, neox,
+              &ly->own[2]);
+        LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, neox, &ly->own[3]);
+        LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, 0, NULL);
+        LOADW(wo, "attn_output", c->n_heads * hd, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd, 0,
               &ly->own[0]);
-        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
-        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, NULL);
-        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, &ly->own[1]);
+        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, 0, &ly->own[1]);
 #undef LOADW
+#define LOADV(field, suffix, n_all, off, n, neox)                                                  \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                       \
+        if ((rc = load_vector_part(m, f, name, n_all, off, n, neox, &ly->field, err))) goto fail;  \
+    } while (0)
+        if (c->qkv_bias) {
+            LOADV(bq, "attn_q.bias", c->n_heads * hd, s->q0 * hd, s->nq * hd, neox);
+            LOADV(bk, "attn_k.bias", full_kv, s->kv0 * hd, kv_dim, neox);
+            LOADV(bv, "attn_v.bias", full_kv, s->kv0 * hd, kv_dim, 0);
+        }
+        if (c->qk_norm) {
+            LOADV(q_norm, "attn_q_norm.weight", hd, 0, hd, neox);
+            LOADV(k_norm, "attn_k_norm.weight", hd, 0, hd, neox);
+        }
+#undef LOADV
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
@@ -687,12 +753,13 @@ void model_free_rank(struct model *m)
                                     &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
                 if (ws[i]->host || ws[i]->impl) be->ops->weight_release(be, ws[i]);
-            if (ly->attn_norm) be->ops->buf_free(be, (void *)ly->attn_norm);
-            if (ly->ffn_norm) be->ops->buf_free(be, (void *)ly->ffn_norm);
+            const float *vecs[] = {ly->attn_norm, ly->ffn_norm, ly->bq,    ly->bk,
+                                   ly->bv,        ly->q_norm,   ly->k_norm};
+            for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+                if (vecs[i]) be->ops->buf_free(be, (void *)vecs[i]);
             if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);
             if (ly->v_cache) be->ops->buf_free(be, ly->v_cache);
-            free(ly->own[0]);
-            free(ly->own[1]);
+            for (size_t i = 0; i < sizeof ly->own / sizeof ly->own[0]; i++) free(ly->own[i]);
         }
         free(m->layers);
     }
@@ -720,6 +787,8 @@ double model_weight_bytes(const struct model *m)
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             b += (double)backend_weight_bytes(be, ws[i]);
         b += 2.0 * (double)c->dim * sizeof(float);
+        if (c->qkv_bias) b += (double)(m->sh.nq + 2 * m->sh.nkv) * c->head_dim * sizeof(float);
+        if (c->qk_norm) b += 2.0 * c->head_dim * sizeof(float);
     }
     return m->tp ? b + model_tp_weight_bytes(m->tp) : b;
 }
@@ -822,6 +891,16 @@ static void add_norm(struct backend *be, float *out, float *x, const float *y, c
     be->ops->rmsnorm(be, out, x, w, n, dim, eps);
 }
 
+/* x[n][dim] += b, row by row: one op where the backend has it. */
+static void add_rows(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    if (be->ops->add_rows) {
+        be->ops->add_rows(be, x, b, n, dim);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->ops->add(be, x + (size_t)i * (size_t)dim, b, (size_t)dim);
+}
+
 /* Tensor parallelism: the row-parallel matmul left each rank a partial sum of x[n][dim]; the sum
  * over ranks, in rank order, replaces it on every rank. */
 static int reduce_partial(struct model *m, float *x, int n, struct qerr *err)
@@ -855,6 +934,15 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         const struct bweight *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
         float *qkv_out[3] = {a->q, a->k, a->v};
         backend_matmul_shared(be, qkv, 3, a->xn, n, qkv_out);
+        if (ly->bq) {
+            add_rows(be, a->q, ly->bq, n, nq * c->head_dim);
+            add_rows(be, a->k, ly->bk, n, kv_dim);
+            add_rows(be, a->v, ly->bv, n, kv_dim);
+        }
+        if (ly->q_norm) { /* each head's vector of q and k is a row of its own */
+            ops->rmsnorm(be, a->q, a->q, ly->q_norm, n * nq, c->head_dim, c->eps);
+            ops->rmsnorm(be, a->k, a->k, ly->k_norm, n * nkv, c->head_dim, c->eps);
+        }
         ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rope);
         ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rope);
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);

@@ -1,5 +1,6 @@
-/* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output)
- * loaded from GGUF and run through the backend interface.
+/* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
+ * Qwen2's q/k/v biases and Qwen3's q/k norms) loaded from GGUF and run through the backend
+ * interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
  * from many sequences, each reading and writing its K/V through its own block table into the
@@ -24,6 +25,15 @@ struct model_config {
     int n_rope_factors;
     float rope_factors[ROPE_MAX_PAIRS];
     bool tied_output;
+    /* Qwen2 and Qwen3 files (as llama.cpp's converter writes them) rotate the pairs (x[i],
+     * x[i + rot_dim / 2]) (GPT-NeoX's rope), where llama files pair adjacent dims: the loader
+     * moves q's and k's rows within each head so the backend's rope sees adjacent pairs. q.k is
+     * a sum over a head's dims, so the order they sit in changes nothing else. */
+    bool rope_neox;
+    /* q, k and v biases (attn_q.bias ...: Qwen2, and llama files that carry them) */
+    bool qkv_bias;
+    /* a per-head RMSNorm of q and k before the rope (attn_q_norm / attn_k_norm: Qwen3) */
+    bool qk_norm;
 };
 
 /* The model's rotary embedding for the backend's rope op; points into cfg. */

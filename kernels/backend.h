@@ -215,6 +215,8 @@ struct backend_ops {
     /* Bytes of n consecutive elements of a slot (n a multiple of 32: a kv head's row, a slot).
      * NULL: n * kv_elem_bytes. */
     size_t (*kv_bytes)(const struct backend *be, size_t n);
+    /* x[n][dim] += b[dim], each row (a bias). NULL: the caller adds b row by row (add). */
+    void (*add_rows)(struct backend *be, float *x, const float *b, int n, int dim);
 };
 
 struct backend {

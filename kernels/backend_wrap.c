@@ -93,6 +93,12 @@ static void w_add(struct backend *be, float *x, const float *y, size_t n)
     HOOKED("add", NULL, 3.0 * (double)n * F4, (double)n, 0, in->ops->add(in, x, y, n));
 }
 
+static void w_add_rows(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    HOOKED("add_rows", NULL, (2.0 * n + 1) * dim * F4, (double)n * dim, n,
+           in->ops->add_rows(in, x, b, n, dim));
+}
+
 static void w_add_rmsnorm(struct backend *be, float *o, float *x, const float *y, const float *w,
                           int n, int dim, float eps)
 {
@@ -252,6 +258,7 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
         .kv_elem_bytes = in->kv_elem_bytes ? w_kv_elem_bytes : NULL,
         .kv_bytes = in->kv_bytes ? w_kv_bytes : NULL,
         .add_rmsnorm = in->add_rmsnorm ? w_add_rmsnorm : NULL,
+        .add_rows = in->add_rows ? w_add_rows : NULL,
         .mem_info = in->mem_info ? w_mem_info : NULL,
         .host_alloc = in->host_alloc ? w_host_alloc : NULL,
         .host_free = in->host_free ? w_host_free : NULL,

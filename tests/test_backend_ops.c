@@ -342,6 +342,13 @@ START_TEST(rmsnorm_add_silu_match_reference)
         gpu->ops->add(gpu, dx, dy, len);
         dev_read(gpu, o, dx, bytes);
         for (size_t k = 0; k < len; k++) ck_assert_float_eq(o[k], x[k] + y[k]);
+        /* add_rows (a bias on each row): exact */
+        float *db = dev_upload(gpu, x, bytes);
+        ck_assert_ptr_nonnull(gpu->ops->add_rows);
+        gpu->ops->add_rows(gpu, db, dw, n, dim);
+        dev_read(gpu, o, db, bytes);
+        for (size_t k = 0; k < len; k++) ck_assert_float_eq(o[k], x[k] + w[k % (size_t)dim]);
+        dev_free(gpu, db);
         /* add_rmsnorm: bit for bit add then rmsnorm, with out aliasing y as the model uses it */
         gpu->ops->rmsnorm(gpu, dout, dx, dw, n, dim, 1e-5f);
         float *want = malloc(bytes), *sum = malloc(bytes), *fx = malloc(bytes);

@@ -695,6 +695,9 @@ START_TEST(rmsnorm_add_silu_match_reference)
             memcpy(r, x, len * 4);
             be->ops->add(be, x, y, len);
             for (size_t k = 0; k < len; k++) ck_assert_float_eq(x[k], r[k] + y[k]);
+            memcpy(r, x, len * 4);
+            be->ops->add_rows(be, x, w, n, dim);
+            for (size_t k = 0; k < len; k++) ck_assert_float_eq(x[k], r[k] + w[k % (size_t)dim]);
             for (size_t k = 0; k < len; k++) x[k] = tu_frand(-30.0f, 30.0f);
             memcpy(r, x, len * 4);
             be->ops->silu_mul(be, x, y, len);

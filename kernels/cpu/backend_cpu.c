@@ -147,6 +147,7 @@ static const struct backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add = cpu_add,
+    .add_rows = cpu_add_rows,
     .matmul = cpu_matmul,
     .matmul_shared = cpu_matmul_shared,
     .buf_copy = cpu_buf_copy,

@@ -55,6 +55,7 @@ void cpu_embed(struct backend *be, const struct bweight *table, const int32_t *t
 void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
                  float eps);
 void cpu_add(struct backend *be, float *x, const float *y, size_t n);
+void cpu_add_rows(struct backend *be, float *x, const float *b, int n, int dim);
 void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads, int head_dim,
               const struct rope_spec *rs);
 void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k, const float *v,

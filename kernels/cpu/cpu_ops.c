@@ -156,6 +156,13 @@ void cpu_add(struct backend *be, float *x, const float *y, size_t n)
     run_elem(ctx_of(be), x, y, n, false);
 }
 
+/* On the calling thread: a bias is a few hundred floats a token, less than a job's wake-up. */
+void cpu_add_rows(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    const struct cpu_kernels *k = ctx_of(be)->k;
+    for (int i = 0; i < n; i++) k->add(x + (size_t)i * (size_t)dim, b, (size_t)dim);
+}
+
 void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
     run_elem(ctx_of(be), g, u, n, true);

@@ -304,6 +304,7 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_shared = */ NULL, /* the engine calls matmul per weight */
     /* .buf_copy = */ cuda_buf_copy,
     /* .kv_bytes = */ NULL, /* n times kv_elem_bytes */
+    /* .add_rows = */ cuda_op_add_rows,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)

@@ -244,6 +244,7 @@ void cuda_op_add_rmsnorm(struct backend *be, float *out, float *x, const float *
 void cuda_op_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
                      float eps);
 void cuda_op_add(struct backend *be, float *x, const float *y, size_t n);
+void cuda_op_add_rows(struct backend *be, float *x, const float *b, int n, int dim);
 void cuda_op_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_heads,
                   int head_dim, const struct rope_spec *rs);
 void cuda_op_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *k,

@@ -177,6 +177,24 @@ void cuda_op_add(struct backend *be, float *x, const float *y, size_t n)
     CUDA_LAUNCHED(c, "add_kernel");
 }
 
+/* x[n][dim] += b[dim]: add_kernel's sum, b read again for each row */
+__global__ void add_rows_kernel(float *x, const float *b, size_t total, int dim)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fadd_rn(x[i], b[i % (size_t)dim]);
+}
+
+void cuda_op_add_rows(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (n <= 0 || dim <= 0) return;
+    size_t total = (size_t)n * (size_t)dim;
+    cuda_use_device(c);
+    add_rows_kernel<<<grid_for(total, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, b, total, dim);
+    CUDA_LAUNCHED(c, "add_rows_kernel");
+}
+
 /* g = g / (1 + exp(-g)) * u. exp in double rounded to float: the correctly rounded expf almost
  * always, which is what glibc's expf returns, so the result matches the reference bit for bit
  * nearly everywhere (CUDA's expf is 2 ulp). */

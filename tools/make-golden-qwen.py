@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Reference data for the Qwen2 and Qwen3 architectures: tests/golden/smollm2-qwen.json.
+
+No Qwen model is small enough for the tests (nor reachable from these machines), so the two
+files are made from the default model's own weights, as llama.cpp's converter would write a
+model of that architecture:
+
+  * arch "qwen2" / "qwen3", every "llama.*" key under the new name;
+  * q's and k's rows in Hugging Face's order (the converter permutes them only for llama, whose
+    rope pairs adjacent dims; Qwen's, GPT-NeoX's, pairs i with i + head_dim / 2);
+  * qwen2: q, k and v biases (attn_q.bias ...), qwen3: per-head q and k norms
+    (attn_q_norm.weight ...), whose values are the formula in WAVE below, so the C test can write
+    the same file without carrying 29,000 numbers.
+
+llama.cpp (llama-cpp-python, fp32 weights dequantized from the Q4_1 file, an fp32 KV cache) runs
+each file; its logits are recorded per prompt as tools/make-golden-head-dim.py records them (the
+greedy continuation, the top-2 gap at each step, the top-5 logits at four positions), with how
+far the plain llama model is from them. The C test (tests/test_model.c) writes the same files in
+Q4_1, whose weights dequantize to exactly these fp32 values.
+
+Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-qwen.py
+"""
+import json
+import math
+import os
+import tempfile
+
+import numpy as np
+
+from golden_record import golden_cases, greedy_record
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_DIR = os.path.join(ROOT, "models")
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GOLDEN = os.path.join(ROOT, "tests", "golden", "smollm2.json")
+OUT = os.path.join(ROOT, "tests", "golden", "smollm2-qwen.json")
+N_NEW = 24
+TOPK = 5
+PROMPTS = ["chat-capital", "chat-code"]
+# value(layer, kind, i) = AMP[kind] * sin(A * layer + B * kind + C * i) (+ 1 for a norm), in
+# double, rounded to float32; kind 0 q, 1 k, 2 v; i the element in Hugging Face's order
+WAVE = {"a": 0.7, "b": 1.3, "c": 0.37}
+VARIANTS = [
+    {"arch": "qwen2", "bias_amp": [0.5, 0.5, 0.1]},
+    {"arch": "qwen3", "norm_amp": [0.25, 0.25]},
+]
+
+
+def wave(layer, kind, n, amp, offset=0.0):
+    return np.array([offset + amp * math.sin(WAVE["a"] * layer + WAVE["b"] * kind + WAVE["c"] * i)
+                     for i in range(n)], dtype=np.float32)
+
+
+def hf_rows(w, n_heads):
+    """GGUF llama rows (pairs adjacent) back to Hugging Face's order (pairs i, i + hd/2)."""
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.reshape(n_heads, hd // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def field_value(field):
+    import gguf
+    vt = field.types[0]
+    if vt == gguf.GGUFValueType.ARRAY:
+        sub = field.types[-1]
+        if sub == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data], vt, sub
+        return [field.parts[i].tolist()[0] for i in field.data], vt, sub
+    if vt == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8"), vt, None
+    return field.parts[field.data[0]].tolist()[0], vt, None
+
+
+def write_variant(reader, var, path):
+    import gguf
+    arch = var["arch"]
+    kv = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kv[name] = field_value(field)
+    n_heads = kv["llama.attention.head_count"][0]
+    n_kv = kv["llama.attention.head_count_kv"][0]
+    n_layers = kv["llama.block_count"][0]
+    w = gguf.GGUFWriter(path, arch)
+    for name, (value, vt, sub) in kv.items():
+        if name.startswith("llama."):
+            name = arch + name[len("llama"):]
+        if name == "general.file_type":
+            value = 0  # all F32
+        w.add_key_value(name, value, vt, sub_type=sub)
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        data = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
+        if arch != "llama" and t.name.endswith("attn_q.weight"):
+            data = hf_rows(data, n_heads)
+        elif arch != "llama" and t.name.endswith("attn_k.weight"):
+            data = hf_rows(data, n_kv)
+        w.add_tensor(t.name, np.ascontiguousarray(data))
+        if t.name.endswith("attn_v.weight"):
+            layer = int(t.name.split(".")[1])
+            kv_dim = data.shape[0]
+            hd = kv_dim // n_kv
+            if "bias_amp" in var:
+                amp = var["bias_amp"]
+                w.add_tensor(f"blk.{layer}.attn_q.bias", wave(layer, 0, n_heads * hd, amp[0]))
+                w.add_tensor(f"blk.{layer}.attn_k.bias", wave(layer, 1, kv_dim, amp[1]))
+                w.add_tensor(f"blk.{layer}.attn_v.bias", wave(layer, 2, kv_dim, amp[2]))
+            if "norm_amp" in var:
+                amp = var["norm_amp"]
+                w.add_tensor(f"blk.{layer}.attn_q_norm.weight", wave(layer, 0, hd, amp[0], 1.0))
+                w.add_tensor(f"blk.{layer}.attn_k_norm.weight", wave(layer, 1, hd, amp[1], 1.0))
+    assert sum(1 for t in reader.tensors if t.name.endswith("attn_v.weight")) == n_layers
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    import gguf
+    import llama_cpp
+
+    cases, sha = golden_cases(GOLDEN, os.path.join(MODEL_DIR, MODEL_FILE))
+    reader = gguf.GGUFReader(os.path.join(MODEL_DIR, MODEL_FILE))
+
+    def runner(path):
+        llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=256, n_threads=os.cpu_count(),
+                              logits_all=True, type_k=0, type_v=0, flash_attn=False,
+                              verbose=False)  # type 0: GGML_TYPE_F32 KV cache
+
+        def logits_of(ids):
+            llm.reset()
+            llm.eval(ids)
+            return np.array(llm.scores[:len(ids)], dtype=np.float32)
+        return llm, logits_of
+
+    tmp = tempfile.mkdtemp()
+    plain_path = os.path.join(tmp, "llama-f32.gguf")
+    write_variant(reader, {"arch": "llama"}, plain_path)  # no biases; rows as llama keeps them
+    _, plain = runner(plain_path)
+    for pname in PROMPTS:  # the pipeline itself: llama.cpp on the fp32 llama file against
+        c = cases[pname]   # transformers' logits in smollm2.json
+        ids = c["prompt_ids"] + c["greedy_ids"]
+        L = plain(ids)
+        worst = max(abs(float(L[e["pos"]][t]) - v) / max(abs(v), 1.0)
+                    for e in c["logits"] for t, v in zip(e["top_ids"], e["top_logits"]))
+        print(f"llama.cpp fp32 vs transformers on {pname}: worst relative logit error {worst:.2e}")
+        assert worst < 1e-3, worst
+    out = []
+    for var in VARIANTS:
+        path = os.path.join(tmp, var["arch"] + ".gguf")
+        write_variant(reader, var, path)
+        _, logits_of = runner(path)
+        for pname in PROMPTS:
+            prompt = cases[pname]["prompt_ids"]
+            greedy, gaps, entries, worst = greedy_record(logits_of, prompt, N_NEW, (0, 8, 16),
+                                                         TOPK, other=plain)
+            out.append({"name": f"{var['arch']}-{pname}", "arch": var["arch"],
+                        "prompt_ids": prompt, "greedy_ids": greedy, "top2_gap": gaps,
+                        "logits": entries, "llama_worst_rel_diff": worst})
+            print(f"{var['arch']}-{pname}: the llama model's worst relative top-5 logit "
+                  f"difference {worst:.3f}; greedy {greedy[:8]}...")
+        os.unlink(path)
+    os.unlink(plain_path)
+    os.rmdir(tmp)
+    json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
+               "made_by": f"tools/make-golden-qwen.py, llama-cpp-python {llama_cpp.__version__} "
+                          f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}",
+               "cases": out}, open(OUT, "w"), indent=1)
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
