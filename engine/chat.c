@@ -65,7 +65,7 @@ const char *chat_template_name(const struct chat_template *t)
 {
     switch (t->kind) {
     case CHAT_CHATML:
-        return "chatml";
+        return t->think_model ? "qwen3" : "chatml";
     case CHAT_LLAMA3:
         return "llama3";
     case CHAT_DEEPSEEK3:
@@ -166,6 +166,8 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
                             tmpl);
         out->kind = CHAT_CHATML;
         out->default_system = chatml_default_system(tmpl, len);
+        /* Qwen3's: reasoning_content handed back, and a switch for thinking */
+        out->think_model = has(tmpl, len, "reasoning_content") && has(tmpl, len, "enable_thinking");
         return 0;
     }
     if (has(tmpl, len, "[INST]")) {
@@ -204,6 +206,7 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
 {
     static const struct chat_template named[] = {
         {.kind = CHAT_CHATML},
+        {.kind = CHAT_CHATML, .think_model = true},
         {.kind = CHAT_LLAMA3, .tools = CHAT_TOOLS_LLAMA3},
         {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2},
         {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2_SYS},
@@ -323,6 +326,72 @@ static void role_turns(const struct chat_msg *m, size_t n, const char *open, con
     }
 }
 
+void chat_split_think(const struct chat_msg *m, struct chat_think *out)
+{
+    const char *c = m->content ? m->content : "";
+    *out = (struct chat_think){.text = c, .text_len = strlen(c), .reasoning = ""};
+    if (m->reasoning) {
+        out->reasoning = m->reasoning;
+        out->reasoning_len = strlen(m->reasoning);
+        return;
+    }
+    const char *first = strstr(c, "</think>"), *last = first, *x;
+    if (!first) return;
+    while ((x = strstr(last + 8, "</think>"))) last = x;
+    /* content.split('</think>')[-1].lstrip('\n') */
+    const char *t = last + 8;
+    while (*t == '\n') t++;
+    out->text = t;
+    out->text_len = strlen(t);
+    /* content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+    size_t n0 = (size_t)(first - c);
+    while (n0 && c[n0 - 1] == '\n') n0--;
+    const char *r = c;
+    for (x = c; (x = memmem(x, n0 - (size_t)(x - c), "<think>", 7)); x += 7) r = x + 7;
+    while (r < c + n0 && *r == '\n') r++;
+    out->reasoning = r;
+    out->reasoning_len = (size_t)(c + n0 - r);
+}
+
+/* Qwen3's last question: the last user message that is not a tool result wrapped as one; n - 1
+ * when there is none (so no answer follows it) */
+static size_t last_question(const struct chat_msg *m, const enum role *r, size_t n)
+{
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    for (size_t i = n; i-- > 0;) {
+        if (r[i] != ROLE_USER) continue;
+        const char *c = m[i].content;
+        size_t len = strlen(c);
+        bool wrapped = len >= sizeof close - 1 && !strncmp(c, open, sizeof open - 1) &&
+                       !strcmp(c + len - (sizeof close - 1), close);
+        if (!wrapped) return i;
+    }
+    return n ? n - 1 : 0;
+}
+
+/* An answer as Qwen3's template writes it: its reasoning only after the last question, and
+ * there for the last message (an empty block) or where it has some */
+static void qwen3_answer(const struct chat_msg *m, bool keep_reasoning, bool last, struct sb *b)
+{
+    struct chat_think th;
+    chat_split_think(m, &th);
+    sb_str(b, "<|im_start|>assistant\n");
+    if (keep_reasoning && (last || th.reasoning_len)) {
+        const char *r = th.reasoning, *e = th.reasoning + th.reasoning_len;
+        while (r < e && *r == '\n') r++;
+        while (e > r && e[-1] == '\n') e--;
+        sb_str(b, "<think>\n");
+        sb_content(b, r, (size_t)(e - r));
+        sb_str(b, "\n</think>\n\n");
+        const char *t = th.text, *te = th.text + th.text_len;
+        while (t < te && *t == '\n') t++;
+        sb_content(b, t, (size_t)(te - t));
+    } else {
+        sb_content(b, th.text, th.text_len);
+    }
+    sb_str(b, "<|im_end|>\n");
+}
+
 static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                        size_t n, bool gen, struct sb *b)
 {
@@ -331,7 +400,17 @@ static void fmt_chatml(const struct chat_template *t, const struct chat_msg *m, 
         sb_str(b, t->default_system);
         sb_str(b, "<|im_end|>\n");
     }
-    role_turns(m, n, "<|im_start|>", "\n", "<|im_end|>\n", false, b);
+    if (!t->think_model) {
+        role_turns(m, n, "<|im_start|>", "\n", "<|im_end|>\n", false, b);
+    } else {
+        size_t q = last_question(m, r, n);
+        for (size_t i = 0; i < n; i++) {
+            if (r[i] == ROLE_ASSISTANT)
+                qwen3_answer(&m[i], i > q, i + 1 == n, b);
+            else
+                role_turns(&m[i], 1, "<|im_start|>", "\n", "<|im_end|>\n", false, b);
+        }
+    }
     if (gen) sb_str(b, "<|im_start|>assistant\n");
 }
 
@@ -571,7 +650,7 @@ int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs
                         "assistant's text (message %zu is %s)",
                         n ? n - 1 : 0, n == 0 ? "missing" : msgs[n - 1].role);
     }
-    bool gen = end == CHAT_END_GENERATE;
+    bool gen = end == CHAT_END_GENERATE || end == CHAT_END_GENERATE_NO_THINK;
     cJSON *list = NULL;
     if (tools) {
         list = cJSON_Parse(tools);
@@ -590,6 +669,8 @@ int chat_format_tools(const struct chat_template *t, const struct chat_msg *msgs
         rc = chat_fmt_tools(t, msgs, r, n, list, gen, &b, err);
     else
         chat_fmt_plain(t, msgs, r, n, gen, &b);
+    if (!rc && end == CHAT_END_GENERATE_NO_THINK && t->think_model)
+        sb_str(&b, "<think>\n\n</think>\n\n");
     if (!rc && !b.oom && end == CHAT_END_CONTINUE) {
         /* the last content written is the last message's: what follows it closes the turn */
         b.n = b.content_end;

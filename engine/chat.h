@@ -57,6 +57,11 @@ struct chat_template {
     /* The generation prompt opens the model's reasoning (DeepSeek-R1's "<think>\n"): the answer
      * starts inside a <think> block and its text after "</think>" is the reply. */
     bool think;
+    /* The model opens a <think> block of its own when it reasons (Qwen3's ChatML): an answer's
+     * reasoning is kept only inside the tool loop after the last question (its reasoning_content,
+     * or the block at the start of its text), and CHAT_END_GENERATE_NO_THINK closes an empty
+     * block after the generation prompt (enable_thinking false). */
+    bool think_model;
 };
 
 /* One tool call an assistant message made (as the request sent it back). */
@@ -72,6 +77,9 @@ struct chat_msg {
     const struct chat_call *calls; /* assistant: the tool calls it made, n_calls of them */
     size_t n_calls;
     const char *call_id; /* tool: the id of the call this result answers (NULL: none) */
+    /* assistant: its reasoning as the request sent it back (reasoning_content), NULL if none;
+     * only templates that write it (think_model) read it */
+    const char *reasoning;
 };
 
 /* Recognizes the template text (len bytes); QERR_UNSUPPORTED naming the template otherwise. */
@@ -93,6 +101,10 @@ enum chat_end {
      * writing it (vLLM's and transformers' continue_final_message, llama.cpp's assistant
      * prefill). The text is the closed one cut there, as transformers cuts it. */
     CHAT_END_CONTINUE,
+    /* CHAT_END_GENERATE with the model's reasoning switched off (chat_template_kwargs
+     * enable_thinking false): a think_model template closes an empty <think> block after the
+     * generation prompt, as Qwen3's writes "<think>\n\n</think>\n\n"; others generate as usual */
+    CHAT_END_GENERATE_NO_THINK,
 };
 
 /* Formats the messages as the template would with add_generation_prompt; *out is malloc'd and

@@ -30,6 +30,16 @@ enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b);
 
+/* An assistant message's text and reasoning as Qwen3's template takes them apart: its
+ * reasoning_content and whole text when it has one, else the text after the last "</think>"
+ * (newlines before it off) and the reasoning inside the first block (newlines around it off);
+ * no block: all text, empty reasoning. Pointers into m's strings. */
+struct chat_think {
+    const char *text, *reasoning;
+    size_t text_len, reasoning_len;
+};
+void chat_split_think(const struct chat_msg *m, struct chat_think *out);
+
 /* chat_tools.c: formats a conversation that offers tools (tools: the parsed list, NULL when
  * none is offered) or holds tool calls or results; QERR_INVALID names a malformed piece. */
 struct cJSON;

@@ -203,14 +203,15 @@ static char *hermes_system(const char *base, const cJSON *tools)
     return t.p;
 }
 
-/* An assistant message's text and calls as Qwen2.5's template writes them: the name as it is,
- * the arguments (parsed) through tojson. NULL with err set for arguments that are not an
- * object, or on OOM (err untouched). */
-static char *hermes_calls(const struct chat_msg *m, size_t msg, struct qerr *err)
+/* An assistant message's text (text_len bytes) and calls as Qwen2.5's template writes them:
+ * the name as it is, the arguments (parsed) through tojson. NULL with err set for arguments
+ * that are not an object, or on OOM (err untouched). */
+static char *hermes_calls(const struct chat_msg *m, const char *text, size_t text_len, size_t msg,
+                          struct qerr *err)
 {
     struct sb t = {0};
     sb_put(&t, "", 0);
-    if (m->content && *m->content) sb_str(&t, m->content);
+    sb_put(&t, text, text_len);
     for (size_t k = 0; k < m->n_calls; k++) {
         cJSON *args = call_args(&m->calls[k], msg, err);
         if (!args) {
@@ -239,7 +240,7 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
     size_t cap = n + 1;
     struct chat_msg *mm = calloc(cap, sizeof *mm);
     enum role *rr = calloc(cap, sizeof *rr);
-    char **own = calloc(cap, sizeof *own);
+    char **own = calloc(2 * cap, sizeof *own); /* [cap, 2 cap): reasoning split off a text */
     int rc = 0;
     if (!mm || !rr || !own) {
         rc = qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
@@ -256,7 +257,8 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
         if (has_sys) i = 1;
     }
     for (; i < n && !rc; i++, k++) {
-        mm[k] = (struct chat_msg){.role = m[i].role, .content = m[i].content};
+        mm[k] = (struct chat_msg){
+            .role = m[i].role, .content = m[i].content, .reasoning = m[i].reasoning};
         rr[k] = r[i];
         if (r[i] == ROLE_TOOL) {
             /* results in a row share one user turn, as Qwen2.5's template writes them */
@@ -279,8 +281,20 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
                 rc = QERR_INVALID;
                 break;
             }
+            /* a reasoning template reads the reasoning off the text before the calls follow it
+             * (the call's arguments are not searched for "</think>") */
+            const char *c = m[i].content ? m[i].content : "";
+            struct chat_think th = {.text = c, .text_len = strlen(c)};
+            if (t->think_model) {
+                chat_split_think(&m[i], &th);
+                mm[k].reasoning = own[cap + k] = strndup(th.reasoning, th.reasoning_len);
+                if (!own[cap + k]) {
+                    rc = qerr_set(err, QERR_NOMEM, "chat_format: out of memory");
+                    break;
+                }
+            }
             struct qerr aerr = {0};
-            mm[k].content = own[k] = hermes_calls(&m[i], i, &aerr);
+            mm[k].content = own[k] = hermes_calls(&m[i], th.text, th.text_len, i, &aerr);
             if (!own[k] && aerr.code) {
                 rc = qerr_set(err, aerr.code, "%s", aerr.msg);
                 break;
@@ -293,7 +307,7 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
     if (!rc) chat_fmt_plain(t, mm, rr, k, gen, b);
 out:
     if (own)
-        for (size_t j = 0; j < cap; j++) free(own[j]);
+        for (size_t j = 0; j < 2 * cap; j++) free(own[j]);
     free(own);
     free(mm);
     free(rr);

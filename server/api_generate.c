@@ -274,7 +274,7 @@ static int on_event(struct gen *g, int i, const struct req_event *ev)
     }
     c->text_len += len;
     if (g->meta.reasoning && c->reasoning_tokens < 0 && (c->think.ended || ev->done))
-        c->reasoning_tokens = ev->completion_tokens;
+        c->reasoning_tokens = c->think.skipped ? 0 : ev->completion_tokens;
     /* counted as they come, so a request cut short logs what it streamed */
     if (g->log && ev->completion_tokens > c->logged_tokens) {
         g->log->completion_tokens += ev->completion_tokens - c->logged_tokens;
@@ -661,9 +661,12 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
         rc = oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
         goto fail;
     }
-    for (int i = 0; i < n_prompts * r->n; i++) g->ch[i].reasoning_tokens = -1;
-    bool reasoning = api_reasoning(s, r);
-    if ((rc = api_grammar(s, r, reasoning, &grammar, e))) goto fail;
+    enum oai_reasoning reasoning = api_reasoning(s, r);
+    for (int i = 0; i < n_prompts * r->n; i++) {
+        g->ch[i].reasoning_tokens = -1;
+        g->ch[i].think.optional = reasoning == OAI_REASONING_OPTIONAL;
+    }
+    if ((rc = api_grammar(s, r, reasoning != OAI_REASONING_NONE, &grammar, e))) goto fail;
     const char *prefix = r->kind == OAI_RESPONSES ? "resp_"
                          : r->kind == OAI_CHAT    ? "chatcmpl-"
                                                   : "cmpl-";
@@ -695,7 +698,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                 .prompt_top = r->prompt_logprobs,
                                 .vocab = api_vocab(s),
                                 .reasoning = reasoning};
-    g->usage.reasoning = reasoning;
+    g->usage.reasoning = reasoning != OAI_REASONING_NONE;
     g->echo_lp = r->kind == OAI_COMPLETION && r->echo && r->logprobs >= 0;
     int prompt_top = g->echo_lp ? r->logprobs : -1;
     if (r->prompt_logprobs > prompt_top) prompt_top = r->prompt_logprobs;

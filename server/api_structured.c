@@ -7,10 +7,17 @@
 
 #include "api_structured.h"
 
-bool api_reasoning(const struct serve *s, const struct oai_request *r)
+enum oai_reasoning api_reasoning(const struct serve *s, const struct oai_request *r)
 {
-    return (r->kind == OAI_CHAT || r->kind == OAI_RESPONSES) && s->chat && s->chat->think &&
-           r->chat_end == CHAT_END_GENERATE && !s->o->no_reasoning_split;
+    /* enable_thinking false (CHAT_END_GENERATE_NO_THINK) closed the block in the prompt */
+    if ((r->kind != OAI_CHAT && r->kind != OAI_RESPONSES) || !s->chat ||
+        r->chat_end != CHAT_END_GENERATE || s->o->no_reasoning_split)
+        return OAI_REASONING_NONE;
+    /* Qwen3 with tools offered: its reasoning stays in the content, where the calls are read
+     * (one parser over the text, streamed or not); not split off */
+    return s->chat->think                                 ? OAI_REASONING_OPEN
+           : s->chat->think_model && !api_tools_active(r) ? OAI_REASONING_OPTIONAL
+                                                          : OAI_REASONING_NONE;
 }
 
 int api_grammar(struct serve *s, const struct oai_request *r, bool after_think,

@@ -14,7 +14,7 @@ int api_grammar(struct serve *s, const struct oai_request *r, bool after_think,
                 struct grammar **out, struct oai_error *e);
 /* Whether r's chat (or responses) output is a reasoning block and an answer (oai_think): the
  * template opens one, the request generates a new assistant turn and the server splits them. */
-bool api_reasoning(const struct serve *s, const struct oai_request *r);
+enum oai_reasoning api_reasoning(const struct serve *s, const struct oai_request *r);
 /* When r offers tools (and tool_choice is not none): its tool-call grammar in the format of the
  * model's chat template (the template itself writes the tools into the prompt: api_chat_tokens). */
 int api_tools_prepare(struct serve *s, struct oai_request *r, struct oai_error *e);

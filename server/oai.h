@@ -229,6 +229,14 @@ int oai_choice_add_lp(struct oai_choice *c, int32_t token, float logprob, size_t
 int oai_lp_push(struct oai_lp **lp, size_t *n, size_t *cap, const struct oai_lp *one);
 void oai_choice_free(struct oai_choice *c);
 
+/* How a chat answer's text splits into reasoning and content (oai_think): not at all, after
+ * a <think> block the prompt opened, or after one the model may open itself. */
+enum oai_reasoning {
+    OAI_REASONING_NONE = 0,
+    OAI_REASONING_OPEN,     /* chat_template.think (DeepSeek-R1) */
+    OAI_REASONING_OPTIONAL, /* chat_template.think_model (Qwen3) */
+};
+
 struct oai_meta {
     enum oai_kind kind; /* OAI_COMPLETION or OAI_CHAT */
     const char *id;     /* "cmpl-..." / "chatcmpl-..." */
@@ -238,19 +246,23 @@ struct oai_meta {
     bool prompt_logprobs; /* each choice has "prompt_logprobs" (vLLM's), with prompt_top */
     int prompt_top;       /* alternatives per prompt token (0..20) */
     struct oai_vocab vocab;
-    bool reasoning; /* chat: the output splits into reasoning_content and content (oai_think) */
+    enum oai_reasoning reasoning; /* chat: the output splits into reasoning_content and content */
 };
 
 /* Reasoning models (server/oai_think.c): where the chat template opens a <think> block
  * (chat_template.think), the output up to "</think>" is the message's reasoning_content and
  * what follows its content (vLLM's deepseek_r1 parser, llama.cpp's deepseek format); a
- * "<think>" the model writes first is left out. */
+ * "<think>" the model writes first is left out. Where the model opens the block itself
+ * (chat_template.think_model, Qwen3: optional), the output splits so only when it starts with
+ * "<think>", and is all content otherwise (vLLM's qwen3 parser, llama.cpp's deepseek format). */
 struct oai_span {
     size_t off, len;
 };
 struct oai_think {
+    bool optional; /* set by the caller: the model may answer without a <think> block */
     bool started, ended;
-    size_t sent; /* bytes of the output already given out (as reasoning, content or skipped) */
+    bool skipped; /* optional: the text opened no block (no reasoning at all) */
+    size_t sent;  /* bytes of the output already given out (as reasoning, content or skipped) */
 };
 /* The next pieces of a streamed output whose text so far is text[0..len) (the same bytes as
  * before, grown; done: the output is whole): the reasoning and the content not yet given out,
@@ -259,8 +271,8 @@ struct oai_think {
 void oai_think_next(struct oai_think *t, const char *text, size_t len, bool done,
                     struct oai_span *reasoning, struct oai_span *content);
 /* A whole output: its reasoning and content; false when the reasoning never ended (cut by
- * max_tokens: all of it is reasoning, and content is null). */
-bool oai_think_split(const char *text, size_t len, struct oai_span *reasoning,
+ * max_tokens: all of it is reasoning, and content is null). optional: as oai_think's. */
+bool oai_think_split(const char *text, size_t len, bool optional, struct oai_span *reasoning,
                      struct oai_span *content);
 
 struct oai_usage {

@@ -236,6 +236,23 @@ static int parse_content(const cJSON *c, const char *param, const char **out, ch
     return 0;
 }
 
+/* An assistant message's reasoning handed back: reasoning_content as quern, vLLM and llama.cpp
+ * answer it (or vLLM's newer "reasoning"); a template that writes it reads it (Qwen3's), the
+ * others leave it out as their Jinja does. */
+static int parse_reasoning(const cJSON *x, size_t i, struct chat_msg *m, struct oai_error *e)
+{
+    const char *key = "reasoning_content";
+    const cJSON *v = oai_field(x, key);
+    if (!v) v = oai_field(x, key = "reasoning");
+    if (!v || cJSON_IsNull(v) || strcmp(m->role, "assistant")) return 0;
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].%s", i, key);
+    if (!cJSON_IsString(v))
+        return bad(e, param, "'%s' must be a string, not %s", param, json_type(v));
+    m->reasoning = v->valuestring;
+    return 0;
+}
+
 static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_error *e)
 {
     const cJSON *m = oai_field(root, "messages");
@@ -259,9 +276,10 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
         if (!cJSON_IsObject(x)) return bad(e, param, "'%s' must be an object", param);
         /* no calls in the request: no array (NULL + 0 is undefined in C) */
         struct chat_call *calls = r->calls ? r->calls + used : NULL;
-        int trc = oai_tool_message(x, i, &r->msgs[i], calls, e);
+        int trc = oai_tool_message(x, i, &r->msgs[i], calls, e), rrc;
         if (trc < 0) return trc;
         if (trc) { /* a tool result, or an assistant's tool calls: the template writes them */
+            if ((rrc = parse_reasoning(x, i, &r->msgs[i], e))) return rrc;
             used += r->msgs[i].n_calls;
             i++;
             continue;
@@ -278,7 +296,7 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
         snprintf(param, sizeof param, "messages[%zu].content", i);
         int rc =
             parse_content(oai_field(x, "content"), param, &r->msgs[i].content, &r->owned[i], e);
-        if (rc) return rc;
+        if (rc || (rc = parse_reasoning(x, i, &r->msgs[i], e))) return rc;
         i++;
     }
     return 0;
@@ -524,6 +542,20 @@ static int parse_chat_end(const cJSON *root, struct oai_request *r, struct oai_e
         return bad(e, "continue_final_message",
                    "'continue_final_message' and 'add_generation_prompt' cannot both be true");
     r->chat_end = cont ? CHAT_END_CONTINUE : gen ? CHAT_END_GENERATE : CHAT_END_CLOSED;
+    /* vLLM's and llama.cpp's chat_template_kwargs: enable_thinking is the one quern's formats
+     * read (Qwen3's); other keys name variables of templates quern does not run, left alone */
+    const cJSON *kw = oai_field(root, "chat_template_kwargs");
+    if (!kw || cJSON_IsNull(kw)) return 0;
+    if (!cJSON_IsObject(kw))
+        return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object, not %s",
+                   json_type(kw));
+    const cJSON *think = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+    if (think && !cJSON_IsBool(think))
+        return bad(e, "chat_template_kwargs.enable_thinking",
+                   "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
+                   json_type(think));
+    if (cJSON_IsFalse(think) && r->chat_end == CHAT_END_GENERATE)
+        r->chat_end = CHAT_END_GENERATE_NO_THINK;
     return 0;
 }
 

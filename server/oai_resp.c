@@ -43,7 +43,9 @@ static void parts(const struct oai_resp *r, const char *text, size_t len, struct
 {
     *rs = (struct oai_span){0, 0};
     *msg = (struct oai_span){0, len};
-    if (r->reasoning && !oai_think_split(text, len, rs, msg)) *msg = (struct oai_span){len, 0};
+    if (r->reasoning &&
+        !oai_think_split(text, len, r->reasoning == OAI_REASONING_OPTIONAL, rs, msg))
+        *msg = (struct oai_span){len, 0};
 }
 
 /* {"type":"reasoning_text","text":...} */

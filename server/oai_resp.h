@@ -31,7 +31,8 @@ struct oai_resp {
     const struct cJSON *text_format;   /* text.format to echo, NULL: {"type": "text"} */
     const struct oai_tool_call *calls; /* the function calls after the message's text */
     size_t n_calls;
-    bool reasoning;    /* a reasoning item comes first (output index 0), the message after it */
+    /* not NONE: a reasoning item comes first (output index 0), the message after it */
+    enum oai_reasoning reasoning;
     const char *rs_id; /* "rs_..." */
 };
 

@@ -1,7 +1,9 @@
-/* oai_think: a reasoning model's output (the chat template opens a <think> block, DeepSeek-R1)
- * split into its reasoning and its answer, as vLLM's deepseek_r1 reasoning parser and
- * llama.cpp's deepseek reasoning format split it: up to "</think>" is reasoning_content, what
- * follows is content. A "<think>" the model writes itself at the start is left out. */
+/* oai_think: a reasoning model's output (the chat template opens a <think> block, DeepSeek-R1,
+ * or the model may open one, Qwen3) split into its reasoning and its answer, as vLLM's
+ * deepseek_r1 and qwen3 reasoning parsers and llama.cpp's deepseek reasoning format split it:
+ * up to "</think>" is reasoning_content, what follows is content. A "<think>" the model writes
+ * itself at the start is left out; where the block is optional and the text does not start
+ * with one, all of it is content. */
 #include <string.h>
 
 #include "oai.h"
@@ -22,7 +24,8 @@ void oai_think_next(struct oai_think *t, const char *text, size_t len, bool done
 {
     *reasoning = *content = (struct oai_span){0, 0};
     if (!t->started) {
-        /* a "<think>" of the model's own: skipped once it is whole, held while it may be */
+        /* a "<think>" of the model's own: skipped once it is whole, held while it may be; an
+         * optional block that the text does not open: no reasoning at all */
         size_t o = sizeof think_open - 1;
         if (len >= o && !memcmp(text, think_open, o)) {
             t->sent = o;
@@ -31,6 +34,7 @@ void oai_think_next(struct oai_think *t, const char *text, size_t len, bool done
             return;
         } else {
             t->started = true;
+            t->ended = t->skipped = t->optional;
         }
     }
     if (!t->ended) {
@@ -51,10 +55,10 @@ void oai_think_next(struct oai_think *t, const char *text, size_t len, bool done
     t->sent = len;
 }
 
-bool oai_think_split(const char *text, size_t len, struct oai_span *reasoning,
+bool oai_think_split(const char *text, size_t len, bool optional, struct oai_span *reasoning,
                      struct oai_span *content)
 {
-    struct oai_think t = {0};
+    struct oai_think t = {.optional = optional};
     oai_think_next(&t, text, len, true, reasoning, content);
     return t.ended;
 }

@@ -281,12 +281,16 @@ char *oai_write_response(const struct oai_meta *m, const struct oai_choice *c, s
             if (!msg) goto fail;
             cJSON_AddStringToObject(msg, "role", "assistant");
             struct oai_span r = {0, 0}, t = {0, c[i].text.len};
-            if (m->reasoning && !oai_think_split(text, c[i].text.len, &r, &t)) {
+            bool optional = m->reasoning == OAI_REASONING_OPTIONAL;
+            if (m->reasoning && !oai_think_split(text, c[i].text.len, optional, &r, &t)) {
                 json_add(msg, "content", cJSON_CreateNull()); /* the reasoning never ended */
             } else {
                 json_add(msg, "content", str_n(text + t.off, t.len));
             }
-            if (m->reasoning) json_add(msg, "reasoning_content", str_n(text + r.off, r.len));
+            /* a model that answered without thinking: null, as vLLM's qwen3 parser gives */
+            if (m->reasoning)
+                json_add(msg, "reasoning_content",
+                         optional && !r.len ? cJSON_CreateNull() : str_n(text + r.off, r.len));
         } else {
             json_add(ch, "text", str_n(text, c[i].text.len));
         }

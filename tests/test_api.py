@@ -579,6 +579,68 @@ def test_reasoning(_d):
         test_http.check_sanitizers(d)
 
 
+def test_qwen3_thinking(_d):
+    """Qwen3's template (from a file): the model may open a <think> block itself, so an answer
+    without one is all content (reasoning_content null, no reasoning tokens), streamed the same;
+    chat_template_kwargs' enable_thinking false closes an empty block in the prompt; an earlier
+    answer's reasoning_content is written where the template keeps it; a malformed switch is a
+    400. (SmolLM2 never writes <think>: the split itself is test_oai's.)"""
+    tmpl = os.path.join(HERE, "golden", "templates", "qwen3-0.6b.jinja")
+    d = Daemon("--chat-template", tmpl)
+    try:
+        q = [{"role": "user", "content": "What is 2+2?"}]
+        body = {"messages": q, "max_tokens": 16, "temperature": 0}
+        st, _, r = d.post("/v1/chat/completions", body)
+        m, u = r["choices"][0]["message"], r["usage"]
+        st2, _, tk = d.post("/tokenize", {"messages": q})
+        st3, _, raw = d.post("/v1/completions", {"prompt": tk["tokens"], "max_tokens": 16,
+                                                 "temperature": 0})
+        check(st == st2 == st3 == 200 and m["content"] == raw["choices"][0]["text"]
+              and m["reasoning_content"] is None
+              and u["completion_tokens_details"]["reasoning_tokens"] == 0,
+              "qwen3: an answer without <think> is all content, reasoning null, 0 reasoning tokens",
+              f"{m} {u}")
+        rs, cs = "", ""
+        for ch in d.stream("/v1/chat/completions", dict(body, stream=True)):
+            if ch == "[DONE]" or not ch["choices"]:
+                continue
+            rs += ch["choices"][0]["delta"].get("reasoning_content") or ""
+            cs += ch["choices"][0]["delta"].get("content") or ""
+        check(rs == "" and cs == m["content"], "qwen3: streamed, the same content and no reasoning",
+              f"{rs!r} {cs!r}")
+        st, _, off = d.post("/tokenize", {"messages": q,
+                                          "chat_template_kwargs": {"enable_thinking": False}})
+        st2, _, txt = d.post("/detokenize", {"tokens": off["tokens"][len(tk["tokens"]):]})
+        check(st == st2 == 200 and off["tokens"][:len(tk["tokens"])] == tk["tokens"]
+              and txt.get("prompt") == "<think>\n\n</think>\n\n",
+              "qwen3: enable_thinking false ends the prompt with an empty <think> block", str(txt))
+        st, _, r = d.post("/v1/chat/completions",
+                          dict(body, chat_template_kwargs={"enable_thinking": False}))
+        check(st == 200 and "reasoning_content" not in r["choices"][0]["message"],
+              "qwen3: with thinking off the answer is not split", str(r)[:300])
+        call = {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "add", "arguments": "{\"a\": 2}"}}]}
+        st, _, loop = d.post("/tokenize", {"messages": q + [call, {"role": "tool",
+                                                                   "tool_call_id": "c1",
+                                                                   "content": "4"}]})
+        st2, _, txt = d.post("/detokenize", {"tokens": loop["tokens"]})
+        check(st == st2 == 200 and "<think>\nLook it up.\n</think>\n\n<tool_call>" in txt["prompt"],
+              "qwen3: a call's reasoning_content is written inside the tool loop", str(txt)[:400])
+        for bad_kw in ({"enable_thinking": "no"}, [True]):
+            st, _, r = d.post("/v1/chat/completions", dict(body, chat_template_kwargs=bad_kw))
+            check(st == 400 and r["error"]["param"].startswith("chat_template_kwargs"),
+                  "qwen3: a malformed chat_template_kwargs is a 400 naming it", f"{st} {r}")
+        st, _, r = d.post("/v1/chat/completions", dict(body, messages=q + [
+            {"role": "assistant", "content": "4", "reasoning_content": 7}, q[0]]))
+        check(st == 400 and r["error"]["param"] == "messages[1].reasoning_content",
+              "qwen3: a reasoning_content that is not a string is a 400", f"{st} {r}")
+    finally:
+        check(d.stop() == 0, "qwen3: its daemon exits 0")
+        d.reader.join(10)
+        test_http.check_sanitizers(d)
+
+
 def main():
     if not test_http.BIN or not os.path.exists(test_http.BIN):
         print("skip: QUERN_BIN not set or missing")
@@ -593,7 +655,7 @@ def main():
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
                   test_responses, test_responses_format, test_responses_tools, test_sdk,
-                  test_reasoning):
+                  test_reasoning, test_qwen3_thinking):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()

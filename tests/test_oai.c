@@ -861,25 +861,33 @@ static const struct oai_meta *meta(enum oai_kind k, int logprobs)
 }
 
 /* Reasoning split (oai_think): every way of cutting each text into three streamed pieces gives
- * the split of the whole, and the streamed pieces never hold part of a tag. */
+ * the split of the whole, and the streamed pieces never hold part of a tag; where the block is
+ * optional (Qwen3) a text that does not open one is all content. */
 START_TEST(think_split_streamed)
 {
     static const struct {
+        bool optional;
         const char *text, *reasoning, *content; /* content NULL: the reasoning never ended */
     } cases[] = {
-        {"Let me see.\n</think>\n\nFour.", "Let me see.\n", "\n\nFour."},
-        {"<think>\nhm</think>ok", "\nhm", "ok"},
-        {"</think>", "", ""},
-        {"still thinking </thi", "still thinking </thi", NULL},
-        {"<thin", "<thin", NULL},
-        {"a</think>b</think>c", "a", "b</think>c"},
-        {"", "", NULL},
+        {false, "Let me see.\n</think>\n\nFour.", "Let me see.\n", "\n\nFour."},
+        {false, "<think>\nhm</think>ok", "\nhm", "ok"},
+        {false, "</think>", "", ""},
+        {false, "still thinking </thi", "still thinking </thi", NULL},
+        {false, "<thin", "<thin", NULL},
+        {false, "a</think>b</think>c", "a", "b</think>c"},
+        {false, "", "", NULL},
+        {true, "<think>\nhm</think>\n\nok", "\nhm", "\n\nok"},
+        {true, "Four.", "", "Four."},
+        {true, "a</think>b", "", "a</think>b"},
+        {true, "<thin", "", "<thin"},
+        {true, "<think>still </thi", "still </thi", NULL},
+        {true, "", "", ""},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const char *t = cases[k].text;
         size_t n = strlen(t);
         struct oai_span r, c;
-        bool ended = oai_think_split(t, n, &r, &c);
+        bool ended = oai_think_split(t, n, cases[k].optional, &r, &c);
         ck_assert_int_eq(ended, cases[k].content != NULL);
         ck_assert_int_eq(r.len, strlen(cases[k].reasoning));
         ck_assert(!memcmp(t + r.off, cases[k].reasoning, r.len));
@@ -889,7 +897,7 @@ START_TEST(think_split_streamed)
         }
         for (size_t a = 0; a <= n; a++)
             for (size_t b = a; b <= n; b++) {
-                struct oai_think st = {0};
+                struct oai_think st = {.optional = cases[k].optional};
                 char rs[64] = "", cs[64] = "";
                 size_t cuts[3] = {a, b, n};
                 for (int p = 0; p < 3; p++) {
@@ -897,8 +905,10 @@ START_TEST(think_split_streamed)
                     ck_assert(r.off + r.len <= cuts[p] && c.off + c.len <= cuts[p]);
                     strncat(rs, t + r.off, r.len);
                     strncat(cs, t + c.off, c.len);
-                    /* nothing given out may be part of "</think>" before the rest of it is */
+                    /* nothing given out may be part of "</think>" before the rest of it is,
+                     * nor of an optional "<think>" */
                     if (p < 2 && !st.ended) ck_assert_msg(!strstr(rs, "</"), "%s", rs);
+                    if (p < 2 && cases[k].optional) ck_assert_msg(!strstr(cs, "<th"), "%s", cs);
                 }
                 ck_assert_msg(!strcmp(rs, cases[k].reasoning), "'%s' cut %zu,%zu: '%s'", t, a, b,
                               rs);
@@ -908,7 +918,7 @@ START_TEST(think_split_streamed)
     }
     /* the whole response: reasoning_content beside content (null when it never ended) */
     struct oai_meta m = *meta(OAI_CHAT, -1);
-    m.reasoning = true;
+    m.reasoning = OAI_REASONING_OPEN;
     struct oai_choice ch = {.finish = FINISH_STOP};
     ck_assert_int_eq(sbuf_append(&ch.text, "Hm.</think>\n\nFour.", 18), 0);
     struct oai_usage u = {0};
@@ -926,6 +936,17 @@ START_TEST(think_split_streamed)
     msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
     ck_assert(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
     ck_assert_str_eq(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "Hm.");
+    cJSON_Delete(o);
+    free(out);
+    /* a model that may think answered without: all content, reasoning_content null */
+    m.reasoning = OAI_REASONING_OPTIONAL;
+    ch.text.len = 0;
+    ck_assert_int_eq(sbuf_append(&ch.text, "Four.", 5), 0);
+    out = oai_write_response(&m, &ch, 1, &u);
+    o = cJSON_Parse(out);
+    msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "message");
+    ck_assert_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, "Four.");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(msg, "reasoning_content")));
     cJSON_Delete(o);
     free(out);
     sbuf_free(&ch.text);

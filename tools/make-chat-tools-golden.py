@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Renders tests/golden/templates/*.jinja (the chat templates of Llama-3.1-8B-Instruct,
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
-DeepSeek-R1-Distill-Llama-8B and Qwen2.5-7B-Instruct, from llama.cpp's models/templates, and
+DeepSeek-R1-Distill-Llama-8B, Qwen2.5-7B-Instruct and Qwen3-0.6B, from llama.cpp's
+models/templates, and
 Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
@@ -96,6 +97,28 @@ QWEN_CASES = [
       {"role": "assistant", "content": "21.5 C and sunny; 14:05."},
       {"role": "user", "content": "And tomorrow?"}], True),
 ]
+# Qwen3's ChatML: the same Hermes tool prompt (no default system text), the reasoning of answers
+# before the last question left out, kept inside a tool loop (as the text's <think> block or a
+# reasoning_content of its own), and enable_thinking false closing an empty <think> block
+THINK_CALL = dict(CALL, content="<think>\nI need the weather tool.\n</think>\n\n")
+QWEN3_CASES = [
+    ("one question", [], [Q], True),
+    ("thinking off (chat_template_kwargs)", [], [Q], True, {"enable_thinking": False}),
+    ("an earlier answer with its reasoning, then a question", [],
+     [{"role": "system", "content": "You are terse."}, Q,
+      {"role": "assistant", "content": "<think>\nParis is sunny.\n</think>\n\nSunny, 21 C."},
+      {"role": "user", "content": "And tomorrow?"}], True),
+    ("tools and one question (no system text)", [WEATHER, TIME], [Q], True),
+    ("a tool loop: the call with its reasoning, the result", [WEATHER],
+     [Q, THINK_CALL, RESULT], True),
+    ("reasoning_content beside the text, then the result and an answer", [WEATHER],
+     [Q, dict(CALL, content="Let me look.", reasoning_content="\nThe tool knows.\n"), RESULT,
+      {"role": "assistant", "content": "21.5 C."}], False),
+    ("two calls, two results in a row, then an answer and a new question", [WEATHER, TIME],
+     [Q, dict(CALL2, content=""), RESULT, dict(RESULT, tool_call_id="f5G6h7J8k", content="14:05"),
+      {"role": "assistant", "content": "<think>\nBoth known.\n</think>\n\n21.5 C and sunny; 14:05."},
+      {"role": "user", "content": "And tomorrow?"}], True),
+]
 TEMPLATES = {
     "llama-3.1-8b-instruct": LLAMA_CASES,
     "llama-3.2-3b-instruct": LLAMA_CASES,
@@ -104,6 +127,7 @@ TEMPLATES = {
     "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
     "zephyr-7b-beta": ZEPHYR_CASES,
     "qwen2.5-7b-instruct": QWEN_CASES,
+    "qwen3-0.6b": QWEN3_CASES,
 }
 
 
@@ -116,7 +140,7 @@ def raise_exception(msg):
     raise jinja2.exceptions.TemplateError(msg)
 
 
-def render(text, tools, messages, gen, string_arguments=False):
+def render(text, tools, messages, gen, string_arguments=False, kwargs=None):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
@@ -129,7 +153,7 @@ def render(text, tools, messages, gen, string_arguments=False):
         if m.get("tool_calls") is None:
             m.pop("tool_calls", None)
     return env.from_string(text).render(messages=msgs, tools=tools, add_generation_prompt=gen,
-                                        bos_token="", eos_token="</s>")
+                                        bos_token="", eos_token="</s>", **(kwargs or {}))
 
 
 def main():
@@ -138,11 +162,14 @@ def main():
         with open(os.path.join(TDIR, name + ".jinja")) as f:
             text = f.read()
         out["templates"][name] = text
-        for what, tools, messages, gen in cases:
-            out["cases"].append({"template": name, "what": what, "tools": [t["function"] for t in tools],
-                                 "messages": messages, "add_generation_prompt": gen,
-                                 "formatted": render(text, tools, messages, gen,
-                                                     name in STRING_ARGUMENTS)})
+        for what, tools, messages, gen, *kwargs in cases:
+            kwargs = kwargs[0] if kwargs else None
+            case = {"template": name, "what": what, "tools": [t["function"] for t in tools],
+                    "messages": messages, "add_generation_prompt": gen}
+            if kwargs:
+                case["chat_template_kwargs"] = kwargs
+            case["formatted"] = render(text, tools, messages, gen, name in STRING_ARGUMENTS, kwargs)
+            out["cases"].append(case)
     path = os.path.join(ROOT, "tests", "golden", "chat_tools.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)

@@ -3,7 +3,8 @@
  * tokenizer, as a chat request runs them.
  *
  * Input: byte 0: bit 0 add_generation_prompt, bit 1 the tokenizer (the real model's BPE or the
- * SentencePiece one), bit 2 content_special, bit 3 add_bos, bit 4 also CHAT_END_CONTINUE; then
+ * SentencePiece one), bit 2 content_special, bit 3 add_bos, bit 4 also CHAT_END_CONTINUE, bit 5
+ * also CHAT_END_GENERATE_NO_THINK; then
  * the template text up to a NUL;
  * then messages separated by NULs, each a role byte (system, user, assistant, tool, or an
  * unknown role) and its content. Checked: both formatters give the same text; the content
@@ -47,6 +48,27 @@ static bool inside_some_message(const char *s, size_t n, const struct chat_msg *
                inside_some_message(j->valuestring, strlen(j->valuestring), m, n_msgs));
     cJSON_Delete(j);
     return in;
+}
+
+/* CHAT_END_GENERATE_NO_THINK: the generating text, then an empty <think> block where the
+ * template's model thinks of its own accord (Qwen3's), nothing more elsewhere. */
+static void check_no_think(const struct chat_template *ct, const struct chat_msg *msgs, size_t n)
+{
+    struct qerr err = {0};
+    char *gen = NULL, *off = NULL;
+    int rc = chat_format(ct, msgs, n, true, &gen, &err);
+    int rc2 =
+        chat_format_tools(ct, msgs, n, NULL, CHAT_END_GENERATE_NO_THINK, &off, NULL, NULL, &err);
+    if (rc != rc2) __builtin_trap();
+    if (rc == 0) {
+        static const char block[] = "<think>\n\n</think>\n\n";
+        size_t len = strlen(gen), extra = ct->think_model ? sizeof block - 1 : 0;
+        if (strlen(off) != len + extra || strncmp(gen, off, len) ||
+            strcmp(off + len, block + sizeof block - 1 - extra))
+            __builtin_trap();
+    }
+    free(gen);
+    free(off);
 }
 
 /* CHAT_END_CONTINUE: the closed text cut inside it, its content ranges within the cut. */
@@ -132,6 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         __builtin_trap();
     }
     if (data[0] & 16) check_continue(&ct, msgs, n_msgs);
+    if (data[0] & 32) check_no_think(&ct, msgs, n_msgs);
     free(text);
     free(text2);
     free(spans);
