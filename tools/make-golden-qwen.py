@@ -28,6 +28,7 @@ import tempfile
 import numpy as np
 
 from golden_record import golden_cases, greedy_record
+from importlib import import_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models")
@@ -88,6 +89,8 @@ def write_variant(reader, var, path):
             name = arch + name[len("llama"):]
         if name == "general.file_type":
             value = 0  # all F32
+        if name == "tokenizer.ggml.pre" and arch == "qwen2":
+            value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -148,10 +151,15 @@ def main():
         print(f"llama.cpp fp32 vs transformers on {pname}: worst relative logit error {worst:.2e}")
         assert worst < 1e-3, worst
     out = []
+    tokenized = []
     for var in VARIANTS:
         path = os.path.join(tmp, var["arch"] + ".gguf")
         write_variant(reader, var, path)
-        _, logits_of = runner(path)
+        llm, logits_of = runner(path)
+        if var["arch"] == "qwen2":  # llama.cpp's qwen2 pre-tokenizer, special tokens parsed
+            for text in import_module("make-golden").TOKENIZE_STRINGS:
+                ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+                tokenized.append({"text": text, "ids": [int(t) for t in ids]})
         for pname in PROMPTS:
             prompt = cases[pname]["prompt_ids"]
             greedy, gaps, entries, worst = greedy_record(logits_of, prompt, N_NEW, (0, 8, 16),
@@ -167,7 +175,7 @@ def main():
     json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
                "made_by": f"tools/make-golden-qwen.py, llama-cpp-python {llama_cpp.__version__} "
                           f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}",
-               "cases": out}, open(OUT, "w"), indent=1)
+               "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
 
 
