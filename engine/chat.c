@@ -206,7 +206,6 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
 {
     static const struct chat_template named[] = {
         {.kind = CHAT_CHATML},
-        {.kind = CHAT_CHATML, .think_model = true},
         {.kind = CHAT_LLAMA3, .tools = CHAT_TOOLS_LLAMA3},
         {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2},
         {.kind = CHAT_LLAMA2, .variant = CHAT_VARIANT_LLAMA2_SYS},
@@ -221,6 +220,7 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
         {.kind = CHAT_DEEPSEEK3},
         {.kind = CHAT_DEEPSEEK3, .think = true},
         {.kind = CHAT_ZEPHYR},
+        {.kind = CHAT_CHATML, .think_model = true},
     };
     char names[256] = "";
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {

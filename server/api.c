@@ -44,6 +44,12 @@ void api_error(const struct oai_error *e, struct req_log *log, struct http_resp 
     }
 }
 
+void api_chat_thinking(const struct serve *s, struct oai_request *r)
+{
+    bool on = r->enable_thinking >= 0 ? r->enable_thinking == 1 : !s->o->no_thinking;
+    if (!on && r->chat_end == CHAT_END_GENERATE) r->chat_end = CHAT_END_GENERATE_NO_THINK;
+}
+
 int api_parse(enum oai_kind kind, const struct http_req *rq, struct oai_request *r,
               struct http_resp *out)
 {
@@ -240,6 +246,7 @@ void api_tokenize(struct serve *s, const struct http_req *rq, struct http_resp *
     struct oai_request r;
     struct oai_error e = {0};
     if (api_parse(OAI_TOKENIZE, rq, &r, out)) return;
+    api_chat_thinking(s, &r);
     int32_t *ids = NULL;
     size_t n = 0;
     struct qerr q = {0};

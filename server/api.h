@@ -34,6 +34,10 @@ void api_engine_state(struct serve *s, const struct http_req *rq, struct http_re
 #define API_WEBUI_PREFIX "/webui/"
 void api_webui(struct serve *s, const struct http_req *rq, struct http_resp *out);
 
+/* Where chat_template_kwargs' enable_thinking (the request's, else --chat-template-kwargs')
+ * is false, a generating chat prompt ends with the reasoning closed
+ * (CHAT_END_GENERATE_NO_THINK). */
+void api_chat_thinking(const struct serve *s, struct oai_request *r);
 /* Fills out with the error's JSON body and status, and the log's error reason. */
 void api_error(const struct oai_error *e, struct req_log *log, struct http_resp *out);
 /* oai_parse of rq's body as kind: 0, with the members the endpoint ignores noted in rq's log;

@@ -848,6 +848,7 @@ static void generate(struct serve *s, const struct http_req *rq, struct http_res
     int parsed = api_parse(kind, rq, &r, out);
     nvtx_pop();
     if (parsed) return;
+    api_chat_thinking(s, &r);
     struct gen *g = NULL;
     nvtx_push("http: tokenize and submit");
     int start_failed = api_tools_prepare(s, &r, &e) || gen_start(s, rq, &r, &g, &e);

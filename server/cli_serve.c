@@ -76,6 +76,10 @@ static void serve_usage(FILE *out)
         "                           reasoning, up to </think>, as\n"
         "                           message.reasoning_content, the rest as content (default\n"
         "                           deepseek), or all of it as content (none)\n"
+        "  --chat-template-kwargs J  what requests without chat_template_kwargs get:\n"
+        "                           '{\"enable_thinking\": false}' switches Qwen3's\n"
+        "                           reasoning off (llama.cpp's flag, vLLM's\n"
+        "                           --default-chat-template-kwargs)\n"
         "  --chat-parse-special     let message content name control tokens such as\n"
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
         "                           and vLLM parse them)\n"
@@ -129,6 +133,31 @@ static const char *basename_of(const char *path, char *buf, size_t cap)
     return buf;
 }
 
+/* --chat-template-kwargs: a JSON object of which quern's formats read enable_thinking; any
+ * other key names a template variable quern does not run, refused rather than ignored. NULL,
+ * or what is wrong. */
+static const char *template_kwargs(const char *text, struct serve_opts *o)
+{
+    cJSON *j = cJSON_Parse(text);
+    const char *bad = NULL;
+    const cJSON *x;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return "--chat-template-kwargs wants a JSON object";
+    }
+    cJSON_ArrayForEach(x, j)
+    {
+        if (strcmp(x->string, "enable_thinking"))
+            bad = "--chat-template-kwargs: quern's chat formats read only enable_thinking";
+        else if (!cJSON_IsBool(x))
+            bad = "--chat-template-kwargs: enable_thinking must be true or false";
+        else
+            o->no_thinking = cJSON_IsFalse(x);
+    }
+    cJSON_Delete(j);
+    return bad;
+}
+
 static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
     enum {
@@ -156,7 +185,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_POOLING,
         O_MASK,
         O_CHATTMPL,
-        O_REASONING
+        O_REASONING,
+        O_TMPLKW
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -178,6 +208,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"chat-parse-special", no_argument, 0, O_CHATSPECIAL},
         {"chat-template", required_argument, 0, O_CHATTMPL},
         {"reasoning-format", required_argument, 0, O_REASONING},
+        {"chat-template-kwargs", required_argument, 0, O_TMPLKW},
         {"no-webui", no_argument, 0, O_NOWEBUI},
         {"trace", required_argument, 0, O_TRACE},
         {"max-connections-per-client", required_argument, 0, O_PERCLIENT},
@@ -306,6 +337,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_CHATTMPL:
             o->chat_template = optarg;
+            break;
+        case O_TMPLKW:
+            bad = template_kwargs(optarg, o);
             break;
         case O_REASONING:
             if (!strcmp(optarg, "none"))

@@ -128,6 +128,8 @@ struct oai_request {
     /* chat, and tokenize with messages: add_generation_prompt (default true) and vLLM's
      * continue_final_message (default false) */
     enum chat_end chat_end;
+    /* chat_template_kwargs.enable_thinking: -1 not given (the server's default), 0 or 1 */
+    int enable_thinking;
     struct oai_constraint constraint;
     const struct cJSON *text_format; /* responses: a text.format other than text (in the tree) */
     /* OpenAI's Predicted Outputs: prediction.content (in the tree, or joined parts owned by

@@ -554,8 +554,7 @@ static int parse_chat_end(const cJSON *root, struct oai_request *r, struct oai_e
         return bad(e, "chat_template_kwargs.enable_thinking",
                    "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
                    json_type(think));
-    if (cJSON_IsFalse(think) && r->chat_end == CHAT_END_GENERATE)
-        r->chat_end = CHAT_END_GENERATE_NO_THINK;
+    if (think) r->enable_thinking = cJSON_IsTrue(think);
     return 0;
 }
 
@@ -896,6 +895,7 @@ int oai_parse(enum oai_kind kind, const char *body, size_t len, struct oai_reque
                                 .prompt_logprobs = -1,
                                 .add_special = true,
                                 .chat_end = CHAT_END_GENERATE,
+                                .enable_thinking = -1,
                                 .constraint = {.kind = -1},
                                 .parallel_tool_calls = true};
     sample_params_default(&out->sample);

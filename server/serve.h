@@ -47,7 +47,9 @@ struct serve_opts {
     bool chat_parse_special;    /* --chat-parse-special: control tokens in message content count */
     /* --chat-template: a format's name or a template (NULL: the model's) */
     const char *chat_template;
-    bool no_reasoning_split;         /* --reasoning-format none: a <think> block stays in content */
+    bool no_reasoning_split; /* --reasoning-format none: a <think> block stays in content */
+    /* --chat-template-kwargs' enable_thinking: what a request that names none gets (true) */
+    bool no_thinking;
     enum engine_pooling pooling;     /* --pooling: /v1/embeddings' pooling (default mean) */
     struct cli_spec spec;            /* --spec, --spec-k */
     bool no_webui;                   /* --no-webui: no page at / (server/webui.h) */

@@ -639,6 +639,19 @@ def test_qwen3_thinking(_d):
         check(d.stop() == 0, "qwen3: its daemon exits 0")
         d.reader.join(10)
         test_http.check_sanitizers(d)
+    # --chat-template-kwargs: thinking off for requests that do not say; a request's own wins
+    d = Daemon("--chat-template", tmpl, "--chat-template-kwargs", '{"enable_thinking": false}')
+    try:
+        st, _, dflt = d.post("/tokenize", {"messages": q})
+        st2, _, on = d.post("/tokenize", {"messages": q,
+                                          "chat_template_kwargs": {"enable_thinking": True}})
+        check(st == st2 == 200 and dflt["tokens"] == off["tokens"] and on["tokens"] == tk["tokens"],
+              "qwen3: --chat-template-kwargs sets the default, a request's enable_thinking wins",
+              f"{dflt} {on}")
+    finally:
+        check(d.stop() == 0, "qwen3: its second daemon exits 0")
+        d.reader.join(10)
+        test_http.check_sanitizers(d)
 
 
 def main():

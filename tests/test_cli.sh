@@ -94,6 +94,12 @@ expect 0 '' -- generate --model "$model" --temp 0 -n 4 --prompt hi \
 expect 1 "--chat-template: chat template 'chatm1': not a known name \\(chatml, llama3" -- \
   generate --model "$model" --chat-template chatm1 --prompt hi -n 1
 expect 1 'not recognized' -- generate --model "$model" --chat-template '{{ messages }}' --prompt hi -n 1
+# --chat-template-kwargs: enable_thinking is the one key quern's formats read
+expect 2 "quern's chat formats read only enable_thinking" -- serve --model "$model" \
+  --chat-template-kwargs '{"thinking": true}'
+expect 2 "enable_thinking must be true or false" -- serve --model "$model" \
+  --chat-template-kwargs '{"enable_thinking": 0}'
+expect 2 "wants a JSON object" -- serve --model "$model" --chat-template-kwargs '[false]'
 expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16, f32 or q8" -- generate --model "$model" --prompt hi --kv-type f8
