@@ -802,16 +802,16 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
     qc->n_heads = c->n_heads;
     qc->n_kv = c->n_kv_heads;
     qc->head_dim = c->head_dim;
-    struct gguf_writer *w;
+    struct gguf_writer *w = writer_of_model();
     struct qerr err = {0};
-    ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
-    for (uint64_t i = 0; i < gguf_kv_count(file); i++) {
+    for (uint64_t i = 0; i < gguf_kv_count(file); i++) { /* llama.* under the new name */
         struct gguf_kv kv = *gguf_kv_at(file, i);
+        if (kv.key.len <= 6 || strncmp(kv.key.ptr, "llama.", 6)) continue;
         char key[256];
-        if (kv.key.len > 6 && !strncmp(kv.key.ptr, "llama.", 6)) {
-            int n = snprintf(key, sizeof key, "%s.%.*s", arch, (int)kv.key.len - 6, kv.key.ptr + 6);
-            kv.key = (struct gguf_str){.ptr = key, .len = (uint64_t)n};
-        }
+        snprintf(key, sizeof key, "%.*s", (int)kv.key.len, kv.key.ptr);
+        ck_assert(gguf_writer_remove(w, key));
+        int n = snprintf(key, sizeof key, "%s.%.*s", arch, (int)kv.key.len - 6, kv.key.ptr + 6);
+        kv.key = (struct gguf_str){.ptr = key, .len = (uint64_t)n};
         ck_assert_msg(gguf_writer_copy_kv(w, &kv, &err) == 0, "%s", err.msg);
     }
     ck_assert(gguf_writer_remove(w, "general.architecture"));
@@ -820,22 +820,14 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
         ck_assert(gguf_writer_remove(w, "tokenizer.ggml.pre"));
         ck_assert(gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2", 5, &err) == 0);
     }
+    /* the model's tensors, then each layer's added ones */
     bool bias = cJSON_GetObjectItemCaseSensitive(var, "bias_amp") != NULL;
     int np = 0;
-    for (uint64_t i = 0; i < gguf_tensor_count(file); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(file, i);
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
-                      err.msg);
+    for (uint64_t i = 0; i < gguf_tensor_count(file); i++)
         qc->parts[np++] = (struct qwen_part){.src = (int)i};
-        int layer;
-        char v_name[64];
-        if (sscanf(name, "blk.%d.", &layer) != 1 ||
-            (snprintf(v_name, sizeof v_name, "blk.%d.attn_v.weight", layer), strcmp(name, v_name)))
-            continue;
-        static const char *const names[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias",
-                                            "attn_q_norm.weight", "attn_k_norm.weight"};
+    static const char *const names[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias",
+                                        "attn_q_norm.weight", "attn_k_norm.weight"};
+    for (int layer = 0; layer < c->n_layers; layer++)
         for (int kind = bias ? 0 : 3; kind < (bias ? 3 : 5); kind++) {
             uint64_t n = kind == 0  ? (uint64_t)(c->n_heads * c->head_dim)
                          : kind < 3 ? (uint64_t)(c->n_kv_heads * c->head_dim)
@@ -847,7 +839,6 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
             ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
             qc->parts[np++] = (struct qwen_part){.src = -1, .layer = layer, .kind = kind};
         }
-    }
     ck_assert_msg(gguf_writer_write(w, path, fill_qwen_copy, qc, NULL, &err) == 0, "%s", err.msg);
     gguf_writer_free(w);
     return path;
