@@ -2,11 +2,11 @@
  * them before any model work: oai_parse for the endpoint (the first byte mod 5 picks completions,
  * chat, tokenize, detokenize or responses; the rest is the body), then what a parsed request leads
  * to without the engine: the conversation and its tools written by a ChatML, a Llama 3 and a
- * Mistral template, the grammar its response_format / structured_outputs / tool_choice compiles to
- * (JSON Schema, regex, choice, GBNF, tool calls in each template's format), and the error body
- * of a refusal. The body is also read as a model's output for tool calls in every format,
- * whole and as a stream cut in two. Every refusal must be a 4xx naming a reason, or a 500 for
- * memory. */
+ * Mistral template and Qwen3's ChatML, the grammar its response_format / structured_outputs /
+ * tool_choice compiles to (JSON Schema, regex, choice, GBNF, tool calls in each template's format),
+ * and the error body of a refusal. The body is also read as a model's output for tool calls in
+ * every format, whole and as a stream cut in two. Every refusal must be a 4xx naming a reason, or a
+ * 500 for memory. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +33,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         if (r.kind != kind || r.n < 1) __builtin_trap();
         static const char *const tmpls[] = {"<|im_start|>", "<|start_header_id|><|end_header_id|>",
-                                            "[INST] [TOOL_CALLS]", "[INST][TOOL_CALLS][ARGS]"};
+                                            "[INST] [TOOL_CALLS]", "[INST][TOOL_CALLS][ARGS]",
+                                            "<|im_start|> reasoning_content enable_thinking"};
+        enum chat_end end = r.enable_thinking == 0 ? CHAT_END_GENERATE_NO_THINK : CHAT_END_GENERATE;
         char *tools = r.n_tools ? oai_tools_json(&r) : NULL;
         for (size_t t = 0; t < sizeof tmpls / sizeof tmpls[0]; t++) {
             struct chat_template ct;
@@ -41,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (chat_template_parse(tmpls[t], strlen(tmpls[t]), &ct, &q)) __builtin_trap();
             char *text = NULL;
             if (r.n_msgs &&
-                chat_format_tools(&ct, r.msgs, r.n_msgs, tools, true, &text, NULL, NULL, &q) &&
+                chat_format_tools(&ct, r.msgs, r.n_msgs, tools, end, &text, NULL, NULL, &q) &&
                 !q.msg[0])
                 __builtin_trap();
             free(text);
@@ -57,6 +59,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         free(tools);
         oai_request_free(&r);
+    }
+    /* the body as a reasoning model's output, either way the block may open */
+    for (int optional = 0; optional < 2; optional++) {
+        struct oai_span rs, cs;
+        if (oai_think_split(body, len, optional, &rs, &cs) && cs.off + cs.len > len)
+            __builtin_trap();
+        if (rs.off + rs.len > len) __builtin_trap();
     }
     static const struct oai_meta meta = {.kind = OAI_CHAT, .id = "c", .model = "m", .logprobs = -1};
     for (int fmt = CHAT_TOOLS_HERMES; fmt <= CHAT_TOOLS_MISTRAL_ARGS; fmt++) {
