@@ -466,6 +466,12 @@ static int neox_row(int r, int rot)
     return r < rot ? (r % 2) * (rot / 2) + r / 2 : r;
 }
 
+/* Row i of a run of heads of hd rows, in neox_row's order within each head (hd 0: i). */
+static int64_t neox_at(int64_t i, int hd, int rot)
+{
+    return hd ? i - i % hd + neox_row((int)(i % hd), rot) : i;
+}
+
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
  * shard. Rows are a window on the file; columns are copied into *own (freed with the model), and
  * so are the rows when neox_hd is a head size (rope_neox: each head's rows in neox_row's order,
@@ -496,8 +502,7 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
         uint8_t *p = malloc((size_t)nr * part);
         if (!p) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
         for (int64_t r = 0; r < nr; r++) {
-            int64_t src =
-                neox_hd ? r - r % neox_hd + neox_row((int)(r % neox_hd), m->cfg.rot_dim) : r;
+            int64_t src = neox_at(r, neox_hd, m->cfg.rot_dim);
             memcpy(p + (size_t)r * part, (const uint8_t *)w->host + (size_t)src * row_bytes + skip,
                    part);
         }
@@ -537,10 +542,7 @@ static int load_vector_part(struct model *m, const struct gguf_file *f, const ch
     }
     qtype_dequantize_row(t->type, bytes, host, (size_t)n_all);
     float *part = host + n_all;
-    for (int64_t i = 0; i < n; i++)
-        part[i] =
-            host[off +
-                 (neox_hd ? i - i % neox_hd + neox_row((int)(i % neox_hd), m->cfg.rot_dim) : i)];
+    for (int64_t i = 0; i < n; i++) part[i] = host[off + neox_at(i, neox_hd, m->cfg.rot_dim)];
     m->be->ops->buf_write(m->be, dev, part, (size_t)n * sizeof *dev);
     free(host);
     *out = dev;
