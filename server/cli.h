@@ -158,12 +158,16 @@ const char *cli_model_path(const char *arg);
 #define CLI_CHAT_TEMPLATE_HELP                                                                     \
     "  --chat-template T   the chat format instead of the model's: a name (chatml, llama3,\n"      \
     "                    llama2[-sys[-bos|-strip]], mistral-v1|v3|v3-tekken|v7, deepseek3,\n"      \
-    "                    deepseek-r1, zephyr, qwen3), or a Jinja template of a known family, in "  \
-    "a\n"                                                                                          \
-    "                    file or inline\n"
+    "                    deepseek-r1, zephyr, qwen3), or a Jinja template of a known\n"            \
+    "                    family, in a file or inline\n"
 struct gguf_file;
 struct chat_template;
 int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_template *out,
                       struct qerr *err);
+
+/* --chat-template-kwargs (serve, generate): a JSON object of which quern's chat formats read
+ * enable_thinking (*no_thinking: it is false); any other key names a template variable quern
+ * does not run, refused rather than ignored. NULL, or what is wrong. */
+const char *cli_template_kwargs(const char *json, bool *no_thinking);
 
 #endif

@@ -24,6 +24,7 @@ static void generate_usage(FILE *out)
         "  --chat            wrap the prompt in the model's chat template as a user message\n"
         "  --system TEXT     system message for --chat (default: the template's "
         "own)\n" CLI_CHAT_TEMPLATE_HELP
+        "  --chat-template-kwargs J  '{\"enable_thinking\": false}': Qwen3's reasoning off\n"
         "  --temp T          temperature, 0 = greedy (default 0.8)\n"
         "  --top-k K         keep the K most likely tokens (default 40, 0 = off)\n"
         "  --top-p P         nucleus sampling (default 0.95)\n"
@@ -75,6 +76,7 @@ struct gen_args {
     const char *trace_path;    /* --trace */
     long n_predict, threads;
     bool chat, ignore_eos, stats;
+    bool no_thinking; /* --chat-template-kwargs '{"enable_thinking": false}' */
     struct cli_backend_args be;
     struct cli_spec spec;
     struct sample_params sp;
@@ -95,7 +97,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         O_REPEAT,
         O_NOSTATS,
         O_TRACE,
-        O_CHATTMPL
+        O_CHATTMPL,
+        O_TMPLKW
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
@@ -115,6 +118,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"help", no_argument, 0, 'h'},
                                          {"trace", required_argument, 0, O_TRACE},
                                          {"chat-template", required_argument, 0, O_CHATTMPL},
+                                         {"chat-template-kwargs", required_argument, 0, O_TMPLKW},
                                          {0, 0, 0, 0}};
     *a = (struct gen_args){.n_predict = 64, .stats = true, .be.precision = MATMUL_AUTO};
     sample_params_cli_default(&a->sp); /* the defaults --help states */
@@ -153,6 +157,14 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             a->chat_template = optarg;
             a->chat = true;
             break;
+        case O_TMPLKW: {
+            const char *bad = cli_template_kwargs(optarg, &a->no_thinking);
+            if (bad) {
+                fprintf(stderr, "quern generate: %s\n", bad);
+                return EXIT_USAGE;
+            }
+            break;
+        }
         case O_SYSTEM:
             a->system = optarg;
             break;
@@ -230,7 +242,8 @@ static int tokenize_prompt(const struct gguf_file *f, const struct tokenizer *to
     size_t n_msgs = 0;
     if (a->system) msgs[n_msgs++] = (struct chat_msg){.role = "system", .content = a->system};
     msgs[n_msgs++] = (struct chat_msg){.role = "user", .content = a->prompt};
-    if ((rc = chat_encode(&ct, tok, msgs, n_msgs, true, bos, false, ids, n, err)))
+    enum chat_end end = a->no_thinking ? CHAT_END_GENERATE_NO_THINK : CHAT_END_GENERATE;
+    if ((rc = chat_encode_tools(&ct, tok, msgs, n_msgs, NULL, end, bos, false, ids, n, err)))
         qerr_wrap(err, "--prompt");
     chat_template_free(&ct);
     return rc;

@@ -133,31 +133,6 @@ static const char *basename_of(const char *path, char *buf, size_t cap)
     return buf;
 }
 
-/* --chat-template-kwargs: a JSON object of which quern's formats read enable_thinking; any
- * other key names a template variable quern does not run, refused rather than ignored. NULL,
- * or what is wrong. */
-static const char *template_kwargs(const char *text, struct serve_opts *o)
-{
-    cJSON *j = cJSON_Parse(text);
-    const char *bad = NULL;
-    const cJSON *x;
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return "--chat-template-kwargs wants a JSON object";
-    }
-    cJSON_ArrayForEach(x, j)
-    {
-        if (strcmp(x->string, "enable_thinking"))
-            bad = "--chat-template-kwargs: quern's chat formats read only enable_thinking";
-        else if (!cJSON_IsBool(x))
-            bad = "--chat-template-kwargs: enable_thinking must be true or false";
-        else
-            o->no_thinking = cJSON_IsFalse(x);
-    }
-    cJSON_Delete(j);
-    return bad;
-}
-
 static int parse_args(int argc, char **argv, struct serve_opts *o)
 {
     enum {
@@ -339,7 +314,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             o->chat_template = optarg;
             break;
         case O_TMPLKW:
-            bad = template_kwargs(optarg, o);
+            bad = cli_template_kwargs(optarg, &o->no_thinking);
             break;
         case O_REASONING:
             if (!strcmp(optarg, "none"))

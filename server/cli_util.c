@@ -6,6 +6,8 @@
 
 #include "cli.h"
 
+#include <cjson/cJSON.h>
+
 #include "../engine/chat.h"
 #include "../engine/gguf.h"
 #include "../engine/model.h"
@@ -186,4 +188,26 @@ int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_te
                  : chat_template_parse(text, len, out, err);
     free(text);
     return rc;
+}
+
+const char *cli_template_kwargs(const char *json, bool *no_thinking)
+{
+    cJSON *j = cJSON_Parse(json);
+    const char *bad = NULL;
+    const cJSON *x;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return "--chat-template-kwargs wants a JSON object";
+    }
+    cJSON_ArrayForEach(x, j)
+    {
+        if (strcmp(x->string, "enable_thinking"))
+            bad = "--chat-template-kwargs: quern's chat formats read only enable_thinking";
+        else if (!cJSON_IsBool(x))
+            bad = "--chat-template-kwargs: enable_thinking must be true or false";
+        else
+            *no_thinking = cJSON_IsFalse(x);
+    }
+    cJSON_Delete(j);
+    return bad;
 }

@@ -100,6 +100,20 @@ expect 2 "quern's chat formats read only enable_thinking" -- serve --model "$mod
 expect 2 "enable_thinking must be true or false" -- serve --model "$model" \
   --chat-template-kwargs '{"enable_thinking": 0}'
 expect 2 "wants a JSON object" -- serve --model "$model" --chat-template-kwargs '[false]'
+# ... and on generate: Qwen3's format closes an empty <think> block after the generation prompt
+# (9 more tokens: "<think>\n\n</think>\n\n")
+prompt_tokens() { "$bin" generate --model "$model" --chat-template qwen3 --temp 0 -n 1 --prompt hi \
+  "$@" 2>&1 >/dev/null | sed -n 's/.*prompt \([0-9]*\) tokens.*/\1/p'; }
+n_on=$(prompt_tokens)
+n_off=$(prompt_tokens --chat-template-kwargs '{"enable_thinking": false}')
+if [ -n "$n_on" ] && [ -n "$n_off" ] && [ "$((n_off - n_on))" -eq 9 ]; then
+  echo "ok: generate --chat-template-kwargs: $n_on prompt tokens, $n_off with thinking off"
+else
+  echo "FAIL: generate --chat-template-kwargs: '$n_on' prompt tokens, '$n_off' with thinking off"
+  fails=$((fails + 1))
+fi
+expect 2 "read only enable_thinking" -- generate --model "$model" --chat-template-kwargs '{"x": 1}' \
+  --prompt hi
 expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16, f32 or q8" -- generate --model "$model" --prompt hi --kv-type f8
