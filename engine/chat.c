@@ -164,6 +164,13 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
                             "chat template: uses <|im_start|> but is not ChatML (Phi-4 or "
                             "SmolVLM markers): \"%.80s\"",
                             tmpl);
+        /* SmolLM3's writes a metadata system block (its reasoning mode, /think and /no_think
+         * switches) that plain ChatML would leave out */
+        if (has(tmpl, len, "Reasoning Mode"))
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "chat template: SmolLM3's (a \"## Metadata\" system block with its "
+                            "reasoning mode) is not one quern writes; name another with "
+                            "--chat-template");
         out->kind = CHAT_CHATML;
         out->default_system = chatml_default_system(tmpl, len);
         /* Qwen3's: reasoning_content handed back, and a switch for thinking */

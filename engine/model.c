@@ -212,21 +212,28 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     int rc = gguf_get_str(f, "general.architecture", &arch, err);
     if (rc) return rc;
     /* Llama-family files use this layout; Qwen2 adds q/k/v biases, Qwen3 q/k norms, both the
-     * NeoX rope; others (gpt2, phi, gemma) do not fit it */
+     * NeoX rope; SmolLM3 leaves every fourth layer without rope; others (gpt2, phi, gemma) do
+     * not fit it */
     static const struct {
         const char *name;
         bool neox;
-    } supported[] = {{"llama", false}, {"mistral", false}, {"qwen2", true}, {"qwen3", true}};
+        int no_rope_step;
+    } supported[] = {{"llama", false, 0},
+                     {"mistral", false, 0},
+                     {"qwen2", true, 0},
+                     {"qwen3", true, 0},
+                     {"smollm3", false, 4}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
             ok = true;
             cfg->rope_neox = supported[i].neox;
+            cfg->no_rope_step = supported[i].no_rope_step;
         }
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3)",
+                        "qwen3, smollm3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -945,8 +952,10 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
             ops->rmsnorm(be, a->q, a->q, ly->q_norm, n * nq, c->head_dim, c->eps);
             ops->rmsnorm(be, a->k, a->k, ly->k_norm, n * nkv, c->head_dim, c->eps);
         }
-        ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rope);
-        ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rope);
+        if (!c->no_rope_step || (l + 1) % c->no_rope_step) {
+            ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rope);
+            ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rope);
+        }
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);

@@ -1,6 +1,6 @@
 /* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
- * Qwen2's q/k/v biases and Qwen3's q/k norms) loaded from GGUF and run through the backend
- * interface.
+ * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope) loaded from GGUF and run
+ * through the backend interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
  * from many sequences, each reading and writing its K/V through its own block table into the
@@ -34,6 +34,9 @@ struct model_config {
     bool qkv_bias;
     /* a per-head RMSNorm of q and k before the rope (attn_q_norm / attn_k_norm: Qwen3) */
     bool qk_norm;
+    /* every no_rope_step-th layer (layer l with (l + 1) % no_rope_step == 0) attends without
+     * the rope (SmolLM3's NoPE layers, 4 as llama.cpp fixes it); 0: every layer rotates */
+    int no_rope_step;
 };
 
 /* The model's rotary embedding for the backend's rope op; points into cfg. */

@@ -97,9 +97,12 @@ int cli_info(int argc, char **argv)
     printf("layers        %d\n", cfg.n_layers);
     printf("embedding     %d\n", cfg.dim);
     printf("feed-forward  %d\n", cfg.ffn_dim);
-    printf("heads         %d (kv %d, head dim %d, rope dims %d%s%s%s)\n", cfg.n_heads,
+    char no_rope[48] = "";
+    if (cfg.no_rope_step)
+        snprintf(no_rope, sizeof no_rope, ", none in every %dth layer", cfg.no_rope_step);
+    printf("heads         %d (kv %d, head dim %d, rope dims %d%s%s%s%s)\n", cfg.n_heads,
            cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, cfg.rope_neox ? " paired NeoX-style" : "",
-           cfg.qkv_bias ? ", q/k/v biases" : "", cfg.qk_norm ? ", q/k norms" : "");
+           no_rope, cfg.qkv_bias ? ", q/k/v biases" : "", cfg.qk_norm ? ", q/k norms" : "");
     printf("context       %d\n", cfg.ctx_len);
     /* --kv-type's element per token and at the full context: f16 (the default), f32, q8 (Q8_0
      * blocks, 34 bytes per 32 elements) */

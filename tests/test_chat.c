@@ -317,6 +317,11 @@ START_TEST(refusals)
     const char *phi4 = "{{'<|im_start|>' + m['role'] + '<|im_sep|>'}}";
     ck_assert_int_eq(chat_template_parse(phi4, strlen(phi4), &ct, &err), QERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err.msg, "not ChatML"));
+    /* SmolLM3's ChatML carries a metadata system block of its own: refused, not guessed */
+    const char *smollm3 = "{{- \"<|im_start|>system\\n\" -}}{{- \"## Metadata\\n\\n\" -}}"
+                          "{{- \"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}";
+    ck_assert_int_eq(chat_template_parse(smollm3, strlen(smollm3), &ct, &err), QERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "SmolLM3"));
 
     ck_assert_int_eq(chat_template_parse(k_smollm, strlen(k_smollm), &ct, &err), 0);
     struct chat_msg bad[] = {{.role = "user", .content = "hi"},

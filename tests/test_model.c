@@ -721,45 +721,46 @@ START_TEST(value_length_must_match)
 }
 END_TEST
 
-/* ---- Qwen2 and Qwen3: tests/golden/smollm2-qwen.json (tools/make-golden-qwen.py) ---- */
+/* ---- Qwen2, Qwen3, SmolLM3: tests/golden/smollm2-archs.json (tools/make-golden-archs.py) ---- */
 
-static cJSON *qwen_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
+static cJSON *arch_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
 
-/* A tensor of the Qwen copy: one of the model's, or one added after layer l's attn_v: the q, k
- * or v bias (kind 0-2) or the q or k norm (kind 3-4). */
-struct qwen_part {
+/* A tensor of an architecture's copy: one of the model's, or one added for layer l: the q, k or
+ * v bias (kind 0-2) or the q or k norm (kind 3-4). */
+struct arch_part {
     int src; /* the model's tensor index, or -1 */
     int layer, kind;
 };
 
-struct qwen_copy {
+struct arch_copy {
     const struct gguf_file *src;
     const cJSON *var;
     double a, b, c;
     int n_heads, n_kv, head_dim;
-    struct qwen_part parts[1024];
+    bool neox; /* q's and k's rows in Hugging Face's order (qwen2, qwen3) */
+    struct arch_part parts[1024];
 };
 
-/* tools/make-golden-qwen.py's WAVE: amp * sin(a * layer + b * kind + c * i) (+ 1 for a norm),
+/* tools/make-golden-archs.py's WAVE: amp * sin(a * layer + b * kind + c * i) (+ 1 for a norm),
  * in double, rounded to float */
-static void qwen_wave(const struct qwen_copy *qc, int layer, int kind, float *out, size_t n,
+static void arch_wave(const struct arch_copy *qc, int layer, int kind, float *out, size_t n,
                       double amp, double offset)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = (float)(offset + amp * sin(qc->a * layer + qc->b * kind + qc->c * (double)i));
 }
 
-static int fill_qwen_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
+static int fill_arch_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
 {
     (void)err;
-    const struct qwen_copy *qc = ctx;
-    const struct qwen_part *p = &qc->parts[index];
+    const struct arch_copy *qc = ctx;
+    const struct arch_part *p = &qc->parts[index];
     if (p->src < 0) {
         bool norm = p->kind >= 3;
         const cJSON *amps =
             cJSON_GetObjectItemCaseSensitive(qc->var, norm ? "norm_amp" : "bias_amp");
         double amp = cJSON_GetArrayItem(amps, norm ? p->kind - 3 : p->kind)->valuedouble;
-        qwen_wave(qc, p->layer, norm ? p->kind - 3 : p->kind, dst, nbytes / sizeof(float), amp,
+        arch_wave(qc, p->layer, norm ? p->kind - 3 : p->kind, dst, nbytes / sizeof(float), amp,
                   norm ? 1.0 : 0.0);
         return 0;
     }
@@ -769,7 +770,7 @@ static int fill_qwen_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, s
     int heads = strstr(name, ".attn_q.weight")   ? qc->n_heads
                 : strstr(name, ".attn_k.weight") ? qc->n_kv
                                                  : 0;
-    if (!heads) {
+    if (!heads || !qc->neox) {
         memcpy(dst, t->data, nbytes);
         return 0;
     }
@@ -783,16 +784,16 @@ static int fill_qwen_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, s
     return 0;
 }
 
-/* The real model as llama.cpp's converter would write it under arch `qwen2` (q, k, v biases) or
- * `qwen3` (q and k norms), the added values tools/make-golden-qwen.py's formula with var's
- * amplitudes. */
-static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
+/* The real model as llama.cpp's converter would write it under arch `qwen2` (q, k, v biases),
+ * `qwen3` (q and k norms) or `smollm3` (nothing added), the added values
+ * tools/make-golden-archs.py's formula with var's amplitudes. */
+static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
 {
     ck_assert_ptr_nonnull(mkdtemp(dir));
     char *path;
-    ck_assert_int_ge(asprintf(&path, "%s/qwen.gguf", dir), 0);
+    ck_assert_int_ge(asprintf(&path, "%s/arch.gguf", dir), 0);
     const char *arch = cJSON_GetObjectItemCaseSensitive(var, "arch")->valuestring;
-    const cJSON *wave = cJSON_GetObjectItemCaseSensitive(qwen_golden, "wave");
+    const cJSON *wave = cJSON_GetObjectItemCaseSensitive(arch_golden, "wave");
     qc->a = cJSON_GetObjectItemCaseSensitive(wave, "a")->valuedouble;
     qc->b = cJSON_GetObjectItemCaseSensitive(wave, "b")->valuedouble;
     qc->c = cJSON_GetObjectItemCaseSensitive(wave, "c")->valuedouble;
@@ -802,6 +803,7 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
     qc->n_heads = c->n_heads;
     qc->n_kv = c->n_kv_heads;
     qc->head_dim = c->head_dim;
+    qc->neox = !strncmp(arch, "qwen", 4);
     struct gguf_writer *w = writer_of_model();
     struct qerr err = {0};
     for (uint64_t i = 0; i < gguf_kv_count(file); i++) { /* llama.* under the new name */
@@ -822,13 +824,14 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
     }
     /* the model's tensors, then each layer's added ones */
     bool bias = cJSON_GetObjectItemCaseSensitive(var, "bias_amp") != NULL;
+    bool norm = cJSON_GetObjectItemCaseSensitive(var, "norm_amp") != NULL;
     int np = 0;
     for (uint64_t i = 0; i < gguf_tensor_count(file); i++)
-        qc->parts[np++] = (struct qwen_part){.src = (int)i};
+        qc->parts[np++] = (struct arch_part){.src = (int)i};
     static const char *const names[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias",
                                         "attn_q_norm.weight", "attn_k_norm.weight"};
     for (int layer = 0; layer < c->n_layers; layer++)
-        for (int kind = bias ? 0 : 3; kind < (bias ? 3 : 5); kind++) {
+        for (int kind = bias ? 0 : 3; kind < (bias ? 3 : norm ? 5 : 3); kind++) {
             uint64_t n = kind == 0  ? (uint64_t)(c->n_heads * c->head_dim)
                          : kind < 3 ? (uint64_t)(c->n_kv_heads * c->head_dim)
                                     : (uint64_t)c->head_dim;
@@ -837,14 +840,14 @@ static char *write_qwen_model(char *dir, struct qwen_copy *qc, const cJSON *var)
             ck_assert_msg(gguf_writer_add_tensor(w, tn, 1, &n, QTYPE_F32, &err) == 0, "%s",
                           err.msg);
             ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
-            qc->parts[np++] = (struct qwen_part){.src = -1, .layer = layer, .kind = kind};
+            qc->parts[np++] = (struct arch_part){.src = -1, .layer = layer, .kind = kind};
         }
-    ck_assert_msg(gguf_writer_write(w, path, fill_qwen_copy, qc, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_msg(gguf_writer_write(w, path, fill_arch_copy, qc, NULL, &err) == 0, "%s", err.msg);
     gguf_writer_free(w);
     return path;
 }
 
-static struct model *load_qwen(const char *path, struct gguf_file **qf)
+static struct model *load_arch(const char *path, struct gguf_file **qf)
 {
     struct qerr err = {0};
     ck_assert_msg(gguf_open(path, qf, &err) == 0, "%s", err.msg);
@@ -865,7 +868,7 @@ static void check_qwen2_tokenize(const struct gguf_file *qf)
     struct qerr err = {0};
     ck_assert_msg(tokenizer_load(qf, &tok, &err) == 0, "%s", err.msg);
     ck_assert_str_eq(tokenizer_pre_name(tok), "qwen2");
-    const cJSON *x, *list = cJSON_GetObjectItemCaseSensitive(qwen_golden, "qwen2_tokenize");
+    const cJSON *x, *list = cJSON_GetObjectItemCaseSensitive(arch_golden, "qwen2_tokenize");
     int checked = 0;
     cJSON_ArrayForEach(x, list)
     {
@@ -889,7 +892,7 @@ static void check_qwen2_tokenize(const struct gguf_file *qf)
  * rank's share of the biases and its heads' norms. (The llama model's ranks stay within 1e-4,
  * test_tp; SmolLM2 given q/k norms it was not trained with answers in a loop of two tokens,
  * and its sums in the ranks' order move a logit by up to 6e-4.) */
-static void check_qwen_tp3(struct model *m, const struct gguf_file *qf, const cJSON *c)
+static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJSON *c)
 {
     size_t np, ng;
     int32_t *p = tm_ids(c, "prompt_ids", &np), *g = tm_ids(c, "greedy_ids", &ng);
@@ -934,32 +937,35 @@ static void check_qwen_tp3(struct model *m, const struct gguf_file *qf, const cJ
     free(g);
 }
 
-/* Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), both with the NeoX rope: llama.cpp's
- * logits on the same weights (fp32) within 1e-3 and its greedy text token for token, split over
- * 3 ranks too; the plain llama model misses those logits by far, so the check can fail. */
-START_TEST(qwen_matches_reference)
+/* Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), both with the NeoX rope, and SmolLM3
+ * (no rope in every fourth layer): llama.cpp's logits on the same weights (fp32) within 1e-3 and
+ * its greedy text token for token, split over 3 ranks too; the plain llama model misses those
+ * logits by far, so the check can fail. */
+START_TEST(arch_matches_reference)
 {
-    /* under the sanitizers, one prompt an architecture: the code reached is the same for both */
+    /* under the sanitizers, one prompt an architecture: the code reached is the same for both
+     * (the golden file lists two an architecture) */
     if (tu_sanitized() && _i % 2) return;
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(qwen_golden, "cases"), _i);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases"), _i);
     const char *arch = cJSON_GetObjectItemCaseSensitive(c, "arch")->valuestring;
-    const cJSON *var = NULL, *vars = cJSON_GetObjectItemCaseSensitive(qwen_golden, "variants");
+    const cJSON *var = NULL, *vars = cJSON_GetObjectItemCaseSensitive(arch_golden, "variants");
     for (int i = 0; i < cJSON_GetArraySize(vars); i++)
         if (!strcmp(
                 cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(vars, i), "arch")->valuestring,
                 arch))
             var = cJSON_GetArrayItem(vars, i);
     ck_assert_ptr_nonnull(var);
-    static struct qwen_copy qc;
-    char dir[] = "/tmp/quern-qwen-XXXXXX";
-    char *path = write_qwen_model(dir, &qc, var);
+    static struct arch_copy qc;
+    char dir[] = "/tmp/quern-arch-XXXXXX";
+    char *path = write_arch_model(dir, &qc, var);
     struct gguf_file *qf;
-    struct model *m = load_qwen(path, &qf);
+    struct model *m = load_arch(path, &qf);
     const struct model_config *cfg = model_get_config(m);
     ck_assert_str_eq(cfg->arch, arch);
-    ck_assert(cfg->rope_neox);
+    ck_assert(cfg->rope_neox == qc.neox);
     ck_assert(cfg->qkv_bias == !strcmp(arch, "qwen2"));
     ck_assert(cfg->qk_norm == !strcmp(arch, "qwen3"));
+    ck_assert_int_eq(cfg->no_rope_step, strcmp(arch, "smollm3") ? 0 : 4);
     struct tm_run r = {.m = m, .be = be, .label = arch};
     tm_check_case_logits(&r, c, 37, 1e-3);
     if (!tu_sanitized()) tm_check_case_greedy(&r, c);
@@ -968,7 +974,7 @@ START_TEST(qwen_matches_reference)
     printf("llama model on %s: worst relative logit error %.3f\n",
            cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, off);
     ck_assert_msg(off > 0.05, "the llama model matches the %s reference (%.3f)", arch, off);
-    if (!tu_sanitized()) check_qwen_tp3(m, qf, c);
+    if (!tu_sanitized()) check_arch_tp3(m, qf, c);
     if (!strcmp(arch, "qwen2")) check_qwen2_tokenize(qf);
     model_free(m);
     gguf_close(qf);
@@ -984,11 +990,11 @@ END_TEST
 START_TEST(qwen2_zero_bias_is_llama)
 {
     cJSON *var = cJSON_Parse("{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
-    static struct qwen_copy qc;
+    static struct arch_copy qc;
     char dir[] = "/tmp/quern-qwen-XXXXXX";
-    char *path = write_qwen_model(dir, &qc, var);
+    char *path = write_arch_model(dir, &qc, var);
     struct gguf_file *qf;
-    struct model *m = load_qwen(path, &qf);
+    struct model *m = load_arch(path, &qf);
     ck_assert(model_get_config(m)->qkv_bias);
     size_t np, ng;
     int32_t *p = tm_case_ids(0, "prompt_ids", &np), *g = tm_case_ids(0, "greedy_ids", &ng);
@@ -1055,15 +1061,15 @@ int main(void)
                                                  head_golden, "cases")));
     tcase_add_test(ht, value_length_must_match);
     suite_add_tcase(s, ht);
-    qwen_golden = golden_beside("smollm2-qwen.json");
-    TCase *qt = tcase_create("qwen");
+    arch_golden = golden_beside("smollm2-archs.json");
+    TCase *qt = tcase_create("archs");
     tcase_set_timeout(qt, 300);
     tcase_add_checked_fixture(qt, setup, teardown);
-    if (qwen_golden)
+    if (arch_golden)
         tcase_add_loop_test(
-            qt, qwen_matches_reference, 0,
-            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(qwen_golden, "cases")));
-    if (qwen_golden) tcase_add_test(qt, qwen2_zero_bias_is_llama);
+            qt, arch_matches_reference, 0,
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases")));
+    if (arch_golden) tcase_add_test(qt, qwen2_zero_bias_is_llama);
     suite_add_tcase(s, qt);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
@@ -1081,6 +1087,6 @@ int main(void)
     tm_golden_free();
     cJSON_Delete(rope_golden);
     cJSON_Delete(head_golden);
-    cJSON_Delete(qwen_golden);
+    cJSON_Delete(arch_golden);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -36,4 +36,4 @@ if [ "${1:-}" = "--install-only" ]; then exit 0; fi
 "$VENV/bin/python" "$ROOT/tools/make-golden.py" "$@"
 "$VENV/bin/python" "$ROOT/tools/make-golden-rope.py"
 "$VENV/bin/python" "$ROOT/tools/make-golden-head-dim.py"
-exec "$VENV/bin/python" "$ROOT/tools/make-golden-qwen.py"
+exec "$VENV/bin/python" "$ROOT/tools/make-golden-archs.py"

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Reference data for the Qwen2 and Qwen3 architectures: tests/golden/smollm2-qwen.json.
+"""Reference data for the architectures beside llama: tests/golden/smollm2-archs.json.
 
-No Qwen model is small enough for the tests (nor reachable from these machines), so the two
-files are made from the default model's own weights, as llama.cpp's converter would write a
-model of that architecture:
+No Qwen2, Qwen3 or SmolLM3 model is small enough for the tests (nor reachable from these
+machines), so the files are made from the default model's own weights, as llama.cpp's converter
+would write a model of that architecture:
 
-  * arch "qwen2" / "qwen3", every "llama.*" key under the new name;
-  * q's and k's rows in Hugging Face's order (the converter permutes them only for llama, whose
-    rope pairs adjacent dims; Qwen's, GPT-NeoX's, pairs i with i + head_dim / 2);
+  * arch "qwen2" / "qwen3" / "smollm3", every "llama.*" key under the new name;
+  * qwen2, qwen3: q's and k's rows in Hugging Face's order (the converter permutes them only for
+    llama-style ropes, which pair adjacent dims; Qwen's, GPT-NeoX's, pairs i with
+    i + head_dim / 2); smollm3 keeps llama's (its rope is llama's, left out of every fourth
+    layer);
   * qwen2: q, k and v biases (attn_q.bias ...), qwen3: per-head q and k norms
     (attn_q_norm.weight ...), whose values are the formula in WAVE below, so the C test can write
     the same file without carrying 29,000 numbers.
@@ -18,7 +20,7 @@ greedy continuation, the top-2 gap at each step, the top-5 logits at four positi
 far the plain llama model is from them. The C test (tests/test_model.c) writes the same files in
 Q4_1, whose weights dequantize to exactly these fp32 values.
 
-Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-qwen.py
+Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
 """
 import json
 import math
@@ -34,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_DIR = os.path.join(ROOT, "models")
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GOLDEN = os.path.join(ROOT, "tests", "golden", "smollm2.json")
-OUT = os.path.join(ROOT, "tests", "golden", "smollm2-qwen.json")
+OUT = os.path.join(ROOT, "tests", "golden", "smollm2-archs.json")
 N_NEW = 24
 TOPK = 5
 PROMPTS = ["chat-capital", "chat-code"]
@@ -44,7 +46,9 @@ WAVE = {"a": 0.7, "b": 1.3, "c": 0.37}
 VARIANTS = [
     {"arch": "qwen2", "bias_amp": [0.5, 0.5, 0.1]},
     {"arch": "qwen3", "norm_amp": [0.25, 0.25]},
+    {"arch": "smollm3"},
 ]
+NEOX = {"qwen2", "qwen3"}  # archs whose files keep q/k rows in Hugging Face's order
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -95,9 +99,9 @@ def write_variant(reader, var, path):
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         data = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
-        if arch != "llama" and t.name.endswith("attn_q.weight"):
+        if arch in NEOX and t.name.endswith("attn_q.weight"):
             data = hf_rows(data, n_heads)
-        elif arch != "llama" and t.name.endswith("attn_k.weight"):
+        elif arch in NEOX and t.name.endswith("attn_k.weight"):
             data = hf_rows(data, n_kv)
         w.add_tensor(t.name, np.ascontiguousarray(data))
         if t.name.endswith("attn_v.weight"):
@@ -173,7 +177,7 @@ def main():
     os.unlink(plain_path)
     os.rmdir(tmp)
     json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
-               "made_by": f"tools/make-golden-qwen.py, llama-cpp-python {llama_cpp.__version__} "
+               "made_by": f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
                           f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}",
                "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
