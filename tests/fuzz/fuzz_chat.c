@@ -23,6 +23,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 enum { MAX_MSGS = 16 };
 
+static bool inside_some_message(const char *s, size_t n, const struct chat_msg *m, size_t n_msgs);
+
+/* p..e is results of a row joined by join (lj bytes): some cut at join occurrences leaves only
+ * pieces inside messages (a result may hold the join's text itself, so every cut is tried) */
+static bool joined_results(const char *p, const char *e, const char *join, size_t lj,
+                           const struct chat_msg *m, size_t n_msgs)
+{
+    if (p == e || inside_some_message(p, (size_t)(e - p), m, n_msgs)) return true;
+    for (const char *q = p; (q = memmem(q, (size_t)(e - q), join, lj)); q++)
+        if ((q == p || inside_some_message(p, (size_t)(q - p), m, n_msgs)) &&
+            joined_results(q + lj, e, join, lj, m, n_msgs))
+            return true;
+    return false;
+}
+
 static bool inside_some_message(const char *s, size_t n, const struct chat_msg *m, size_t n_msgs)
 {
     for (size_t i = 0; i < n_msgs; i++)
@@ -34,13 +49,7 @@ static bool inside_some_message(const char *s, size_t n, const struct chat_msg *
                       join[] = "\n</tool_response>\n<tool_response>\n";
     size_t lo = sizeof open - 1, lc = sizeof close - 1, lj = sizeof join - 1;
     if (n >= lo + lc && !memcmp(s, open, lo) && !memcmp(s + n - lc, close, lc)) {
-        const char *p = s + lo, *e = s + n - lc;
-        if (p == e || inside_some_message(p, (size_t)(e - p), m, n_msgs)) return true;
-        /* each result of a row on its own (a result holding the join itself is checked whole
-         * above) */
-        for (const char *q; (q = memmem(p, (size_t)(e - p), join, lj)); p = q + lj)
-            if (q > p && !inside_some_message(p, (size_t)(q - p), m, n_msgs)) return false;
-        return p == e || inside_some_message(p, (size_t)(e - p), m, n_msgs);
+        return joined_results(s + lo, s + n - lc, join, lj, m, n_msgs);
     }
     cJSON *j = n && s[0] == '"' ? cJSON_ParseWithLength(s, n) : NULL;
     bool in = cJSON_IsString(j) &&
