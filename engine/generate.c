@@ -10,6 +10,7 @@
 struct one_seq {
     int32_t *table;
     int max_blocks;
+    int32_t lora; /* model_batch.seq_lora's value for the sequence */
 };
 
 static int seq_setup(struct model *m, size_t total, struct one_seq *s, struct qerr *err)
@@ -55,7 +56,8 @@ static int run_chunk(struct model *m, const struct one_seq *s, const int32_t *to
                             .max_blocks = s->max_blocks,
                             .block_table = s->table,
                             .n_logits = all ? n : 1,
-                            .logit_idx = all ? lidx : lidx + n - 1};
+                            .logit_idx = all ? lidx : lidx + n - 1,
+                            .seq_lora = &s->lora};
     int rc = model_forward(m, &b, logits, err);
     free(buf);
     return rc;
@@ -228,7 +230,7 @@ int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const 
     int chunk = o->prefill_chunk;
     int maxb = model_get_opts(m)->max_batch_tokens;
     if (chunk <= 0 || chunk > maxb) chunk = maxb;
-    struct one_seq s = {0};
+    struct one_seq s = {.lora = o->lora};
     int rc = seq_setup(m, n_prompt + (size_t)o->n_predict, &s, err);
     if (rc) return rc;
     struct sampler sm;
@@ -290,12 +292,18 @@ out_nosampler:
 int generate_all_logits(struct model *m, const int32_t *seq, size_t n, int chunk, float **out,
                         struct qerr *err)
 {
+    return generate_all_logits_lora(m, seq, n, chunk, 0, out, err);
+}
+
+int generate_all_logits_lora(struct model *m, const int32_t *seq, size_t n, int chunk, int lora,
+                             float **out, struct qerr *err)
+{
     *out = NULL;
     const struct model_config *c = model_get_config(m);
     int maxb = model_get_opts(m)->max_batch_tokens, maxl = model_get_opts(m)->max_logits;
     if (chunk <= 0 || chunk > maxb) chunk = maxb;
     if (chunk > maxl) chunk = maxl;
-    struct one_seq s = {0};
+    struct one_seq s = {.lora = lora};
     int rc = seq_setup(m, n, &s, err);
     if (rc) return rc;
     float *logits = malloc(n * (size_t)c->vocab * sizeof *logits);

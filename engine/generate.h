@@ -41,6 +41,8 @@ struct gen_opts {
     /* SPEC_POLICY_COST: a draft forward's cost relative to the target's until it is timed
      * (spec_model_cost_prior; 0: free) */
     double draft_prior;
+    /* 1 + the index of the LoRA adapter (model_opts.loras) to run with; 0: none */
+    int lora;
 };
 
 /* Called for every generated token with the logits it was sampled from (before sampling
@@ -55,5 +57,8 @@ int generate_run(struct model *m, const int32_t *prompt, size_t n_prompt, const 
  * what a reference framework's single forward over the whole sequence returns. */
 int generate_all_logits(struct model *m, const int32_t *seq, size_t n, int chunk, float **out,
                         struct qerr *err);
+/* The same with LoRA adapter lora - 1 (model_opts.loras; 0: none). */
+int generate_all_logits_lora(struct model *m, const int32_t *seq, size_t n, int chunk, int lora,
+                             float **out, struct qerr *err);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "../kernels/comm.h"
 #include "../kernels/nvtx.h"
+#include "lora.h"
 #include "model_shard.h"
 #include "model_tp.h"
 
@@ -61,6 +62,8 @@ struct model {
     struct model_shard sh; /* the heads and FFN channels this rank holds (all of them alone) */
     struct comm *comm;     /* tensor parallelism: this rank's handle, else NULL */
     struct tp_group *tp;   /* rank 0 of a split model: the other ranks (model_tp.c) */
+    struct lora_run *lora; /* the LoRA adapters, or NULL */
+    bool lora_step;        /* some sequence of this step runs with an adapter */
 };
 
 static int get_u32_pos(const struct gguf_file *f, const char *arch, const char *suffix, int *out,
@@ -465,23 +468,9 @@ static void drop_all_file_pages(const struct gguf_file *f, const struct model *m
     }
 }
 
-/* Which row of a NeoX-rope head (its first rot dims turned as pairs (i, i + rot / 2)) sits at
- * row r of the head the backend's rope turns (pairs (2i, 2i + 1)): the inverse of the row order
- * llama.cpp's converter gives llama's q and k. */
-static int neox_row(int r, int rot)
-{
-    return r < rot ? (r % 2) * (rot / 2) + r / 2 : r;
-}
-
-/* Row i of a run of heads of hd rows, in neox_row's order within each head (hd 0: i). */
-static int64_t neox_at(int64_t i, int hd, int rot)
-{
-    return hd ? i - i % hd + neox_row((int)(i % hd), rot) : i;
-}
-
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
  * shard. Rows are a window on the file; columns are copied into *own (freed with the model), and
- * so are the rows when neox_hd is a head size (rope_neox: each head's rows in neox_row's order,
+ * so are the rows when neox_hd is a head size (rope_neox: each head's rows in model_neox_row's order,
  * r0 and nr whole heads). */
 static int load_weight_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t cols, int64_t rows, int64_t r0, int64_t nr, int64_t c0,
@@ -509,7 +498,7 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
         uint8_t *p = malloc((size_t)nr * part);
         if (!p) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
         for (int64_t r = 0; r < nr; r++) {
-            int64_t src = neox_at(r, neox_hd, m->cfg.rot_dim);
+            int64_t src = model_neox_at(r, neox_hd, m->cfg.rot_dim);
             memcpy(p + (size_t)r * part, (const uint8_t *)w->host + (size_t)src * row_bytes + skip,
                    part);
         }
@@ -529,7 +518,7 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
 }
 
 /* Elements [off, off + n) of the vector `name` of n_all elements, on the device (a rank's share
- * of a bias); with neox_hd each head's elements in neox_row's order, as load_weight_part's rows. */
+ * of a bias); with neox_hd each head's elements in model_neox_row's order, as load_weight_part's rows. */
 static int load_vector_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t n_all, int64_t off, int64_t n, int neox_hd, const float **out,
                             struct qerr *err)
@@ -549,7 +538,7 @@ static int load_vector_part(struct model *m, const struct gguf_file *f, const ch
     }
     qtype_dequantize_row(t->type, bytes, host, (size_t)n_all);
     float *part = host + n_all;
-    for (int64_t i = 0; i < n; i++) part[i] = host[off + neox_at(i, neox_hd, m->cfg.rot_dim)];
+    for (int64_t i = 0; i < n; i++) part[i] = host[off + model_neox_at(i, neox_hd, m->cfg.rot_dim)];
     m->be->ops->buf_write(m->be, dev, part, (size_t)n * sizeof *dev);
     free(host);
     *out = dev;
@@ -632,6 +621,10 @@ static int reserve_table(struct model *m, struct qerr *err);
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
                struct model **out, struct qerr *err)
 {
+    if (opts->tp > 1 && opts->n_loras > 0)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "model: LoRA adapters with tensor parallelism (--tp %d) are not supported",
+                        opts->tp);
     if (opts->tp > 1) return model_tp_load(f, be, opts, out, err);
     return model_load_rank(f, be, opts, NULL, NULL, out, err);
 }
@@ -735,6 +728,9 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err)) ||
         (rc = report_nonfinite(m, f, err)))
         goto fail;
+    if (opts->n_loras > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras,
+                                                   opts->max_batch_tokens, &m->lora, err)))
+        goto fail;
     m->bad = (struct nonfinite){0}; /* it points into f, which may close before m is freed */
     drop_all_file_pages(f, m);
     *out = m;
@@ -776,6 +772,7 @@ void model_free_rank(struct model *m)
     if ((m->output.host || m->output.impl) && !m->cfg.tied_output)
         be->ops->weight_release(be, &m->output);
     if (m->output_norm) be->ops->buf_free(be, m->output_norm);
+    lora_run_free(m->lora);
     free_acts(m);
     free(m);
 }
@@ -810,6 +807,17 @@ const struct model_config *model_get_config(const struct model *m)
 void model_set_tp_group(struct model *m, struct tp_group *g)
 {
     m->tp = g;
+}
+
+int model_lora_count(const struct model *m)
+{
+    return lora_run_count(m->lora);
+}
+
+const char *model_lora_name(const struct model *m, int i)
+{
+    const struct lora_adapter *ad = lora_run_adapter(m->lora, i);
+    return ad ? ad->name : NULL;
 }
 
 const struct model_opts *model_get_opts(const struct model *m)
@@ -851,6 +859,10 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
     for (int64_t i = 0; i < (int64_t)b->n_seqs * b->max_blocks; i++)
         if (b->block_table[i] < -1 || b->block_table[i] >= o->kv_blocks)
             return qerr_set(err, QERR_INVALID, "forward: block id %d", b->block_table[i]);
+    for (int i = 0; b->seq_lora && i < b->n_seqs; i++)
+        if (b->seq_lora[i] < 0 || b->seq_lora[i] > lora_run_count(m->lora))
+            return qerr_set(err, QERR_INVALID, "forward: sequence %d runs with LoRA %d of %d", i,
+                            b->seq_lora[i] - 1, lora_run_count(m->lora));
     if (b->n_kv_copies < 0 || (b->n_kv_copies > 0 && !model_can_copy_kv(m)))
         return qerr_set(err, QERR_INVALID, "forward: %d KV copies on backend %s", b->n_kv_copies,
                         m->be->ops->name);
@@ -943,6 +955,9 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         const struct bweight *qkv[3] = {&ly->wq, &ly->wk, &ly->wv};
         float *qkv_out[3] = {a->q, a->k, a->v};
         backend_matmul_shared(be, qkv, 3, a->xn, n, qkv_out);
+        if (m->lora_step)
+            for (int t = LORA_Q; t <= LORA_V; t++)
+                lora_run_apply(m->lora, l, (enum lora_target)t, a->xn, n, qkv_out[t]);
         if (ly->bq) {
             add_rows(be, a->q, ly->bq, n, nq * c->head_dim);
             add_rows(be, a->k, ly->bk, n, kv_dim);
@@ -959,6 +974,7 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
         ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
+        if (m->lora_step) lora_run_apply(m->lora, l, LORA_O, a->att, n, a->xn);
         if ((rc = reduce_partial(m, a->xn, n, err))) {
             nvtx_pop();
             return rc;
@@ -968,8 +984,13 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         const struct bweight *gate_up[2] = {&ly->w_gate, &ly->w_up};
         float *gate_up_out[2] = {a->gate, a->up};
         backend_matmul_shared(be, gate_up, 2, a->xn, n, gate_up_out);
+        if (m->lora_step) {
+            lora_run_apply(m->lora, l, LORA_GATE, a->xn, n, a->gate);
+            lora_run_apply(m->lora, l, LORA_UP, a->xn, n, a->up);
+        }
         ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
+        if (m->lora_step) lora_run_apply(m->lora, l, LORA_DOWN, a->gate, n, a->xn);
         rc = reduce_partial(m, a->xn, n, err);
         if (!rc && l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
             add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
@@ -1094,9 +1115,11 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     struct backend *be = m->be;
     const struct backend_ops *ops = be->ops;
     struct acts *a = &m->a;
+    /* which adapters run differs from step to step: such steps are not replayed */
+    m->lora_step = m->lora && lora_run_begin(m->lora, b->n_tokens, b->seq, b->seq_lora);
     /* no replay across ranks yet: a captured step would have to hold the collectives too */
     bool replay = ops->step_begin && !m->comm && b->n_tokens <= STEP_REPLAY_MAX_TOKENS &&
-                  b->max_blocks <= 0x8000 && b->n_hidden == 0;
+                  b->max_blocks <= 0x8000 && b->n_hidden == 0 && !m->lora_step;
     struct padded_batch pb;
     replay = replay && pad_batch(m, b, &pb);
     int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;

@@ -39,8 +39,30 @@ struct model_config {
     int no_rope_step;
 };
 
+/* Which row of a NeoX-rope head (its first rot dims turned as pairs (i, i + rot / 2)) sits at
+ * row r of the head the backend's rope turns (pairs (2i, 2i + 1)): the inverse of the row order
+ * llama.cpp's converter gives llama's q and k. */
+static inline int model_neox_row(int r, int rot)
+{
+    return r < rot ? (r % 2) * (rot / 2) + r / 2 : r;
+}
+
+/* Row i of a run of heads of hd rows, in model_neox_row's order within each head (hd 0: i). */
+static inline int64_t model_neox_at(int64_t i, int hd, int rot)
+{
+    return hd ? i - i % hd + model_neox_row((int)(i % hd), rot) : i;
+}
+
 /* The model's rotary embedding for the backend's rope op; points into cfg. */
 struct rope_spec model_rope_spec(const struct model_config *cfg);
+
+/* A LoRA adapter for model_load (engine/lora.h): its GGUF file, the name requests use (NULL: the
+ * file's base name without .gguf), and the user's scale (llama.cpp's --lora-scaled; 1: as
+ * trained). */
+struct lora_spec {
+    const char *path, *name;
+    float scale;
+};
 
 struct model_opts {
     int max_batch_tokens; /* largest n_tokens a forward may be given */
@@ -64,6 +86,10 @@ struct model_opts {
     int tp;
     struct backend *const *tp_backends;
     struct comm *const *tp_comms;
+    /* LoRA adapters loaded with the model (not with tp > 1); a batch picks one per sequence
+     * (model_batch.seq_lora), by its index here. */
+    const struct lora_spec *loras;
+    int n_loras;
 };
 
 /* n leading positions of KV block src copied into block dst, on every layer (and every rank). */
@@ -96,6 +122,9 @@ struct model_batch {
      * block may be written by this step, but only after every copy. */
     int n_kv_copies;
     const struct kv_block_copy *kv_copies;
+    /* NULL, or [n_seqs]: 1 + the index in model_opts.loras of the adapter sequence s runs with,
+     * 0: none. A token's K/V and logits are the same bits in any batch, with any adapters. */
+    const int32_t *seq_lora;
 };
 
 struct model;
@@ -125,6 +154,10 @@ double model_weight_bytes(const struct model *m);
 
 /* Whether batches may carry kv_copies (the backend copies between its buffers). */
 bool model_can_copy_kv(const struct model *m);
+
+/* The LoRA adapters loaded (model_opts.loras) and adapter i's name (what requests use). */
+int model_lora_count(const struct model *m);
+const char *model_lora_name(const struct model *m, int i);
 
 /* logits: host array [b->n_logits][vocab]. Validates the batch (sizes, token ids, slots) first. */
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err);

@@ -16,6 +16,7 @@
 #include "../engine/tokenizer.h"
 #include "../kernels/comm.h"
 #include "../kernels/cpu/backend_cpu.h"
+#include "lorafix.h"
 #include "testbackend.h"
 #include "testmodel.h"
 #include "testutil.h"
@@ -1022,6 +1023,172 @@ START_TEST(qwen2_zero_bias_is_llama)
 }
 END_TEST
 
+/* ---- LoRA adapters: tests/golden/smollm2-lora.json (tools/make-golden-lora.py) ---- */
+
+static cJSON *lora_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
+
+/* The default model with the LoRA adapters fxs written into dir (named "a0", "a1", ...) at
+ * scale, or the load's error code with its message in *err. */
+static int load_with_loras(char *dir, const struct lorafix *fxs, int n, float scale,
+                           struct model **out, struct qerr *err)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    struct lora_spec specs[4];
+    char paths[4][128], names[4][8];
+    ck_assert_int_le(n, 4);
+    for (int i = 0; i < n; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/a%d.gguf", dir, i);
+        snprintf(names[i], sizeof names[i], "a%d", i);
+        struct qerr werr = {0};
+        ck_assert_msg(lorafix_write(model_get_config(model), paths[i], &fxs[i], &werr) == 0, "%s",
+                      werr.msg);
+        specs[i] = (struct lora_spec){.path = paths[i], .name = names[i], .scale = scale};
+    }
+    struct model_opts mo = {.max_batch_tokens = 1024,
+                            .max_logits = 64,
+                            .kv_blocks = 33 * 8,
+                            .kv_block_size = 16,
+                            .loras = specs,
+                            .n_loras = n};
+    int rc = model_load(file, be, &mo, out, err);
+    for (int i = 0; i < n; i++) unlink(paths[i]);
+    rmdir(dir);
+    return rc;
+}
+
+static double lora_golden_scale(void)
+{
+    return cJSON_GetObjectItemCaseSensitive(lora_golden, "scale")->valuedouble;
+}
+
+/* llama.cpp's logits with the same adapter (every layer matrix, rank 8, alpha 16, scale 0.75)
+ * within 1e-3 and its greedy text token for token; the model without it misses them by far. The
+ * same model run without the adapter is the plain model to the bit. */
+START_TEST(lora_matches_reference)
+{
+    if (tu_sanitized() && _i % 2) return;
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(lora_golden, "cases"), _i);
+    struct lorafix fx = lorafix_default();
+    char dir[] = "/tmp/quern-lora-XXXXXX";
+    struct model *m;
+    struct qerr err = {0};
+    ck_assert_msg(load_with_loras(dir, &fx, 1, (float)lora_golden_scale(), &m, &err) == 0, "%s",
+                  err.msg);
+    ck_assert_int_eq(model_lora_count(m), 1);
+    ck_assert_str_eq(model_lora_name(m, 0), "a0");
+    struct tm_run r = {.m = m, .be = be, .label = "quern lora", .lora = 1};
+    tm_check_case_logits(&r, c, 37, 1e-3);
+    if (!tu_sanitized()) tm_check_case_greedy(&r, c);
+    struct tm_run base = {.m = m, .be = be, .label = "quern, adapter unused"};
+    double off = tm_case_logit_error(&base, c, 37);
+    printf("without the adapter: worst relative logit error %.3f\n", off);
+    ck_assert_msg(off > 0.05, "the model without the adapter matches the reference (%.3f)", off);
+    size_t np;
+    int32_t *p = tm_ids(c, "prompt_ids", &np);
+    float *want, *got;
+    ck_assert_msg(generate_all_logits(model, p, np, 37, &want, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits(m, p, np, 37, &got, &err) == 0, "%s", err.msg);
+    size_t at;
+    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)model_get_config(m)->vocab, &at),
+                  "an unused adapter moved logit %zu: %.9g vs %.9g", at, got[at], want[at]);
+    free(want);
+    free(got);
+    free(p);
+    model_free(m);
+}
+END_TEST
+
+/* Sequences with two adapters and none share one ragged batch: each sequence's logits are those
+ * it has alone, bit for bit (the gather gives other sequences' tokens exact zeros). */
+START_TEST(lora_mixed_batch_is_invariant)
+{
+    struct lorafix fxs[2] = {lorafix_default(), lorafix_default()};
+    fxs[1].seed = 11;
+    fxs[1].rank = 4;
+    fxs[1].targets = 1u << LORA_Q | 1u << LORA_V | 1u << LORA_DOWN;
+    char dir[] = "/tmp/quern-lora-XXXXXX";
+    struct model *m;
+    struct qerr err = {0};
+    ck_assert_msg(load_with_loras(dir, fxs, 2, 1.0f, &m, &err) == 0, "%s", err.msg);
+    size_t nx, no;
+    int32_t *x = tm_case_ids(0, "prompt_ids", &nx), *other = tm_case_ids(1, "prompt_ids", &no);
+    enum { N_SEQS = 7 };
+    struct model_batch b = *tu_ragged_batch(x, (int)nx, 0, N_SEQS, other, (int)no);
+    int32_t seq_lora[N_SEQS] = {1, 0, 2, 1, 0, 2, 1};
+    b.seq_lora = seq_lora;
+    int vocab = model_get_config(m)->vocab;
+    float *logits = malloc((size_t)N_SEQS * (size_t)vocab * sizeof *logits);
+    ck_assert_msg(model_forward(m, &b, logits, &err) == 0, "%s", err.msg);
+    for (int s = 0; s < N_SEQS; s++) {
+        int32_t alone[64];
+        int len = s == 0 ? (int)nx : 3 + (s * 7) % 29;
+        for (int q = 0; q < len; q++) alone[q] = s == 0 ? x[q] : other[(s * 13 + q) % (int)no];
+        float *want;
+        ck_assert_msg(
+            generate_all_logits_lora(m, alone, (size_t)len, 37, seq_lora[s], &want, &err) == 0,
+            "%s", err.msg);
+        size_t at;
+        ck_assert_msg(!tu_bits_differ(logits + (size_t)s * (size_t)vocab,
+                                      want + (size_t)(len - 1) * (size_t)vocab, (size_t)vocab, &at),
+                      "sequence %d (adapter %d): logit %zu differs in the batch", s, seq_lora[s],
+                      at);
+        free(want);
+    }
+    int32_t bad[N_SEQS] = {3};
+    b.seq_lora = bad;
+    ck_assert_int_eq(model_forward(m, &b, logits, &err), QERR_INVALID);
+    free(logits);
+    free(x);
+    free(other);
+    model_free(m);
+}
+END_TEST
+
+/* Files that are not adapters for this model are refused with a message that says why. */
+START_TEST(lora_bad_files_refused)
+{
+    static const struct {
+        enum lorafix_break brk;
+        const char *arch, *type, *says;
+    } bad[] = {
+        {LORAFIX_NO_B, NULL, NULL, "has lora_a but no lora_b"},
+        {LORAFIX_BAD_RANK, NULL, NULL, "another model?"},
+        {LORAFIX_WRONG_IN, NULL, NULL, "another model?"},
+        {LORAFIX_OUTPUT, NULL, NULL, "LoRA of 'output' is not supported"},
+        {LORAFIX_OK, "qwen2", NULL, "for architecture 'qwen2', but the model is 'llama'"},
+        {LORAFIX_OK, NULL, "model", "not a LoRA adapter"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct lorafix fx = lorafix_default();
+        fx.targets = 1u << LORA_Q | 1u << LORA_K;
+        fx.brk = bad[i].brk;
+        fx.arch = bad[i].arch;
+        fx.general_type = bad[i].type;
+        char dir[] = "/tmp/quern-lora-XXXXXX";
+        struct model *m = NULL;
+        struct qerr err = {0};
+        ck_assert_int_ne(load_with_loras(dir, &fx, 1, 1.0f, &m, &err), 0);
+        ck_assert_ptr_null(m);
+        ck_assert_msg(strstr(err.msg, bad[i].says), "case %zu: \"%s\" does not say \"%s\"", i,
+                      err.msg, bad[i].says);
+    }
+    struct model_opts mo = {.max_batch_tokens = 64,
+                            .max_logits = 8,
+                            .kv_blocks = 8,
+                            .kv_block_size = 16,
+                            .tp = 2,
+                            .loras = &(struct lora_spec){.path = "/nonexistent.gguf", .scale = 1},
+                            .n_loras = 1};
+    struct model *m = NULL;
+    struct qerr err = {0};
+    ck_assert_int_eq(model_load(file, be, &mo, &m, &err), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "tensor parallelism"), "%s", err.msg);
+    mo.tp = 1;
+    ck_assert_int_eq(model_load(file, be, &mo, &m, &err), QERR_IO);
+    ck_assert_msg(strstr(err.msg, "/nonexistent.gguf"), "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -1071,6 +1238,17 @@ int main(void)
             cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases")));
     if (arch_golden) tcase_add_test(qt, qwen2_zero_bias_is_llama);
     suite_add_tcase(s, qt);
+    lora_golden = golden_beside("smollm2-lora.json");
+    TCase *lt = tcase_create("lora");
+    tcase_set_timeout(lt, 300);
+    tcase_add_checked_fixture(lt, setup, teardown);
+    if (lora_golden)
+        tcase_add_loop_test(
+            lt, lora_matches_reference, 0,
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lora_golden, "cases")));
+    tcase_add_test(lt, lora_mixed_batch_is_invariant);
+    tcase_add_test(lt, lora_bad_files_refused);
+    suite_add_tcase(s, lt);
     TCase *nf = tcase_create("nonfinite");
     tcase_set_timeout(nf, 120);
     tcase_add_checked_fixture(nf, open_file, close_file);

@@ -81,8 +81,8 @@ static float *case_logits(const struct tm_run *r, const cJSON *c, int chunk, siz
     memcpy(seq + np, g, ng * sizeof *seq);
     float *logits = NULL;
     struct qerr err = {0};
-    ck_assert_msg(generate_all_logits(r->m, seq, np + ng, chunk, &logits, &err) == 0, "%s",
-                  err.msg);
+    ck_assert_msg(generate_all_logits_lora(r->m, seq, np + ng, chunk, r->lora, &logits, &err) == 0,
+                  "%s", err.msg);
     check_status(r);
     *n = np + ng;
     free(seq);
@@ -182,7 +182,7 @@ void tm_check_case_greedy(const struct tm_run *r, const cJSON *c)
     int32_t *g = tm_ids(c, "greedy_ids", &ng);
     const cJSON *gaps = cJSON_GetObjectItemCaseSensitive(c, "top2_gap");
     struct collect col = {.out = calloc(ng ? ng : 1, sizeof(int32_t)), .cap = (int)ng};
-    struct gen_opts o = {.n_predict = (int)ng, .prefill_chunk = 29};
+    struct gen_opts o = {.n_predict = (int)ng, .prefill_chunk = 29, .lora = r->lora};
     sample_params_default(&o.sample);
     o.sample.temperature = 0;
     struct qerr err = {0};

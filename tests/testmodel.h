@@ -30,6 +30,7 @@ struct tm_run {
     struct backend *be;
     int (*status)(struct backend *be, struct qerr *err);
     const char *label; /* in messages: "quern", "cuda fp16 KV" */
+    int lora;          /* model_batch.seq_lora of its sequences: 0 none, 1 + an adapter index */
 };
 
 /* Golden case i's top logits within tol relative (|got - ref| / max(|ref|, 1)) over its prompt and
