@@ -639,6 +639,7 @@ static int run_step(struct engine *e)
     int n = sched_step_plan(e);
     if (n <= 0) return 0;
     struct step_plan *p = &e->plan;
+    for (int i = 0; i < p->n_seqs; i++) p->seq_lora[i] = p->seqs[i]->lora;
     struct model_batch b = {.n_tokens = p->n_tokens,
                             .tokens = p->tokens,
                             .pos = p->pos,
@@ -653,7 +654,8 @@ static int run_step(struct engine *e)
                             .hidden_idx = p->hidden_idx,
                             .hidden = e->hidden,
                             .n_kv_copies = p->n_copies,
-                            .kv_copies = p->copies};
+                            .kv_copies = p->copies,
+                            .seq_lora = p->seq_lora};
     struct qerr err = {0};
     double t_forward = engine_now();
     grammar_step_begin(e, &b); /* the masks are computed while the forward runs */
@@ -911,7 +913,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                             .tp_backends = o->tp_backends,
                             .tp_comms = o->tp_comms,
                             .rope_freq_base = o->rope_freq_base,
-                            .rope_scale = o->rope_scale};
+                            .rope_scale = o->rope_scale,
+                            .loras = o->loras,
+                            .n_loras = o->n_loras};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_mutex_init(&e->gvocab_mu, NULL);
@@ -953,6 +957,8 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
         struct model_opts dmo = mo;
         dmo.max_logits = o->max_seqs < 16 ? o->max_seqs : 16;
         dmo.rope_freq_base = dmo.rope_scale = 0; /* the draft's own file says */
+        dmo.loras = NULL;                        /* drafts come from the plain draft model */
+        dmo.n_loras = 0;
         if ((rc = spec_model_create(o->draft_file, tok, be, &dmo, &e->draft, err))) goto fail;
         spec_model_time_into(e->draft, &e->draft_cost);
         e->draft_prior = spec_model_cost_prior(o->draft_file, f);
@@ -1026,6 +1032,8 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->plp_next = 1;
     s->pooling = r->pooling;
     s->priority = r->priority;
+    s->lora = r->lora;
+    s->last_key = seq_root_key(s);
     if (r->grammar) {
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
@@ -1084,6 +1092,9 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
     if (r->n_prompt == 0) return qerr_set(err, QERR_INVALID, "prompt: must have at least 1 token");
     if (r->max_tokens < 0)
         return qerr_set(err, QERR_INVALID, "max_tokens: %d is negative", r->max_tokens);
+    if (r->lora < 0 || r->lora > model_lora_count(e->model))
+        return qerr_set(err, QERR_INVALID, "lora: adapter %d of %d", r->lora - 1,
+                        model_lora_count(e->model));
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab)
             return qerr_set(err, QERR_INVALID, "prompt: token id %d is not in [0, %d)",

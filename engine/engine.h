@@ -90,6 +90,10 @@ struct engine_opts {
      * target's vocabulary. It runs on the engine's backend, its K/V in the same pool blocks as
      * the target's: kv_mem then pays for both (docs/speculation.md). Not with tp > 1. */
     const struct gguf_file *draft_file;
+    /* LoRA adapters loaded with the model (model_opts.loras; not with tp > 1): a request picks
+     * one by gen_request.lora. The specs are read while engine_create runs. */
+    const struct lora_spec *loras;
+    int n_loras;
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -191,6 +195,9 @@ struct gen_request {
      * (ENGINE_MAX_GROUP - 1 of them), so that under overload a request of n choices is
      * admitted whenever one of a single choice would be, not only when n places are free. */
     bool joins_group;
+    /* 1 + the index of the LoRA adapter (engine_opts.loras) the request runs with; 0: none.
+     * Its prompt shares cached K/V only with requests of the same adapter. */
+    int lora;
 };
 
 struct token_logprob {

@@ -24,7 +24,7 @@ static int check_seq(const struct engine *e, const struct seq *s, struct qerr *e
         return qerr_set(err, QERR_INVALID,
                         "request %llu: draft model K/V for %d positions, %d computed",
                         (unsigned long long)s->id, s->draft_computed, s->n_computed);
-    uint64_t chain = 0;
+    uint64_t chain = seq_root_key(s);
     for (int j = 0; j < s->n_blocks; j++) {
         bool full = (j + 1) * bs <= s->n_computed;
         if (full) chain = kv_block_key(chain, s->tokens + (size_t)j * (size_t)bs, bs);

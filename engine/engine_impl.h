@@ -35,6 +35,7 @@ struct seq {
     struct request *req;
     uint64_t order;  /* admission order: the newest running sequence is preempted first */
     int priority;    /* gen_request.priority */
+    int lora;        /* gen_request.lora: 1 + the adapter's index, 0: none */
     int preemptions; /* times preempted */
     int32_t *tokens; /* prompt then generated; the last one may not be computed yet */
     int n_tokens, cap_tokens, n_prompt;
@@ -42,7 +43,7 @@ struct seq {
     int *blocks;
     int n_blocks, cap_blocks;
     int n_keyed;       /* leading full blocks registered in (or found in) the prefix cache */
-    uint64_t last_key; /* key of block n_keyed - 1, 0 when none */
+    uint64_t last_key; /* key of block n_keyed - 1, seq_root_key when none */
     /* copy_len > 0: the first copy_len tokens of its last block are to be copied from cached
      * block copy_src in the step that admits it (engine_opts.prefix_partial) */
     int copy_src, copy_len;
@@ -98,12 +99,20 @@ struct seq {
     int pool_n;
 };
 
+/* The key a sequence's chain of cached-prefix keys starts from: 0 without an adapter, a value of
+ * its own for each LoRA adapter, whose K/V differ from the base model's for the same tokens. */
+static inline uint64_t seq_root_key(const struct seq *s)
+{
+    return s->lora ? 0x9e3779b97f4a7c15ull * (uint64_t)s->lora : 0;
+}
+
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
 struct step_plan {
     int n_tokens;
     int32_t *tokens, *pos, *seq_idx, *slot; /* [max_batch_tokens] */
     int n_seqs;
     struct seq **seqs;  /* [max_seqs] sequences in this step */
+    int32_t *seq_lora;  /* [max_seqs] their LoRA adapters (model_batch.seq_lora) */
     int *chunk;         /* [max_seqs] tokens each runs */
     bool *wants_logits; /* [max_seqs] chunk ends at the sequence's last token */
     int32_t *logit_idx; /* [logit_rows] */

@@ -470,8 +470,8 @@ static void drop_all_file_pages(const struct gguf_file *f, const struct model *m
 
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of the [rows][cols] tensor `name`: this rank's
  * shard. Rows are a window on the file; columns are copied into *own (freed with the model), and
- * so are the rows when neox_hd is a head size (rope_neox: each head's rows in model_neox_row's order,
- * r0 and nr whole heads). */
+ * so are the rows when neox_hd is a head size (rope_neox: each head's rows in model_neox_row's
+ * order, r0 and nr whole heads). */
 static int load_weight_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t cols, int64_t rows, int64_t r0, int64_t nr, int64_t c0,
                             int64_t nc, int neox_hd, struct bweight *w, void **own,
@@ -518,7 +518,8 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
 }
 
 /* Elements [off, off + n) of the vector `name` of n_all elements, on the device (a rank's share
- * of a bias); with neox_hd each head's elements in model_neox_row's order, as load_weight_part's rows. */
+ * of a bias); with neox_hd each head's elements in model_neox_row's order, as load_weight_part's
+ * rows. */
 static int load_vector_part(struct model *m, const struct gguf_file *f, const char *name,
                             int64_t n_all, int64_t off, int64_t n, int neox_hd, const float **out,
                             struct qerr *err)

@@ -44,6 +44,7 @@ int sched_plan_init(struct step_plan *p, const struct engine_opts *o, struct qer
     p->seq_idx = malloc(T * sizeof *p->seq_idx);
     p->slot = malloc(T * sizeof *p->slot);
     p->seqs = malloc(S * sizeof *p->seqs);
+    p->seq_lora = malloc(S * sizeof *p->seq_lora);
     p->chunk = malloc(S * sizeof *p->chunk);
     p->wants_logits = malloc(S * sizeof *p->wants_logits);
     p->logit_idx = malloc(L * sizeof *p->logit_idx);
@@ -76,6 +77,7 @@ void sched_plan_free(struct step_plan *p)
     free(p->slot);
     free(p->seqs);
     free(p->chunk);
+    free(p->seq_lora);
     free(p->wants_logits);
     free(p->logit_idx);
     free(p->logit_row);
@@ -99,7 +101,7 @@ void sched_release_blocks(struct engine *e, struct seq *s)
     s->n_blocks = 0;
     s->n_computed = 0;
     s->n_keyed = 0;
-    s->last_key = 0;
+    s->last_key = seq_root_key(s);
     s->draft_computed = 0;
     if (s->copy_len > 0) kv_block_release(e->pool, s->copy_src);
     s->copy_len = 0;

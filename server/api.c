@@ -79,8 +79,11 @@ static void json_reply(struct http_resp *out, int status, char *body)
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     (void)rq;
+    const char *loras[CLI_MAX_LORAS];
+    for (int i = 0; i < s->o->lora.n; i++) loras[i] = s->o->lora.names[i];
     json_reply(out, 200,
-               oai_write_models(s->o->served_names, s->o->n_served_names, s->started, s->ctx_len));
+               oai_write_models(s->o->served_names, s->o->n_served_names, loras, s->o->lora.n,
+                                s->started, s->ctx_len));
 }
 
 /* The served name equal to model, or NULL. */
@@ -97,25 +100,41 @@ static int model_not_found(const char *model, struct oai_error *e)
                          "The model `%.200s` does not exist (see GET /v1/models)", model);
 }
 
+/* The LoRA adapter named model: 1 + its index, else 0. */
+static int lora_of(const struct serve *s, const char *model)
+{
+    for (int i = 0; i < s->o->lora.n; i++)
+        if (!strcmp(s->o->lora.names[i], model)) return i + 1;
+    return 0;
+}
+
 void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     const char *id = rq->path + strlen(API_MODELS_PREFIX);
     const char *name = served_name_of(s, id);
+    int lora = name ? 0 : lora_of(s, id);
+    if (lora) {
+        const char *ln = s->o->lora.names[lora - 1];
+        json_reply(out, 200, oai_write_model(ln, ln, s->o->served_name, s->started, s->ctx_len));
+        return;
+    }
     if (!name) {
         struct oai_error e = {0};
         model_not_found(id, &e);
         api_error(&e, rq->log, out);
         return;
     }
-    json_reply(out, 200, oai_write_model(name, s->o->served_name, s->started, s->ctx_len));
+    json_reply(out, 200, oai_write_model(name, s->o->served_name, NULL, s->started, s->ctx_len));
 }
 
-int api_model_check(const struct serve *s, const char *model, const char **name,
+int api_model_check(const struct serve *s, const char *model, const char **name, int *lora,
                     struct oai_error *e)
 {
     *name = s->o->served_name;
+    *lora = 0;
     if (!model) return 0;
     const char *found = served_name_of(s, model);
+    if (!found && (*lora = lora_of(s, model))) found = s->o->lora.names[*lora - 1];
     if (!found) return model_not_found(model, e);
     *name = found;
     return 0;

@@ -46,10 +46,11 @@ int api_parse(enum oai_kind kind, const struct http_req *rq, struct oai_request 
               struct http_resp *out);
 
 /* Shared by api.c and api_generate.c. */
-/* A request's "model" (NULL: not given) against the served names: *name is the served name it
- * matched (server-owned, for the response), or the first one when none was given; another name
- * is a 404 model_not_found, as OpenAI and vLLM answer. */
-int api_model_check(const struct serve *s, const char *model, const char **name,
+/* A request's "model" (NULL: not given) against the served names and the LoRA adapters' (--lora):
+ * *name is the name it matched (server-owned, for the response), or the first served name when
+ * none was given; *lora is 1 + the adapter's index (gen_request.lora), else 0. Another name is a
+ * 404 model_not_found, as OpenAI and vLLM answer. */
+int api_model_check(const struct serve *s, const char *model, const char **name, int *lora,
                     struct oai_error *e);
 /* False (with a 503 in out) unless the model is loaded and the server is not draining. */
 bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);

@@ -26,6 +26,7 @@ struct embed_job {
     int dim;
     size_t next, done; /* submitted; finished (in input order) */
     int priority;      /* the request's, for each input */
+    int lora;          /* its LoRA adapter (gen_request.lora) */
 };
 
 static void job_free(struct embed_job *j)
@@ -84,7 +85,8 @@ static int submit_next(struct embed_job *j, struct oai_error *e)
                              .max_tokens = 0,
                              .top_logprobs = -1,
                              .pooling = s->o->pooling,
-                             .priority = j->priority};
+                             .priority = j->priority,
+                             .lora = j->lora};
     sample_params_default(&gr.sample);
     struct qerr q = {0};
     if (serve_submit(s, &gr, &j->reqs[i], &q) == 0) {
@@ -169,7 +171,7 @@ void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp
     if (api_parse(OAI_EMBEDDING, rq, &r, out)) return;
     const char *model;
     struct embed_job j = {.s = s, .rq = rq, .n = r.n_prompts, .priority = r.priority};
-    int rc = api_model_check(s, r.model, &model, &e);
+    int rc = api_model_check(s, r.model, &model, &j.lora, &e);
     if (!rc) rc = run(&j, &r, model, out, &e);
     if (rc == QERR_IO) {
         rq->log->disconnected = true;

@@ -638,7 +638,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
 {
     const char *nomem = "out of memory";
     const char *model;
-    int rc = api_model_check(s, r->model, &model, e);
+    int lora;
+    int rc = api_model_check(s, r->model, &model, &lora, e);
     if (rc) return rc;
     int n_prompts = r->kind == OAI_COMPLETION ? (int)r->n_prompts : 1;
     struct gen *g = calloc(1, sizeof *g);
@@ -742,6 +743,7 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .include_stop_str = r->include_stop_str,
                                      .no_spec = r->no_spec,
                                      .priority = r->priority,
+                                     .lora = lora,
                                      .allowed = r->allowed,
                                      .n_allowed = r->n_allowed,
                                      .bad_ids = g->bad_ids,

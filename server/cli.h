@@ -170,4 +170,35 @@ int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_te
  * does not run, refused rather than ignored. NULL, or what is wrong. */
 const char *cli_template_kwargs(const char *json, bool *no_thinking);
 
+/* --lora [NAME=]FILE and --lora-scaled [NAME=]FILE SCALE (llama.cpp's flags; repeatable): LoRA
+ * adapters (engine/lora.h) loaded with the model, named NAME or the file's base name. */
+#include "../engine/lora.h"
+#define CLI_MAX_LORAS 8
+struct cli_loras {
+    struct lora_spec specs[CLI_MAX_LORAS];
+    char names[CLI_MAX_LORAS][LORA_NAME_MAX];
+    int n;
+};
+enum { CLI_O_LORA = 0x4030, CLI_O_LORA_SCALED };
+#define CLI_LORA_OPTIONS                                                                           \
+    {"lora", required_argument, 0, CLI_O_LORA},                                                    \
+    {                                                                                              \
+        "lora-scaled", required_argument, 0, CLI_O_LORA_SCALED                                     \
+    }
+/* Takes getopt's option `code` with its argument when it is one of CLI_LORA_OPTIONS: 1, or -1
+ * after a one-line error naming prog (a usage error); 0 when it is not one of them.
+ * --lora-scaled takes its SCALE from argv[*optind], which it moves past. */
+int cli_lora_arg(const char *prog, int code, char *text, int argc, char **argv, int *optind,
+                 struct cli_loras *l);
+/* l's specs, their names pointing into l (where it now lives) */
+static inline const struct lora_spec *cli_lora_specs(struct cli_loras *l)
+{
+    for (int i = 0; i < l->n; i++) l->specs[i].name = l->names[i];
+    return l->specs;
+}
+#define CLI_LORA_HELP                                                                              \
+    "  --lora [NAME=]FILE  a LoRA adapter (GGUF, as llama.cpp's convert_lora_to_gguf.py\n"         \
+    "                    writes it), named NAME or the file's base name (repeatable)\n"            \
+    "  --lora-scaled [NAME=]FILE SCALE  the same, its effect scaled by SCALE\n"
+
 #endif

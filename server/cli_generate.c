@@ -36,7 +36,8 @@ static void generate_usage(FILE *out)
         "  --ignore-eos      keep generating past end-of-generation tokens\n"
         "  --no-stats        do not print timings to stderr\n"
         "  --trace FILE      write each forward as a step, and the run, as a Chrome trace\n"
-        "                    (docs/profiling.md; plain decoding: not with --spec)\n" CLI_SPEC_HELP);
+        "                    (docs/profiling.md; plain decoding: not with --spec)\n" CLI_SPEC_HELP
+            CLI_LORA_HELP);
 }
 
 struct gen_state {
@@ -71,6 +72,7 @@ static bool on_token(void *ctx, int32_t token, const float *logits)
 }
 
 struct gen_args {
+    struct cli_loras lora; /* --lora: at most one here */
     const char *model, *prompt, *system;
     const char *chat_template; /* --chat-template (implies --chat) */
     const char *trace_path;    /* --trace */
@@ -115,6 +117,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
                                          {"no-stats", no_argument, 0, O_NOSTATS},
                                          CLI_BACKEND_OPTIONS,
                                          CLI_SPEC_OPTIONS,
+                                         CLI_LORA_OPTIONS,
                                          {"help", no_argument, 0, 'h'},
                                          {"trace", required_argument, 0, O_TRACE},
                                          {"chat-template", required_argument, 0, O_CHATTMPL},
@@ -199,6 +202,7 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         default: {
             int took = cli_backend_arg("generate", c, optarg, &a->be);
             if (!took) took = cli_spec_arg("generate", c, optarg, &a->spec);
+            if (!took) took = cli_lora_arg("generate", c, optarg, argc, argv, &optind, &a->lora);
             if (took > 0) break;
             if (!took) generate_usage(stderr);
             return EXIT_USAGE;
@@ -207,6 +211,10 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
     }
     if (optind < argc) {
         fprintf(stderr, "quern generate: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (a->lora.n > 1) {
+        fprintf(stderr, "quern generate: one --lora at a time (serve takes several)\n");
         return EXIT_USAGE;
     }
     if (!a->prompt) {
@@ -308,7 +316,9 @@ int cli_generate(int argc, char **argv)
                             .kv_block_size = bs,
                             .tp = grp.n,
                             .tp_backends = grp.be,
-                            .tp_comms = grp.comm};
+                            .tp_comms = grp.comm,
+                            .loras = cli_lora_specs(&a.lora),
+                            .n_loras = a.lora.n};
     cli_knobs_model(&a.be.knobs, &mo);
     if (a.trace_path &&
         ((rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, &err)) ||
@@ -320,6 +330,8 @@ int cli_generate(int argc, char **argv)
         struct model_opts dmo = mo;
         dmo.max_logits = 1;
         dmo.rope_freq_base = dmo.rope_scale = 0; /* the draft's own file says */
+        dmo.loras = NULL;
+        dmo.n_loras = 0;
         if ((rc = spec_model_create(a.spec.draft_file, tok, grp.be[0], &dmo, &dm, &err))) {
             qerr_wrap(&err, "--draft-model %s", a.spec.draft_model);
             goto out;
@@ -338,7 +350,8 @@ int cli_generate(int argc, char **argv)
                           .spec_k = spec_k,
                           .spec_stats = &ss,
                           .draft = dm,
-                          .spec_policy = a.spec.policy};
+                          .spec_policy = a.spec.policy,
+                          .lora = a.lora.n};
     if (dm) go.draft_prior = spec_model_cost_prior(a.spec.draft_file, f);
     if (!a.chat) fputs(a.prompt, stdout);
     rc = generate_run(m, ids, n_ids, &go, on_token, &g, &err);

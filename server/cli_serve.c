@@ -84,7 +84,9 @@ static void serve_usage(FILE *out)
         "                           <|im_end|> (default: content is plain text; llama.cpp\n"
         "                           and vLLM parse them)\n"
         "  --no-webui               serve no web page at / (default: the chat playground and\n"
-        "                           engine view, http://HOST:PORT/)\n" CLI_SPEC_HELP);
+        "                           engine view, http://HOST:PORT/)\n" CLI_SPEC_HELP CLI_LORA_HELP
+        "                    a request runs with an adapter when its \"model\" names it\n"
+        "                    (GET /v1/models lists them)\n");
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -193,6 +195,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"mask-mode", required_argument, 0, O_MASK},
         CLI_BACKEND_OPTIONS,
         CLI_SPEC_OPTIONS,
+        CLI_LORA_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (struct serve_opts){.host = "127.0.0.1",
@@ -334,6 +337,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         default: {
             int took = cli_backend_arg("serve", c, optarg, &o->be);
             if (!took) took = cli_spec_arg("serve", c, optarg, &o->spec);
+            if (!took) took = cli_lora_arg("serve", c, optarg, argc, argv, &optind, &o->lora);
             if (took > 0) break;
             if (!took) serve_usage(stderr);
             return EXIT_USAGE;
@@ -405,6 +409,8 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     eo.spec_policy = o->spec.policy;
     if (o->spec.history_set) eo.spec_history = o->spec.history;
     eo.mask_mode = o->mask_mode;
+    eo.loras = o->lora.specs; /* named by cli_lora_specs in cli_serve */
+    eo.n_loras = o->lora.n;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;
@@ -598,6 +604,14 @@ int cli_serve(int argc, char **argv)
     if (o.n_served_names == 0)
         o.served_names[o.n_served_names++] = basename_of(o.model_path, name, sizeof name);
     o.served_name = o.served_names[0];
+    cli_lora_specs(&o.lora);
+    for (int i = 0; i < o.lora.n; i++)
+        for (int j = 0; j < o.n_served_names; j++)
+            if (!strcmp(o.lora.names[i], o.served_names[j])) {
+                fprintf(stderr, "quern serve: LoRA adapter '%s' has the model's name\n",
+                        o.served_names[j]);
+                return EXIT_USAGE;
+            }
 
     sigset_t set;
     sigemptyset(&set);

@@ -211,3 +211,53 @@ const char *cli_template_kwargs(const char *json, bool *no_thinking)
     cJSON_Delete(j);
     return bad;
 }
+
+int cli_lora_arg(const char *prog, int code, char *text, int argc, char **argv, int *optind,
+                 struct cli_loras *l)
+{
+    if (code != CLI_O_LORA && code != CLI_O_LORA_SCALED) return 0;
+    const char *opt = code == CLI_O_LORA ? "--lora" : "--lora-scaled";
+    double scale = 1.0;
+    if (code == CLI_O_LORA_SCALED) {
+        if (*optind >= argc || !cli_parse_float(argv[*optind], -1e6, 1e6, &scale)) {
+            fprintf(stderr, "quern %s: --lora-scaled wants a file and a scale (-1e6..1e6)\n", prog);
+            return -1;
+        }
+        (*optind)++;
+    }
+    if (l->n == CLI_MAX_LORAS) {
+        fprintf(stderr, "quern %s: %s: at most %d adapters\n", prog, opt, CLI_MAX_LORAS);
+        return -1;
+    }
+    /* NAME=FILE where NAME has no '/': a path may hold '=' in a directory's name */
+    char *eq = strchr(text, '='), *slash = strchr(text, '/');
+    const char *path = text, *name = NULL;
+    size_t name_len = 0;
+    if (eq && (!slash || eq < slash)) {
+        name = text;
+        name_len = (size_t)(eq - text);
+        path = eq + 1;
+    } else {
+        const char *base = strrchr(text, '/');
+        name = base ? base + 1 : text;
+        name_len = strlen(name);
+        if (name_len > 5 && !strcmp(name + name_len - 5, ".gguf")) name_len -= 5;
+    }
+    if (!*path || name_len == 0 || name_len >= LORA_NAME_MAX) {
+        fprintf(stderr, "quern %s: %s '%s': wants [NAME=]FILE, NAME 1..%d bytes\n", prog, opt, text,
+                LORA_NAME_MAX - 1);
+        return -1;
+    }
+    memcpy(l->names[l->n], name, name_len);
+    l->names[l->n][name_len] = 0;
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->names[i], l->names[l->n])) {
+            fprintf(stderr, "quern %s: %s: two adapters named '%s' (name them: NAME=FILE)\n", prog,
+                    opt, l->names[i]);
+            return -1;
+        }
+    l->specs[l->n] =
+        (struct lora_spec){.path = path, .name = l->names[l->n], .scale = (float)scale};
+    l->n++;
+    return 1;
+}

@@ -315,8 +315,11 @@ char *oai_write_error_chunk(const struct oai_error *e);
 char *oai_write_embeddings(const float *const *vecs, size_t n, int dim, bool base64,
                            const char *model, int prompt_tokens);
 
-char *oai_write_models(const char *const *names, int n, long long created, int ctx_len);
-char *oai_write_model(const char *name, const char *root, long long created, int ctx_len);
+/* GET /v1/models: the served names, then the LoRA adapters (their "parent" the first name). */
+char *oai_write_models(const char *const *names, int n, const char *const *loras, int n_loras,
+                       long long created, int ctx_len);
+char *oai_write_model(const char *name, const char *root, const char *parent, long long created,
+                      int ctx_len);
 char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len);
 char *oai_write_detokenized(const char *text, size_t len);
 

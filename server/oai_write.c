@@ -457,8 +457,10 @@ fail:
     return NULL;
 }
 
-/* One model card; "id" first (tools/loadtest.sh reads it with a regex). */
-static cJSON *model_card(const char *name, const char *root, long long created, int ctx_len)
+/* One model card; "id" first (tools/loadtest.sh reads it with a regex). parent: the base model
+ * of a LoRA adapter (vLLM's card), NULL for the model itself. */
+static cJSON *model_card(const char *name, const char *root, const char *parent, long long created,
+                         int ctx_len)
 {
     cJSON *mo = cJSON_CreateObject();
     if (!mo) return NULL;
@@ -467,13 +469,18 @@ static cJSON *model_card(const char *name, const char *root, long long created, 
     cJSON_AddNumberToObject(mo, "created", (double)created);
     cJSON_AddStringToObject(mo, "owned_by", "quern");
     cJSON_AddStringToObject(mo, "root", root);
+    if (parent)
+        cJSON_AddStringToObject(mo, "parent", parent);
+    else
+        cJSON_AddNullToObject(mo, "parent");
     cJSON_AddNumberToObject(mo, "max_model_len", ctx_len);
     /* the name llama.cpp and LM Studio clients read */
     cJSON_AddNumberToObject(mo, "context_length", ctx_len);
     return mo;
 }
 
-char *oai_write_models(const char *const *names, int n, long long created, int ctx_len)
+char *oai_write_models(const char *const *names, int n, const char *const *loras, int n_loras,
+                       long long created, int ctx_len)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
@@ -482,8 +489,9 @@ char *oai_write_models(const char *const *names, int n, long long created, int c
         cJSON_Delete(o);
         return NULL;
     }
-    for (int i = 0; i < n; i++) {
-        cJSON *mo = model_card(names[i], names[0], created, ctx_len);
+    for (int i = 0; i < n + n_loras; i++) {
+        cJSON *mo = i < n ? model_card(names[i], names[0], NULL, created, ctx_len)
+                          : model_card(loras[i - n], loras[i - n], names[0], created, ctx_len);
         if (!mo) {
             cJSON_Delete(o);
             return NULL;
@@ -493,9 +501,10 @@ char *oai_write_models(const char *const *names, int n, long long created, int c
     return print_free(o);
 }
 
-char *oai_write_model(const char *name, const char *root, long long created, int ctx_len)
+char *oai_write_model(const char *name, const char *root, const char *parent, long long created,
+                      int ctx_len)
 {
-    return print_free(model_card(name, root, created, ctx_len));
+    return print_free(model_card(name, root, parent, created, ctx_len));
 }
 
 char *oai_write_tokens(const int32_t *ids, size_t n, int ctx_len)

@@ -54,6 +54,7 @@ struct serve_opts {
     struct cli_spec spec;            /* --spec, --spec-k */
     bool no_webui;                   /* --no-webui: no page at / (server/webui.h) */
     enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
+    struct cli_loras lora;           /* --lora, --lora-scaled: a request names one as its model */
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };

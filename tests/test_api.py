@@ -654,6 +654,79 @@ def test_qwen3_thinking(_d):
         test_http.check_sanitizers(d)
 
 
+def test_lora(_d):
+    """--lora: adapters a request names as its model (vLLM's way), listed by /v1/models with
+    their parent. The golden adapter (tests/lorafix.h, written by make_lora) at scale 0.75 gives
+    llama.cpp's greedy text (tests/golden/smollm2-lora.json) after the same prompt ran without
+    it, so cached prompt K/V never cross between the model and an adapter; the model's own text
+    is unchanged after and beside it; an unknown name is still a 404."""
+    make = os.environ.get("QUERN_MAKE_LORA")
+    if not make:
+        print("skip test_lora: QUERN_MAKE_LORA not set")
+        return
+    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-lora-{os.getpid()}")
+    os.makedirs(tmp, exist_ok=True)
+    gold, other = os.path.join(tmp, "gold.gguf"), os.path.join(tmp, "other.gguf")
+    subprocess.run([make, test_http.MODEL, gold], check=True)
+    subprocess.run([make, test_http.MODEL, other, "11"], check=True)
+    ref = json.load(open(os.path.join(HERE, "golden", "smollm2-lora.json")))
+    c = ref["cases"][0]
+    d = Daemon("--precision", "f32", "--lora-scaled", "gold=" + gold, str(ref["scale"]),
+               "--lora", other)
+    try:
+        st, _, body = d.request("GET", "/v1/models")
+        data = json.loads(body).get("data", [])
+        base = data[0]["id"] if data else None
+        check(st == 200 and [m["id"] for m in data][1:] == ["gold", "other"] and
+              data[0]["parent"] is None and all(m["parent"] == base for m in data[1:]),
+              "/v1/models lists the adapters after the model, their parent the model", body)
+        st, _, body = d.request("GET", "/v1/models/other")
+        check(st == 200 and json.loads(body).get("parent") == base, "GET /v1/models/{adapter}",
+              body)
+        n = len(c["greedy_ids"])
+        req = {"prompt": c["prompt_ids"], "max_tokens": n, "temperature": 0, "ignore_eos": True}
+        st, _, plain = d.post("/v1/completions", req)
+        st2, _, want = d.post("/detokenize", {"tokens": c["greedy_ids"]})
+        st3, _, got = d.post("/v1/completions", dict(req, model="gold"))
+        check(st == st2 == st3 == 200 and got["model"] == "gold" and
+              got["choices"][0]["text"] == want["prompt"] and
+              plain["choices"][0]["text"] != want["prompt"],
+              "an adapter's greedy text is llama.cpp's, after the same prompt without it",
+              f"{got} / want {want}")
+        st, _, again = d.post("/v1/completions", req)
+        check(st == 200 and again["choices"][0]["text"] == plain["choices"][0]["text"],
+              "the model's own text is unchanged after an adapter ran", str(again)[:300])
+        out = {}
+
+        def one(name):
+            out[name] = d.post("/v1/completions", dict(req, model=name))[2]
+        ts = [threading.Thread(target=one, args=(m,)) for m in ("gold", base, "other")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        check(out["gold"]["choices"][0]["text"] == want["prompt"] and
+              out[base]["choices"][0]["text"] == plain["choices"][0]["text"] and
+              out["other"]["choices"][0]["text"] not in (want["prompt"],
+                                                         plain["choices"][0]["text"]),
+              "side by side, each request gets its own adapter's text",
+              str({k: v["choices"][0]["text"][:40] for k, v in out.items()}))
+        st, _, r = d.post("/v1/chat/completions", {"model": "gold", "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "Hi"}]})
+        check(st == 200 and r["model"] == "gold", "chat names the adapter it ran", str(r)[:300])
+        st, _, r = d.post("/v1/completions", dict(req, model="gold2"))
+        check(st == 404 and r["error"]["code"] == "model_not_found", "an unknown adapter: 404",
+              str(r))
+    finally:
+        rc = d.stop()
+        d.reader.join(10)
+        check(rc == 0, "the LoRA daemon exits 0", str(rc))
+        test_http.check_sanitizers(d)
+        for p in (gold, other):
+            os.unlink(p)
+        os.rmdir(tmp)
+
+
 def main():
     if not test_http.BIN or not os.path.exists(test_http.BIN):
         print("skip: QUERN_BIN not set or missing")
@@ -668,7 +741,7 @@ def main():
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
                   test_responses, test_responses_format, test_responses_tools, test_sdk,
-                  test_reasoning, test_qwen3_thinking):
+                  test_reasoning, test_qwen3_thinking, test_lora):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()

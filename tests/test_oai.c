@@ -1604,7 +1604,8 @@ START_TEST(write_errors_and_misc)
     free(s);
 
     const char *names[] = {"smol", "alias"};
-    s = oai_write_models(names, 2, 5, 8192);
+    const char *loras[] = {"sql-lora"};
+    s = oai_write_models(names, 2, loras, 1, 5, 8192);
     j = cJSON_Parse(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "object")->valuestring, "list");
     cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
@@ -1616,10 +1617,14 @@ START_TEST(write_errors_and_misc)
     cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
     ck_assert_str_eq(cJSON_GetObjectItem(m1, "id")->valuestring, "alias");
     ck_assert_str_eq(cJSON_GetObjectItem(m1, "root")->valuestring, "smol");
-    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 2);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(m1, "parent")));
+    cJSON *m2 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 2);
+    ck_assert_str_eq(cJSON_GetObjectItem(m2, "id")->valuestring, "sql-lora");
+    ck_assert_str_eq(cJSON_GetObjectItem(m2, "parent")->valuestring, "smol");
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "data")), 3);
     cJSON_Delete(j);
     free(s);
-    s = oai_write_model("alias", "smol", 5, 100);
+    s = oai_write_model("alias", "smol", NULL, 5, 100);
     j = cJSON_Parse(s);
     ck_assert_str_eq(cJSON_GetObjectItem(j, "id")->valuestring, "alias");
     ck_assert_int_eq(cJSON_GetObjectItem(j, "context_length")->valueint, 100);
