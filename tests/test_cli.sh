@@ -114,6 +114,38 @@ else
 fi
 expect 2 "read only enable_thinking" -- generate --model "$model" --chat-template-kwargs '{"x": 1}' \
   --prompt hi
+# --lora: an adapter (tests/lorafix.h's, written by make_lora) changes the greedy answer, and at
+# scale 0 changes nothing; files that are no adapter, and bad flags, are one-line errors
+if [ -n "${QUERN_MAKE_LORA:-}" ] && "$QUERN_MAKE_LORA" "$model" "$tmp/ad.gguf"; then
+  lora_gen() { "$bin" generate --model "$model" --chat --temp 0 -n 16 --precision f32 --no-stats \
+    --prompt "What is the capital of France?" "$@" 2>/dev/null; }
+  plain=$(lora_gen)
+  adapted=$(lora_gen --lora "$tmp/ad.gguf")
+  zero=$(lora_gen --lora-scaled "$tmp/ad.gguf" 0)
+  if [ -n "$plain" ] && [ -n "$adapted" ] && [ "$plain" != "$adapted" ] && [ "$plain" = "$zero" ]; then
+    echo "ok: generate --lora changes the answer, --lora-scaled FILE 0 does not"
+  else
+    echo "FAIL: generate --lora: plain '$plain', adapted '$adapted', scale 0 '$zero'"
+    fails=$((fails + 1))
+  fi
+  expect 1 "not a LoRA adapter \\(general.type" -- generate --model "$model" --lora "$model" \
+    --prompt hi -n 1
+  expect 1 "$tmp/nope.gguf: cannot open" -- generate --model "$model" --lora "$tmp/nope.gguf" \
+    --prompt hi -n 1
+  expect 1 "with tensor parallelism \\(--tp 2\\) are not supported" -- generate --model "$model" \
+    --device cpu --tp 2 --lora "$tmp/ad.gguf" --prompt hi -n 1
+  expect 2 "one --lora at a time" -- generate --model "$model" --lora a="$tmp/ad.gguf" \
+    --lora b="$tmp/ad.gguf" --prompt hi
+  expect 2 "--lora-scaled wants a file and a scale" -- generate --model "$model" \
+    --lora-scaled "$tmp/ad.gguf" --prompt hi
+  expect 2 "two adapters named 'ad'" -- serve --model "$model" --lora "$tmp/ad.gguf" \
+    --lora "$tmp/ad.gguf"
+  expect 2 "LoRA adapter 'smol' has the model's name" -- serve --model "$model" \
+    --served-model-name smol --lora smol="$tmp/ad.gguf"
+else
+  echo "FAIL: QUERN_MAKE_LORA ('${QUERN_MAKE_LORA:-}') did not write an adapter"
+  fails=$((fails + 1))
+fi
 expect 2 "--precision 'int4' is not auto, f32 or q8" -- generate --model "$model" --precision int4 --prompt hi
 # the backend knobs a user may set (docs/ARCHITECTURE.md, "Knobs")
 expect 2 "--kv-type wants f16, f32 or q8" -- generate --model "$model" --prompt hi --kv-type f8
