@@ -78,7 +78,8 @@ static void bench_usage(FILE *out)
             "                        random tokens, which nothing matches\n"
             "  --temp T              with --requests: sample at temperature T, request i with\n"
             "                        seed i (default 0: greedy)\n"
-            "  with --requests:\n" CLI_SPEC_HELP);
+            "  with --requests:\n" CLI_SPEC_HELP CLI_LORA_HELP
+            "                    request i runs with adapter i mod (the number given)\n");
 }
 
 struct bench_args {
@@ -93,6 +94,7 @@ struct bench_args {
     bool concurrency_set; /* --concurrency given */
     struct cli_backend_args be;
     struct cli_spec spec;             /* --spec, --spec-k */
+    struct cli_loras lora;            /* --lora: request i runs with adapter i mod lora.n */
     const char *grounded;             /* --grounded FILE */
     double temp;                      /* --temp: serving runs' temperature (0: greedy) */
     int decode_batches[16], n_decode; /* --decode-batches */
@@ -148,6 +150,7 @@ static void *client_main(void *arg)
         r.pooling = c->a->embeddings ? ENGINE_POOL_MEAN : ENGINE_POOL_NONE;
         r.ignore_eos = true;
         r.top_logprobs = -1;
+        r.lora = c->a->lora.n ? (int)(i % c->a->lora.n) + 1 : 0;
         struct request *q;
         struct qerr err = {0};
         int rc = engine_submit(c->e, &r, &q, &err);
@@ -235,6 +238,8 @@ static int run_serving(const struct gguf_file *f, const struct tokenizer *tok, s
     o.tp_comms = a->grp->comm;
     o.rope_freq_base = a->be.knobs.rope_freq_base;
     o.rope_scale = a->be.knobs.rope_scale;
+    o.loras = a->lora.specs; /* named by cli_lora_specs after the arguments */
+    o.n_loras = a->lora.n;
     struct trace *tr = NULL;
     int rc =
         a->trace_path ? trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &tr, err) : 0;
@@ -710,6 +715,7 @@ int cli_bench(int argc, char **argv)
                                          {"decode-batches", required_argument, 0, O_DECODE},
                                          CLI_BACKEND_OPTIONS,
                                          CLI_SPEC_OPTIONS,
+                                         CLI_LORA_OPTIONS,
                                          {"grounded", required_argument, 0, O_GROUNDED},
                                          {"temp", required_argument, 0, O_TEMP},
                                          {"help", no_argument, 0, 'h'},
@@ -841,6 +847,7 @@ int cli_bench(int argc, char **argv)
         default: {
             int took = cli_backend_arg("bench", c, optarg, &a.be);
             if (!took) took = cli_spec_arg("bench", c, optarg, &a.spec);
+            if (!took) took = cli_lora_arg("bench", c, optarg, argc, argv, &optind, &a.lora);
             if (took > 0) continue;
             if (!took) bench_usage(stderr);
             return EXIT_USAGE;
@@ -884,11 +891,12 @@ int cli_bench(int argc, char **argv)
                         "--pp/--tg (see quern bench --help)\n");
         return EXIT_USAGE;
     }
-    if (!serving && (a.spec.mode != SPEC_OFF || a.spec.draft_model || a.grounded)) {
-        fprintf(stderr, "quern bench: --spec and --grounded apply to --requests runs\n");
+    if (!serving && (a.spec.mode != SPEC_OFF || a.spec.draft_model || a.grounded || a.lora.n)) {
+        fprintf(stderr, "quern bench: --spec, --grounded and --lora apply to --requests runs\n");
         return EXIT_USAGE;
     }
     if (!cli_spec_check("bench", &a.spec)) return EXIT_USAGE;
+    cli_lora_specs(&a.lora);
     if (a.pp < 0) a.pp = 0;
     if (a.tg < 0) a.tg = 0;
     struct qerr err = {0};
