@@ -26,6 +26,9 @@
 #define PREP_TOKENS      8  /* tokens per activation-prep task */
 #define PREP_PARALLEL    16 /* tokens from which the prep itself runs on the pool */
 #define TASKS_PER_THREAD 4
+/* Multiply-adds below which a job runs on the calling thread: waking the pool costs more than a
+ * LoRA matrix's few thousand (rank x width) for a token or a few. */
+#define INLINE_MACS (1 << 16)
 /* The fewest row groups a span's owner claims from its front, or another thread takes from its
  * back (mm_span_task) */
 #define SPAN_CLAIM_UNITS 2
@@ -310,8 +313,9 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
             chunk = fit < (size_t)n ? (int)fit : n;
         }
     }
-    int64_t all_units = 0;
+    int64_t all_units = 0, macs = 0;
     for (int i = 0; i < nw; i++) {
+        macs += ws[i]->rows * ws[i]->cols * (int64_t)n;
         j.part[i].w = ws[i];
         j.part[i].p = ws[i]->impl;
         j.part[i].units = (ws[i]->rows + QPACK_ROWS - 1) / QPACK_ROWS;
@@ -330,7 +334,8 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
                 for (int t = 0; t < prep_tasks; t++) prep_task(&j, t, 0);
         }
         for (int i = 0; i < nw; i++) j.part[i].y = ys[i] + (size_t)t0 * (size_t)ws[i]->rows;
-        if (cnt <= TOK_TILE && c->n_threads > 1) {
+        bool inline_job = macs <= INLINE_MACS || c->n_threads == 1;
+        if (cnt <= TOK_TILE && !inline_job) {
             j.n_spans = c->n_threads;
             j.span = c->spans;
             for (int i = 0; i < j.n_spans; i++)
@@ -343,7 +348,7 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
         }
         j.tok_per_task = cnt < TOK_TILE ? cnt : TOK_TILE;
         int64_t tok_tasks = (cnt + j.tok_per_task - 1) / j.tok_per_task;
-        int64_t target = c->n_threads > 1 ? (int64_t)c->n_threads * TASKS_PER_THREAD : 1;
+        int64_t target = inline_job ? 1 : (int64_t)c->n_threads * TASKS_PER_THREAD;
         int64_t upt = (all_units * tok_tasks + target - 1) / target;
         /* whole pairs of groups (KERN_PAIR_MIN_TOKENS): no task ends on a lone one */
         if (cnt >= KERN_PAIR_MIN_TOKENS && upt > 1) upt += upt & 1;
@@ -355,7 +360,10 @@ static void matmul_set(struct cpu_ctx *c, const struct bweight *const *ws, int n
             pt->first_task = tasks;
             tasks += (int)(pt->unit_tasks * tok_tasks);
         }
-        pool_run(c->pool, mm_task, &j, tasks);
+        if (inline_job && c->n_threads > 1)
+            for (int t = 0; t < tasks; t++) mm_task(&j, t, 0);
+        else
+            pool_run(c->pool, mm_task, &j, tasks);
     }
 }
 
