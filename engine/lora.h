@@ -60,9 +60,10 @@ void lora_free(struct lora_adapter *ad);
 
 /* The adapters a model runs with, on its backend (engine/lora_run.c): their matrices prepared
  * and the scratch a step needs, allocated once for max_tokens tokens. Each sequence of a batch
- * runs with one adapter or none; a token whose sequence runs without adapter j gets exactly
- * nothing from j (its row of x A^T is replaced by a zero row before B), so its result is the bits
- * it has without any adapter loaded, whatever shares the batch. */
+ * runs with one adapter or none; an adapter runs on its own tokens only (gathered into a compact
+ * batch when others share the step), and a token whose sequence runs without adapter j gets
+ * exact zeros from j, so its result is the bits it has without any adapter loaded, whatever
+ * shares the batch. */
 struct lora_run;
 
 int lora_run_create(struct backend *be, const struct model_config *cfg,

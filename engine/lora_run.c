@@ -1,26 +1,37 @@
-/* LoRA adapters on a backend: each adapted matmul of a step adds B ((x A^T) masked)^T for every
- * adapter some sequence of the step runs with.
+/* LoRA adapters on a backend: each adapted matmul of a step adds (x A^T) B^T for every adapter
+ * some sequence of the step runs with, to that adapter's tokens only.
  *
- * The mask is a gather, not a multiply, so tokens of other sequences get exact zeros: the
- * scratch t starts with max_rank zero rows ([0, max_rank * max_rank) floats, never written),
- * x A^T goes to the rows after them, and get_rows picks row max_rank + i for a token of the
- * adapter and row 0 (zeros) for any other. A zero row through B adds zeros to y, which leave
- * its values as they were (a -0.0 may become +0.0, which compares equal). */
+ * When every token of the step runs with adapter j: t = x A^T, y += t B^T (two matmuls and an
+ * add). When only some do, their rows of x are gathered into a compact batch (get_rows), run
+ * through A and B there (so an adapter costs its own tokens, not the step's), and the result is
+ * spread back with a second get_rows whose index sends every other token to a row of zeros: the
+ * scratch d starts with max_out zero floats that are never written, and the compact result is
+ * written O rows in, O = ceil(max_out / out), so row 0 of width out is zeros and token i's row is
+ * O + its place in the compact batch. Other tokens thus get exact zeros added, which leave their
+ * values as they were (a -0.0 may become +0.0, which compares equal): a sequence's result does
+ * not depend on which adapters share its batch. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "lora.h"
 
+/* the distinct output widths of the adapted matrices (q, k/v, dim, ffn) */
+#define MAX_OUTS LORA_N_TARGETS
+
 struct lora_run {
     struct backend *be;
-    int n, max_tokens, max_rank, max_out;
+    int n, max_tokens, max_rank, max_out, max_in;
     struct lora_adapter **ads;
-    float *t, *g, *y;  /* device: t [max_rank + T][max_rank], g [T][max_rank], y [T][max_out] */
-    int32_t **idx;     /* device [n][T]: each adapter's gather rows */
-    int32_t *host_idx; /* [T] */
-    /* this step: n_tokens, and per adapter whether any / every token runs with it */
+    int n_outs, outs[MAX_OUTS];
+    /* device: xc [T][max_in] compact inputs, t [T][max_rank], d [2 max_out + T max_out]
+     * (max_out zeros first), e [T][max_out] the spread result */
+    float *xc, *t, *d, *e;
+    int32_t **gather; /* device [n][T]: adapter j's tokens, in order */
+    int32_t **spread; /* device [n][n_outs][T]: each token's row of d per output width */
+    int32_t *host;    /* [T] */
+    /* this step: per adapter, how many of its tokens (0: none, n_tokens: all) */
     int n_tokens;
-    bool *any, *all;
+    int *count;
 };
 
 static int prepare_pairs(struct backend *be, struct lora_adapter *ad, struct qerr *err)
@@ -45,6 +56,56 @@ static void release_pairs(struct backend *be, struct lora_adapter *ad)
     }
 }
 
+static int out_slot(const struct lora_run *r, int out)
+{
+    for (int k = 0; k < r->n_outs; k++)
+        if (r->outs[k] == out) return k;
+    return -1;
+}
+
+/* Widths and output sizes over every adapter's pairs. */
+static void note_shapes(struct lora_run *r, const struct lora_adapter *ad)
+{
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_N_TARGETS; i++) {
+        const struct lora_pair *p = &ad->pairs[i];
+        if (!p->rank) continue;
+        int out = (int)p->b.rows, in = (int)p->a.cols;
+        if (p->rank > r->max_rank) r->max_rank = p->rank;
+        if (out > r->max_out) r->max_out = out;
+        if (in > r->max_in) r->max_in = in;
+        if (out_slot(r, out) < 0 && r->n_outs < MAX_OUTS) r->outs[r->n_outs++] = out;
+    }
+}
+
+static int alloc_scratch(struct lora_run *r, struct qerr *err)
+{
+    struct backend *be = r->be;
+    size_t T = (size_t)r->max_tokens, R = (size_t)r->max_rank, O = (size_t)r->max_out;
+    /* d: max_out zeros, then up to out - 1 floats of padding (O rows of width out), then T rows */
+    size_t bytes[4] = {T * (size_t)r->max_in * 4, T * R * 4, (2 * O + T * O) * 4, T * O * 4};
+    float **bufs[4] = {&r->xc, &r->t, &r->d, &r->e};
+    size_t total = bytes[0] + bytes[1] + bytes[2] + bytes[3];
+    bool ok = true;
+    for (int i = 0; i < 4 && ok; i++) ok = (*bufs[i] = be->ops->buf_alloc(be, bytes[i])) != NULL;
+    r->gather = calloc((size_t)r->n, sizeof *r->gather);
+    r->spread = calloc((size_t)r->n * MAX_OUTS, sizeof *r->spread);
+    ok = ok && r->gather && r->spread;
+    for (int j = 0; ok && j < r->n; j++) {
+        ok = (r->gather[j] = be->ops->buf_alloc(be, T * 4)) != NULL;
+        for (int k = 0; ok && k < r->n_outs; k++)
+            ok = (r->spread[j * MAX_OUTS + k] = be->ops->buf_alloc(be, T * 4)) != NULL;
+        total += T * 4 * (size_t)(1 + r->n_outs);
+    }
+    float *zeros = ok ? calloc(O, sizeof *zeros) : NULL;
+    if (!zeros)
+        return qerr_set(err, QERR_NOMEM,
+                        "lora: cannot allocate %.1f MiB of scratch on the %s device",
+                        (double)total / 1048576.0, be->ops->name);
+    be->ops->buf_write(be, r->d, zeros, O * sizeof *zeros);
+    free(zeros);
+    return 0;
+}
+
 int lora_run_create(struct backend *be, const struct model_config *cfg,
                     const struct lora_spec *specs, int n_specs, int max_tokens,
                     struct lora_run **out, struct qerr *err)
@@ -55,12 +116,10 @@ int lora_run_create(struct backend *be, const struct model_config *cfg,
     r->be = be;
     r->max_tokens = max_tokens;
     r->ads = calloc((size_t)n_specs, sizeof *r->ads);
-    r->idx = calloc((size_t)n_specs, sizeof *r->idx);
-    r->any = calloc((size_t)n_specs, sizeof *r->any);
-    r->all = calloc((size_t)n_specs, sizeof *r->all);
-    r->host_idx = calloc((size_t)max_tokens, sizeof *r->host_idx);
+    r->count = calloc((size_t)n_specs, sizeof *r->count);
+    r->host = calloc((size_t)max_tokens, sizeof *r->host);
     int rc = 0;
-    if (!r->ads || !r->idx || !r->any || !r->all || !r->host_idx) {
+    if (!r->ads || !r->count || !r->host) {
         rc = qerr_set(err, QERR_NOMEM, "lora: out of memory");
         goto fail;
     }
@@ -76,26 +135,9 @@ int lora_run_create(struct backend *be, const struct model_config *cfg,
                 goto fail;
             }
         if ((rc = prepare_pairs(be, ad, err))) goto fail;
-        if (ad->max_rank > r->max_rank) r->max_rank = ad->max_rank;
-        if (ad->max_out > r->max_out) r->max_out = ad->max_out;
+        note_shapes(r, ad);
     }
-    size_t T = (size_t)max_tokens, R = (size_t)r->max_rank;
-    size_t t_bytes = (R + T) * R * sizeof(float);
-    r->t = be->ops->buf_alloc(be, t_bytes);
-    r->g = be->ops->buf_alloc(be, T * R * sizeof(float));
-    r->y = be->ops->buf_alloc(be, T * (size_t)r->max_out * sizeof(float));
-    float *zeros = calloc(R * R, sizeof *zeros);
-    bool ok = r->t && r->g && r->y && zeros;
-    for (int i = 0; ok && i < r->n; i++) ok = (r->idx[i] = be->ops->buf_alloc(be, T * 4)) != NULL;
-    if (!ok) {
-        free(zeros);
-        rc = qerr_set(err, QERR_NOMEM, "lora: cannot allocate %.1f MiB of scratch on the %s device",
-                      (double)(t_bytes + T * (R + (size_t)r->max_out) * 4) / 1048576.0,
-                      be->ops->name);
-        goto fail;
-    }
-    be->ops->buf_write(be, r->t, zeros, R * R * sizeof *zeros);
-    free(zeros);
+    if ((rc = alloc_scratch(r, err))) goto fail;
     *out = r;
     return 0;
 fail:
@@ -107,19 +149,21 @@ void lora_run_free(struct lora_run *r)
 {
     if (!r) return;
     struct backend *be = r->be;
-    for (int i = 0; i < r->n; i++) {
-        release_pairs(be, r->ads[i]);
-        lora_free(r->ads[i]);
-        if (r->idx[i]) be->ops->buf_free(be, r->idx[i]);
+    for (int j = 0; j < r->n; j++) {
+        release_pairs(be, r->ads[j]);
+        lora_free(r->ads[j]);
+        if (r->gather && r->gather[j]) be->ops->buf_free(be, r->gather[j]);
+        for (int k = 0; r->spread && k < MAX_OUTS; k++)
+            if (r->spread[j * MAX_OUTS + k]) be->ops->buf_free(be, r->spread[j * MAX_OUTS + k]);
     }
-    void *bufs[] = {r->t, r->g, r->y};
+    float *bufs[] = {r->xc, r->t, r->d, r->e};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->buf_free(be, bufs[i]);
     free(r->ads);
-    free(r->idx);
-    free(r->any);
-    free(r->all);
-    free(r->host_idx);
+    free(r->gather);
+    free(r->spread);
+    free(r->count);
+    free(r->host);
     free(r);
 }
 
@@ -135,20 +179,22 @@ const struct lora_adapter *lora_run_adapter(const struct lora_run *r, int i)
 
 bool lora_run_begin(struct lora_run *r, int n, const int32_t *seq, const int32_t *seq_lora)
 {
+    struct backend *be = r->be;
     bool used = false;
     r->n_tokens = n;
     for (int j = 0; j < r->n; j++) {
-        bool any = false, all = true;
-        for (int i = 0; i < n; i++) {
-            bool mine = seq_lora && seq_lora[seq[i]] == j + 1;
-            r->host_idx[i] = mine ? r->max_rank + i : 0;
-            any |= mine;
-            all &= mine;
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (seq_lora && seq_lora[seq[i]] == j + 1) r->host[m++] = i;
+        r->count[j] = m;
+        used |= m > 0;
+        if (m == 0 || m == n) continue;
+        be->ops->buf_write(be, r->gather[j], r->host, (size_t)m * 4);
+        for (int k = 0; k < r->n_outs; k++) {
+            int o = (r->max_out + r->outs[k] - 1) / r->outs[k];
+            for (int i = 0, c = 0; i < n; i++) r->host[i] = seq_lora[seq[i]] == j + 1 ? o + c++ : 0;
+            be->ops->buf_write(be, r->spread[j * MAX_OUTS + k], r->host, (size_t)n * 4);
         }
-        r->any[j] = any;
-        r->all[j] = all;
-        if (any && !all) r->be->ops->buf_write(r->be, r->idx[j], r->host_idx, (size_t)n * 4);
-        used |= any;
     }
     return used;
 }
@@ -159,15 +205,20 @@ void lora_run_apply(struct lora_run *r, int layer, enum lora_target t, const flo
     struct backend *be = r->be;
     for (int j = 0; j < r->n; j++) {
         const struct lora_pair *p = lora_pair_at(r->ads[j], layer, t);
-        if (!r->any[j] || !p->rank) continue;
-        float *xa = r->t + (size_t)r->max_rank * (size_t)p->rank; /* row max_rank of width rank */
-        be->ops->matmul(be, &p->a, x, n, xa);
-        const float *src = xa;
-        if (!r->all[j]) {
-            be->ops->get_rows(be, r->g, r->t, r->idx[j], n, p->rank);
-            src = r->g;
+        int m = r->count[j];
+        if (m == 0 || !p->rank) continue;
+        int in = (int)p->a.cols, out = (int)p->b.rows;
+        if (m == n) {
+            be->ops->matmul(be, &p->a, x, n, r->t);
+            be->ops->matmul(be, &p->b, r->t, n, r->e);
+            be->ops->add(be, y, r->e, (size_t)n * (size_t)out);
+            continue;
         }
-        be->ops->matmul(be, &p->b, src, n, r->y);
-        be->ops->add(be, y, r->y, (size_t)n * (size_t)p->b.rows);
+        int k = out_slot(r, out), o = (r->max_out + out - 1) / out;
+        be->ops->get_rows(be, r->xc, x, r->gather[j], m, in);
+        be->ops->matmul(be, &p->a, r->xc, m, r->t);
+        be->ops->matmul(be, &p->b, r->t, m, r->d + (size_t)o * (size_t)out);
+        be->ops->get_rows(be, r->e, r->d, r->spread[j * MAX_OUTS + k], n, out);
+        be->ops->add(be, y, r->e, (size_t)n * (size_t)out);
     }
 }
