@@ -121,10 +121,10 @@ static int read_matrix(const struct gguf_file *f, const struct gguf_tensor *t, i
                              (size_t)cols);
         for (int64_t i = 0; i < cols; i++)
             if (!isfinite(dst[i])) {
+                double v = (double)dst[i]; /* read before m is freed */
                 free(m);
                 return qerr_set(err, QERR_FORMAT, "%s: %.*s holds %g at [%lld][%lld]", gguf_path(f),
-                                (int)t->name.len, t->name.ptr, (double)dst[i], (long long)r,
-                                (long long)i);
+                                (int)t->name.len, t->name.ptr, v, (long long)r, (long long)i);
             }
     }
     gguf_tensor_release(f, t);
@@ -221,11 +221,22 @@ int lora_load(const char *path, const char *name, float user_scale, const struct
               struct lora_adapter **out, struct qerr *err)
 {
     *out = NULL;
-    if (!isfinite(user_scale))
-        return qerr_set(err, QERR_INVALID, "%s: LoRA scale %g", path, (double)user_scale);
     struct gguf_file *f = NULL;
     int rc = gguf_open(path, &f, err);
     if (rc) return rc;
+    rc = lora_load_file(f, name, user_scale, cfg, out, err);
+    gguf_close(f);
+    return rc;
+}
+
+int lora_load_file(const struct gguf_file *f, const char *name, float user_scale,
+                   const struct model_config *cfg, struct lora_adapter **out, struct qerr *err)
+{
+    *out = NULL;
+    const char *path = gguf_path(f);
+    if (!isfinite(user_scale))
+        return qerr_set(err, QERR_INVALID, "%s: LoRA scale %g", path, (double)user_scale);
+    int rc = 0;
     struct lora_adapter *ad = calloc(1, sizeof *ad);
     if (ad) ad->pairs = calloc((size_t)cfg->n_layers * LORA_N_TARGETS, sizeof *ad->pairs);
     if (!ad || !ad->pairs) {
@@ -246,7 +257,6 @@ int lora_load(const char *path, const char *name, float user_scale, const struct
     if ((rc = check_meta(f, cfg, &ad->alpha, err))) goto done;
     rc = read_pairs(f, cfg, ad, err);
 done:
-    gguf_close(f);
     if (rc) {
         lora_free(ad);
         return rc;

@@ -56,6 +56,9 @@ static inline struct lora_pair *lora_pair_at(const struct lora_adapter *ad, int 
  * bweights are left unprepared (model_load prepares them on its backend). */
 int lora_load(const char *path, const char *name, float user_scale, const struct model_config *cfg,
               struct lora_adapter **out, struct qerr *err);
+/* The same from an open file (the caller closes it; the adapter keeps nothing of it). */
+int lora_load_file(const struct gguf_file *f, const char *name, float user_scale,
+                   const struct model_config *cfg, struct lora_adapter **out, struct qerr *err);
 void lora_free(struct lora_adapter *ad);
 
 /* The adapters a model runs with, on its backend (engine/lora_run.c): their matrices prepared

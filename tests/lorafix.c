@@ -1,5 +1,6 @@
 #include "lorafix.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,8 @@ static int fill(void *vctx, uint64_t index, void *dst, size_t nbytes, struct qer
         out[at * t->cols + col] =
             lorafix_value(i, t->layer, t->target, t->which, ctx->fx->seed, amp);
     }
+    if (ctx->fx->brk == LORAFIX_NAN && t->layer == 0 && t->target == LORA_Q && t->which == 1)
+        out[0] = NAN;
     return 0;
 }
 

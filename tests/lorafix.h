@@ -20,6 +20,7 @@ enum lorafix_break {
     LORAFIX_BAD_RANK, /* layer 0's attn_q lora_b has rank + 1 columns */
     LORAFIX_OUTPUT,   /* a pair for output.weight */
     LORAFIX_WRONG_IN, /* layer 0's attn_q lora_a is 8 columns short */
+    LORAFIX_NAN,      /* layer 0's attn_q lora_b starts with a NaN */
 };
 
 struct lorafix {

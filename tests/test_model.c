@@ -1155,6 +1155,7 @@ START_TEST(lora_bad_files_refused)
         {LORAFIX_BAD_RANK, NULL, NULL, "another model?"},
         {LORAFIX_WRONG_IN, NULL, NULL, "another model?"},
         {LORAFIX_OUTPUT, NULL, NULL, "LoRA of 'output' is not supported"},
+        {LORAFIX_NAN, NULL, NULL, "blk.0.attn_q.weight.lora_b holds nan at [0][0]"},
         {LORAFIX_OK, "qwen2", NULL, "for architecture 'qwen2', but the model is 'llama'"},
         {LORAFIX_OK, NULL, "model", "not a LoRA adapter"},
     };

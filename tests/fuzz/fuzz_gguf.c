@@ -1,13 +1,15 @@
 /* fuzz_gguf: a GGUF file of arbitrary bytes through everything that reads one at start-up: the
  * header, metadata and tensor infos (gguf_open), every typed accessor on every key, the tensor
  * data, the tokenizer, the chat template, the model configuration, then a model load on the
- * CPU backend and one forward step. gguf_open promises that after it succeeds every accessor is
- * bounds-safe; ASan and UBSan check it, and the walk below checks what the API says. */
+ * CPU backend and one forward step, and a load as a LoRA adapter for a tiny model. gguf_open
+ * promises that after it succeeds every accessor is bounds-safe; ASan and UBSan check it, and the
+ * walk below checks what the API says. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../engine/chat.h"
+#include "../../engine/lora.h"
 #include "../../engine/model.h"
 #include "../../kernels/cpu/backend_cpu.h"
 #include "fuzz_util.h"
@@ -125,6 +127,28 @@ static void try_model(const struct gguf_file *f)
     model_free(m);
 }
 
+/* The file as a LoRA adapter for make_gguf_seeds' tiny model (tiny-lora.gguf is one), with
+ * llama's rope and with the NeoX rope (whose q/k rows of B the loader moves). */
+static void try_lora(const struct gguf_file *f)
+{
+    struct model_config cfg = {.arch = "llama",
+                               .n_layers = 1,
+                               .dim = 32,
+                               .ffn_dim = 64,
+                               .n_heads = 2,
+                               .n_kv_heads = 1,
+                               .head_dim = 16,
+                               .rot_dim = 16};
+    for (int neox = 0; neox < 2; neox++) {
+        cfg.rope_neox = neox;
+        struct lora_adapter *ad = NULL;
+        struct qerr err = {0};
+        if (lora_load_file(f, "fuzz", 1.0f, &cfg, &ad, &err)) continue;
+        if (ad->n_pairs < 1 || ad->max_rank < 1) __builtin_trap();
+        lora_free(ad);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct gguf_file *f;
@@ -139,6 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     try_tokenizer(f);
     try_model(f);
+    try_lora(f);
     gguf_close(f);
     return 0;
 }

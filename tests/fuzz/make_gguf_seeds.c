@@ -2,7 +2,9 @@
  * but complete Llama models made with the project's GGUF writer: tiny-spm.gguf (a SentencePiece
  * vocabulary, a Llama-2 chat template), tiny-bpe.gguf (a byte-level BPE vocabulary with merges,
  * SmolLM2's ChatML template) and tiny-rope.gguf (tiny-bpe with rope scaling: linear, and a
- * rope_freqs.weight tensor). Each is a few tens of KB, so the fuzzer mutates a whole
+ * rope_freqs.weight tensor), and tiny-lora.gguf, a rank-2 LoRA adapter for them (every layer
+ * matrix, float32, one norm vector to skip; fuzz_gguf loads every input as one too). Each is a
+ * few tens of KB, so the fuzzer mutates a whole
  * model quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
  *
  *   build-fuzz/tests/fuzz/make_gguf_seeds tests/fuzz/corpus/gguf
@@ -235,6 +237,48 @@ static int write_model(const char *path, bool spm, const char *chat_template, bo
     return rc;
 }
 
+/* LoRA matrices: small values of both signs */
+static int fill_lora(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
+{
+    (void)ctx;
+    (void)err;
+    uint64_t s = 0x9e3779b97f4a7c15ull * (index + 7);
+    for (size_t i = 0; i < nbytes / 4; i++) {
+        float v = (float)((int)(next(&s) % 201) - 100) / 1000.0f;
+        memcpy((char *)dst + 4 * i, &v, 4);
+    }
+    return 0;
+}
+
+static int write_lora(const char *path, struct qerr *err)
+{
+    enum { RANK = 2 };
+    static const char *const names[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                        "ffn_gate", "ffn_up", "ffn_down"};
+    const uint64_t kv = KV_HEADS * (DIM / HEADS);
+    const uint64_t in[] = {DIM, DIM, DIM, DIM, DIM, DIM, FFN};
+    const uint64_t out[] = {DIM, kv, kv, DIM, FFN, FFN, DIM};
+    struct gguf_writer *w = NULL;
+    int rc = gguf_writer_init(&w, err);
+    if (!rc) rc = gguf_writer_set_str(w, "general.architecture", "llama", 5, err);
+    if (!rc) rc = gguf_writer_set_str(w, "general.type", "adapter", 7, err);
+    if (!rc) rc = gguf_writer_set_str(w, "adapter.type", "lora", 4, err);
+    if (!rc) rc = gguf_writer_set_f32(w, "adapter.lora.alpha", 4.0f, err);
+    for (int t = 0; t < 7 && !rc; t++) {
+        char name[64];
+        uint64_t a[2] = {in[t], RANK}, b[2] = {RANK, out[t]};
+        snprintf(name, sizeof name, "blk.0.%s.weight.lora_a", names[t]);
+        rc = gguf_writer_add_tensor(w, name, 2, a, QTYPE_F32, err);
+        snprintf(name, sizeof name, "blk.0.%s.weight.lora_b", names[t]);
+        if (!rc) rc = gguf_writer_add_tensor(w, name, 2, b, QTYPE_F32, err);
+    }
+    uint64_t norm = DIM;
+    if (!rc) rc = gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", 1, &norm, QTYPE_F32, err);
+    if (!rc) rc = gguf_writer_write(w, path, fill_lora, NULL, NULL, err);
+    gguf_writer_free(w);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -261,6 +305,8 @@ int main(int argc, char **argv)
     if (!rc) rc = write_model(path, false, chat, false, &err);
     snprintf(path, sizeof path, "%s/tiny-rope.gguf", argv[1]);
     if (!rc) rc = write_model(path, false, chat, true, &err);
+    snprintf(path, sizeof path, "%s/tiny-lora.gguf", argv[1]);
+    if (!rc) rc = write_lora(path, &err);
     free(chat);
     if (rc) {
         fprintf(stderr, "make_gguf_seeds: %s\n", err.msg);
