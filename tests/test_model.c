@@ -1190,6 +1190,61 @@ START_TEST(lora_bad_files_refused)
 }
 END_TEST
 
+/* A LoRA adapter for a NeoX-rope model carries B's q and k rows in the file's (Hugging Face's)
+ * order; the loader moves them as it moves the model's. The zero-bias qwen2 copy with such an
+ * adapter is therefore the llama model with the same adapter in llama's order, bit for bit. */
+START_TEST(qwen2_lora_is_llama_lora)
+{
+    cJSON *var = cJSON_Parse("{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
+    static struct arch_copy qc;
+    char dir[] = "/tmp/quern-qwen-XXXXXX";
+    char *path = write_arch_model(dir, &qc, var);
+    char lpath[64];
+    snprintf(lpath, sizeof lpath, "%s/lora.gguf", dir);
+    struct lorafix fx = lorafix_default();
+    fx.arch = "qwen2";
+    fx.hf_rows = true;
+    struct model_config qcfg = *model_get_config(model);
+    snprintf(qcfg.arch, sizeof qcfg.arch, "qwen2");
+    struct qerr err = {0};
+    ck_assert_msg(lorafix_write(&qcfg, lpath, &fx, &err) == 0, "%s", err.msg);
+    struct gguf_file *qf;
+    ck_assert_msg(gguf_open(path, &qf, &err) == 0, "%s", err.msg);
+    struct lora_spec spec = {.path = lpath, .name = "q", .scale = 1.0f};
+    struct model_opts mo = {.max_batch_tokens = 1024,
+                            .max_logits = 64,
+                            .kv_blocks = 33 * 8,
+                            .kv_block_size = 16,
+                            .loras = &spec,
+                            .n_loras = 1};
+    struct model *mq, *ml;
+    ck_assert_msg(model_load(qf, be, &mo, &mq, &err) == 0, "%s", err.msg);
+    ck_assert(model_get_config(mq)->rope_neox);
+    struct lorafix plain = lorafix_default();
+    char ldir[] = "/tmp/quern-lora-XXXXXX";
+    ck_assert_msg(load_with_loras(ldir, &plain, 1, 1.0f, &ml, &err) == 0, "%s", err.msg);
+    size_t np;
+    int32_t *p = tm_case_ids(0, "prompt_ids", &np);
+    float *want, *got;
+    ck_assert_msg(generate_all_logits_lora(ml, p, np, 37, 1, &want, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits_lora(mq, p, np, 37, 1, &got, &err) == 0, "%s", err.msg);
+    size_t at;
+    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)model_get_config(mq)->vocab, &at),
+                  "logit %zu: %.9g vs llama's %.9g", at, got[at], want[at]);
+    free(want);
+    free(got);
+    free(p);
+    model_free(mq);
+    model_free(ml);
+    gguf_close(qf);
+    unlink(lpath);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+    cJSON_Delete(var);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -1238,6 +1293,7 @@ int main(void)
             qt, arch_matches_reference, 0,
             cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases")));
     if (arch_golden) tcase_add_test(qt, qwen2_zero_bias_is_llama);
+    if (arch_golden) tcase_add_test(qt, qwen2_lora_is_llama_lora);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
     TCase *lt = tcase_create("lora");
