@@ -215,17 +215,14 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     int rc = gguf_get_str(f, "general.architecture", &arch, err);
     if (rc) return rc;
     /* Llama-family files use this layout; Qwen2 adds q/k/v biases, Qwen3 q/k norms, both the
-     * NeoX rope; SmolLM3 leaves every fourth layer without rope; others (gpt2, phi, gemma) do
-     * not fit it */
+     * NeoX rope; SmolLM3 leaves every fourth layer without rope; Phi-3 (Phi-3.5, Phi-4) fuses
+     * q/k/v and gate/up, with the NeoX rope; others (gpt2, phi2, gemma) do not fit it */
     static const struct {
         const char *name;
         bool neox;
         int no_rope_step;
-    } supported[] = {{"llama", false, 0},
-                     {"mistral", false, 0},
-                     {"qwen2", true, 0},
-                     {"qwen3", true, 0},
-                     {"smollm3", false, 4}};
+    } supported[] = {{"llama", false, 0}, {"mistral", false, 0}, {"qwen2", true, 0},
+                     {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -236,7 +233,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, smollm3)",
+                        "qwen3, smollm3, phi3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -293,6 +290,14 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
      * them in each); Qwen3 without its norms would run, wrongly */
     cfg->qkv_bias = gguf_tensor_find(f, "blk.0.attn_q.bias") != NULL;
     cfg->qk_norm = gguf_tensor_find(f, "blk.0.attn_q_norm.weight") != NULL;
+    cfg->fused_qkv = gguf_tensor_find(f, "blk.0.attn_qkv.weight") != NULL;
+    cfg->fused_gate_up = strcmp(a, "phi3") == 0; /* llama.cpp's phi3 always fuses them */
+    /* Phi-3's 128k models (LongRoPE: per-pair factors for short and long contexts) */
+    if (gguf_tensor_find(f, "rope_factors_long.weight"))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: LongRoPE (rope_factors_long.weight, Phi-3's 128k context) is not "
+                        "supported",
+                        gguf_path(f));
     if (!cfg->qk_norm && strcmp(a, "qwen3") == 0)
         return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (qwen3)",
                         gguf_path(f));
@@ -302,7 +307,8 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     /* each layer has nine tensors (two norms, q, k, v, o, gate, up, down), so a block_count the
      * file cannot hold is refused here, before the loader sizes its tables by it (a corrupt
      * count of 2^24 layers asked for 3.4 GB) */
-    uint64_t need = (uint64_t)cfg->n_layers * LAYER_TENSORS + 1;
+    uint64_t per_layer = LAYER_TENSORS - (cfg->fused_qkv ? 2 : 0) - (cfg->fused_gate_up ? 1 : 0);
+    uint64_t need = (uint64_t)cfg->n_layers * per_layer + 1;
     if (gguf_tensor_count(f) < need)
         return qerr_set(err, QERR_FORMAT,
                         "%s: block_count %d needs at least %llu tensors; the file has %llu",
@@ -505,7 +511,8 @@ static int load_weight_part(struct model *m, const struct gguf_file *f, const ch
         *own = p;
         w->host = p;
     }
-    if (m->sh.rank == 0) scan_tensor(m, t, bytes); /* every rank reads the file: one report */
+    /* every rank reads the file, and a fused tensor is read once a part: one report */
+    if (m->sh.rank == 0 && r0 == 0) scan_tensor(m, t, bytes);
     if ((rc = m->be->ops->weight_prepare(m->be, w, err))) return rc;
     release_host(m, f, t, w, own);
     return 0;
@@ -686,14 +693,31 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
             goto fail;                                                                             \
     } while (0)
         int neox = c->rope_neox ? hd : 0;
-        LOADW(wq, "attn_q", c->dim, c->n_heads * hd, s->q0 * hd, s->nq * hd, 0, c->dim, neox,
-              &ly->own[2]);
-        LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, neox, &ly->own[3]);
-        LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, 0, NULL);
+        int q_all = c->n_heads * hd;
+        if (c->fused_qkv) { /* rows: q's, then k's, then v's */
+            int qkv = q_all + 2 * full_kv;
+            LOADW(wq, "attn_qkv", c->dim, qkv, s->q0 * hd, s->nq * hd, 0, c->dim, neox,
+                  &ly->own[2]);
+            LOADW(wk, "attn_qkv", c->dim, qkv, q_all + s->kv0 * hd, kv_dim, 0, c->dim, neox,
+                  &ly->own[3]);
+            LOADW(wv, "attn_qkv", c->dim, qkv, q_all + full_kv + s->kv0 * hd, kv_dim, 0, c->dim, 0,
+                  NULL);
+        } else {
+            LOADW(wq, "attn_q", c->dim, q_all, s->q0 * hd, s->nq * hd, 0, c->dim, neox,
+                  &ly->own[2]);
+            LOADW(wk, "attn_k", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, neox, &ly->own[3]);
+            LOADW(wv, "attn_v", c->dim, full_kv, s->kv0 * hd, kv_dim, 0, c->dim, 0, NULL);
+        }
         LOADW(wo, "attn_output", c->n_heads * hd, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd, 0,
               &ly->own[0]);
-        LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
-        LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+        if (c->fused_gate_up) { /* rows: gate's, then up's */
+            LOADW(w_gate, "ffn_up", c->dim, 2 * c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+            LOADW(w_up, "ffn_up", c->dim, 2 * c->ffn_dim, c->ffn_dim + s->f0, s->nf, 0, c->dim, 0,
+                  NULL);
+        } else {
+            LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+            LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
+        }
         LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, 0, &ly->own[1]);
 #undef LOADW
 #define LOADV(field, suffix, n_all, off, n, neox)                                                  \

@@ -37,6 +37,9 @@ struct model_config {
     /* every no_rope_step-th layer (layer l with (l + 1) % no_rope_step == 0) attends without
      * the rope (SmolLM3's NoPE layers, 4 as llama.cpp fixes it); 0: every layer rotates */
     int no_rope_step;
+    /* Phi-3's fused matrices: q, k and v as the row ranges of one attn_qkv, gate and up as the
+     * first and second half of ffn_up's rows; the loader takes each part as a row window */
+    bool fused_qkv, fused_gate_up;
 };
 
 /* Which row of a NeoX-rope head (its first rot dims turned as pairs (i, i + rot / 2)) sits at

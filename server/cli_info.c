@@ -100,9 +100,11 @@ int cli_info(int argc, char **argv)
     char no_rope[48] = "";
     if (cfg.no_rope_step)
         snprintf(no_rope, sizeof no_rope, ", none in every %dth layer", cfg.no_rope_step);
-    printf("heads         %d (kv %d, head dim %d, rope dims %d%s%s%s%s)\n", cfg.n_heads,
+    printf("heads         %d (kv %d, head dim %d, rope dims %d%s%s%s%s%s)\n", cfg.n_heads,
            cfg.n_kv_heads, cfg.head_dim, cfg.rot_dim, cfg.rope_neox ? " paired NeoX-style" : "",
-           no_rope, cfg.qkv_bias ? ", q/k/v biases" : "", cfg.qk_norm ? ", q/k norms" : "");
+           no_rope, cfg.qkv_bias ? ", q/k/v biases" : "", cfg.qk_norm ? ", q/k norms" : "",
+           cfg.fused_qkv ? ", q/k/v fused" : "");
+    if (cfg.fused_gate_up) printf("              gate and up fused in ffn_up\n");
     printf("context       %d\n", cfg.ctx_len);
     /* --kv-type's element per token and at the full context: f16 (the default), f32, q8 (Q8_0
      * blocks, 34 bytes per 32 elements) */

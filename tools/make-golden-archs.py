@@ -47,8 +47,10 @@ VARIANTS = [
     {"arch": "qwen2", "bias_amp": [0.5, 0.5, 0.1]},
     {"arch": "qwen3", "norm_amp": [0.25, 0.25]},
     {"arch": "smollm3"},
+    {"arch": "phi3"},
 ]
-NEOX = {"qwen2", "qwen3"}  # archs whose files keep q/k rows in Hugging Face's order
+NEOX = {"qwen2", "qwen3", "phi3"}  # archs whose files keep q/k rows in Hugging Face's order
+FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -96,6 +98,7 @@ def write_variant(reader, var, path):
         if name == "tokenizer.ggml.pre" and arch == "qwen2":
             value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
+    held = {}  # FUSED: the parts of each layer's fused tensors, until all are read
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         data = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
@@ -103,7 +106,24 @@ def write_variant(reader, var, path):
             data = hf_rows(data, n_heads)
         elif arch in NEOX and t.name.endswith("attn_k.weight"):
             data = hf_rows(data, n_kv)
-        w.add_tensor(t.name, np.ascontiguousarray(data))
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if arch in FUSED and part in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            layer = int(t.name.split(".")[1])
+            held.setdefault(layer, {})[part] = data
+            h = held[layer]
+            if all(k in h for k in ("attn_q", "attn_k", "attn_v")) and "qkv" not in h:
+                h["qkv"] = True
+                w.add_tensor(f"blk.{layer}.attn_qkv.weight",
+                             np.ascontiguousarray(np.concatenate([h["attn_q"], h["attn_k"],
+                                                                  h["attn_v"]])))
+            if all(k in h for k in ("ffn_gate", "ffn_up")) and "gu" not in h:
+                h["gu"] = True
+                w.add_tensor(f"blk.{layer}.ffn_up.weight",
+                             np.ascontiguousarray(np.concatenate([h["ffn_gate"], h["ffn_up"]])))
+            if part != "attn_v":
+                continue
+        else:
+            w.add_tensor(t.name, np.ascontiguousarray(data))
         if t.name.endswith("attn_v.weight"):
             layer = int(t.name.split(".")[1])
             kv_dim = data.shape[0]
