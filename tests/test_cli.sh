@@ -182,7 +182,11 @@ if cmp -s "$tmp/a" "$tmp/b"; then echo "ok: seeded output repeats"; else
 expect 2 "--spec wants off, ngram or draft" -- generate --model "$model" --prompt hi --spec eagle
 expect 2 "--spec-k wants 1..16" -- generate --model "$model" --prompt hi --spec-k 0
 expect 2 "--spec-policy wants cost or acceptance" -- serve --model "$model" --spec ngram --spec-policy fast
-expect 2 "--spec and --grounded apply to --requests runs" -- bench --model "$model" --pp 8 --tg 8 --spec ngram
+expect 2 "--spec, --grounded and --lora apply to --requests runs" -- bench --model "$model" --pp 8 --tg 8 --spec ngram
+expect 2 "--spec, --grounded and --lora apply to --requests runs" -- bench --model "$model" --pp 8 \
+  --tg 8 --lora "$tmp/ad.gguf"
+expect 0 'output tokens/s' -- bench --model "$model" --requests 4 --input-len 8 --output-len 4 \
+  --lora "$tmp/ad.gguf" --lora b="$tmp/ad.gguf"
 copy="Repeat this text exactly: The committee agreed that the annual budget would be reviewed every March, and that any member could propose changes in writing before the first of February."
 # same_as_off LABEL PATTERN SAMPLING ARGS...: generate with ARGS gives $tmp/a's bytes (the
 # --spec off text of SAMPLING) and its log matches PATTERN
