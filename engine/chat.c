@@ -42,6 +42,8 @@ const char *chat_kind_name(enum chat_kind k)
         return "deepseek3";
     case CHAT_ZEPHYR:
         return "zephyr";
+    case CHAT_PHI3:
+        return "phi3";
     }
     return "unknown";
 }
@@ -72,6 +74,8 @@ const char *chat_template_name(const struct chat_template *t)
         return t->think ? "deepseek-r1" : "deepseek3";
     case CHAT_ZEPHYR:
         return "zephyr";
+    case CHAT_PHI3:
+        return "phi3";
     case CHAT_LLAMA2:
         break;
     }
@@ -203,6 +207,24 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         out->kind = CHAT_ZEPHYR;
         return 0;
     }
+    /* Phi-3.5's: each role's expression writes its tag, a line break, the content, <|end|> and a
+     * line break (the break written as "\n" or as a line break inside the string); Phi-3's first
+     * template (an assistant tag after every user turn, no system turn) and Phi-4-mini's (no
+     * break after the tags) format otherwise: refused */
+    for (int esc = 0; esc < 2; esc++) {
+        const char *nl = esc ? "\\n" : "\n";
+        char user[96], assistant[96], gen_prompt[48];
+        snprintf(user, sizeof user, "'<|user|>%s' + message['content'] + '<|end|>%s'", nl, nl);
+        snprintf(assistant, sizeof assistant,
+                 "'<|assistant|>%s' + message['content'] + '<|end|>%s'", nl, nl);
+        snprintf(gen_prompt, sizeof gen_prompt, "'<|assistant|>%s' }}", nl);
+        if (has(tmpl, len, user) && has(tmpl, len, assistant) && has(tmpl, len, gen_prompt)) {
+            out->kind = CHAT_PHI3;
+            out->skip_empty_system =
+                has(tmpl, len, "message['role'] == 'system' and message['content']");
+            return 0;
+        }
+    }
     return qerr_set(err, QERR_UNSUPPORTED,
                     "chat template: not recognized (no <|im_start|>, [INST], "
                     "<|start_header_id|>, <｜User｜> or <|user|> marker): \"%.*s%s\"",
@@ -227,6 +249,7 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
         {.kind = CHAT_DEEPSEEK3},
         {.kind = CHAT_DEEPSEEK3, .think = true},
         {.kind = CHAT_ZEPHYR},
+        {.kind = CHAT_PHI3, .skip_empty_system = true},
         {.kind = CHAT_CHATML, .think_model = true},
     };
     char names[256] = "";
@@ -581,6 +604,18 @@ static void fmt_zephyr(const struct chat_msg *m, size_t n, bool gen, struct sb *
     if (gen && n > 0) sb_str(b, "<|assistant|>\n");
 }
 
+/* Phi-3.5's template: each turn "<|role|>\n" content "<|end|>\n" (an empty system message left
+ * out where the template says so), then "<|assistant|>\n", or for a closed conversation the
+ * eos_token of Phi-3's tokenizer. */
+static void fmt_phi3(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
+                     size_t n, bool gen, struct sb *b)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(t->skip_empty_system && r[i] == ROLE_SYSTEM && (!m[i].content || !*m[i].content)))
+            role_turns(&m[i], 1, "<|", "|>\n", "<|end|>\n", false, b);
+    sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
+}
+
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b)
 {
@@ -604,6 +639,9 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
         break;
     case CHAT_ZEPHYR:
         fmt_zephyr(m, n, gen, b);
+        break;
+    case CHAT_PHI3:
+        fmt_phi3(t, m, r, n, gen, b);
         break;
     }
 }

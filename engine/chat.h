@@ -21,6 +21,9 @@ enum chat_kind {
     CHAT_DEEPSEEK3,
     /* <|system|>\nsystem</s>\n<|user|>\nuser</s>\n<|assistant|>\n (Zephyr, TinyLlama-Chat) */
     CHAT_ZEPHYR,
+    /* <|system|>\nsystem<|end|>\n<|user|>\nuser<|end|>\n<|assistant|>\n (Phi-3.5; a closed
+     * conversation ends with the tokenizer's <|endoftext|>) */
+    CHAT_PHI3,
 };
 
 /* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */
@@ -62,6 +65,8 @@ struct chat_template {
      * or the block at the start of its text), and CHAT_END_GENERATE_NO_THINK closes an empty
      * block after the generation prompt (enable_thinking false). */
     bool think_model;
+    /* CHAT_PHI3: a system message with empty content is left out (Phi-3.5's template) */
+    bool skip_empty_system;
 };
 
 /* One tool call an assistant message made (as the request sent it back). */

@@ -301,8 +301,8 @@ START_TEST(refusals)
     ck_assert_ptr_nonnull(strstr(err.msg, "not recognized"));
     ck_assert_ptr_nonnull(strstr(err.msg, "m['role']"));
     ck_assert_int_eq(chat_template_parse("", 0, &ct, &err), QERR_UNSUPPORTED);
-    /* Zephyr's role markers with another turn end (Falcon 3's "\n", Phi-3's <|end|>): not
-     * Zephyr */
+    /* Zephyr's role markers with another turn end (Falcon 3's "\n"): not Zephyr; nor is a
+     * fragment with Phi-3's markers but not its expressions Phi-3 */
     const char *falcon3 = "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|user|>\\n' + "
                           "m['content'] + '\\n' }}{% else %}{{ '<|assistant|>\\n' + m['content'] "
                           "+ eos_token + '\\n' }}{% endif %}{% endfor %}";
@@ -404,7 +404,7 @@ START_TEST(templates_by_name_and_deepseek)
 {
     static const char *const names[] = {
         "chatml",     "llama3",    "llama2",      "llama2-sys", "mistral-v3", "mistral-v3-tekken",
-        "mistral-v7", "deepseek3", "deepseek-r1", "zephyr",     "qwen3"};
+        "mistral-v7", "deepseek3", "deepseek-r1", "zephyr",     "phi3",       "qwen3"};
     struct chat_template ct;
     struct qerr err = {0};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -470,13 +470,16 @@ START_TEST(tool_templates_golden)
         ck_assert_msg(chat_template_parse(tmpl, strlen(tmpl), &ct, &err) == 0, "%s", err.msg);
         bool llama = !strncmp(name, "llama", 5), deepseek = !strncmp(name, "deepseek", 8);
         bool zephyr = !strncmp(name, "zephyr", 6), qwen = !strncmp(name, "qwen", 4);
+        bool phi = !strncmp(name, "phi", 3);
         ck_assert_int_eq(ct.kind, llama      ? CHAT_LLAMA3
                                   : deepseek ? CHAT_DEEPSEEK3
                                   : zephyr   ? CHAT_ZEPHYR
+                                  : phi      ? CHAT_PHI3
                                   : qwen     ? CHAT_CHATML
                                              : CHAT_LLAMA2);
-        if (zephyr || qwen)
+        if (zephyr || qwen || phi)
             ck_assert_str_eq(chat_template_name(&ct), zephyr                       ? "zephyr"
+                                                      : phi                        ? "phi3"
                                                       : !strncmp(name, "qwen3", 5) ? "qwen3"
                                                                                    : "chatml");
         else if (deepseek)
@@ -508,7 +511,8 @@ START_TEST(tool_templates_golden)
         for (size_t k = 0; hit && k < n_sp; k++)
             in_span |=
                 (size_t)(hit - out) >= sp[k].off && (size_t)(hit - out) < sp[k].off + sp[k].len;
-        ck_assert_msg(in_span || ((deepseek || zephyr || !tools || !strcmp(tools, "[]")) && !hit),
+        ck_assert_msg(in_span ||
+                          ((deepseek || zephyr || phi || !tools || !strcmp(tools, "[]")) && !hit),
                       "%s: the tool text is not content", name);
         free(sp);
         free(out);
@@ -516,7 +520,7 @@ START_TEST(tool_templates_golden)
         chat_template_free(&ct);
         checked++;
     }
-    ck_assert_int_ge(checked, 33);
+    ck_assert_int_ge(checked, 36);
     printf("chat: %d tool conversations match the jinja2 renderings\n", checked);
     cJSON_Delete(root);
 }

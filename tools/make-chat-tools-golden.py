@@ -3,7 +3,7 @@
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
 DeepSeek-R1-Distill-Llama-8B, Qwen2.5-7B-Instruct and Qwen3-0.6B, from llama.cpp's
 models/templates, and
-Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too) over a set of
+Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too, and Phi-3.5-mini-instruct's) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
 no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
@@ -85,6 +85,18 @@ ZEPHYR_CASES = [
     ("a closed conversation (no generation prompt)", [],
      [Q, {"role": "assistant", "content": "Sunny."}], False),
 ]
+# Phi-3.5's template writes no tools either; an empty system message is left out, and a closed
+# conversation ends with the tokenizer's eos_token (<|endoftext|>)
+PHI3_CASES = [
+    ("a system message and one question", [],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("an empty system message, an earlier exchange", [],
+     [{"role": "system", "content": ""}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": " Hello! "}, Q], True),
+    ("a closed conversation (no generation prompt)", [],
+     [Q, {"role": "assistant", "content": "Sunny."}], False),
+]
+EOS = {"phi-3.5-mini-instruct": "<|endoftext|>"}  # else "</s>"
 # Qwen2.5's ChatML with Hermes tool calls: the format quern writes for every ChatML template
 QWEN_CASES = [
     ("tools and one question (its default system text)", [WEATHER, TIME], [Q], True),
@@ -126,6 +138,7 @@ TEMPLATES = {
     "mistral-nemo-instruct-2407": MISTRAL_CASES,
     "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
     "zephyr-7b-beta": ZEPHYR_CASES,
+    "phi-3.5-mini-instruct": PHI3_CASES,
     "qwen2.5-7b-instruct": QWEN_CASES,
     "qwen3-0.6b": QWEN3_CASES,
 }
@@ -140,7 +153,7 @@ def raise_exception(msg):
     raise jinja2.exceptions.TemplateError(msg)
 
 
-def render(text, tools, messages, gen, string_arguments=False, kwargs=None):
+def render(text, tools, messages, gen, string_arguments=False, kwargs=None, eos="</s>"):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
@@ -153,7 +166,7 @@ def render(text, tools, messages, gen, string_arguments=False, kwargs=None):
         if m.get("tool_calls") is None:
             m.pop("tool_calls", None)
     return env.from_string(text).render(messages=msgs, tools=tools, add_generation_prompt=gen,
-                                        bos_token="", eos_token="</s>", **(kwargs or {}))
+                                        bos_token="", eos_token=eos, **(kwargs or {}))
 
 
 def main():
@@ -168,7 +181,8 @@ def main():
                     "messages": messages, "add_generation_prompt": gen}
             if kwargs:
                 case["chat_template_kwargs"] = kwargs
-            case["formatted"] = render(text, tools, messages, gen, name in STRING_ARGUMENTS, kwargs)
+            case["formatted"] = render(text, tools, messages, gen, name in STRING_ARGUMENTS, kwargs,
+                                       EOS.get(name, "</s>"))
             out["cases"].append(case)
     path = os.path.join(ROOT, "tests", "golden", "chat_tools.json")
     with open(path, "w") as f:
