@@ -9,8 +9,12 @@
 
 #define LORA_MAX_RANK 4096
 
-static const char *const target_names[LORA_N_TARGETS] = {
-    "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+/* The matrices a file may adapt: the model's targets, and Phi-3's fused q/k/v (its fused
+ * gate/up is named ffn_up, as the model names it) */
+enum { FT_QKV = LORA_N_TARGETS, N_FILE_TARGETS };
+
+static const char *const target_names[N_FILE_TARGETS] = {
+    "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_qkv",
 };
 
 const char *lora_target_name(enum lora_target t)
@@ -18,24 +22,53 @@ const char *lora_target_name(enum lora_target t)
     return t >= 0 && t < LORA_N_TARGETS ? target_names[t] : "?";
 }
 
-/* The target's weight: in (cols) and out (rows) as cfg shapes it, and the head size whose rows
- * the model moves (rope_neox), else 0. */
-static void target_shape(const struct model_config *c, enum lora_target t, int64_t *in,
-                         int64_t *out, int *neox_hd)
+/* A run of B's rows that is one of the model's targets: rows [off, off + rows) of the file's
+ * matrix, moved within each head when neox_hd is a head size (rope_neox's q and k). */
+struct piece {
+    enum lora_target t;
+    int64_t off, rows;
+    int neox_hd;
+};
+
+/* The pieces of file target ft in the model of cfg, its weight's in (cols) and out (rows): one
+ * piece, or q/k/v of a fused attn_qkv and gate/up of a fused ffn_up; 0 when the model has no
+ * such matrix (attn_q where it fuses q/k/v, attn_qkv where it does not, ffn_gate beside a fused
+ * ffn_up). */
+static int file_pieces(const struct model_config *c, int ft, struct piece *p, int64_t *in,
+                       int64_t *out)
 {
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int neox = c->rope_neox ? c->head_dim : 0;
+    if (ft == FT_QKV) {
+        if (!c->fused_qkv) return 0;
+        *in = c->dim;
+        *out = q + 2 * kv;
+        p[0] = (struct piece){LORA_Q, 0, q, neox};
+        p[1] = (struct piece){LORA_K, q, kv, neox};
+        p[2] = (struct piece){LORA_V, q + kv, kv, 0};
+        return 3;
+    }
+    if ((c->fused_qkv && ft <= LORA_V) || (c->fused_gate_up && ft == LORA_GATE)) return 0;
+    if (c->fused_gate_up && ft == LORA_UP) {
+        *in = c->dim;
+        *out = 2 * (int64_t)c->ffn_dim;
+        p[0] = (struct piece){LORA_GATE, 0, c->ffn_dim, 0};
+        p[1] = (struct piece){LORA_UP, c->ffn_dim, c->ffn_dim, 0};
+        return 2;
+    }
     static const int in_kind[LORA_N_TARGETS] = {0, 0, 0, 1, 0, 0, 2};
     static const int out_kind[LORA_N_TARGETS] = {1, 3, 3, 0, 2, 2, 0};
     int64_t by_kind[4] = {c->dim, q, c->ffn_dim, kv};
-    *in = by_kind[in_kind[t]];
-    *out = by_kind[out_kind[t]];
-    *neox_hd = c->rope_neox && (t == LORA_Q || t == LORA_K) ? c->head_dim : 0;
+    *in = by_kind[in_kind[ft]];
+    *out = by_kind[out_kind[ft]];
+    p[0] = (struct piece){(enum lora_target)ft, 0, *out, ft == LORA_Q || ft == LORA_K ? neox : 0};
+    return 1;
 }
 
 /* "blk.N.<target>.weight.lora_a" -> layer N, the target, which matrix (0 a, 1 b); QERR_FORMAT
  * for a name that is neither, 1 for a norm vector (skipped). */
 static int parse_name(const char *path, struct gguf_str s, const struct model_config *c, int *layer,
-                      enum lora_target *t, int *which, struct qerr *err)
+                      int *t, int *which, struct qerr *err)
 {
     char name[128];
     if (s.len >= sizeof name)
@@ -65,10 +98,10 @@ static int parse_name(const char *path, struct gguf_str s, const struct model_co
     if (l >= c->n_layers)
         return qerr_set(err, QERR_FORMAT, "%s: tensor of layer %d, but the model has %d layers",
                         path, l, c->n_layers);
-    for (int k = 0; k < LORA_N_TARGETS; k++)
+    for (int k = 0; k < N_FILE_TARGETS; k++)
         if (!strcmp(name + used, target_names[k])) {
             *layer = l;
-            *t = (enum lora_target)k;
+            *t = k;
             return 0;
         }
     return qerr_set(err, QERR_UNSUPPORTED, "%s: LoRA of '%s.weight' is not supported", path, name);
@@ -102,9 +135,9 @@ static int check_meta(const struct gguf_file *f, const struct model_config *c, f
     return 0;
 }
 
-/* The tensor as float32 [rows][cols] in new memory; rows of q and k in the model's order. */
+/* The tensor as float32 [rows][cols] in new memory. */
 static int read_matrix(const struct gguf_file *f, const struct gguf_tensor *t, int64_t rows,
-                       int64_t cols, int neox_hd, int rot_dim, float **out, struct qerr *err)
+                       int64_t cols, float **out, struct qerr *err)
 {
     const void *bytes;
     int rc = gguf_tensor_bytes(f, t, &bytes, err);
@@ -115,9 +148,8 @@ static int read_matrix(const struct gguf_file *f, const struct gguf_tensor *t, i
                         (int)t->name.len, t->name.ptr);
     size_t row_bytes = qtype_row_bytes(t->type, (size_t)cols);
     for (int64_t r = 0; r < rows; r++) {
-        int64_t src = model_neox_at(r, neox_hd, rot_dim);
         float *dst = m + (size_t)r * (size_t)cols;
-        qtype_dequantize_row(t->type, (const uint8_t *)bytes + (size_t)src * row_bytes, dst,
+        qtype_dequantize_row(t->type, (const uint8_t *)bytes + (size_t)r * row_bytes, dst,
                              (size_t)cols);
         for (int64_t i = 0; i < cols; i++)
             if (!isfinite(dst[i])) {
@@ -148,21 +180,20 @@ static int read_pairs(const struct gguf_file *f, const struct model_config *c,
                       struct lora_adapter *ad, struct qerr *err)
 {
     const char *path = gguf_path(f);
-    size_t n_slots = (size_t)c->n_layers * LORA_N_TARGETS;
+    size_t n_slots = (size_t)c->n_layers * N_FILE_TARGETS;
     const struct gguf_tensor **found = calloc(n_slots * 2, sizeof *found);
     if (!found) return qerr_set(err, QERR_NOMEM, "%s: out of memory", path);
     int rc = 0;
     for (uint64_t i = 0; i < gguf_tensor_count(f) && !rc; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        int layer = 0, which = 0;
-        enum lora_target tg = LORA_Q;
-        rc = parse_name(path, t->name, c, &layer, &tg, &which, err);
+        int layer = 0, which = 0, ft = 0;
+        rc = parse_name(path, t->name, c, &layer, &ft, &which, err);
         if (rc == 1) {
             rc = 0;
             continue;
         }
         if (rc) break;
-        size_t slot = ((size_t)layer * LORA_N_TARGETS + (size_t)tg) * 2 + (size_t)which;
+        size_t slot = ((size_t)layer * N_FILE_TARGETS + (size_t)ft) * 2 + (size_t)which;
         if (found[slot])
             rc = qerr_set(err, QERR_FORMAT, "%s: tensor '%.*s' appears twice", path,
                           (int)t->name.len, t->name.ptr);
@@ -171,16 +202,22 @@ static int read_pairs(const struct gguf_file *f, const struct model_config *c,
     for (size_t s = 0; s < n_slots && !rc; s++) {
         const struct gguf_tensor *ta = found[2 * s], *tb = found[2 * s + 1];
         if (!ta && !tb) continue;
-        int layer = (int)(s / LORA_N_TARGETS);
-        enum lora_target tg = (enum lora_target)(s % LORA_N_TARGETS);
+        int layer = (int)(s / N_FILE_TARGETS), ft = (int)(s % N_FILE_TARGETS);
         if (!ta || !tb) {
             rc = qerr_set(err, QERR_FORMAT, "%s: blk.%d.%s.weight has lora_%s but no lora_%s", path,
-                          layer, target_names[tg], ta ? "a" : "b", ta ? "b" : "a");
+                          layer, target_names[ft], ta ? "a" : "b", ta ? "b" : "a");
             break;
         }
-        int64_t in, out;
-        int neox_hd;
-        target_shape(c, tg, &in, &out, &neox_hd);
+        struct piece pieces[3];
+        int64_t in = 0, out = 0;
+        int n_pieces = file_pieces(c, ft, pieces, &in, &out);
+        if (n_pieces == 0) {
+            rc = qerr_set(err, QERR_INVALID,
+                          "%s: LoRA of blk.%d.%s.weight, a matrix this %s model does not have "
+                          "(an adapter for another model?)",
+                          path, layer, target_names[ft], c->arch);
+            break;
+        }
         int64_t rank = (int64_t)ta->ne[1];
         if (ta->n_dims != 2 || tb->n_dims != 2 || (int64_t)ta->ne[0] != in ||
             (int64_t)tb->ne[1] != out || (int64_t)tb->ne[0] != rank || rank < 1 ||
@@ -189,27 +226,48 @@ static int read_pairs(const struct gguf_file *f, const struct model_config *c,
                           "%s: blk.%d.%s.weight: lora_a is %llux%llu and lora_b %llux%llu (ne0 x "
                           "ne1), want %lldxR and Rx%lld with 1 <= R <= %d (an adapter for another "
                           "model?)",
-                          path, layer, target_names[tg], (unsigned long long)ta->ne[0],
+                          path, layer, target_names[ft], (unsigned long long)ta->ne[0],
                           (unsigned long long)ta->ne[1], (unsigned long long)tb->ne[0],
                           (unsigned long long)tb->ne[1], (long long)in, (long long)out,
                           LORA_MAX_RANK);
             break;
         }
-        struct lora_pair *p = lora_pair_at(ad, layer, tg);
         float *a = NULL, *b = NULL;
-        if ((rc = read_matrix(f, ta, rank, in, 0, c->rot_dim, &a, err))) break;
-        if ((rc = read_matrix(f, tb, out, rank, neox_hd, c->rot_dim, &b, err))) {
+        if ((rc = read_matrix(f, ta, rank, in, &a, err))) break;
+        if ((rc = read_matrix(f, tb, out, rank, &b, err))) {
             free(a);
             break;
         }
         float scale = ad->alpha > 0 ? ad->user_scale * ad->alpha / (float)rank : ad->user_scale;
-        for (size_t i = 0; i < (size_t)out * (size_t)rank; i++) b[i] *= scale;
-        p->rank = (int)rank;
-        p->a = (struct bweight){.type = QTYPE_F32, .rows = rank, .cols = in, .host = a};
-        p->b = (struct bweight){.type = QTYPE_F32, .rows = out, .cols = rank, .host = b};
-        if (rank > ad->max_rank) ad->max_rank = (int)rank;
-        if (out > ad->max_out) ad->max_out = (int)out;
-        ad->n_pairs++;
+        for (int k = 0; k < n_pieces && !rc; k++) {
+            const struct piece *pc = &pieces[k];
+            /* each piece owns its copies: lora_free frees every pair's */
+            float *pa = malloc((size_t)rank * (size_t)in * sizeof *pa);
+            float *pb = malloc((size_t)pc->rows * (size_t)rank * sizeof *pb);
+            if (!pa || !pb) {
+                free(pa);
+                free(pb);
+                rc = qerr_set(err, QERR_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            memcpy(pa, a, (size_t)rank * (size_t)in * sizeof *pa);
+            for (int64_t r = 0; r < pc->rows; r++) {
+                const float *src =
+                    b +
+                    (size_t)(pc->off + model_neox_at(r, pc->neox_hd, c->rot_dim)) * (size_t)rank;
+                for (int64_t i = 0; i < rank; i++)
+                    pb[(size_t)r * (size_t)rank + (size_t)i] = src[i] * scale;
+            }
+            struct lora_pair *p = lora_pair_at(ad, layer, pc->t);
+            p->rank = (int)rank;
+            p->a = (struct bweight){.type = QTYPE_F32, .rows = rank, .cols = in, .host = pa};
+            p->b = (struct bweight){.type = QTYPE_F32, .rows = pc->rows, .cols = rank, .host = pb};
+            if (rank > ad->max_rank) ad->max_rank = (int)rank;
+            if (pc->rows > ad->max_out) ad->max_out = (int)pc->rows;
+            ad->n_pairs++;
+        }
+        free(a);
+        free(b);
     }
     free(found);
     if (!rc && ad->n_pairs == 0)

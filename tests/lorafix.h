@@ -35,6 +35,11 @@ struct lorafix {
     /* B's rows of q and k in Hugging Face's order (a NeoX model's file), computed from the
      * formula's llama order: the same adapter for a model whose rows the converter left alone */
     bool hf_rows;
+    /* q/k/v share one A (q's formula), and gate/up one (gate's): the adapter a fused one is */
+    bool shared_a;
+    /* Phi-3's fused matrices: attn_qkv (one A, B's q, k, v rows in turn) and ffn_up (one A,
+     * B's gate then up rows): the same adapter as shared_a's, as a fused model's file holds it */
+    bool fused;
 };
 
 /* The golden adapter: rank 8, alpha 16, every target, seed 7, amps 0.05 and 0.2. */

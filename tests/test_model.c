@@ -1332,6 +1332,72 @@ START_TEST(qwen2_lora_is_llama_lora)
 }
 END_TEST
 
+/* Phi-3's adapters adapt its fused matrices: attn_qkv (one A for q, k and v, B's rows of each in
+ * turn, q's and k's in Hugging Face's order) and ffn_up (one A, gate's rows then up's). The phi3
+ * copy with such an adapter is the llama model with the same adapter written per matrix (A
+ * shared), bit for bit; an unfused adapter for it is refused, naming the matrix. */
+START_TEST(phi3_fused_lora_is_llama_lora)
+{
+    cJSON *var = cJSON_Parse("{\"arch\": \"phi3\"}");
+    static struct arch_copy qc;
+    char dir[] = "/tmp/quern-phi3-XXXXXX";
+    char *path = write_arch_model(dir, &qc, var);
+    char lpath[64];
+    snprintf(lpath, sizeof lpath, "%s/lora.gguf", dir);
+    struct gguf_file *pf;
+    struct qerr err = {0};
+    ck_assert_msg(gguf_open(path, &pf, &err) == 0, "%s", err.msg);
+    struct model_config pcfg;
+    ck_assert_msg(model_config_read(pf, &pcfg, &err) == 0, "%s", err.msg);
+    ck_assert(pcfg.fused_qkv && pcfg.fused_gate_up);
+    struct lorafix fx = lorafix_default();
+    fx.arch = "phi3";
+    fx.hf_rows = true;
+    fx.fused = true;
+    ck_assert_msg(lorafix_write(&pcfg, lpath, &fx, &err) == 0, "%s", err.msg);
+    struct lora_spec spec = {.path = lpath, .name = "p", .scale = 1.0f};
+    struct model_opts mo = {.max_batch_tokens = 1024,
+                            .max_logits = 64,
+                            .kv_blocks = 33 * 8,
+                            .kv_block_size = 16,
+                            .loras = &spec,
+                            .n_loras = 1};
+    struct model *mp, *ml;
+    ck_assert_msg(model_load(pf, be, &mo, &mp, &err) == 0, "%s", err.msg);
+    struct lorafix shared = lorafix_default();
+    shared.shared_a = true;
+    char ldir[] = "/tmp/quern-lora-XXXXXX";
+    ck_assert_msg(load_with_loras(ldir, &shared, 1, 1.0f, &ml, &err) == 0, "%s", err.msg);
+    size_t np;
+    int32_t *p = tm_case_ids(0, "prompt_ids", &np);
+    float *want, *got;
+    ck_assert_msg(generate_all_logits_lora(ml, p, np, 37, 1, &want, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits_lora(mp, p, np, 37, 1, &got, &err) == 0, "%s", err.msg);
+    size_t at;
+    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)pcfg.vocab, &at),
+                  "logit %zu: %.9g vs llama's %.9g", at, got[at], want[at]);
+    free(want);
+    free(got);
+    free(p);
+    model_free(mp);
+    model_free(ml);
+    /* an adapter of attn_q for a model that fuses q/k/v */
+    struct lorafix unfused = lorafix_default();
+    unfused.arch = "phi3";
+    ck_assert_msg(lorafix_write(&pcfg, lpath, &unfused, &err) == 0, "%s", err.msg);
+    struct model *bad = NULL;
+    ck_assert_int_eq(model_load(pf, be, &mo, &bad, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "blk.0.attn_q.weight, a matrix this phi3 model does not have"),
+                  "%s", err.msg);
+    gguf_close(pf);
+    unlink(lpath);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+    cJSON_Delete(var);
+}
+END_TEST
+
 int main(void)
 {
     tu_model_path();
@@ -1381,6 +1447,7 @@ int main(void)
             cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases")));
     if (arch_golden) tcase_add_test(qt, qwen2_zero_bias_is_llama);
     if (arch_golden) tcase_add_test(qt, qwen2_lora_is_llama_lora);
+    if (arch_golden) tcase_add_test(qt, phi3_fused_lora_is_llama_lora);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
     TCase *lt = tcase_create("lora");
