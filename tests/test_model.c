@@ -921,6 +921,36 @@ static struct model *load_arch(const char *path, struct gguf_file **qf)
     return m;
 }
 
+/* Case c's prompt followed by its greedy text (malloc'd, *n tokens). */
+static int32_t *case_seq(const cJSON *c, size_t *n)
+{
+    size_t np, ng;
+    int32_t *p = tm_ids(c, "prompt_ids", &np), *g = tm_ids(c, "greedy_ids", &ng);
+    int32_t *seq = malloc((np + ng) * sizeof *seq);
+    memcpy(seq, p, np * sizeof *seq);
+    memcpy(seq + np, g, ng * sizeof *seq);
+    free(p);
+    free(g);
+    *n = np + ng;
+    return seq;
+}
+
+/* Every logit over seq[n] of model a with LoRA adapter la (0: none) is model b's with lb, to the
+ * bit; what names a's side in the message. */
+static void same_logits_as(struct model *a, int la, struct model *b, int lb, const int32_t *seq,
+                           size_t n, const char *what)
+{
+    float *got, *want;
+    struct qerr err = {0};
+    ck_assert_msg(generate_all_logits_lora(a, seq, n, 37, la, &got, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits_lora(b, seq, n, 37, lb, &want, &err) == 0, "%s", err.msg);
+    size_t at;
+    ck_assert_msg(!tu_bits_differ(got, want, n * (size_t)model_get_config(a)->vocab, &at),
+                  "%s: logit %zu is %.9g, the other model's %.9g", what, at, got[at], want[at]);
+    free(got);
+    free(want);
+}
+
 /* The qwen2 copy's tokenizer (pre-tokenizer "qwen2": digits one by one, Llama 3's other
  * pieces) cuts the golden file's texts as llama.cpp does, special tokens parsed. (Its digit rule
  * cannot show here: SmolLM2's vocabulary has no token of two digits; its line breaks, spaces and
@@ -957,11 +987,8 @@ static void check_qwen2_tokenize(const struct gguf_file *qf)
  * and its sums in the ranks' order move a logit by up to 6e-4.) */
 static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJSON *c)
 {
-    size_t np, ng;
-    int32_t *p = tm_ids(c, "prompt_ids", &np), *g = tm_ids(c, "greedy_ids", &ng);
-    int32_t *seq = malloc((np + ng) * sizeof *seq);
-    memcpy(seq, p, np * sizeof *seq);
-    memcpy(seq + np, g, ng * sizeof *seq);
+    size_t n;
+    int32_t *seq = case_seq(c, &n);
     struct qerr err = {0};
     struct backend *bes[3];
     struct comm *comms[3];
@@ -980,10 +1007,10 @@ static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJ
     struct model *split;
     ck_assert_msg(model_load(qf, bes[0], &mo, &split, &err) == 0, "%s", err.msg);
     float *want, *got;
-    ck_assert_msg(generate_all_logits(m, seq, np + ng, 37, &want, &err) == 0, "%s", err.msg);
-    ck_assert_msg(generate_all_logits(split, seq, np + ng, 37, &got, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits(m, seq, n, 37, &want, &err) == 0, "%s", err.msg);
+    ck_assert_msg(generate_all_logits(split, seq, n, 37, &got, &err) == 0, "%s", err.msg);
     double worst = 0;
-    for (size_t i = 0; i < (np + ng) * (size_t)model_get_config(m)->vocab; i++)
+    for (size_t i = 0; i < n * (size_t)model_get_config(m)->vocab; i++)
         worst = fmax(worst, fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), 1.0));
     printf("%s --tp 3: worst relative logit difference to --tp 1 %.2e\n", model_get_config(m)->arch,
            worst);
@@ -996,8 +1023,6 @@ static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJ
         backend_destroy(bes[r]);
     }
     free(seq);
-    free(p);
-    free(g);
 }
 
 /* Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), both with the NeoX rope, and SmolLM3
@@ -1037,24 +1062,10 @@ START_TEST(arch_matches_reference)
     if (phi3) {
         /* the same weights, fused and in Hugging Face's rows: llama.cpp's phi3 is its llama on
          * them (the golden file records 0.000 apart), and so is quern's, to the bit */
-        size_t np, ng;
-        int32_t *p = tm_ids(c, "prompt_ids", &np), *g = tm_ids(c, "greedy_ids", &ng);
-        int32_t *seq = malloc((np + ng) * sizeof *seq);
-        memcpy(seq, p, np * sizeof *seq);
-        memcpy(seq + np, g, ng * sizeof *seq);
-        float *want, *got;
-        struct qerr err = {0};
-        ck_assert_msg(generate_all_logits(model, seq, np + ng, 37, &want, &err) == 0, "%s",
-                      err.msg);
-        ck_assert_msg(generate_all_logits(m, seq, np + ng, 37, &got, &err) == 0, "%s", err.msg);
-        size_t at;
-        ck_assert_msg(!tu_bits_differ(got, want, (np + ng) * (size_t)cfg->vocab, &at),
-                      "phi3 logit %zu: %.9g vs llama's %.9g", at, got[at], want[at]);
-        free(want);
-        free(got);
+        size_t n;
+        int32_t *seq = case_seq(c, &n);
+        same_logits_as(m, 0, model, 0, seq, n, "phi3 vs llama");
         free(seq);
-        free(p);
-        free(g);
     } else {
         struct tm_run plain = run();
         double off = tm_case_logit_error(&plain, c, 37);
@@ -1084,23 +1095,10 @@ START_TEST(qwen2_zero_bias_is_llama)
     struct gguf_file *qf;
     struct model *m = load_arch(path, &qf);
     ck_assert(model_get_config(m)->qkv_bias);
-    size_t np, ng;
-    int32_t *p = tm_case_ids(0, "prompt_ids", &np), *g = tm_case_ids(0, "greedy_ids", &ng);
-    int32_t *seq = malloc((np + ng) * sizeof *seq);
-    memcpy(seq, p, np * sizeof *seq);
-    memcpy(seq + np, g, ng * sizeof *seq);
-    float *want = NULL, *got = NULL;
-    struct qerr err = {0};
-    ck_assert_msg(generate_all_logits(model, seq, np + ng, 37, &want, &err) == 0, "%s", err.msg);
-    ck_assert_msg(generate_all_logits(m, seq, np + ng, 37, &got, &err) == 0, "%s", err.msg);
-    size_t at, n = (np + ng) * (size_t)model_get_config(m)->vocab;
-    ck_assert_msg(!tu_bits_differ(got, want, n, &at), "logit %zu: %.9g vs llama's %.9g", at,
-                  got[at], want[at]);
-    free(want);
-    free(got);
+    size_t n;
+    int32_t *seq = case_seq(tm_case(0), &n);
+    same_logits_as(m, 0, model, 0, seq, n, "zero-bias qwen2 vs llama");
     free(seq);
-    free(p);
-    free(g);
     model_free(m);
     gguf_close(qf);
     unlink(path);
@@ -1172,14 +1170,7 @@ START_TEST(lora_matches_reference)
     ck_assert_msg(off > 0.05, "the model without the adapter matches the reference (%.3f)", off);
     size_t np;
     int32_t *p = tm_ids(c, "prompt_ids", &np);
-    float *want, *got;
-    ck_assert_msg(generate_all_logits(model, p, np, 37, &want, &err) == 0, "%s", err.msg);
-    ck_assert_msg(generate_all_logits(m, p, np, 37, &got, &err) == 0, "%s", err.msg);
-    size_t at;
-    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)model_get_config(m)->vocab, &at),
-                  "an unused adapter moved logit %zu: %.9g vs %.9g", at, got[at], want[at]);
-    free(want);
-    free(got);
+    same_logits_as(m, 0, model, 0, p, np, "an adapter loaded, unused");
     free(p);
     model_free(m);
 }
@@ -1312,14 +1303,7 @@ START_TEST(qwen2_lora_is_llama_lora)
     ck_assert_msg(load_with_loras(ldir, &plain, 1, 1.0f, &ml, &err) == 0, "%s", err.msg);
     size_t np;
     int32_t *p = tm_case_ids(0, "prompt_ids", &np);
-    float *want, *got;
-    ck_assert_msg(generate_all_logits_lora(ml, p, np, 37, 1, &want, &err) == 0, "%s", err.msg);
-    ck_assert_msg(generate_all_logits_lora(mq, p, np, 37, 1, &got, &err) == 0, "%s", err.msg);
-    size_t at;
-    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)model_get_config(mq)->vocab, &at),
-                  "logit %zu: %.9g vs llama's %.9g", at, got[at], want[at]);
-    free(want);
-    free(got);
+    same_logits_as(mq, 1, ml, 1, p, np, "qwen2 with its adapter vs llama with its own");
     free(p);
     model_free(mq);
     model_free(ml);
@@ -1370,14 +1354,7 @@ START_TEST(phi3_fused_lora_is_llama_lora)
     ck_assert_msg(load_with_loras(ldir, &shared, 1, 1.0f, &ml, &err) == 0, "%s", err.msg);
     size_t np;
     int32_t *p = tm_case_ids(0, "prompt_ids", &np);
-    float *want, *got;
-    ck_assert_msg(generate_all_logits_lora(ml, p, np, 37, 1, &want, &err) == 0, "%s", err.msg);
-    ck_assert_msg(generate_all_logits_lora(mp, p, np, 37, 1, &got, &err) == 0, "%s", err.msg);
-    size_t at;
-    ck_assert_msg(!tu_bits_differ(got, want, np * (size_t)pcfg.vocab, &at),
-                  "logit %zu: %.9g vs llama's %.9g", at, got[at], want[at]);
-    free(want);
-    free(got);
+    same_logits_as(mp, 1, ml, 1, p, np, "phi3 with a fused adapter vs llama with it per matrix");
     free(p);
     model_free(mp);
     model_free(ml);
