@@ -910,6 +910,33 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
     return path;
 }
 
+/* An architecture copy (var: make-golden-archs.py's variant, as JSON) in a directory of its own,
+ * with a LoRA file's path beside it; arch_file_remove deletes all of it. */
+struct arch_file {
+    char dir[32], lora[64];
+    char *path;
+    cJSON *var;
+    struct arch_copy qc;
+};
+
+static void arch_file_write(struct arch_file *af, const char *var)
+{
+    snprintf(af->dir, sizeof af->dir, "/tmp/quern-arch-XXXXXX");
+    af->var = cJSON_Parse(var);
+    ck_assert_ptr_nonnull(af->var);
+    af->path = write_arch_model(af->dir, &af->qc, af->var);
+    snprintf(af->lora, sizeof af->lora, "%s/lora.gguf", af->dir);
+}
+
+static void arch_file_remove(struct arch_file *af)
+{
+    unlink(af->lora);
+    unlink(af->path);
+    rmdir(af->dir);
+    free(af->path);
+    cJSON_Delete(af->var);
+}
+
 static struct model *load_arch(const char *path, struct gguf_file **qf)
 {
     struct qerr err = {0};
@@ -1088,12 +1115,10 @@ END_TEST
  * model's exactly. */
 START_TEST(qwen2_zero_bias_is_llama)
 {
-    cJSON *var = cJSON_Parse("{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
-    static struct arch_copy qc;
-    char dir[] = "/tmp/quern-qwen-XXXXXX";
-    char *path = write_arch_model(dir, &qc, var);
+    static struct arch_file af;
+    arch_file_write(&af, "{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
     struct gguf_file *qf;
-    struct model *m = load_arch(path, &qf);
+    struct model *m = load_arch(af.path, &qf);
     ck_assert(model_get_config(m)->qkv_bias);
     size_t n;
     int32_t *seq = case_seq(tm_case(0), &n);
@@ -1101,10 +1126,7 @@ START_TEST(qwen2_zero_bias_is_llama)
     free(seq);
     model_free(m);
     gguf_close(qf);
-    unlink(path);
-    rmdir(dir);
-    free(path);
-    cJSON_Delete(var);
+    arch_file_remove(&af);
 }
 END_TEST
 
@@ -1273,22 +1295,18 @@ END_TEST
  * adapter is therefore the llama model with the same adapter in llama's order, bit for bit. */
 START_TEST(qwen2_lora_is_llama_lora)
 {
-    cJSON *var = cJSON_Parse("{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
-    static struct arch_copy qc;
-    char dir[] = "/tmp/quern-qwen-XXXXXX";
-    char *path = write_arch_model(dir, &qc, var);
-    char lpath[64];
-    snprintf(lpath, sizeof lpath, "%s/lora.gguf", dir);
+    static struct arch_file af;
+    arch_file_write(&af, "{\"arch\": \"qwen2\", \"bias_amp\": [0, 0, 0]}");
     struct lorafix fx = lorafix_default();
     fx.arch = "qwen2";
     fx.hf_rows = true;
     struct model_config qcfg = *model_get_config(model);
     snprintf(qcfg.arch, sizeof qcfg.arch, "qwen2");
     struct qerr err = {0};
-    ck_assert_msg(lorafix_write(&qcfg, lpath, &fx, &err) == 0, "%s", err.msg);
+    ck_assert_msg(lorafix_write(&qcfg, af.lora, &fx, &err) == 0, "%s", err.msg);
     struct gguf_file *qf;
-    ck_assert_msg(gguf_open(path, &qf, &err) == 0, "%s", err.msg);
-    struct lora_spec spec = {.path = lpath, .name = "q", .scale = 1.0f};
+    ck_assert_msg(gguf_open(af.path, &qf, &err) == 0, "%s", err.msg);
+    struct lora_spec spec = {.path = af.lora, .name = "q", .scale = 1.0f};
     struct model_opts mo = {.max_batch_tokens = 1024,
                             .max_logits = 64,
                             .kv_blocks = 33 * 8,
@@ -1308,11 +1326,7 @@ START_TEST(qwen2_lora_is_llama_lora)
     model_free(mq);
     model_free(ml);
     gguf_close(qf);
-    unlink(lpath);
-    unlink(path);
-    rmdir(dir);
-    free(path);
-    cJSON_Delete(var);
+    arch_file_remove(&af);
 }
 END_TEST
 
@@ -1322,15 +1336,11 @@ END_TEST
  * shared), bit for bit; an unfused adapter for it is refused, naming the matrix. */
 START_TEST(phi3_fused_lora_is_llama_lora)
 {
-    cJSON *var = cJSON_Parse("{\"arch\": \"phi3\"}");
-    static struct arch_copy qc;
-    char dir[] = "/tmp/quern-phi3-XXXXXX";
-    char *path = write_arch_model(dir, &qc, var);
-    char lpath[64];
-    snprintf(lpath, sizeof lpath, "%s/lora.gguf", dir);
+    static struct arch_file af;
+    arch_file_write(&af, "{\"arch\": \"phi3\"}");
     struct gguf_file *pf;
     struct qerr err = {0};
-    ck_assert_msg(gguf_open(path, &pf, &err) == 0, "%s", err.msg);
+    ck_assert_msg(gguf_open(af.path, &pf, &err) == 0, "%s", err.msg);
     struct model_config pcfg;
     ck_assert_msg(model_config_read(pf, &pcfg, &err) == 0, "%s", err.msg);
     ck_assert(pcfg.fused_qkv && pcfg.fused_gate_up);
@@ -1338,8 +1348,8 @@ START_TEST(phi3_fused_lora_is_llama_lora)
     fx.arch = "phi3";
     fx.hf_rows = true;
     fx.fused = true;
-    ck_assert_msg(lorafix_write(&pcfg, lpath, &fx, &err) == 0, "%s", err.msg);
-    struct lora_spec spec = {.path = lpath, .name = "p", .scale = 1.0f};
+    ck_assert_msg(lorafix_write(&pcfg, af.lora, &fx, &err) == 0, "%s", err.msg);
+    struct lora_spec spec = {.path = af.lora, .name = "p", .scale = 1.0f};
     struct model_opts mo = {.max_batch_tokens = 1024,
                             .max_logits = 64,
                             .kv_blocks = 33 * 8,
@@ -1361,17 +1371,13 @@ START_TEST(phi3_fused_lora_is_llama_lora)
     /* an adapter of attn_q for a model that fuses q/k/v */
     struct lorafix unfused = lorafix_default();
     unfused.arch = "phi3";
-    ck_assert_msg(lorafix_write(&pcfg, lpath, &unfused, &err) == 0, "%s", err.msg);
+    ck_assert_msg(lorafix_write(&pcfg, af.lora, &unfused, &err) == 0, "%s", err.msg);
     struct model *bad = NULL;
     ck_assert_int_eq(model_load(pf, be, &mo, &bad, &err), QERR_INVALID);
     ck_assert_msg(strstr(err.msg, "blk.0.attn_q.weight, a matrix this phi3 model does not have"),
                   "%s", err.msg);
     gguf_close(pf);
-    unlink(lpath);
-    unlink(path);
-    rmdir(dir);
-    free(path);
-    cJSON_Delete(var);
+    arch_file_remove(&af);
 }
 END_TEST
 
