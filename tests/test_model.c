@@ -1134,6 +1134,20 @@ END_TEST
 
 static cJSON *lora_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
 
+/* The model in f with adapters specs[0..n) on the fixture's backend, as the golden tests size it.
+ */
+static int load_lora_model(const struct gguf_file *f, const struct lora_spec *specs, int n,
+                           struct model **out, struct qerr *err)
+{
+    struct model_opts mo = {.max_batch_tokens = 1024,
+                            .max_logits = 64,
+                            .kv_blocks = 33 * 8,
+                            .kv_block_size = 16,
+                            .loras = specs,
+                            .n_loras = n};
+    return model_load(f, be, &mo, out, err);
+}
+
 /* The default model with the LoRA adapters fxs written into dir (named "a0", "a1", ...) at
  * scale, or the load's error code with its message in *err. */
 static int load_with_loras(char *dir, const struct lorafix *fxs, int n, float scale,
@@ -1151,13 +1165,7 @@ static int load_with_loras(char *dir, const struct lorafix *fxs, int n, float sc
                       werr.msg);
         specs[i] = (struct lora_spec){.path = paths[i], .name = names[i], .scale = scale};
     }
-    struct model_opts mo = {.max_batch_tokens = 1024,
-                            .max_logits = 64,
-                            .kv_blocks = 33 * 8,
-                            .kv_block_size = 16,
-                            .loras = specs,
-                            .n_loras = n};
-    int rc = model_load(file, be, &mo, out, err);
+    int rc = load_lora_model(file, specs, n, out, err);
     for (int i = 0; i < n; i++) unlink(paths[i]);
     rmdir(dir);
     return rc;
@@ -1307,14 +1315,8 @@ START_TEST(qwen2_lora_is_llama_lora)
     struct gguf_file *qf;
     ck_assert_msg(gguf_open(af.path, &qf, &err) == 0, "%s", err.msg);
     struct lora_spec spec = {.path = af.lora, .name = "q", .scale = 1.0f};
-    struct model_opts mo = {.max_batch_tokens = 1024,
-                            .max_logits = 64,
-                            .kv_blocks = 33 * 8,
-                            .kv_block_size = 16,
-                            .loras = &spec,
-                            .n_loras = 1};
     struct model *mq, *ml;
-    ck_assert_msg(model_load(qf, be, &mo, &mq, &err) == 0, "%s", err.msg);
+    ck_assert_msg(load_lora_model(qf, &spec, 1, &mq, &err) == 0, "%s", err.msg);
     ck_assert(model_get_config(mq)->rope_neox);
     struct lorafix plain = lorafix_default();
     char ldir[] = "/tmp/quern-lora-XXXXXX";
@@ -1350,14 +1352,8 @@ START_TEST(phi3_fused_lora_is_llama_lora)
     fx.fused = true;
     ck_assert_msg(lorafix_write(&pcfg, af.lora, &fx, &err) == 0, "%s", err.msg);
     struct lora_spec spec = {.path = af.lora, .name = "p", .scale = 1.0f};
-    struct model_opts mo = {.max_batch_tokens = 1024,
-                            .max_logits = 64,
-                            .kv_blocks = 33 * 8,
-                            .kv_block_size = 16,
-                            .loras = &spec,
-                            .n_loras = 1};
     struct model *mp, *ml;
-    ck_assert_msg(model_load(pf, be, &mo, &mp, &err) == 0, "%s", err.msg);
+    ck_assert_msg(load_lora_model(pf, &spec, 1, &mp, &err) == 0, "%s", err.msg);
     struct lorafix shared = lorafix_default();
     shared.shared_a = true;
     char ldir[] = "/tmp/quern-lora-XXXXXX";
@@ -1373,7 +1369,7 @@ START_TEST(phi3_fused_lora_is_llama_lora)
     unfused.arch = "phi3";
     ck_assert_msg(lorafix_write(&pcfg, af.lora, &unfused, &err) == 0, "%s", err.msg);
     struct model *bad = NULL;
-    ck_assert_int_eq(model_load(pf, be, &mo, &bad, &err), QERR_INVALID);
+    ck_assert_int_eq(load_lora_model(pf, &spec, 1, &bad, &err), QERR_INVALID);
     ck_assert_msg(strstr(err.msg, "blk.0.attn_q.weight, a matrix this phi3 model does not have"),
                   "%s", err.msg);
     gguf_close(pf);
