@@ -48,6 +48,34 @@ static int print_tp(const struct gguf_file *f, const struct model_config *cfg, i
     return 0;
 }
 
+/* A LoRA adapter's file (general.type "adapter"): what --lora would load. */
+static void print_adapter(const char *path, const struct gguf_file *f)
+{
+    struct gguf_str arch = {"", 0}, kind = {"", 0};
+    gguf_get_str(f, "general.architecture", &arch, NULL);
+    gguf_get_str(f, "adapter.type", &kind, NULL);
+    float alpha = 0;
+    gguf_get_f32(f, "adapter.lora.alpha", &alpha, NULL);
+    uint64_t pairs = 0, rank_lo = UINT64_MAX, rank_hi = 0;
+    for (uint64_t i = 0; i < gguf_tensor_count(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->name.len < 7 || memcmp(t->name.ptr + t->name.len - 7, ".lora_a", 7)) continue;
+        pairs++;
+        if (t->ne[1] < rank_lo) rank_lo = t->ne[1];
+        if (t->ne[1] > rank_hi) rank_hi = t->ne[1];
+    }
+    printf("file          %s (GGUF v%u, %llu bytes)\n", path, gguf_version(f),
+           (unsigned long long)gguf_file_size(f));
+    printf("adapter       %.*s for architecture %.*s (load it with serve/generate --lora)\n",
+           (int)kind.len, kind.ptr, (int)arch.len, arch.ptr);
+    printf("alpha         %g\n", (double)alpha);
+    if (pairs)
+        printf("matrices      %llu (rank %llu..%llu)\n", (unsigned long long)pairs,
+               (unsigned long long)rank_lo, (unsigned long long)rank_hi);
+    else
+        printf("matrices      0\n");
+}
+
 int cli_info(int argc, char **argv)
 {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
@@ -80,6 +108,12 @@ int cli_info(int argc, char **argv)
     struct tokenizer *tok = NULL;
     struct model_config cfg;
     int rc = gguf_open(path, &f, &err);
+    struct gguf_str type = {"", 0};
+    if (!rc && !gguf_get_str(f, "general.type", &type, NULL) && gguf_str_eq(type, "adapter")) {
+        print_adapter(path, f);
+        gguf_close(f);
+        return EXIT_OK;
+    }
     if (!rc) rc = model_config_read(f, &cfg, &err);
     if (!rc) rc = tokenizer_load(f, &tok, &err);
     if (rc) {

@@ -128,6 +128,7 @@ if [ -n "${QUERN_MAKE_LORA:-}" ] && "$QUERN_MAKE_LORA" "$model" "$tmp/ad.gguf"; 
     echo "FAIL: generate --lora: plain '$plain', adapted '$adapted', scale 0 '$zero'"
     fails=$((fails + 1))
   fi
+  expect 0 "adapter +lora for architecture llama" -- info --model "$tmp/ad.gguf"
   expect 1 "not a LoRA adapter \\(general.type" -- generate --model "$model" --lora "$model" \
     --prompt hi -n 1
   expect 1 "$tmp/nope.gguf: cannot open" -- generate --model "$model" --lora "$tmp/nope.gguf" \
