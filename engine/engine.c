@@ -305,6 +305,7 @@ static void seq_finish(struct engine *e, struct seq *s, enum finish_reason why, 
                        const char *error)
 {
     sched_release_blocks(e, s);
+    if (s->lora) e->local.lora_finished[s->lora - 1]++;
     /* a whole answer, for later sequences' drafts (a request that opted out of speculation
      * lends its answer to none) */
     if (s->spec && (why == FINISH_STOP || why == FINISH_LENGTH))
@@ -743,6 +744,12 @@ static void publish_stats(struct engine *e)
 {
     e->local.running = e->n_running;
     e->local.waiting = e->n_waiting;
+    memset(e->local.lora_running, 0, sizeof e->local.lora_running);
+    memset(e->local.lora_waiting, 0, sizeof e->local.lora_waiting);
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->lora) e->local.lora_running[e->running[i]->lora - 1]++;
+    for (int i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i]->lora) e->local.lora_waiting[e->waiting[i]->lora - 1]++;
     e->local.kv_blocks_total = kv_pool_blocks(e->pool);
     /* the spare blocks are the engine's, not any request's */
     e->local.kv_blocks_used = kv_pool_used(e->pool) - e->n_spare;
@@ -853,6 +860,9 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->spec == SPEC_DRAFT && (!o->draft_file || o->tp > 1))
         return qerr_set(err, QERR_INVALID, "engine: --spec draft needs %s",
                         o->draft_file ? "one rank (not --tp)" : "a draft model (--draft-model)");
+    if (o->n_loras < 0 || o->n_loras > ENGINE_MAX_LORAS)
+        return qerr_set(err, QERR_INVALID, "engine: %d LoRA adapters (at most %d)", o->n_loras,
+                        ENGINE_MAX_LORAS);
     if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
         return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
                         tokenizer_max_token_bytes(tok));

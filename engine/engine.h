@@ -90,8 +90,9 @@ struct engine_opts {
      * target's vocabulary. It runs on the engine's backend, its K/V in the same pool blocks as
      * the target's: kv_mem then pays for both (docs/speculation.md). Not with tp > 1. */
     const struct gguf_file *draft_file;
-    /* LoRA adapters loaded with the model (model_opts.loras; not with tp > 1): a request picks
-     * one by gen_request.lora. The specs are read while engine_create runs. */
+    /* LoRA adapters loaded with the model (model_opts.loras; not with tp > 1; at most
+     * ENGINE_MAX_LORAS): a request picks one by gen_request.lora. The specs are read while
+     * engine_create runs. */
     const struct lora_spec *loras;
     int n_loras;
 };
@@ -235,8 +236,15 @@ struct req_event {
     bool request_fault;
 };
 
+/* LoRA adapters an engine takes (engine_opts.loras) */
+#define ENGINE_MAX_LORAS 8
+
 struct engine_stats {
     int running, waiting;
+    /* per LoRA adapter (engine_opts.loras' order): requests running and waiting with it, and
+     * those it finished */
+    int lora_running[ENGINE_MAX_LORAS], lora_waiting[ENGINE_MAX_LORAS];
+    uint64_t lora_finished[ENGINE_MAX_LORAS];
     int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
     int kv_block_size; /* tokens per KV block */
     uint64_t prefix_lookups, prefix_hit_tokens;

@@ -194,7 +194,10 @@ void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *o
     struct engine_stats st;
     bool have = serve_stats(s, &st);
     struct sbuf b = {0};
-    if (metrics_render(&s->metrics, have ? &st : NULL, atomic_load(&s->state), &b)) {
+    const char *loras[CLI_MAX_LORAS];
+    for (int i = 0; i < s->o->lora.n; i++) loras[i] = s->o->lora.names[i];
+    if (metrics_render(&s->metrics, have ? &st : NULL, atomic_load(&s->state), &b) ||
+        (have && s->o->lora.n && metrics_render_lora(&st, loras, s->o->lora.n, &b))) {
         sbuf_free(&b);
         json_reply(out, 500, NULL);
         return;

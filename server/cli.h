@@ -173,7 +173,8 @@ const char *cli_template_kwargs(const char *json, bool *no_thinking);
 /* --lora [NAME=]FILE and --lora-scaled [NAME=]FILE SCALE (llama.cpp's flags; repeatable): LoRA
  * adapters (engine/lora.h) loaded with the model, named NAME or the file's base name. */
 #include "../engine/lora.h"
-#define CLI_MAX_LORAS 8
+#include "../engine/engine.h"
+#define CLI_MAX_LORAS ENGINE_MAX_LORAS
 struct cli_loras {
     struct lora_spec specs[CLI_MAX_LORAS];
     char names[CLI_MAX_LORAS][LORA_NAME_MAX];

@@ -1,3 +1,4 @@
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -248,6 +249,14 @@ int cli_lora_arg(const char *prog, int code, char *text, int argc, char **argv, 
                 LORA_NAME_MAX - 1);
         return -1;
     }
+    for (size_t i = 0; i < name_len; i++)
+        if (!isalnum((unsigned char)name[i]) && !strchr("._-", name[i])) {
+            fprintf(stderr,
+                    "quern %s: %s '%s': the name '%.*s' may hold letters, digits, '.', '_' and "
+                    "'-' (name it: NAME=FILE)\n",
+                    prog, opt, text, (int)name_len, name);
+            return -1;
+        }
     memcpy(l->names[l->n], name, name_len);
     l->names[l->n][name_len] = 0;
     for (int i = 0; i < l->n; i++)

@@ -1,5 +1,6 @@
 #include "metrics.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Latency buckets (seconds), close to vLLM's so dashboards carry over. */
@@ -282,6 +283,31 @@ static int render_engine(const struct engine_stats *s, struct sbuf *o)
         rc = sbuf_printf(o, "quern_engine_requests_finished_total{finished_reason=\"%s\"} %llu\n",
                          finish_reason_name((enum finish_reason)i),
                          (unsigned long long)s->finished[i]);
+    return rc;
+}
+
+int metrics_render_lora(const struct engine_stats *s, const char *const *names, int n,
+                        struct sbuf *out)
+{
+    static const char *const what[3] = {"running", "waiting", "finished"};
+    static const char *const help[3] = {
+        "Requests in the running batch, by LoRA adapter.",
+        "Requests waiting to be admitted, by LoRA adapter.",
+        "Requests the engine finished, by LoRA adapter.",
+    };
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++) {
+        char name[64];
+        snprintf(name, sizeof name,
+                 k < 2 ? "quern_lora_requests_%s" : "quern_lora_requests_%s_total", what[k]);
+        rc = head(out, name, k < 2 ? "gauge" : "counter", help[k]);
+        for (int i = 0; i < n && i < ENGINE_MAX_LORAS && !rc; i++) {
+            unsigned long long v = k == 0   ? (unsigned long long)s->lora_running[i]
+                                   : k == 1 ? (unsigned long long)s->lora_waiting[i]
+                                            : (unsigned long long)s->lora_finished[i];
+            rc = sbuf_printf(out, "%s{lora_name=\"%s\"} %llu\n", name, names[i], v);
+        }
+    }
     return rc;
 }
 

@@ -717,6 +717,15 @@ def test_lora(_d):
         st, _, r = d.post("/v1/completions", dict(req, model="gold2"))
         check(st == 404 and r["error"]["code"] == "model_not_found", "an unknown adapter: 404",
               str(r))
+        st, _, text = d.request("GET", "/metrics")
+        text = text.decode() if isinstance(text, bytes) else text
+        got = {m: float(v) for m, v in
+               (ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith("quern_lora_"))}
+        check(st == 200 and got.get('quern_lora_requests_finished_total{lora_name="gold"}') == 3
+              and got.get('quern_lora_requests_finished_total{lora_name="other"}') == 1
+              and got.get('quern_lora_requests_running{lora_name="gold"}') == 0
+              and 'quern_lora_requests_waiting{lora_name="other"}' in got,
+              "/metrics counts each adapter's requests", str(got))
     finally:
         rc = d.stop()
         d.reader.join(10)

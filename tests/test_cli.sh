@@ -139,6 +139,8 @@ if [ -n "${QUERN_MAKE_LORA:-}" ] && "$QUERN_MAKE_LORA" "$model" "$tmp/ad.gguf"; 
     --lora b="$tmp/ad.gguf" --prompt hi
   expect 2 "--lora-scaled wants a file and a scale" -- generate --model "$model" \
     --lora-scaled "$tmp/ad.gguf" --prompt hi
+  expect 2 "the name 'a b' may hold letters, digits" -- serve --model "$model" \
+    --lora "a b=$tmp/ad.gguf"
   expect 2 "two adapters named 'ad'" -- serve --model "$model" --lora "$tmp/ad.gguf" \
     --lora "$tmp/ad.gguf"
   expect 2 "LoRA adapter 'smol' has the model's name" -- serve --model "$model" \
