@@ -762,16 +762,75 @@ static void publish_stats(struct engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A LoRA load or unload (engine_lora_load), between steps. */
+struct lora_cmd {
+    bool load;
+    const struct lora_spec *spec;
+    int slot; /* unload: the slot; load: the slot filled */
+    uint32_t gen;
+    int rc;
+    struct qerr err;
+    bool done;
+};
+
+/* Requests of slot's adapter that are queued, waiting or running. */
+static int lora_users(const struct engine *e, int slot)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_incoming; i++) n += e->incoming[i]->lora == slot + 1;
+    for (int i = 0; i < e->n_waiting; i++) n += e->waiting[i]->lora == slot + 1;
+    for (int i = 0; i < e->n_running; i++) n += e->running[i]->lora == slot + 1;
+    return n;
+}
+
+/* Carries out e->lora_cmd; called and returns with mu held (the load itself runs without it:
+ * submissions go on meanwhile). */
+static void lora_cmd_run(struct engine *e)
+{
+    struct lora_cmd *c = e->lora_cmd;
+    e->lora_cmd = NULL;
+    if (c->load) {
+        pthread_mutex_unlock(&e->mu);
+        c->rc = model_lora_add(e->model, c->spec, &c->slot, &c->err);
+        pthread_mutex_lock(&e->mu);
+        if (!c->rc) {
+            c->gen = e->lora_gen[c->slot] = ++e->lora_gen_next;
+            e->local.lora_finished[c->slot] = 0; /* the counter is the new adapter's */
+        }
+    } else if (c->slot < 0 || c->slot >= e->lora_slots || !e->lora_gen[c->slot]) {
+        c->rc = qerr_set(&c->err, QERR_NOTFOUND, "no LoRA adapter in slot %d", c->slot);
+    } else {
+        int users = lora_users(e, c->slot);
+        if (users) {
+            c->rc = qerr_set(&c->err, QERR_FULL, "the LoRA adapter is in use by %d request%s",
+                             users, users == 1 ? "" : "s");
+        } else {
+            e->lora_gen[c->slot] = 0; /* from here on submissions for it are refused */
+            pthread_mutex_unlock(&e->mu);
+            model_lora_remove(e->model, c->slot);
+            pthread_mutex_lock(&e->mu);
+        }
+    }
+    c->done = true;
+    pthread_cond_broadcast(&e->lora_done);
+}
+
 static void *engine_main(void *arg)
 {
     struct engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->n_incoming == 0 && e->n_running == 0 && e->n_waiting == 0)
+        while (!e->stop && !e->lora_cmd && e->n_incoming == 0 && e->n_running == 0 &&
+               e->n_waiting == 0)
             pthread_cond_wait(&e->wake, &e->mu);
         if (e->stop) {
             pthread_mutex_unlock(&e->mu);
             break;
+        }
+        if (e->lora_cmd) { /* between steps: nothing of the model is in use */
+            lora_cmd_run(e);
+            pthread_mutex_unlock(&e->mu);
+            continue;
         }
         /* capacity for these was reserved at submit */
         for (int i = 0; i < e->n_incoming; i++) sched_waiting_insert(e, e->incoming[i]);
@@ -798,12 +857,18 @@ static void *engine_main(void *arg)
          * sleep until someone reads, aborts or submits, or the next stall check */
         struct timespec until = realtime_after_ms(100);
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->n_incoming == 0 && e->wakes == seen)
+        while (!e->stop && !e->lora_cmd && e->n_incoming == 0 && e->wakes == seen)
             if (pthread_cond_timedwait(&e->wake, &e->mu, &until)) break;
         pthread_mutex_unlock(&e->mu);
     }
-    /* shutdown: everything still here ends with abort */
+    /* shutdown: everything still here ends with abort, and a LoRA command is refused */
     pthread_mutex_lock(&e->mu);
+    if (e->lora_cmd) {
+        e->lora_cmd->rc = qerr_set(&e->lora_cmd->err, QERR_FULL, "the engine stopped");
+        e->lora_cmd->done = true;
+        e->lora_cmd = NULL;
+        pthread_cond_broadcast(&e->lora_done);
+    }
     for (int i = 0; i < e->n_incoming; i++) e->waiting[e->n_waiting++] = e->incoming[i];
     e->n_incoming = 0;
     pthread_mutex_unlock(&e->mu);
@@ -843,6 +908,8 @@ static void engine_release(struct engine *e)
     pthread_mutex_destroy(&e->gvocab_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->lora_done);
+    pthread_mutex_destroy(&e->lora_mu);
     free(e);
 }
 
@@ -860,9 +927,10 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
     if (o->spec == SPEC_DRAFT && (!o->draft_file || o->tp > 1))
         return qerr_set(err, QERR_INVALID, "engine: --spec draft needs %s",
                         o->draft_file ? "one rank (not --tp)" : "a draft model (--draft-model)");
-    if (o->n_loras < 0 || o->n_loras > ENGINE_MAX_LORAS)
-        return qerr_set(err, QERR_INVALID, "engine: %d LoRA adapters (at most %d)", o->n_loras,
-                        ENGINE_MAX_LORAS);
+    if (o->n_loras < 0 || o->n_loras > ENGINE_MAX_LORAS || o->max_loras < 0 ||
+        o->max_loras > ENGINE_MAX_LORAS)
+        return qerr_set(err, QERR_INVALID, "engine: %d LoRA adapters, %d slots (at most %d)",
+                        o->n_loras, o->max_loras, ENGINE_MAX_LORAS);
     if (3 * tokenizer_max_token_bytes(tok) + 16 > 2048)
         return qerr_set(err, QERR_UNSUPPORTED, "engine: a token of %zu bytes is too long",
                         tokenizer_max_token_bytes(tok));
@@ -925,9 +993,15 @@ int engine_create(const struct gguf_file *f, const struct tokenizer *tok, struct
                             .rope_freq_base = o->rope_freq_base,
                             .rope_scale = o->rope_scale,
                             .loras = o->loras,
-                            .n_loras = o->n_loras};
+                            .n_loras = o->n_loras,
+                            .max_loras = o->max_loras};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->lora_done, NULL);
+    pthread_mutex_init(&e->lora_mu, NULL);
+    e->lora_slots = o->max_loras > o->n_loras ? o->max_loras : o->n_loras;
+    for (int i = 0; i < o->n_loras; i++) e->lora_gen[i] = 1; /* engine_opts' adapters */
+    e->lora_gen_next = 1;
     pthread_mutex_init(&e->gvocab_mu, NULL);
     /* the queue, a request's further choices (joins_group), and running sequences that are
      * preempted back into the queue */
@@ -1043,7 +1117,6 @@ static int seq_from_request(struct engine *e, const struct gen_request *r, struc
     s->pooling = r->pooling;
     s->priority = r->priority;
     s->lora = r->lora;
-    s->last_key = seq_root_key(s);
     if (r->grammar) {
         s->grammar = r->grammar;
         grammar_ref(s->grammar);
@@ -1102,9 +1175,8 @@ static int check_request(const struct engine *e, const struct gen_request *r, st
     if (r->n_prompt == 0) return qerr_set(err, QERR_INVALID, "prompt: must have at least 1 token");
     if (r->max_tokens < 0)
         return qerr_set(err, QERR_INVALID, "max_tokens: %d is negative", r->max_tokens);
-    if (r->lora < 0 || r->lora > model_lora_count(e->model))
-        return qerr_set(err, QERR_INVALID, "lora: adapter %d of %d", r->lora - 1,
-                        model_lora_count(e->model));
+    if (r->lora < 0 || r->lora > e->lora_slots)
+        return qerr_set(err, QERR_INVALID, "lora: slot %d of %d", r->lora - 1, e->lora_slots);
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab)
             return qerr_set(err, QERR_INVALID, "prompt: token id %d is not in [0, %d)",
@@ -1225,12 +1297,21 @@ int engine_submit(struct engine *e, const struct gen_request *r, struct request 
     if (e->draining || e->stop) {
         pthread_mutex_unlock(&e->mu);
         rc = qerr_set(err, QERR_FULL, "the server is draining and accepts no new requests");
+    } else if (r->lora && (!e->lora_gen[r->lora - 1] ||
+                           (r->lora_gen && r->lora_gen != e->lora_gen[r->lora - 1]))) {
+        pthread_mutex_unlock(&e->mu);
+        rc = qerr_set(err, QERR_NOTFOUND, "the LoRA adapter (slot %d) was unloaded", r->lora - 1);
     } else if (e->n_incoming + e->n_waiting_pub >=
                e->o.max_queue + (r->joins_group ? ENGINE_MAX_GROUP - 1 : 0)) {
         pthread_mutex_unlock(&e->mu);
         rc = qerr_set(err, QERR_FULL, "the queue is full (%d waiting requests)", e->o.max_queue);
     } else {
         s->id = ++e->next_id;
+        /* the adapter's slot and generation: K/V cached under another adapter is never its */
+        if (r->lora)
+            s->root_key = 0x9e3779b97f4a7c15ull * (uint64_t)r->lora ^
+                          (uint64_t)e->lora_gen[r->lora - 1] << 40;
+        s->last_key = s->root_key;
         e->incoming[e->n_incoming++] = s;
         pthread_cond_signal(&e->wake);
         pthread_mutex_unlock(&e->mu);
@@ -1276,4 +1357,48 @@ void engine_drain(struct engine *e)
     pthread_mutex_lock(&e->mu);
     e->draining = true;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Hands c to the engine thread and waits for it to be carried out. */
+static int lora_cmd_post(struct engine *e, struct lora_cmd *c, struct qerr *err)
+{
+    pthread_mutex_lock(&e->lora_mu);
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    if (e->stop || e->draining) {
+        rc = qerr_set(err, QERR_FULL, "the server is draining");
+    } else {
+        /* the engine thread always answers, stopping or not (engine_main's shutdown) */
+        e->lora_cmd = c;
+        e->wakes++;
+        pthread_cond_signal(&e->wake);
+        while (!c->done) pthread_cond_wait(&e->lora_done, &e->mu);
+        if (c->rc) rc = qerr_set(err, c->rc, "%s", c->err.msg);
+    }
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->lora_mu);
+    return rc;
+}
+
+int engine_lora_load(struct engine *e, const struct lora_spec *spec, int *lora, uint32_t *gen,
+                     struct qerr *err)
+{
+    *lora = 0;
+    *gen = 0;
+    if (e->lora_slots == e->o.n_loras)
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "the engine has no slots for LoRA adapters loaded "
+                        "while it runs");
+    struct lora_cmd c = {.load = true, .spec = spec};
+    int rc = lora_cmd_post(e, &c, err);
+    if (rc) return rc;
+    *lora = c.slot + 1;
+    *gen = c.gen;
+    return 0;
+}
+
+int engine_lora_unload(struct engine *e, int lora, struct qerr *err)
+{
+    struct lora_cmd c = {.load = false, .slot = lora - 1};
+    return lora_cmd_post(e, &c, err);
 }

@@ -95,6 +95,9 @@ struct engine_opts {
      * engine_create runs. */
     const struct lora_spec *loras;
     int n_loras;
+    /* slots for adapters loaded while the engine runs (engine_lora_load), n_loras..
+     * ENGINE_MAX_LORAS; 0: n_loras (none can be added) */
+    int max_loras;
 };
 
 void engine_opts_default(struct engine_opts *o);
@@ -196,9 +199,13 @@ struct gen_request {
      * (ENGINE_MAX_GROUP - 1 of them), so that under overload a request of n choices is
      * admitted whenever one of a single choice would be, not only when n places are free. */
     bool joins_group;
-    /* 1 + the index of the LoRA adapter (engine_opts.loras) the request runs with; 0: none.
-     * Its prompt shares cached K/V only with requests of the same adapter. */
+    /* 1 + the slot of the LoRA adapter the request runs with (engine_opts.loras' index, or
+     * engine_lora_load's); 0: none. Its prompt shares cached K/V only with requests of the same
+     * adapter. lora_gen: the adapter's generation as the caller found it (1 for engine_opts'
+     * adapters, engine_lora_load's for others); a slot holding another adapter by now refuses
+     * the request (QERR_NOTFOUND); 0: whatever the slot holds. */
     int lora;
+    uint32_t lora_gen;
 };
 
 struct token_logprob {
@@ -307,6 +314,15 @@ const float *request_embedding(struct request *r, int *dim);
 void request_release(struct request *r);
 
 void engine_get_stats(struct engine *e, struct engine_stats *s);
+
+/* Loads a LoRA adapter into a free slot while the engine runs (the engine thread does it
+ * between steps; the caller waits): *lora is gen_request.lora for it, *gen its lora_gen.
+ * QERR_FULL when every slot (engine_opts.max_loras) is taken, the load's error otherwise. */
+int engine_lora_load(struct engine *e, const struct lora_spec *spec, int *lora, uint32_t *gen,
+                     struct qerr *err);
+/* Unloads adapter lora (gen_request.lora) once no request runs with it or waits for it:
+ * QERR_FULL while some do (nothing changes), QERR_NOTFOUND for an empty slot. */
+int engine_lora_unload(struct engine *e, int lora, struct qerr *err);
 const struct model_config *engine_model_config(const struct engine *e);
 int engine_ctx_len(const struct engine *e);
 /* Tokens the KV pool holds: engine_submit refuses a request whose prompt + max_tokens need more

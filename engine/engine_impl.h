@@ -33,11 +33,12 @@ struct request {
 
 struct seq {
     struct request *req;
-    uint64_t order;  /* admission order: the newest running sequence is preempted first */
-    int priority;    /* gen_request.priority */
-    int lora;        /* gen_request.lora: 1 + the adapter's index, 0: none */
-    int preemptions; /* times preempted */
-    int32_t *tokens; /* prompt then generated; the last one may not be computed yet */
+    uint64_t order;    /* admission order: the newest running sequence is preempted first */
+    int priority;      /* gen_request.priority */
+    int lora;          /* gen_request.lora: 1 + the adapter's slot, 0: none */
+    uint64_t root_key; /* seq_root_key */
+    int preemptions;   /* times preempted */
+    int32_t *tokens;   /* prompt then generated; the last one may not be computed yet */
     int n_tokens, cap_tokens, n_prompt;
     int n_computed; /* tokens whose K/V are in the cache */
     int *blocks;
@@ -100,10 +101,11 @@ struct seq {
 };
 
 /* The key a sequence's chain of cached-prefix keys starts from: 0 without an adapter, a value of
- * its own for each LoRA adapter, whose K/V differ from the base model's for the same tokens. */
+ * its own for each LoRA adapter (its slot and generation), whose K/V differ from the base
+ * model's for the same tokens. */
 static inline uint64_t seq_root_key(const struct seq *s)
 {
-    return s->lora ? 0x9e3779b97f4a7c15ull * (uint64_t)s->lora : 0;
+    return s->root_key;
 }
 
 /* One step's plan: which tokens of which sequences run, and where their K/V go. */
@@ -147,8 +149,16 @@ struct engine {
     int vocab, ctx_len;
 
     pthread_t thread;
-    pthread_mutex_t mu; /* guards incoming, n_incoming, stop, draining, stats */
+    pthread_mutex_t mu; /* guards incoming, n_incoming, stop, draining, stats, lora_* */
     pthread_cond_t wake;
+    /* LoRA slots: the generation of the adapter in each (0: free; a slot's next adapter gets
+     * a new one, so a request named for the one before is refused), and the load or unload in
+     * flight, which the engine thread carries out between steps (engine_lora_load) */
+    uint32_t lora_gen[ENGINE_MAX_LORAS], lora_gen_next;
+    int lora_slots;
+    struct lora_cmd *lora_cmd;
+    pthread_cond_t lora_done;
+    pthread_mutex_t lora_mu; /* one command at a time */
     struct seq **incoming;
     int n_incoming, cap_incoming;
     bool stop, draining;

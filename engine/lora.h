@@ -69,10 +69,17 @@ void lora_free(struct lora_adapter *ad);
  * shares the batch. */
 struct lora_run;
 
+/* cap slots (>= n_specs, >= 1), specs[i] loaded into slot i. */
 int lora_run_create(struct backend *be, const struct model_config *cfg,
-                    const struct lora_spec *specs, int n_specs, int max_tokens,
+                    const struct lora_spec *specs, int n_specs, int cap, int max_tokens,
                     struct lora_run **out, struct qerr *err);
 void lora_run_free(struct lora_run *r);
+/* Loads spec into the lowest free slot (*slot); QERR_FULL when none is free; a name already
+ * loaded is QERR_INVALID. Between steps only. */
+int lora_run_add(struct lora_run *r, const struct lora_spec *spec, int *slot, struct qerr *err);
+/* Unloads the adapter in slot (no sequence may run with it any more). Between steps only. */
+void lora_run_remove(struct lora_run *r, int slot);
+/* The slots (loaded or free), and slot i's adapter (NULL: free). */
 int lora_run_count(const struct lora_run *r);
 const struct lora_adapter *lora_run_adapter(const struct lora_run *r, int i);
 /* Readies a step of n tokens whose token i belongs to sequence seq[i] (host arrays) and

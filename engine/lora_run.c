@@ -9,7 +9,11 @@
  * written O rows in, O = ceil(max_out / out), so row 0 of width out is zeros and token i's row is
  * O + its place in the compact batch. Other tokens thus get exact zeros added, which leave their
  * values as they were (a -0.0 may become +0.0, which compares equal): a sequence's result does
- * not depend on which adapters share its batch. */
+ * not depend on which adapters share its batch.
+ *
+ * Adapters live in slots (a batch's seq_lora names slot + 1); lora_run_add fills a free one and
+ * grows the scratch when the new adapter is wider than those before, lora_run_remove empties
+ * one. Both run between steps, on the thread that runs the forwards. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,16 +24,17 @@
 
 struct lora_run {
     struct backend *be;
-    int n, max_tokens, max_rank, max_out, max_in;
-    struct lora_adapter **ads;
+    struct model_config cfg;
+    int cap, max_tokens, max_rank, max_out, max_in;
+    struct lora_adapter **ads; /* [cap]; NULL: a free slot */
     int n_outs, outs[MAX_OUTS];
     /* device: xc [T][max_in] compact inputs, t [T][max_rank], d [2 max_out + T max_out]
      * (max_out zeros first), e [T][max_out] the spread result */
     float *xc, *t, *d, *e;
-    int32_t **gather; /* device [n][T]: adapter j's tokens, in order */
-    int32_t **spread; /* device [n][n_outs][T]: each token's row of d per output width */
+    int32_t **gather; /* device [cap][T]: adapter j's tokens, in order */
+    int32_t **spread; /* device [cap][MAX_OUTS][T]: each token's row of d per output width */
     int32_t *host;    /* [T] */
-    /* this step: per adapter, how many of its tokens (0: none, n_tokens: all) */
+    /* this step: per slot, how many of its tokens (0: none, n_tokens: all) */
     int n_tokens;
     int *count;
 };
@@ -56,6 +61,12 @@ static void release_pairs(struct backend *be, struct lora_adapter *ad)
     }
 }
 
+static void drop_adapter(struct backend *be, struct lora_adapter *ad)
+{
+    release_pairs(be, ad);
+    lora_free(ad);
+}
+
 static int out_slot(const struct lora_run *r, int out)
 {
     for (int k = 0; k < r->n_outs; k++)
@@ -63,81 +74,106 @@ static int out_slot(const struct lora_run *r, int out)
     return -1;
 }
 
-/* Widths and output sizes over every adapter's pairs. */
-static void note_shapes(struct lora_run *r, const struct lora_adapter *ad)
+/* The widths ad adds to those the scratch holds: true when the scratch must grow. */
+static bool note_shapes(struct lora_run *r, const struct lora_adapter *ad)
 {
+    bool grew = false;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_N_TARGETS; i++) {
         const struct lora_pair *p = &ad->pairs[i];
         if (!p->rank) continue;
         int out = (int)p->b.rows, in = (int)p->a.cols;
-        if (p->rank > r->max_rank) r->max_rank = p->rank;
-        if (out > r->max_out) r->max_out = out;
-        if (in > r->max_in) r->max_in = in;
+        if (p->rank > r->max_rank) r->max_rank = p->rank, grew = true;
+        if (out > r->max_out) r->max_out = out, grew = true;
+        if (in > r->max_in) r->max_in = in, grew = true;
         if (out_slot(r, out) < 0 && r->n_outs < MAX_OUTS) r->outs[r->n_outs++] = out;
+    }
+    return grew;
+}
+
+static void free_scratch(struct lora_run *r)
+{
+    float **bufs[] = {&r->xc, &r->t, &r->d, &r->e};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i]) r->be->ops->buf_free(r->be, *bufs[i]);
+        *bufs[i] = NULL;
     }
 }
 
+/* The float scratch for the widths noted so far (d's leading zeros written); on failure the
+ * scratch before stays. */
 static int alloc_scratch(struct lora_run *r, struct qerr *err)
 {
     struct backend *be = r->be;
     size_t T = (size_t)r->max_tokens, R = (size_t)r->max_rank, O = (size_t)r->max_out;
     /* d: max_out zeros, then up to out - 1 floats of padding (O rows of width out), then T rows */
     size_t bytes[4] = {T * (size_t)r->max_in * 4, T * R * 4, (2 * O + T * O) * 4, T * O * 4};
-    float **bufs[4] = {&r->xc, &r->t, &r->d, &r->e};
-    size_t total = bytes[0] + bytes[1] + bytes[2] + bytes[3];
+    float *nb[4] = {0};
     bool ok = true;
-    for (int i = 0; i < 4 && ok; i++) ok = (*bufs[i] = be->ops->buf_alloc(be, bytes[i])) != NULL;
-    r->gather = calloc((size_t)r->n, sizeof *r->gather);
-    r->spread = calloc((size_t)r->n * MAX_OUTS, sizeof *r->spread);
-    ok = ok && r->gather && r->spread;
-    for (int j = 0; ok && j < r->n; j++) {
-        ok = (r->gather[j] = be->ops->buf_alloc(be, T * 4)) != NULL;
-        for (int k = 0; ok && k < r->n_outs; k++)
-            ok = (r->spread[j * MAX_OUTS + k] = be->ops->buf_alloc(be, T * 4)) != NULL;
-        total += T * 4 * (size_t)(1 + r->n_outs);
+    for (int i = 0; i < 4 && ok; i++) ok = (nb[i] = be->ops->buf_alloc(be, bytes[i] + 4)) != NULL;
+    float *zeros = ok ? calloc(O + 1, sizeof *zeros) : NULL;
+    if (!zeros) {
+        for (int i = 0; i < 4; i++)
+            if (nb[i]) be->ops->buf_free(be, nb[i]);
+        return qerr_set(
+            err, QERR_NOMEM, "lora: cannot allocate %.1f MiB of scratch on the %s device",
+            (double)(bytes[0] + bytes[1] + bytes[2] + bytes[3]) / 1048576.0, be->ops->name);
     }
-    float *zeros = ok ? calloc(O, sizeof *zeros) : NULL;
-    if (!zeros)
-        return qerr_set(err, QERR_NOMEM,
-                        "lora: cannot allocate %.1f MiB of scratch on the %s device",
-                        (double)total / 1048576.0, be->ops->name);
-    be->ops->buf_write(be, r->d, zeros, O * sizeof *zeros);
+    be->ops->buf_write(be, nb[2], zeros, O * sizeof *zeros);
     free(zeros);
+    free_scratch(r);
+    r->xc = nb[0];
+    r->t = nb[1];
+    r->d = nb[2];
+    r->e = nb[3];
+    return 0;
+}
+
+/* The index buffers of every slot (small: T int32 each). */
+static int alloc_indexes(struct lora_run *r, struct qerr *err)
+{
+    struct backend *be = r->be;
+    size_t T = (size_t)r->max_tokens;
+    r->gather = calloc((size_t)r->cap, sizeof *r->gather);
+    r->spread = calloc((size_t)r->cap * MAX_OUTS, sizeof *r->spread);
+    bool ok = r->gather && r->spread;
+    for (int j = 0; ok && j < r->cap; j++) {
+        ok = (r->gather[j] = be->ops->buf_alloc(be, T * 4)) != NULL;
+        for (int k = 0; ok && k < MAX_OUTS; k++)
+            ok = (r->spread[j * MAX_OUTS + k] = be->ops->buf_alloc(be, T * 4)) != NULL;
+    }
+    if (!ok)
+        return qerr_set(err, QERR_NOMEM, "lora: cannot allocate the index buffers of %d adapters",
+                        r->cap);
     return 0;
 }
 
 int lora_run_create(struct backend *be, const struct model_config *cfg,
-                    const struct lora_spec *specs, int n_specs, int max_tokens,
+                    const struct lora_spec *specs, int n_specs, int cap, int max_tokens,
                     struct lora_run **out, struct qerr *err)
 {
     *out = NULL;
+    if (cap < n_specs || cap < 1)
+        return qerr_set(err, QERR_INVALID, "lora: %d adapters in %d slots", n_specs, cap);
     struct lora_run *r = calloc(1, sizeof *r);
     if (!r) return qerr_set(err, QERR_NOMEM, "lora: out of memory");
     r->be = be;
+    r->cfg = *cfg;
+    r->cap = cap;
     r->max_tokens = max_tokens;
-    r->ads = calloc((size_t)n_specs, sizeof *r->ads);
-    r->count = calloc((size_t)n_specs, sizeof *r->count);
+    r->ads = calloc((size_t)cap, sizeof *r->ads);
+    r->count = calloc((size_t)cap, sizeof *r->count);
     r->host = calloc((size_t)max_tokens, sizeof *r->host);
     int rc = 0;
     if (!r->ads || !r->count || !r->host) {
         rc = qerr_set(err, QERR_NOMEM, "lora: out of memory");
         goto fail;
     }
+    if ((rc = alloc_indexes(r, err))) goto fail;
     for (int i = 0; i < n_specs; i++) {
-        struct lora_adapter *ad = NULL;
-        if ((rc = lora_load(specs[i].path, specs[i].name, specs[i].scale, cfg, &ad, err)))
-            goto fail;
-        r->ads[r->n++] = ad;
-        for (int j = 0; j < i; j++)
-            if (!strcmp(r->ads[j]->name, ad->name)) {
-                rc = qerr_set(err, QERR_INVALID, "%s: a second LoRA adapter named '%s'",
-                              specs[i].path, ad->name);
-                goto fail;
-            }
-        if ((rc = prepare_pairs(be, ad, err))) goto fail;
-        note_shapes(r, ad);
+        int slot;
+        if ((rc = lora_run_add(r, &specs[i], &slot, err))) goto fail;
     }
-    if ((rc = alloc_scratch(r, err))) goto fail;
+    if (!r->xc && (rc = alloc_scratch(r, err))) goto fail;
     *out = r;
     return 0;
 fail:
@@ -145,20 +181,61 @@ fail:
     return rc;
 }
 
+int lora_run_add(struct lora_run *r, const struct lora_spec *spec, int *slot, struct qerr *err)
+{
+    *slot = -1;
+    int free_slot = -1;
+    for (int j = r->cap - 1; j >= 0; j--)
+        if (!r->ads[j]) free_slot = j;
+    if (free_slot < 0)
+        return qerr_set(err, QERR_FULL, "%s: every one of the %d LoRA slots is taken", spec->path,
+                        r->cap);
+    struct lora_adapter *ad = NULL;
+    int rc = lora_load(spec->path, spec->name, spec->scale, &r->cfg, &ad, err);
+    if (rc) return rc;
+    for (int j = 0; j < r->cap; j++)
+        if (r->ads[j] && !strcmp(r->ads[j]->name, ad->name)) {
+            rc = qerr_set(err, QERR_INVALID, "%s: a second LoRA adapter named '%s'", spec->path,
+                          ad->name);
+            lora_free(ad);
+            return rc;
+        }
+    if ((rc = prepare_pairs(r->be, ad, err))) {
+        drop_adapter(r->be, ad);
+        return rc;
+    }
+    /* a wider adapter grows the scratch; if that fails, the widths are those of before */
+    int was[3] = {r->max_rank, r->max_out, r->max_in};
+    if (note_shapes(r, ad) && (rc = alloc_scratch(r, err))) {
+        r->max_rank = was[0];
+        r->max_out = was[1];
+        r->max_in = was[2];
+        drop_adapter(r->be, ad);
+        return rc;
+    }
+    r->ads[free_slot] = ad;
+    *slot = free_slot;
+    return 0;
+}
+
+void lora_run_remove(struct lora_run *r, int slot)
+{
+    if (!r || slot < 0 || slot >= r->cap || !r->ads[slot]) return;
+    drop_adapter(r->be, r->ads[slot]);
+    r->ads[slot] = NULL;
+}
+
 void lora_run_free(struct lora_run *r)
 {
     if (!r) return;
     struct backend *be = r->be;
-    for (int j = 0; j < r->n; j++) {
-        release_pairs(be, r->ads[j]);
-        lora_free(r->ads[j]);
+    for (int j = 0; j < r->cap; j++) {
+        if (r->ads && r->ads[j]) drop_adapter(be, r->ads[j]);
         if (r->gather && r->gather[j]) be->ops->buf_free(be, r->gather[j]);
         for (int k = 0; r->spread && k < MAX_OUTS; k++)
             if (r->spread[j * MAX_OUTS + k]) be->ops->buf_free(be, r->spread[j * MAX_OUTS + k]);
     }
-    float *bufs[] = {r->xc, r->t, r->d, r->e};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) be->ops->buf_free(be, bufs[i]);
+    free_scratch(r);
     free(r->ads);
     free(r->gather);
     free(r->spread);
@@ -169,12 +246,12 @@ void lora_run_free(struct lora_run *r)
 
 int lora_run_count(const struct lora_run *r)
 {
-    return r ? r->n : 0;
+    return r ? r->cap : 0;
 }
 
 const struct lora_adapter *lora_run_adapter(const struct lora_run *r, int i)
 {
-    return r && i >= 0 && i < r->n ? r->ads[i] : NULL;
+    return r && i >= 0 && i < r->cap ? r->ads[i] : NULL;
 }
 
 bool lora_run_begin(struct lora_run *r, int n, const int32_t *seq, const int32_t *seq_lora)
@@ -182,9 +259,9 @@ bool lora_run_begin(struct lora_run *r, int n, const int32_t *seq, const int32_t
     struct backend *be = r->be;
     bool used = false;
     r->n_tokens = n;
-    for (int j = 0; j < r->n; j++) {
+    for (int j = 0; j < r->cap; j++) {
         int m = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; r->ads[j] && i < n; i++)
             if (seq_lora && seq_lora[seq[i]] == j + 1) r->host[m++] = i;
         r->count[j] = m;
         used |= m > 0;
@@ -203,10 +280,11 @@ void lora_run_apply(struct lora_run *r, int layer, enum lora_target t, const flo
                     float *y)
 {
     struct backend *be = r->be;
-    for (int j = 0; j < r->n; j++) {
-        const struct lora_pair *p = lora_pair_at(r->ads[j], layer, t);
+    for (int j = 0; j < r->cap; j++) {
         int m = r->count[j];
-        if (m == 0 || !p->rank) continue;
+        if (m == 0) continue;
+        const struct lora_pair *p = lora_pair_at(r->ads[j], layer, t);
+        if (!p->rank) continue;
         int in = (int)p->a.cols, out = (int)p->b.rows;
         if (m == n) {
             be->ops->matmul(be, &p->a, x, n, r->t);

@@ -629,7 +629,7 @@ static int reserve_table(struct model *m, struct qerr *err);
 int model_load(const struct gguf_file *f, struct backend *be, const struct model_opts *opts,
                struct model **out, struct qerr *err)
 {
-    if (opts->tp > 1 && opts->n_loras > 0)
+    if (opts->tp > 1 && (opts->n_loras > 0 || opts->max_loras > 0))
         return qerr_set(err, QERR_UNSUPPORTED,
                         "model: LoRA adapters with tensor parallelism (--tp %d) are not supported",
                         opts->tp);
@@ -753,8 +753,9 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err)) ||
         (rc = report_nonfinite(m, f, err)))
         goto fail;
-    if (opts->n_loras > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras,
-                                                   opts->max_batch_tokens, &m->lora, err)))
+    int lora_slots = opts->max_loras > opts->n_loras ? opts->max_loras : opts->n_loras;
+    if (lora_slots > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras, lora_slots,
+                                                opts->max_batch_tokens, &m->lora, err)))
         goto fail;
     m->bad = (struct nonfinite){0}; /* it points into f, which may close before m is freed */
     drop_all_file_pages(f, m);
@@ -845,6 +846,20 @@ const char *model_lora_name(const struct model *m, int i)
     return ad ? ad->name : NULL;
 }
 
+int model_lora_add(struct model *m, const struct lora_spec *spec, int *slot, struct qerr *err)
+{
+    *slot = -1;
+    if (!m->lora || m->tp)
+        return qerr_set(err, QERR_UNSUPPORTED, "%s: this model was loaded without LoRA slots",
+                        spec->path);
+    return lora_run_add(m->lora, spec, slot, err);
+}
+
+void model_lora_remove(struct model *m, int slot)
+{
+    lora_run_remove(m->lora, slot);
+}
+
 const struct model_opts *model_get_opts(const struct model *m)
 {
     return &m->opts;
@@ -885,7 +900,8 @@ static int check_batch(const struct model *m, const struct model_batch *b, struc
         if (b->block_table[i] < -1 || b->block_table[i] >= o->kv_blocks)
             return qerr_set(err, QERR_INVALID, "forward: block id %d", b->block_table[i]);
     for (int i = 0; b->seq_lora && i < b->n_seqs; i++)
-        if (b->seq_lora[i] < 0 || b->seq_lora[i] > lora_run_count(m->lora))
+        if (b->seq_lora[i] < 0 || b->seq_lora[i] > lora_run_count(m->lora) ||
+            (b->seq_lora[i] && !lora_run_adapter(m->lora, b->seq_lora[i] - 1)))
             return qerr_set(err, QERR_INVALID, "forward: sequence %d runs with LoRA %d of %d", i,
                             b->seq_lora[i] - 1, lora_run_count(m->lora));
     if (b->n_kv_copies < 0 || (b->n_kv_copies > 0 && !model_can_copy_kv(m)))

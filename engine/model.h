@@ -90,9 +90,10 @@ struct model_opts {
     struct backend *const *tp_backends;
     struct comm *const *tp_comms;
     /* LoRA adapters loaded with the model (not with tp > 1); a batch picks one per sequence
-     * (model_batch.seq_lora), by its index here. */
+     * (model_batch.seq_lora), by its index here, adapter i in slot i. max_loras: slots for
+     * adapters loaded later too (model_lora_add; 0: n_loras). */
     const struct lora_spec *loras;
-    int n_loras;
+    int n_loras, max_loras;
 };
 
 /* n leading positions of KV block src copied into block dst, on every layer (and every rank). */
@@ -158,9 +159,15 @@ double model_weight_bytes(const struct model *m);
 /* Whether batches may carry kv_copies (the backend copies between its buffers). */
 bool model_can_copy_kv(const struct model *m);
 
-/* The LoRA adapters loaded (model_opts.loras) and adapter i's name (what requests use). */
+/* The LoRA slots (model_opts.max_loras, or n_loras), and slot i's adapter's name (what requests
+ * use; NULL: a free slot). */
 int model_lora_count(const struct model *m);
 const char *model_lora_name(const struct model *m, int i);
+/* Loads an adapter into a free slot (*slot), between forwards; QERR_FULL when none is free,
+ * QERR_UNSUPPORTED for a model without slots or split over ranks. */
+int model_lora_add(struct model *m, const struct lora_spec *spec, int *slot, struct qerr *err);
+/* Frees slot (no batch may name it any more), between forwards. */
+void model_lora_remove(struct model *m, int slot);
 
 /* logits: host array [b->n_logits][vocab]. Validates the batch (sizes, token ids, slots) first. */
 int model_forward(struct model *m, const struct model_batch *b, float *logits, struct qerr *err);

@@ -79,11 +79,13 @@ static void json_reply(struct http_resp *out, int status, char *body)
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     (void)rq;
-    const char *loras[CLI_MAX_LORAS];
-    for (int i = 0; i < s->o->lora.n; i++) loras[i] = s->o->lora.names[i];
+    struct serve_lora ls[ENGINE_MAX_LORAS];
+    const char *loras[ENGINE_MAX_LORAS];
+    int n = serve_lora_list(s, ls);
+    for (int i = 0; i < n; i++) loras[i] = ls[i].name;
     json_reply(out, 200,
-               oai_write_models(s->o->served_names, s->o->n_served_names, loras, s->o->lora.n,
-                                s->started, s->ctx_len));
+               oai_write_models(s->o->served_names, s->o->n_served_names, loras, n, s->started,
+                                s->ctx_len));
 }
 
 /* The served name equal to model, or NULL. */
@@ -100,22 +102,14 @@ static int model_not_found(const char *model, struct oai_error *e)
                          "The model `%.200s` does not exist (see GET /v1/models)", model);
 }
 
-/* The LoRA adapter named model: 1 + its index, else 0. */
-static int lora_of(const struct serve *s, const char *model)
-{
-    for (int i = 0; i < s->o->lora.n; i++)
-        if (!strcmp(s->o->lora.names[i], model)) return i + 1;
-    return 0;
-}
-
 void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
     const char *id = rq->path + strlen(API_MODELS_PREFIX);
     const char *name = served_name_of(s, id);
-    int lora = name ? 0 : lora_of(s, id);
-    if (lora) {
-        const char *ln = s->o->lora.names[lora - 1];
-        json_reply(out, 200, oai_write_model(ln, ln, s->o->served_name, s->started, s->ctx_len));
+    struct serve_lora l;
+    if (!name && serve_lora_find(s, id, &l)) {
+        json_reply(out, 200,
+                   oai_write_model(l.name, l.name, s->o->served_name, s->started, s->ctx_len));
         return;
     }
     if (!name) {
@@ -127,16 +121,21 @@ void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out
     json_reply(out, 200, oai_write_model(name, s->o->served_name, NULL, s->started, s->ctx_len));
 }
 
-int api_model_check(const struct serve *s, const char *model, const char **name, int *lora,
-                    struct oai_error *e)
+int api_model_check(struct serve *s, const char *model, struct api_model *out, struct oai_error *e)
 {
-    *name = s->o->served_name;
-    *lora = 0;
+    *out = (struct api_model){.name = s->o->served_name};
     if (!model) return 0;
     const char *found = served_name_of(s, model);
-    if (!found && (*lora = lora_of(s, model))) found = s->o->lora.names[*lora - 1];
+    struct serve_lora l;
+    if (!found && serve_lora_find(s, model, &l)) {
+        snprintf(out->lora_name, sizeof out->lora_name, "%s", l.name);
+        out->name = found = out->lora_name;
+        out->lora = l.lora;
+        out->gen = l.gen;
+        return 0;
+    }
     if (!found) return model_not_found(model, e);
-    *name = found;
+    out->name = found;
     return 0;
 }
 
@@ -194,10 +193,12 @@ void api_metrics(struct serve *s, const struct http_req *rq, struct http_resp *o
     struct engine_stats st;
     bool have = serve_stats(s, &st);
     struct sbuf b = {0};
-    const char *loras[CLI_MAX_LORAS];
-    for (int i = 0; i < s->o->lora.n; i++) loras[i] = s->o->lora.names[i];
+    struct serve_lora ls[ENGINE_MAX_LORAS];
+    const char *by_slot[ENGINE_MAX_LORAS] = {0};
+    int n = serve_lora_list(s, ls);
+    for (int i = 0; i < n; i++) by_slot[ls[i].lora - 1] = ls[i].name;
     if (metrics_render(&s->metrics, have ? &st : NULL, atomic_load(&s->state), &b) ||
-        (have && s->o->lora.n && metrics_render_lora(&st, loras, s->o->lora.n, &b))) {
+        (have && n && metrics_render_lora(&st, by_slot, ENGINE_MAX_LORAS, &b))) {
         sbuf_free(&b);
         json_reply(out, 500, NULL);
         return;

@@ -46,12 +46,23 @@ int api_parse(enum oai_kind kind, const struct http_req *rq, struct oai_request 
               struct http_resp *out);
 
 /* Shared by api.c and api_generate.c. */
-/* A request's "model" (NULL: not given) against the served names and the LoRA adapters' (--lora):
- * *name is the name it matched (server-owned, for the response), or the first served name when
- * none was given; *lora is 1 + the adapter's index (gen_request.lora), else 0. Another name is a
- * 404 model_not_found, as OpenAI and vLLM answer. */
-int api_model_check(const struct serve *s, const char *model, const char **name, int *lora,
-                    struct oai_error *e);
+/* What a request's "model" names: a served name (name points at it; lora 0), or a LoRA adapter
+ * (name points at lora_name, a copy, since an adapter may be unloaded while the request runs;
+ * lora and gen for gen_request.lora and lora_gen). A copy of the struct must repoint name. */
+struct api_model {
+    const char *name;
+    char lora_name[LORA_NAME_MAX];
+    int lora;
+    uint32_t gen;
+};
+/* A request's "model" (NULL: not given: the first served name) against the served names and the
+ * LoRA adapters (server/api_lora.c); another name is a 404 model_not_found, as OpenAI and vLLM
+ * answer. */
+int api_model_check(struct serve *s, const char *model, struct api_model *out, struct oai_error *e);
+
+/* server/api_lora.c: vLLM's load/unload endpoints (serve --lora-runtime) */
+void api_load_lora(struct serve *s, const struct http_req *rq, struct http_resp *out);
+void api_unload_lora(struct serve *s, const struct http_req *rq, struct http_resp *out);
 /* False (with a 503 in out) unless the model is loaded and the server is not draining. */
 bool api_ready(struct serve *s, struct req_log *log, struct http_resp *out);
 /* True when the client has hung up (or its socket failed): a handler waiting on the engine

@@ -24,9 +24,9 @@ struct embed_job {
     struct request **reqs;
     float **vecs; /* [n] owned copies */
     int dim;
-    size_t next, done; /* submitted; finished (in input order) */
-    int priority;      /* the request's, for each input */
-    int lora;          /* its LoRA adapter (gen_request.lora) */
+    size_t next, done;   /* submitted; finished (in input order) */
+    int priority;        /* the request's, for each input */
+    struct api_model am; /* what "model" named: its LoRA adapter, the name to answer with */
 };
 
 static void job_free(struct embed_job *j)
@@ -86,7 +86,8 @@ static int submit_next(struct embed_job *j, struct oai_error *e)
                              .top_logprobs = -1,
                              .pooling = s->o->pooling,
                              .priority = j->priority,
-                             .lora = j->lora};
+                             .lora = j->am.lora,
+                             .lora_gen = j->am.gen};
     sample_params_default(&gr.sample);
     struct qerr q = {0};
     if (serve_submit(s, &gr, &j->reqs[i], &q) == 0) {
@@ -169,10 +170,9 @@ void api_embeddings(struct serve *s, const struct http_req *rq, struct http_resp
     struct oai_request r;
     struct oai_error e = {0};
     if (api_parse(OAI_EMBEDDING, rq, &r, out)) return;
-    const char *model;
     struct embed_job j = {.s = s, .rq = rq, .n = r.n_prompts, .priority = r.priority};
-    int rc = api_model_check(s, r.model, &model, &j.lora, &e);
-    if (!rc) rc = run(&j, &r, model, out, &e);
+    int rc = api_model_check(s, r.model, &j.am, &e);
+    if (!rc) rc = run(&j, &r, j.am.name, out, &e);
     if (rc == QERR_IO) {
         rq->log->disconnected = true;
         out->status = 0;

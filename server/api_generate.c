@@ -49,6 +49,7 @@ struct choice {
 
 struct gen {
     struct serve *s;
+    struct api_model am; /* what "model" named (responses carry am.name) */
     struct oai_meta meta;
     char id[48];
     bool stream, include_usage;
@@ -596,6 +597,9 @@ int api_submit_error(struct serve *s, const struct qerr *q, struct oai_error *e)
     if (q->code == QERR_FULL)
         return oai_error_set(e, 429, "rate_limit_error", "queue_full", NULL,
                              "the request queue is full (%s); retry later", q->msg);
+    if (q->code == QERR_NOTFOUND) /* its LoRA adapter was unloaded after the name was looked up */
+        return oai_error_set(e, 404, "invalid_request_error", "model_not_found", "model", "%s",
+                             q->msg);
     if (q->code == QERR_INVALID) {
         char field[64];
         bool named = engine_error_field(q->msg, field);
@@ -637,14 +641,16 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                      struct gen **out, struct oai_error *e)
 {
     const char *nomem = "out of memory";
-    const char *model;
-    int lora;
-    int rc = api_model_check(s, r->model, &model, &lora, e);
+    struct api_model am;
+    int rc = api_model_check(s, r->model, &am, e);
     if (rc) return rc;
     int n_prompts = r->kind == OAI_COMPLETION ? (int)r->n_prompts : 1;
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return oai_error_set(e, 500, "server_error", NULL, NULL, "%s", nomem);
     g->s = s;
+    g->am = am;
+    if (am.lora) g->am.name = g->am.lora_name; /* the copy's own */
+    const char *model = g->am.name;
     g->fd = rq->fd;
     g->log = rq->log;
     g->stream = r->stream;
@@ -743,7 +749,8 @@ static int gen_start(struct serve *s, const struct http_req *rq, const struct oa
                                      .include_stop_str = r->include_stop_str,
                                      .no_spec = r->no_spec,
                                      .priority = r->priority,
-                                     .lora = lora,
+                                     .lora = g->am.lora,
+                                     .lora_gen = g->am.gen,
                                      .allowed = r->allowed,
                                      .n_allowed = r->n_allowed,
                                      .bad_ids = g->bad_ids,

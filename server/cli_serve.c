@@ -86,7 +86,11 @@ static void serve_usage(FILE *out)
         "  --no-webui               serve no web page at / (default: the chat playground and\n"
         "                           engine view, http://HOST:PORT/)\n" CLI_SPEC_HELP CLI_LORA_HELP
         "                    a request runs with an adapter when its \"model\" names it\n"
-        "                    (GET /v1/models lists them)\n");
+        "                    (GET /v1/models lists them)\n"
+        "  --lora-runtime      POST /v1/load_lora_adapter {lora_name, lora_path} and\n"
+        "                    /v1/unload_lora_adapter {lora_name} (vLLM's) load and unload\n"
+        "                    adapters while serving, up to 8 in all; any client with the\n"
+        "                    API key can then have the server read a file it names\n");
 }
 
 /* "123", "512K", "256M", "2G" (binary multiples) into bytes. */
@@ -163,7 +167,8 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         O_MASK,
         O_CHATTMPL,
         O_REASONING,
-        O_TMPLKW
+        O_TMPLKW,
+        O_LORA_RUNTIME
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -193,6 +198,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"stall-timeout", required_argument, 0, O_STALL},
         {"pooling", required_argument, 0, O_POOLING},
         {"mask-mode", required_argument, 0, O_MASK},
+        {"lora-runtime", no_argument, 0, O_LORA_RUNTIME},
         CLI_BACKEND_OPTIONS,
         CLI_SPEC_OPTIONS,
         CLI_LORA_OPTIONS,
@@ -328,6 +334,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         case O_NOWEBUI:
             o->no_webui = true;
             break;
+        case O_LORA_RUNTIME:
+            o->lora_runtime = true;
+            break;
         case O_TRACE:
             o->trace_path = optarg;
             break;
@@ -411,6 +420,7 @@ static int load(struct serve *s, struct loaded *L, struct qerr *err)
     eo.mask_mode = o->mask_mode;
     eo.loras = o->lora.specs; /* named by cli_lora_specs in cli_serve */
     eo.n_loras = o->lora.n;
+    if (o->lora_runtime) eo.max_loras = ENGINE_MAX_LORAS;
     if (o->trace_path &&
         (rc = trace_create(TRACE_DEFAULT_STEPS, TRACE_DEFAULT_REQUESTS, &L->trace, err)))
         return rc;
@@ -630,6 +640,7 @@ int cli_serve(int argc, char **argv)
     struct serve s = {.o = &o, .started = (long long)time(NULL)};
     atomic_init(&s.state, SERVE_LOADING);
     atomic_init(&s.inflight, 0);
+    serve_lora_init(&s);
     if (metrics_init(&s.metrics) || pthread_rwlock_init(&s.lock, NULL)) {
         fprintf(stderr, "quern serve: out of memory\n");
         sigwatch_stop(&w);
@@ -704,6 +715,7 @@ out:
     unload(&L);
     pthread_rwlock_destroy(&s.lock);
     metrics_free(&s.metrics);
+    serve_lora_destroy(&s);
     sigwatch_stop(&w);
     if (exit_code == EXIT_OK) fprintf(stderr, "quern serve: stopped\n");
     fault_mark("exit");

@@ -86,6 +86,8 @@ static const struct route routes[] = {
     {"/health/ready", "GET", false, api_readiness, false},
     {"/metrics", "GET", false, api_metrics, false},
     {"/v1/engine/state", "GET", true, api_engine_state, false},
+    {"/v1/load_lora_adapter", "POST", true, api_load_lora, false},
+    {"/v1/unload_lora_adapter", "POST", true, api_unload_lora, false},
     /* the page itself is open (it asks for the API key when the API needs one) */
     {"/", "GET", false, api_webui, false},
     {API_WEBUI_PREFIX, "GET", false, api_webui, true},

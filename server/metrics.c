@@ -302,6 +302,7 @@ int metrics_render_lora(const struct engine_stats *s, const char *const *names, 
                  k < 2 ? "quern_lora_requests_%s" : "quern_lora_requests_%s_total", what[k]);
         rc = head(out, name, k < 2 ? "gauge" : "counter", help[k]);
         for (int i = 0; i < n && i < ENGINE_MAX_LORAS && !rc; i++) {
+            if (!names[i]) continue; /* a free slot */
             unsigned long long v = k == 0   ? (unsigned long long)s->lora_running[i]
                                    : k == 1 ? (unsigned long long)s->lora_waiting[i]
                                             : (unsigned long long)s->lora_finished[i];

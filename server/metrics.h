@@ -81,8 +81,9 @@ void metrics_set_conns_open(struct metrics *m, int open);
 /* Appends the exposition of m and, when s is non-NULL, of the engine's statistics; state is
  * 0 loading, 1 ready, 2 draining (quern_server_state). 0 or QERR_NOMEM. */
 int metrics_render(struct metrics *m, const struct engine_stats *s, int state, struct sbuf *out);
-/* Appends the per-adapter gauges and counter (engine_stats.lora_*) for the LoRA adapters named
- * names[0..n) (--lora's names: letters, digits and "-_." only, so they need no escaping). */
+/* Appends the per-adapter gauges and counter (engine_stats.lora_*, by slot) for the LoRA
+ * adapters of slots 0..n-1 named names[slot] (NULL: a free slot; letters, digits and "-_." only,
+ * so they need no escaping). */
 int metrics_render_lora(const struct engine_stats *s, const char *const *names, int n,
                         struct sbuf *out);
 

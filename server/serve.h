@@ -55,6 +55,9 @@ struct serve_opts {
     bool no_webui;                   /* --no-webui: no page at / (server/webui.h) */
     enum engine_mask_mode mask_mode; /* --mask-mode (engine_opts.mask_mode) */
     struct cli_loras lora;           /* --lora, --lora-scaled: a request names one as its model */
+    /* --lora-runtime: POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's) load and
+     * unload adapters while serving, up to ENGINE_MAX_LORAS in all */
+    bool lora_runtime;
 };
 
 enum serve_state { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
@@ -72,7 +75,24 @@ struct serve {
     struct metrics metrics;
     atomic_long inflight; /* engine requests submitted and not yet released */
     long long started;    /* unix seconds, the models' "created" */
+    /* the LoRA adapters a request may name (server/api_lora.c): --lora's, and those loaded
+     * since (--lora-runtime); lora_admin serializes loads and unloads */
+    pthread_mutex_t lora_mu, lora_admin;
+    struct serve_lora {
+        char name[LORA_NAME_MAX];
+        int lora;     /* gen_request.lora */
+        uint32_t gen; /* gen_request.lora_gen */
+    } loras[ENGINE_MAX_LORAS];
+    int n_loras;
 };
+
+/* The LoRA registry (server/api_lora.c): --lora's adapters at the start. */
+void serve_lora_init(struct serve *s);
+void serve_lora_destroy(struct serve *s);
+/* The adapter named name (a copy in *out), or false. */
+bool serve_lora_find(struct serve *s, const char *name, struct serve_lora *out);
+/* A copy of every adapter (out: ENGINE_MAX_LORAS entries); returns how many. */
+int serve_lora_list(struct serve *s, struct serve_lora *out);
 
 /* engine_submit under the read lock; QERR_FULL with "draining" once the engine is gone. */
 int serve_submit(struct serve *s, const struct gen_request *r, struct request **out,

@@ -717,19 +717,112 @@ def test_lora(_d):
         st, _, r = d.post("/v1/completions", dict(req, model="gold2"))
         check(st == 404 and r["error"]["code"] == "model_not_found", "an unknown adapter: 404",
               str(r))
-        st, _, text = d.request("GET", "/metrics")
-        text = text.decode() if isinstance(text, bytes) else text
-        got = {m: float(v) for m, v in
-               (ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith("quern_lora_"))}
+        # the engine publishes its counters after the step that answered: poll a moment
+        for _ in range(50):
+            st, _, text = d.request("GET", "/metrics")
+            text = text.decode() if isinstance(text, bytes) else text
+            got = {m: float(v) for m, v in
+                   (ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith("quern_lora_"))}
+            if got.get('quern_lora_requests_finished_total{lora_name="gold"}') == 3:
+                break
+            time.sleep(0.05)
         check(st == 200 and got.get('quern_lora_requests_finished_total{lora_name="gold"}') == 3
               and got.get('quern_lora_requests_finished_total{lora_name="other"}') == 1
               and got.get('quern_lora_requests_running{lora_name="gold"}') == 0
               and 'quern_lora_requests_waiting{lora_name="other"}' in got,
               "/metrics counts each adapter's requests", str(got))
+        st, _, r = d.post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": gold})
+        check(st == 404 and "--lora-runtime" in r["error"]["message"],
+              "without --lora-runtime, loading an adapter is a 404 naming the flag", str(r))
     finally:
         rc = d.stop()
         d.reader.join(10)
         check(rc == 0, "the LoRA daemon exits 0", str(rc))
+        test_http.check_sanitizers(d)
+        for p in (gold, other):
+            os.unlink(p)
+        os.rmdir(tmp)
+
+
+def test_lora_runtime(_d):
+    """--lora-runtime: vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter. A slot
+    freed by an unload and filled again serves the new adapter's own text although the old one's
+    prompt K/V are still cached (slot and generation key them); the golden adapter loaded at
+    runtime (alpha 12 at scale 1: the golden alpha 16 at 0.75) gives llama.cpp's greedy text; an
+    adapter a request is using cannot be unloaded (409); bad loads are 400s naming the cause."""
+    make = os.environ.get("QUERN_MAKE_LORA")
+    if not make:
+        print("skip test_lora_runtime: QUERN_MAKE_LORA not set")
+        return
+    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-lorart-{os.getpid()}")
+    os.makedirs(tmp, exist_ok=True)
+    gold, other = os.path.join(tmp, "gold.gguf"), os.path.join(tmp, "other.gguf")
+    ref = json.load(open(os.path.join(HERE, "golden", "smollm2-lora.json")))
+    alpha = ref["adapter"]["alpha"] * ref["scale"]
+    subprocess.run([make, test_http.MODEL, gold, str(ref["adapter"]["seed"]), str(alpha)],
+                   check=True)
+    subprocess.run([make, test_http.MODEL, other, "11"], check=True)
+    c = ref["cases"][0]
+    req = {"prompt": c["prompt_ids"], "max_tokens": len(c["greedy_ids"]), "temperature": 0,
+           "ignore_eos": True}
+    d = Daemon("--precision", "f32", "--lora-runtime")
+
+    def load(name, path):
+        return d.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def unload(name):
+        return d.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+    def text(model):
+        st, _, r = d.post("/v1/completions", dict(req, model=model))
+        return r["choices"][0]["text"] if st == 200 else (st, r)
+    try:
+        st, _, body = load("o", other)
+        check(st == 200 and b"added successfully" in body, "load_lora_adapter: 200", body)
+        st, _, body = d.request("GET", "/v1/models")
+        ids = [m["id"] for m in json.loads(body)["data"]]
+        check(ids[1:] == ["o"], "/v1/models lists the loaded adapter", body)
+        first = text("o")
+        st, _, body = unload("o")
+        check(st == 200 and b"removed successfully" in body, "unload_lora_adapter: 200", body)
+        st, _, r = d.post("/v1/completions", dict(req, model="o"))
+        check(st == 404 and r["error"]["code"] == "model_not_found",
+              "an unloaded adapter's name is a 404", str(r))
+        st, _, body = load("gold", gold)
+        st2, _, want = d.post("/detokenize", {"tokens": c["greedy_ids"]})
+        check(st == 200 and text("gold") == want["prompt"],
+              "the freed slot's next adapter gives its own text (llama.cpp's), not the cached "
+              "K/V of the one before", str(body))
+        check(text("gold") != text(None) and first != want["prompt"],
+              "the two adapters and the model all answer differently")
+        st, _, body = load("gold", other)
+        check(st == 400 and b"already been loaded" in body, "a name already loaded: 400", body)
+        st, _, body = load("x", os.path.join(tmp, "nope.gguf"))
+        check(st == 400 and b"cannot open" in body, "a missing file: 400 naming it", body)
+        st, _, body = load("x", test_http.MODEL)
+        check(st == 400 and b"not a LoRA adapter" in body, "a model file: 400", body)
+        st, _, body = load("a b", other)
+        check(st == 400 and b"letters, digits" in body, "a bad name: 400", body)
+        st, _, body = unload("nope")
+        check(st == 404, "unloading an unknown adapter: 404", body)
+        # an adapter a running request uses stays
+        long = dict(req, model="gold", max_tokens=400, stream=True)
+        chunks = d.stream("/v1/completions", long)
+        next(chunks)
+        st, _, body = unload("gold")
+        check(st == 409 and b"in use by 1 request" in body, "unloading an adapter in use: 409",
+              body)
+        for _ in chunks:
+            pass
+        st, _, body = unload("gold")
+        check(st == 200, "once its request is done, it unloads", body)
+        st, _, body = load("o", other)
+        check(st == 200 and text("o") == first, "loaded again, the same adapter gives the same "
+              "text", str(body))
+    finally:
+        rc = d.stop()
+        d.reader.join(10)
+        check(rc == 0, "the runtime-LoRA daemon exits 0", str(rc))
         test_http.check_sanitizers(d)
         for p in (gold, other):
             os.unlink(p)
@@ -750,7 +843,7 @@ def main():
     try:
         for t in (test_models, test_prompt_logprobs, test_embeddings, test_pooling,
                   test_responses, test_responses_format, test_responses_tools, test_sdk,
-                  test_reasoning, test_qwen3_thinking, test_lora):
+                  test_reasoning, test_qwen3_thinking, test_lora, test_lora_runtime):
             if only and not any(o in t.__name__ for o in only.split(",")):
                 continue
             t0 = time.time()
