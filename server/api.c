@@ -76,9 +76,18 @@ static void json_reply(struct http_resp *out, int status, char *body)
     out->body_len = strlen(body);
 }
 
+static bool ready(struct serve *s, struct req_log *log, struct http_resp *out);
+
+/* False (a 503 in out) while the model loads: the context length the model cards carry is read
+ * only after the state, written after it, says it is there. Draining, the cards still answer. */
+static bool loaded(struct serve *s, const struct http_req *rq, struct http_resp *out)
+{
+    return atomic_load(&s->state) != SERVE_LOADING || ready(s, rq->log, out);
+}
+
 void api_models(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
-    (void)rq;
+    if (!loaded(s, rq, out)) return;
     struct serve_lora ls[ENGINE_MAX_LORAS];
     const char *loras[ENGINE_MAX_LORAS];
     int n = serve_lora_list(s, ls);
@@ -104,6 +113,7 @@ static int model_not_found(const char *model, struct oai_error *e)
 
 void api_model(struct serve *s, const struct http_req *rq, struct http_resp *out)
 {
+    if (!loaded(s, rq, out)) return;
     const char *id = rq->path + strlen(API_MODELS_PREFIX);
     const char *name = served_name_of(s, id);
     struct serve_lora l;
