@@ -243,6 +243,37 @@ def test_key_and_question(p, dm):
     p.collect_console()
 
 
+def test_model_pick(p, dm):
+    """With LoRA adapters (--lora), the header offers the model and each adapter; an answer
+    asked with the adapter picked runs with it (its counter in /metrics)."""
+    if not dm.lora:
+        check(False, "the daemon has a LoRA adapter to pick (QUERN_MAKE_LORA wrote one)")
+        return
+    opts = p.js("const s = document.getElementById('model-pick');"
+                "return s.hidden ? null : Array.from(s.options).map(o => o.value)")
+    base = p.js("return app.config.model")
+    check(opts == [base, "gold"], "the header offers the model and its LoRA adapter", repr(opts))
+    name = 'quern_lora_requests_finished_total{lora_name="gold"}'
+    before = dm.metric(name) or 0
+    p.d.find_element(By.ID, "tab-chat").click()  # the engine view may be showing
+    p.js("const s = document.getElementById('model-pick'); s.value = 'gold';")
+    p.set_value("set-max-tokens", 8)
+    p.js("document.querySelectorAll('#messages .msg').forEach(m => m.dataset.old = '1')")
+    p.d.find_element(By.ID, "input").send_keys("Hi" + Keys.ENTER)
+    p.wait(lambda: p.js("return document.querySelectorAll('#messages .msg:not([data-old])')"
+                        ".length") >= 2 and not p.stop_visible() and p.last_stats(), 60,
+           "an answer with the adapter picked")
+    after = before
+    for _ in range(40):  # the engine publishes its counters after the step that answered
+        after = dm.metric(name) or 0
+        if after > before:
+            break
+        time.sleep(0.05)
+    check(after == before + 1, f"it ran with the adapter ({name}: {before} -> {after})")
+    p.js(f"document.getElementById('model-pick').value = {json.dumps(base)};")
+    p.collect_console()
+
+
 def test_continue(p, dm):
     """An answer cut by max tokens is written on by Continue (continue_final_message): the same
     message grows from where it stopped, and the button is off once the answer is whole."""
@@ -428,7 +459,14 @@ def test_no_webui():
 def main():
     t_start = time.time()
     test_js_syntax()
-    dm = Daemon("--api-key", KEY, "--precision", "f32")
+    # a LoRA adapter to pick in the header (test_model_pick)
+    lora_args, lora_path = [], None
+    if os.environ.get("QUERN_MAKE_LORA"):
+        lora_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-webui-{os.getpid()}.gguf")
+        if subprocess.run([os.environ["QUERN_MAKE_LORA"], MODEL, lora_path]).returncode == 0:
+            lora_args = ["--lora", "gold=" + lora_path]
+    dm = Daemon("--api-key", KEY, "--precision", "f32", *lora_args)
+    dm.lora = bool(lora_args)
     d = None
     try:
         d = browser()
@@ -445,6 +483,7 @@ def main():
         test_engine_view(p, dm)
         test_markdown_is_safe(p)
         test_reasoning_block(p)
+        test_model_pick(p, dm)
         test_reload_and_phone(p, dm)
         errors = [e for e in p.console if e.get("level") == "SEVERE"]
         check(not errors, f"no console errors ({len(p.console)} console entries in all)",
@@ -454,6 +493,8 @@ def main():
             d.quit()
         check(dm.stop(), "the daemon exits 0 on SIGTERM, with no sanitizer report",
               "\n    ".join(dm.lines[-20:]))
+    if lora_path and os.path.exists(lora_path):
+        os.unlink(lora_path)
     test_no_webui()
     print(f"test_webui: {time.time() - t_start:.1f} s; screenshots in {OUT}")
     if FAILS:

@@ -322,7 +322,31 @@ function requestBody(messages) {
   if (num(s.top_p) !== null) body.top_p = num(s.top_p);
   if (num(s.max_tokens) !== null) body.max_tokens = Math.max(1, Math.floor(num(s.max_tokens)));
   if (num(s.seed) !== null) body.seed = Math.floor(num(s.seed));
+  const pick = $('model-pick');
+  if (!pick.hidden && pick.value && pick.value !== app.config.model) body.model = pick.value;
   return body;
+}
+
+// the model and its LoRA adapters (GET /v1/models), offered when there is more than one
+async function loadModels() {
+  let data = [];
+  try {
+    const r = await apiFetch('/v1/models');
+    if (r.ok) data = (await r.json()).data || [];
+  } catch (e) {
+    return; // the daemon is going away: the model's name stays
+  }
+  const pick = $('model-pick');
+  const keep = pick.value;
+  pick.textContent = '';
+  for (const m of data) {
+    const o = el('option', null, m.parent ? m.id + ' (LoRA)' : m.id);
+    o.value = m.id;
+    pick.appendChild(o);
+  }
+  if (data.some((m) => m.id === keep)) pick.value = keep;
+  pick.hidden = data.length < 2;
+  $('model-name').hidden = !pick.hidden;
 }
 
 // cont: the last answer is written on (continue_final_message) instead of a new one
@@ -675,6 +699,7 @@ async function init() {
   }
   $('model-name').textContent = app.config.model || '';
   await ensureKey();
+  await loadModels();
   document.body.dataset.ready = '1';
 }
 
