@@ -654,21 +654,45 @@ def test_qwen3_thinking(_d):
         test_http.check_sanitizers(d)
 
 
+def lora_files(label, *adapters):
+    """A directory of adapters written by make_lora (QUERN_MAKE_LORA), one per (name, [SEED
+    [ALPHA]]) as name.gguf: (directory, [paths]), or None (skipped, said) when the writer is not
+    set."""
+    make = os.environ.get("QUERN_MAKE_LORA")
+    if not make:
+        print(f"skip {label}: QUERN_MAKE_LORA not set")
+        return None
+    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-{label}-{os.getpid()}")
+    os.makedirs(tmp, exist_ok=True)
+    paths = []
+    for name, args in adapters:
+        paths.append(os.path.join(tmp, name + ".gguf"))
+        subprocess.run([make, test_http.MODEL, paths[-1], *map(str, args)], check=True)
+    return tmp, paths
+
+
+def stop_lora_daemon(d, label, files):
+    """Stops d (checking it exits 0 and clean) and removes the adapters lora_files wrote."""
+    rc = d.stop()
+    d.reader.join(10)
+    check(rc == 0, f"the {label} daemon exits 0", str(rc))
+    test_http.check_sanitizers(d)
+    tmp, paths = files
+    for p in paths:
+        os.unlink(p)
+    os.rmdir(tmp)
+
+
 def test_lora(_d):
     """--lora: adapters a request names as its model (vLLM's way), listed by /v1/models with
     their parent. The golden adapter (tests/lorafix.h, written by make_lora) at scale 0.75 gives
     llama.cpp's greedy text (tests/golden/smollm2-lora.json) after the same prompt ran without
     it, so cached prompt K/V never cross between the model and an adapter; the model's own text
     is unchanged after and beside it; an unknown name is still a 404."""
-    make = os.environ.get("QUERN_MAKE_LORA")
-    if not make:
-        print("skip test_lora: QUERN_MAKE_LORA not set")
+    files = lora_files("lora", ("gold", [7]), ("other", [11]))
+    if not files:
         return
-    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-lora-{os.getpid()}")
-    os.makedirs(tmp, exist_ok=True)
-    gold, other = os.path.join(tmp, "gold.gguf"), os.path.join(tmp, "other.gguf")
-    subprocess.run([make, test_http.MODEL, gold], check=True)
-    subprocess.run([make, test_http.MODEL, other, "11"], check=True)
+    gold, other = files[1]
     ref = json.load(open(os.path.join(HERE, "golden", "smollm2-lora.json")))
     c = ref["cases"][0]
     d = Daemon("--precision", "f32", "--lora-scaled", "gold=" + gold, str(ref["scale"]),
@@ -735,13 +759,7 @@ def test_lora(_d):
         check(st == 404 and "--lora-runtime" in r["error"]["message"],
               "without --lora-runtime, loading an adapter is a 404 naming the flag", str(r))
     finally:
-        rc = d.stop()
-        d.reader.join(10)
-        check(rc == 0, "the LoRA daemon exits 0", str(rc))
-        test_http.check_sanitizers(d)
-        for p in (gold, other):
-            os.unlink(p)
-        os.rmdir(tmp)
+        stop_lora_daemon(d, "LoRA", files)
 
 
 def test_lora_runtime(_d):
@@ -750,18 +768,13 @@ def test_lora_runtime(_d):
     prompt K/V are still cached (slot and generation key them); the golden adapter loaded at
     runtime (alpha 12 at scale 1: the golden alpha 16 at 0.75) gives llama.cpp's greedy text; an
     adapter a request is using cannot be unloaded (409); bad loads are 400s naming the cause."""
-    make = os.environ.get("QUERN_MAKE_LORA")
-    if not make:
-        print("skip test_lora_runtime: QUERN_MAKE_LORA not set")
-        return
-    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"quern-lorart-{os.getpid()}")
-    os.makedirs(tmp, exist_ok=True)
-    gold, other = os.path.join(tmp, "gold.gguf"), os.path.join(tmp, "other.gguf")
     ref = json.load(open(os.path.join(HERE, "golden", "smollm2-lora.json")))
     alpha = ref["adapter"]["alpha"] * ref["scale"]
-    subprocess.run([make, test_http.MODEL, gold, str(ref["adapter"]["seed"]), str(alpha)],
-                   check=True)
-    subprocess.run([make, test_http.MODEL, other, "11"], check=True)
+    files = lora_files("lorart", ("gold", [ref["adapter"]["seed"], alpha]), ("other", [11]))
+    if not files:
+        return
+    gold, other = files[1]
+    tmp = files[0]
     c = ref["cases"][0]
     req = {"prompt": c["prompt_ids"], "max_tokens": len(c["greedy_ids"]), "temperature": 0,
            "ignore_eos": True}
@@ -820,13 +833,7 @@ def test_lora_runtime(_d):
         check(st == 200 and text("o") == first, "loaded again, the same adapter gives the same "
               "text", str(body))
     finally:
-        rc = d.stop()
-        d.reader.join(10)
-        check(rc == 0, "the runtime-LoRA daemon exits 0", str(rc))
-        test_http.check_sanitizers(d)
-        for p in (gold, other):
-            os.unlink(p)
-        os.rmdir(tmp)
+        stop_lora_daemon(d, "runtime-LoRA", files)
 
 
 def main():
