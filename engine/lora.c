@@ -159,7 +159,6 @@ static int read_matrix(const struct gguf_file *f, const struct gguf_tensor *t, i
                                 (int)t->name.len, t->name.ptr, v, (long long)r, (long long)i);
             }
     }
-    gguf_tensor_release(f, t);
     *out = m;
     return 0;
 }
@@ -262,8 +261,6 @@ static int read_pairs(const struct gguf_file *f, const struct model_config *c,
             p->rank = (int)rank;
             p->a = (struct bweight){.type = QTYPE_F32, .rows = rank, .cols = in, .host = pa};
             p->b = (struct bweight){.type = QTYPE_F32, .rows = pc->rows, .cols = rank, .host = pb};
-            if (rank > ad->max_rank) ad->max_rank = (int)rank;
-            if (pc->rows > ad->max_out) ad->max_out = (int)pc->rows;
             ad->n_pairs++;
         }
         free(a);

@@ -41,7 +41,7 @@ struct lora_pair {
 struct lora_adapter {
     char name[LORA_NAME_MAX];
     float alpha, user_scale; /* a pair's B holds user_scale * alpha / its rank (alpha 0: 1) */
-    int n_layers, max_rank, max_out, n_pairs;
+    int n_layers, n_pairs;
     struct lora_pair *pairs; /* [n_layers][LORA_N_TARGETS] */
 };
 
