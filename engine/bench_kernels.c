@@ -332,7 +332,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
                 pos[i] = ctx - n + i;
                 slot[i] = pos[i];
             }
-            struct attn_batch b = {n, pos, seq, slot, 1, table, n_table, block};
+            struct attn_batch b = {n, pos, seq, slot, 1, table, n_table, block, 0};
             struct attn_shape s = {heads, kvh, hd, 0.125f};
             double best = 1e30;
             for (int win = 0; win < 5; win++) {
@@ -441,7 +441,7 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo, int SEQS, i
         slots[t] = table[t * mb + pos[t] / BS] * BS + pos[t] % BS;
         keys += pos[t] + 1;
     }
-    struct attn_batch b = {SEQS, pos, seq, slots, SEQS, table, mb, BS};
+    struct attn_batch b = {SEQS, pos, seq, slots, SEQS, table, mb, BS, 0};
     struct attn_shape s = {HEADS, KVH, HD, 0.125f};
     if (long_ctx > 0)
         printf("\nattention of a decode batch, fp16 KV, %d thread(s): one sequence at context %d "

@@ -97,7 +97,17 @@ struct attn_batch {
     const int32_t *block_table; /* [n_seqs][max_blocks] KV block ids of each sequence */
     int max_blocks;
     int block_size; /* tokens per KV block */
+    /* > 0: sliding-window attention, the token at position p sees only the keys at positions
+     * p - window + 1 .. p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, Gemma 3's local layers); 0: all
+     * of 0 .. p */
+    int window;
 };
+
+/* The first key a token at position pos sees (b->window). */
+static inline int attn_first_key(const struct attn_batch *b, int pos)
+{
+    return b->window > 0 && pos >= b->window ? pos - b->window + 1 : 0;
+}
 
 /* The attention geometry of one model. */
 struct attn_shape {
@@ -217,6 +227,14 @@ struct backend_ops {
     size_t (*kv_bytes)(const struct backend *be, size_t n);
     /* x[n][dim] += b[dim], each row (a bias). NULL: the caller adds b row by row (add). */
     void (*add_rows)(struct backend *be, float *x, const float *b, int n, int dim);
+    /* Gemma's ops; NULL where a backend has none (the model then refuses such files).
+     * g[n] = gelu(g) * u, gelu the tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+     * (PyTorch's gelu(approximate="tanh")). */
+    void (*gelu_mul)(struct backend *be, float *g, const float *u, size_t n);
+    /* x[n] *= s */
+    void (*scale)(struct backend *be, float *x, float s, size_t n);
+    /* x[n] = cap * tanh(x / cap) (logit soft-capping) */
+    void (*softcap)(struct backend *be, float *x, float cap, size_t n);
 };
 
 struct backend {

@@ -431,7 +431,7 @@ START_TEST(kv_f16_cache)
     float *dk = dev_upload(be, k, sizeof k), *dv = dev_upload(be, v, sizeof v);
     int32_t *dpos = dev_upload(be, pos, sizeof pos), *dseq = dev_upload(be, seq, sizeof seq);
     int32_t *dslot = dev_upload(be, slot, sizeof slot), *dtab = dev_upload(be, table, sizeof table);
-    struct attn_batch b = {N, dpos, dseq, dslot, N_SEQS, dtab, MAX_BLOCKS, BS};
+    struct attn_batch b = {N, dpos, dseq, dslot, N_SEQS, dtab, MAX_BLOCKS, BS, 0};
     be->ops->kv_write(be, dkc, dvc, dk, dv, &b, KV_DIM);
     for (int t = 0; t < N; t++)
         for (int j = 0; j < KV_DIM; j++) {
@@ -450,7 +450,7 @@ START_TEST(kv_f16_cache)
     size_t qn = (size_t)N * HEADS * HD;
     float *q = malloc(qn * 4), *o = malloc(qn * 4), *ref = malloc(qn * 4);
     tu_fill(q, qn, 2.0f);
-    struct attn_batch hb = {N, pos, seq, slot, N_SEQS, table, MAX_BLOCKS, BS};
+    struct attn_batch hb = {N, pos, seq, slot, N_SEQS, table, MAX_BLOCKS, BS, 0};
     for (int t = 0; t < N; t++)
         for (int h = 0; h < HEADS; h++) ref_attention_one(ref, q, kf, vf, &hb, &sh, t, h);
     double vmax = 0;
@@ -754,7 +754,7 @@ START_TEST(attention_matches_reference)
         float *q = malloc(qn * 4), *ref = malloc(qn * 4), *o = malloc(qn * 4);
         float *one = malloc(row * 4);
         tu_fill(q, qn, 2.0f);
-        struct attn_batch hb = {n, pos, seq, slot, n_seqs, table, max_blocks, bs};
+        struct attn_batch hb = {n, pos, seq, slot, n_seqs, table, max_blocks, bs, 0};
         for (int t = 0; t < n; t++)
             for (int h = 0; h < heads; h++) ref_attention_one(ref, q, kc, vc, &hb, &s, t, h);
         double vmax = 0;
@@ -766,7 +766,7 @@ START_TEST(attention_matches_reference)
         void *dkc = kv16 ? dev_upload(gpu_kv, kh, kv * 2) : dev_upload(gpu_kv, kc, kv * 4);
         void *dvc = kv16 ? dev_upload(gpu_kv, vh, kv * 2) : dev_upload(gpu_kv, vc, kv * 4);
         float *dq = dev_upload(gpu_kv, q, qn * 4), *dout = dev_alloc(gpu_kv, qn * 4);
-        struct attn_batch b = {n, dpos, dseq, dslot, n_seqs, dtab, max_blocks, bs};
+        struct attn_batch b = {n, dpos, dseq, dslot, n_seqs, dtab, max_blocks, bs, 0};
         dev_poison(gpu_kv, dout, qn * 4);
         gpu_kv->ops->attention(gpu_kv, dout, dq, dkc, dvc, &b, &s);
         dev_read(gpu_kv, o, dout, qn * 4);

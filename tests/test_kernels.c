@@ -831,7 +831,7 @@ static void attn_case_make_blocks(struct attn_case *c, int n, int heads, int kv_
         }
         c->slot[t] = c->table[c->seq[t] * max_blocks + c->pos[t] / bs] * bs + c->pos[t] % bs;
     }
-    c->b = (struct attn_batch){n, c->pos, c->seq, c->slot, n_seqs, c->table, max_blocks, bs};
+    c->b = (struct attn_batch){n, c->pos, c->seq, c->slot, n_seqs, c->table, max_blocks, bs, 0};
     size_t kv = (size_t)n_blocks * bs * (size_t)kv_heads * (size_t)hd;
     c->kc = malloc(kv * 4);
     c->vc = malloc(kv * 4);
@@ -1008,7 +1008,7 @@ START_TEST(attention_uneven_decode_batch)
         seq[t] = t;
         slot[t] = table[t * MB + pos[t] / 16] * 16 + pos[t] % 16;
     }
-    struct attn_batch b = {SEQS, pos, seq, slot, SEQS, table, MB, 16};
+    struct attn_batch b = {SEQS, pos, seq, slot, SEQS, table, MB, 16, 0};
     size_t row = 9 * 64;
     float *q = malloc(SEQS * row * 4), *all = malloc(SEQS * row * 4), *one = malloc(row * 4),
           *ref = malloc(SEQS * row * 4);

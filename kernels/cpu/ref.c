@@ -144,7 +144,7 @@ static void attention_one(float *out, const float *q, const void *kc, const void
     float m = -INFINITY, l = 0;
     float acc[512];
     for (int d = 0; d < hd; d++) acc[d] = 0;
-    for (int j = 0; j <= b->pos[t]; j++) {
+    for (int j = attn_first_key(b, b->pos[t]); j <= b->pos[t]; j++) {
         size_t slot =
             (size_t)table[j / b->block_size] * (size_t)b->block_size + (size_t)(j % b->block_size);
         size_t kj = slot * slot_units + col;
@@ -187,6 +187,25 @@ void ref_attention_one_q8(float *out, const float *q, const uint8_t *k_cache,
 void ref_silu_mul(float *g, const float *u, size_t n)
 {
     for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void ref_gelu_mul(float *g, const float *u, size_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+void ref_scale(float *x, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void ref_softcap(float *x, float cap, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 /* round half to even for |v| < 2^22, in the default rounding mode, without libm */

@@ -70,6 +70,10 @@ void ref_attention_one_q8(float *out, const float *q, const uint8_t *k_cache,
                           const uint8_t *v_cache, const struct attn_batch *b,
                           const struct attn_shape *s, int t, int h);
 void ref_silu_mul(float *g, const float *u, size_t n);
+/* backend.h's gelu_mul, scale and softcap, element by element with libm's tanhf. */
+void ref_gelu_mul(float *g, const float *u, size_t n);
+void ref_scale(float *x, float s, size_t n);
+void ref_softcap(float *x, float cap, size_t n);
 
 /* MATMUL_Q8: activations quantized per 32-element block, as llama.cpp's q8_1 does but with fp32
  * scales. For a block x[32]: d = max|x| / 127, q = round-half-even(x / d) (x * (1/d) when d > 0,

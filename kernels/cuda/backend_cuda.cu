@@ -305,6 +305,9 @@ static const struct backend_ops cuda_ops = {
     /* .buf_copy = */ cuda_buf_copy,
     /* .kv_bytes = */ NULL, /* n times kv_elem_bytes */
     /* .add_rows = */ cuda_op_add_rows,
+    /* .gelu_mul = */ NULL,
+    /* .scale = */ NULL,
+    /* .softcap = */ NULL,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
