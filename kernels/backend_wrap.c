@@ -159,6 +159,23 @@ static void w_silu(struct backend *be, float *g, const float *u, size_t n)
            in->ops->silu_mul(in, g, u, n));
 }
 
+static void w_gelu(struct backend *be, float *g, const float *u, size_t n)
+{
+    HOOKED("gelu_mul", NULL, 3.0 * (double)n * F4, 8.0 * (double)n, 0,
+           in->ops->gelu_mul(in, g, u, n));
+}
+
+static void w_scale(struct backend *be, float *x, float f, size_t n)
+{
+    HOOKED("scale", NULL, 2.0 * (double)n * F4, (double)n, 0, in->ops->scale(in, x, f, n));
+}
+
+static void w_softcap(struct backend *be, float *x, float cap, size_t n)
+{
+    HOOKED("softcap", NULL, 2.0 * (double)n * F4, 5.0 * (double)n, 0,
+           in->ops->softcap(in, x, cap, n));
+}
+
 static void w_sync(struct backend *be)
 {
     struct backend *in = wrap_of(be)->inner;
@@ -251,6 +268,9 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
         .attention = w_attention,
         .get_rows = w_get_rows,
         .silu_mul = w_silu,
+        .gelu_mul = in->gelu_mul ? w_gelu : NULL,
+        .scale = in->scale ? w_scale : NULL,
+        .softcap = in->softcap ? w_softcap : NULL,
         .sync = w_sync,
         .step_begin = steps ? w_step_begin : NULL,
         .step_end = steps ? w_step_end : NULL,

@@ -2,8 +2,9 @@
  * of backend_profile (times ops) and backend_nvtx (names them for Nsight).
  *
  * op_begin gets the op's name ("matmul", "attention", "rmsnorm", "add_rmsnorm", "add",
- * "silu_mul", "rope", "kv_write", "embed", "get_rows", "copy" for buf_write/buf_read, "graph
- * replay" and "graph capture" around step_begin/step_end) and, for a matmul, the weight; op_end
+ * "silu_mul", "gelu_mul", "scale", "softcap", "rope", "kv_write", "embed", "get_rows", "copy" for
+ * buf_write/buf_read, "graph replay" and "graph capture" around step_begin/step_end) and, for a
+ * matmul, the weight; op_end
  * also gets what the op must move and do at minimum: bytes (weights read once, activations read
  * and written once; attention's KV reads are not counted, their positions live on the device),
  * flops, and the batch rows it processed. Buffer allocation and weight preparation pass through

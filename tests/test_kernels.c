@@ -1260,6 +1260,120 @@ static void attn_case_q8(struct attn_case *c, uint8_t **k8, uint8_t **v8)
     }
 }
 
+/* Sliding-window attention (attn_batch.window, Gemma 3's local layers): every ISA's kernels near
+ * the reference (which reads keys pos - window + 1 .. pos), on float, fp16 and Q8_0 caches, each
+ * token the same bits alone as in the batch on one thread and two (sets of prompt tokens whose
+ * windows start at different keys, rows whose window starts in a later partition, decode batches
+ * cut into partition tasks); a window no row outgrows changes no bit, and the windows here do
+ * change the results (else the checks above would hold with the window ignored). */
+START_TEST(attention_sliding_window)
+{
+    tu_seed(0x5a1d);
+    const int windows[] = {1, 100, 550};
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}};
+    int changed = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int n = cfg[ci][3] ? 40 : 24;
+        struct attn_case c;
+        /* 120 blocks: up to 1920 positions, four partitions */
+        attn_case_make_blocks(&c, n, cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3], 120);
+        uint16_t *k16, *v16;
+        uint8_t *k8, *v8;
+        attn_case_q8(&c, &k8, &v8);
+        attn_case_fp16(&c, &k16, &v16);
+        size_t row = (size_t)c.s.n_heads * (size_t)c.s.head_dim;
+        float *ref = malloc(c.q_len * 4), *all = malloc(c.q_len * 4), *one = malloc(row * 4),
+              *full = malloc(c.q_len * 4), *plain = malloc(c.q_len * 4);
+        double vmax = 0;
+        for (size_t k = 0;
+             k < (size_t)c.b.n_seqs * 120 * 16 * (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim; k++)
+            vmax = fmax(vmax, fabs(c.vc[k]));
+        for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
+            c.b.window = windows[wi];
+            for (int kind = 0; kind < 3; kind++) {
+                const void *kc = kind == 1   ? (const void *)k16
+                                 : kind == 2 ? (const void *)k8
+                                             : c.kc;
+                const void *vc = kind == 1   ? (const void *)v16
+                                 : kind == 2 ? (const void *)v8
+                                             : c.vc;
+                for (int t = 0; t < n; t++)
+                    for (int h = 0; h < c.s.n_heads; h++)
+                        if (kind == 0)
+                            ref_attention_one(ref, c.q, c.kc, c.vc, &c.b, &c.s, t, h);
+                        else if (kind == 1)
+                            ref_attention_one_f16(ref, c.q, k16, v16, &c.b, &c.s, t, h);
+                        else
+                            ref_attention_one_q8(ref, c.q, k8, v8, &c.b, &c.s, t, h);
+                for (int i = 0; i < N_ISAS; i++) {
+                    if (!cpu_isa_supported(all_isas[i])) continue;
+                    struct backend *bes[2];
+                    struct qerr err = {0};
+                    for (int th = 0; th < 2; th++) {
+                        struct backend_cpu_opts o = {.n_threads = th + 1,
+                                                     .precision = MATMUL_F32,
+                                                     .isa = all_isas[i],
+                                                     .kv_f16 = kind == 1,
+                                                     .kv_q8 = kind == 2};
+                        ck_assert_int_eq(backend_cpu_create(&o, &bes[th], &err), 0);
+                    }
+                    bes[1]->ops->attention(bes[1], all, c.q, kc, vc, &c.b, &c.s);
+                    for (size_t k = 0; k < c.q_len; k++)
+                        ck_assert_msg(fabs(all[k] - ref[k]) <= 1e-5 * vmax,
+                                      "%s window %d cache %d, %d/%d heads hd %d%s: [%zu] "
+                                      "(position %d) %.8g vs %.8g",
+                                      cpu_isa_name(all_isas[i]), c.b.window, kind, c.s.n_heads,
+                                      c.s.n_kv_heads, c.s.head_dim, cfg[ci][3] ? " prefill" : "", k,
+                                      c.pos[k / row], all[k], ref[k]);
+                    for (int t = 0; t < n; t++) {
+                        struct attn_batch b1 = tu_attn_token(&c.b, t);
+                        for (int th = 0; th < 2; th++) {
+                            bes[th]->ops->attention(bes[th], one, c.q + (size_t)t * row, kc, vc,
+                                                    &b1, &c.s);
+                            size_t at;
+                            ck_assert_msg(!tu_bits_differ(one, all + (size_t)t * row, row, &at),
+                                          "%s window %d cache %d: token %d (position %d) on %d "
+                                          "thread(s) differs alone vs in the batch at [%zu]",
+                                          cpu_isa_name(all_isas[i]), c.b.window, kind, t, c.pos[t],
+                                          th + 1, at);
+                        }
+                    }
+                    if (kind == 0) {
+                        int longest = 0;
+                        for (int t = 0; t < n; t++)
+                            longest = c.pos[t] > longest ? c.pos[t] : longest;
+                        /* a window past every position is no window, to the bit */
+                        c.b.window = longest + 1 + (int)(tu_rnd() % 50);
+                        bes[1]->ops->attention(bes[1], full, c.q, kc, vc, &c.b, &c.s);
+                        c.b.window = 0;
+                        bes[1]->ops->attention(bes[1], plain, c.q, kc, vc, &c.b, &c.s);
+                        c.b.window = windows[wi];
+                        size_t at;
+                        ck_assert_msg(!tu_bits_differ(full, plain, c.q_len, &at),
+                                      "%s: a window past every position changes [%zu]",
+                                      cpu_isa_name(all_isas[i]), at);
+                        for (size_t k = 0; k < c.q_len; k++) changed += all[k] != plain[k];
+                    }
+                    backend_destroy(bes[0]);
+                    backend_destroy(bes[1]);
+                }
+            }
+        }
+        free(ref);
+        free(all);
+        free(one);
+        free(full);
+        free(plain);
+        free(k16);
+        free(v16);
+        free(k8);
+        free(v8);
+        attn_case_free(&c);
+    }
+    ck_assert_int_gt(changed, 1000);
+}
+END_TEST
+
 /* A Q8_0 KV cache (--kv-type q8): attention_q8 gives the bits attention gives over a float
  * cache of the dequantized values, on every ISA, in the reference, whatever the head ranges,
  * the prefetch, the partitions (rows of up to 1920 keys on one and two threads, alone and in a
@@ -1514,6 +1628,7 @@ int main(void)
     tcase_add_test(tc, attention_prompt_sets_match_one_token);
     tcase_add_test(tc, attention_partitions_invariant);
     tcase_add_test(tc, attention_uneven_decode_batch);
+    tcase_add_test(tc, attention_sliding_window);
     tcase_add_test(tc, fp16_kv_cache);
     tcase_add_test(tc, q8_kv_cache);
     tcase_add_test(tc, buffers_zeroed_and_lazy);

@@ -83,9 +83,10 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
         key_prefetch_lines(pf, PF_LINES);
     }
     for (int i = 0; i < RB; i++) {
-        int r = r0 + i, row_left = rows[r].n_keys - j0 - c * CHUNK;
-        __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part[i]), vscale),
-                                     first_lanes(row_left));
+        int r = r0 + i, at = j0 + c * CHUNK;
+        __m256 in =
+            _mm256_andnot_ps(first_lanes(rows[r].key0 - at), first_lanes(rows[r].n_keys - at));
+        __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part[i]), vscale), in);
         _mm256_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm256_max_ps(vmax[r], sv);
     }
@@ -127,11 +128,19 @@ TGT INLINE void stage_rows(float *stage, const void *cache, const size_t *offs, 
                             load8(cache, offs[k] + col, 8 * j, KV_Q8));
 }
 
-/* Keys of chunk c row r reads (0 when past its last). */
+/* Keys of chunk c row r reads, counted from the chunk's first (0 when past its last, or before
+ * a sliding window's first: keys of the chunk before that one weigh exactly 0). */
 static inline int chunk_keys(const struct attn_row *rows, int r, int c, int j0)
 {
     int n = rows[r].n_keys - j0 - c * CHUNK;
+    if (rows[r].key0 >= j0 + (c + 1) * CHUNK) return 0;
     return n <= 0 ? 0 : n < CHUNK ? n : CHUNK;
+}
+
+/* Whether row r reads any key of the span at j0 of span keys. */
+static inline bool span_reads(const struct attn_row *rows, int r, int j0, int span)
+{
+    return rows[r].n_keys > j0 && rows[r].key0 < j0 + span;
 }
 
 /* How many rows from r (at most 3, of one kv head) read the same keys of chunk c: a register
@@ -157,6 +166,10 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
     int key0, key1;
     if (!attn_part_keys(pp, max_keys, &key0, &key1)) return;
+    /* from the span of the set's first key (a sliding window's keys start late) */
+    int first = attn_rows_first_key(rows, nr, SPAN);
+    key0 = first > key0 ? first : key0;
+    if (key0 >= key1) return;
     key_skip(&kw, key0);
     key_skip(&pw, key0);
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
@@ -172,16 +185,17 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     _Alignas(32) float kst[CHUNK * HD_MAX], vst[CHUNK * HD_MAX];
     size_t so[CHUNK]; /* a stage's rows */
     for (int k = 0; k < CHUNK; k++) so[k] = (size_t)k * (size_t)hd;
-    for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
+    for (int part0 = key0 - key0 % ATTN_PART; part0 < key1; part0 += ATTN_PART) {
         int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
-        /* a row whose keys ended in an earlier partition keeps what they left */
+        /* a row whose keys ended in an earlier partition (or start in a later one) keeps what
+         * they left */
         for (int r = 0; r < nr; r++) {
-            if (rows[r].n_keys <= part0) continue;
+            if (rows[r].n_keys <= part0 || rows[r].key0 >= part0 + ATTN_PART) continue;
             st[r].m = -INFINITY;
             st[r].l = 0;
             for (int v = 0; v < NV; v++) _mm256_store_ps(st[r].acc + 8 * v, _mm256_setzero_ps());
         }
-        for (int j0 = part0; j0 < part1; j0 += SPAN) {
+        for (int j0 = part0 > key0 ? part0 : key0; j0 < part1; j0 += SPAN) {
             int span = part1 - j0 < SPAN ? part1 - j0 : SPAN;
             int chunks = (span + CHUNK - 1) / CHUNK;
             __m256 vmax[ATTN_ROWS];
@@ -228,17 +242,21 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             }
             /* 2. maximum, rescale factor, weights */
             for (int r = 0; r < nr; r++) {
+                if (!span_reads(rows, r, j0, span)) continue;
                 int cnt = rows[r].n_keys - j0;
-                if (cnt <= 0) continue;
                 cnt = cnt < SPAN ? cnt : SPAN;
                 float mc = hmax8(vmax[r]);
                 float mnew = mc > st[r].m ? mc : st[r].m;
                 st[r].corr = _mm256_cvtss_f32(exp256(_mm256_set1_ps(st[r].m - mnew)));
                 __m256 vm = _mm256_set1_ps(mnew), lsum = _mm256_setzero_ps();
                 for (int c = 0; c * CHUNK < cnt; c++) {
+                    /* keys before a window's first weigh exactly 0 (a chunk it skipped holds
+                     * no scores) */
+                    __m256 in = _mm256_andnot_ps(first_lanes(rows[r].key0 - j0 - c * CHUNK),
+                                                 first_lanes(cnt - c * CHUNK));
+                    if (!chunk_keys(rows, r, c, j0)) in = _mm256_setzero_ps();
                     __m256 p = _mm256_and_ps(
-                        exp256(_mm256_sub_ps(_mm256_load_ps(st[r].p + c * CHUNK), vm)),
-                        first_lanes(cnt - c * CHUNK));
+                        exp256(_mm256_sub_ps(_mm256_load_ps(st[r].p + c * CHUNK), vm)), in);
                     _mm256_store_ps(st[r].p + c * CHUNK, p);
                     lsum = _mm256_add_ps(lsum, p);
                 }
@@ -282,7 +300,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 }
             }
             for (int r = 0; r < nr; r++) {
-                if (rows[r].n_keys <= j0) continue;
+                if (!span_reads(rows, r, j0, span)) continue;
                 __m256 vc = _mm256_set1_ps(st[r].corr);
                 for (int v = 0; v < NV; v++)
                     _mm256_store_ps(st[r].acc + 8 * v,
@@ -292,12 +310,12 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         }
         /* the partition's end: its record, or folded into the row's running sums */
         for (int r = 0; r < nr; r++)
-            attn_part_close(pp, rows[r].th, rows[r].n_keys, part0, hd, st[r].m, st[r].l, st[r].acc,
-                            &st[r].M, &st[r].L, st[r].O);
+            attn_part_close(pp, rows[r].th, rows[r].key0, rows[r].n_keys, part0, hd, st[r].m,
+                            st[r].l, st[r].acc, &st[r].M, &st[r].L, st[r].O);
     }
     if (pp) return;
     for (int r = 0; r < nr; r++) {
-        if (rows[r].n_keys > ATTN_PART) {
+        if (attn_row_multi(rows[r].key0, rows[r].n_keys)) {
             attn_finish(rows[r].out, st[r].O, st[r].L, hd);
             continue;
         }

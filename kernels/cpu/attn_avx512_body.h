@@ -71,7 +71,8 @@ TGT INLINE __m512 load16(const void *cache, size_t row, int e, const int KT)
 
 struct row_state {
     float m, l, corr;
-    int cnt;    /* keys of the current span */
+    int cnt;    /* keys of the current span from its start, 0 when the row reads none there */
+    int c0;     /* its first chunk there (a sliding window's first key may lie beyond the span's) */
     float M, L; /* the partitions folded so far (attn_part.h) */
     _Alignas(64) float O[HD_MAX];
     _Alignas(64) float acc[HD_MAX];
@@ -100,9 +101,11 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
         key_prefetch_lines(pf, PF_LINES);
     }
     for (int i = 0; i < RB; i++) {
-        int r = r0 + i, left = rows[r].n_keys - j0 - c * CHUNK;
+        int r = r0 + i, at = j0 + c * CHUNK;
+        __mmask16 in =
+            first_lanes(rows[r].n_keys - at) & (__mmask16)~first_lanes(rows[r].key0 - at);
         __m512 sv = _mm512_mask_mov_ps(
-            _mm512_set1_ps(-INFINITY), first_lanes(left),
+            _mm512_set1_ps(-INFINITY), in,
             _mm512_mul_ps(fold16x16(v[i], SIMD_FOLD_ADD), _mm512_set1_ps(scale)));
         _mm512_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm512_max_ps(vmax[r], sv);
@@ -204,6 +207,10 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
     int key0, key1;
     if (!attn_part_keys(pp, max_keys, &key0, &key1)) return;
+    /* from the span of the set's first key (a sliding window's keys start late) */
+    int first = attn_rows_first_key(rows, nr, SPAN);
+    key0 = first > key0 ? first : key0;
+    if (key0 >= key1) return;
     key_skip(&kw, key0);
     key_skip(&pw, key0);
     size_t offs[SPAN];
@@ -221,16 +228,17 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
     if (stage)
         for (int k = 0; k < SPAN; k++) so[k] = (size_t)k * (size_t)hd;
     const int pf_key_lines = (int)((pf.row_bytes + 63) / 64);
-    for (int part0 = key0; part0 < key1; part0 += ATTN_PART) {
+    for (int part0 = key0 - key0 % ATTN_PART; part0 < key1; part0 += ATTN_PART) {
         int part1 = key1 - part0 < ATTN_PART ? key1 : part0 + ATTN_PART;
-        /* a row whose keys ended in an earlier partition keeps what they left */
+        /* a row whose keys ended in an earlier partition (or start in a later one) keeps what
+         * they left */
         for (int r = 0; r < nr; r++) {
-            if (rows[r].n_keys <= part0) continue;
+            if (rows[r].n_keys <= part0 || rows[r].key0 >= part0 + ATTN_PART) continue;
             st[r].m = -INFINITY;
             st[r].l = 0;
             for (int v = 0; v < NV; v++) _mm512_store_ps(st[r].acc + 16 * v, _mm512_setzero_ps());
         }
-        for (int j0 = part0; j0 < part1; j0 += SPAN) {
+        for (int j0 = part0 > key0 ? part0 : key0; j0 < part1; j0 += SPAN) {
             int span = part1 - j0 < SPAN ? part1 - j0 : SPAN;
             int chunks = (span + CHUNK - 1) / CHUNK;
             __m512 vmax[ATTN_ROWS];
@@ -238,8 +246,9 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
             int act[ATTN_ROWS], na = 0, bstart[ATTN_ROWS], blen[ATTN_ROWS], nb;
             for (int r = 0; r < nr; r++) {
                 vmax[r] = _mm512_set1_ps(-INFINITY);
-                int cnt = rows[r].n_keys - j0;
-                st[r].cnt = cnt <= 0 ? 0 : cnt < SPAN ? cnt : SPAN;
+                int cnt = rows[r].n_keys - j0, lead = rows[r].key0 - j0;
+                st[r].cnt = cnt <= 0 || lead >= span ? 0 : cnt < SPAN ? cnt : SPAN;
+                st[r].c0 = lead > 0 ? lead / CHUNK : 0;
             }
             /* 1. scores: register-blocked dot products, one reduction tree per chunk and row */
             for (int c = 0; c < chunks; c++) {
@@ -250,7 +259,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 pf.budget = CHUNK * pf_key_lines;
                 na = 0;
                 for (int r = 0; r < nr; r++)
-                    if (st[r].cnt > c * CHUNK) act[na++] = r;
+                    if (st[r].cnt > c * CHUNK && c >= st[r].c0) act[na++] = r;
                 /* blocks of up to RB consecutive active rows of one kv head share each load (a
                  * decode token's GQA heads: 3 rows for SmolLM2, whose dot products would otherwise
                  * each be one latency-bound fma chain) */
@@ -276,9 +285,12 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 st[r].corr = _mm512_cvtss_f32(exp512(_mm512_set1_ps(st[r].m - mnew)));
                 __m512 vm = _mm512_set1_ps(mnew), lsum = _mm512_setzero_ps();
                 for (int c = 0; c * CHUNK < cnt; c++) {
+                    /* keys before a window's first weigh exactly 0 in p . V below */
+                    __mmask16 in = first_lanes(cnt - c * CHUNK) &
+                                   (__mmask16)~first_lanes(rows[r].key0 - j0 - c * CHUNK);
+                    if (c < st[r].c0) in = 0;
                     __m512 p = _mm512_maskz_mov_ps(
-                        first_lanes(cnt - c * CHUNK),
-                        exp512(_mm512_sub_ps(_mm512_load_ps(st[r].p + c * CHUNK), vm)));
+                        in, exp512(_mm512_sub_ps(_mm512_load_ps(st[r].p + c * CHUNK), vm)));
                     _mm512_store_ps(st[r].p + c * CHUNK, p);
                     lsum = _mm512_add_ps(lsum, p);
                 }
@@ -301,12 +313,12 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
         }
         /* the partition's end: its record, or folded into the row's running sums */
         for (int r = 0; r < nr; r++)
-            attn_part_close(pp, rows[r].th, rows[r].n_keys, part0, hd, st[r].m, st[r].l, st[r].acc,
-                            &st[r].M, &st[r].L, st[r].O);
+            attn_part_close(pp, rows[r].th, rows[r].key0, rows[r].n_keys, part0, hd, st[r].m,
+                            st[r].l, st[r].acc, &st[r].M, &st[r].L, st[r].O);
     }
     if (pp) return;
     for (int r = 0; r < nr; r++) {
-        if (rows[r].n_keys > ATTN_PART) {
+        if (attn_row_multi(rows[r].key0, rows[r].n_keys)) {
             attn_finish(rows[r].out, st[r].O, st[r].L, hd);
             continue;
         }

@@ -34,19 +34,19 @@ void attn_parts_combine(const struct attn_parts *pp, const struct attn_batch *b,
     int hd = s->head_dim;
     float O[512];
     for (int t = t0; t < t1; t++) {
-        int np = attn_part_count(b->pos[t] + 1);
+        int np = attn_part_count(b->pos[t] + 1), p0 = attn_first_key(b, b->pos[t]) / ATTN_PART;
         for (int h = 0; h < s->n_heads; h++) {
             float *o = out + ((size_t)t * (size_t)s->n_heads + (size_t)h) * (size_t)hd;
             float M = 0, L = 0;
-            for (int p = 0; p < np; p++) {
+            for (int p = p0; p < np; p++) {
                 const float *r = attn_part_rec(pp, t * s->n_heads + h, hd, p);
-                if (np == 1) {
+                if (np - p0 == 1) {
                     attn_finish(o, r + 2, r[1], hd);
                     break;
                 }
-                attn_fold(&M, &L, O, r[0], r[1], r + 2, hd, p == 0);
+                attn_fold(&M, &L, O, r[0], r[1], r + 2, hd, p == p0);
             }
-            if (np > 1) attn_finish(o, O, L, hd);
+            if (np - p0 > 1) attn_finish(o, O, L, hd);
         }
     }
 }

@@ -27,7 +27,8 @@ struct attn_parts {
     float *buf;
 };
 
-/* Partitions of a row with n_keys keys. */
+/* Partitions of a row with n_keys keys (from key 0: a row with a sliding window has none before
+ * its first key's, attn_first_key(b, pos) / ATTN_PART). */
 static inline int attn_part_count(int n_keys)
 {
     return (n_keys + ATTN_PART - 1) / ATTN_PART;
@@ -51,21 +52,28 @@ static inline int attn_part_keys(const struct attn_parts *pp, int max_keys, int 
 void attn_fold(float *M, float *L, float *O, float m, float l, const float *acc, int head_dim,
                int first);
 
-/* The partition from key part0 of a row of n_keys keys ends with (m, l, acc): its record (pp),
- * or folded into the row's running (*M, *L, O) when the row has more than one partition. */
-static inline void attn_part_close(const struct attn_parts *pp, int th, int n_keys, int part0,
-                                   int head_dim, float m, float l, const float *acc, float *M,
-                                   float *L, float *O)
+/* Whether a row reading keys [key0, n_keys) spans more than one partition. */
+static inline int attn_row_multi(int key0, int n_keys)
 {
-    if (n_keys <= part0) return;
+    return attn_part_count(n_keys) - key0 / ATTN_PART > 1;
+}
+
+/* The partition from key part0 of a row reading keys [key0, n_keys) ends with (m, l, acc): its
+ * record (pp), or folded into the row's running (*M, *L, O) when the row has more than one
+ * partition. Partitions before key0's (a sliding window) hold none of its keys. */
+static inline void attn_part_close(const struct attn_parts *pp, int th, int key0, int n_keys,
+                                   int part0, int head_dim, float m, float l, const float *acc,
+                                   float *M, float *L, float *O)
+{
+    if (n_keys <= part0 || key0 >= part0 + ATTN_PART) return;
     int p = part0 / ATTN_PART;
     if (pp) {
         float *rec = attn_part_rec(pp, th, head_dim, p);
         rec[0] = m;
         rec[1] = l;
         for (int i = 0; i < head_dim; i++) rec[2 + i] = acc[i];
-    } else if (n_keys > ATTN_PART) {
-        attn_fold(M, L, O, m, l, acc, head_dim, p == 0);
+    } else if (attn_row_multi(key0, n_keys)) {
+        attn_fold(M, L, O, m, l, acc, head_dim, p == key0 / ATTN_PART);
     }
 }
 
@@ -76,7 +84,7 @@ static inline void attn_part_close(const struct attn_parts *pp, int th, int n_ke
 /* out[i] = O[i] / L (also a single partition's out = acc / l: the kernels' own division) */
 void attn_finish(float *out, const float *O, float L, int head_dim);
 /* For tokens [t0, t1) x every head: folds the records of each row's partitions (all of them
- * written to pp->buf) in order into out. */
+ * written to pp->buf, from its first key's on) in order into out. */
 void attn_parts_combine(const struct attn_parts *pp, const struct attn_batch *b,
                         const struct attn_shape *s, int t0, int t1, float *out);
 

@@ -29,9 +29,30 @@ struct attn_row {
     const float *q; /* [head_dim] */
     float *out;     /* [head_dim] */
     int n_keys;     /* pos + 1 */
+    int key0;       /* its first key: attn_first_key (0 but for a sliding window) */
     size_t col;     /* its kv head's offset within a KV slot, in units (ref.h: enum kv_kind) */
     int th;         /* t * n_heads + h: its record in a struct attn_parts (attn_part.h) */
 };
+
+static inline struct attn_row attn_row_of(const struct attn_batch *b, int t, const float *q,
+                                          float *out, size_t col, int th)
+{
+    return (struct attn_row){.q = q,
+                             .out = out,
+                             .n_keys = b->pos[t] + 1,
+                             .key0 = attn_first_key(b, b->pos[t]),
+                             .col = col,
+                             .th = th};
+}
+
+/* The first key any of rows[0, nr) reads, rounded down to a multiple of align (the kernels'
+ * spans sit at fixed positions). */
+static inline int attn_rows_first_key(const struct attn_row *rows, int nr, int align)
+{
+    int k = rows[0].key0;
+    for (int r = 1; r < nr; r++) k = rows[r].key0 < k ? rows[r].key0 : k;
+    return k - k % align;
+}
 
 struct attn_sets {
     int t, g;    /* next token and head within the kv group */
@@ -52,8 +73,8 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         *seq = b->seq[it->t];
         for (int h = it->g0; h < it->g1; h++) {
             size_t at = ((size_t)it->t * (size_t)s->n_heads + (size_t)h) * hd;
-            rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1,
-                                           (size_t)(h / group) * hu, it->t * s->n_heads + h};
+            rows[nr++] = attn_row_of(b, it->t, q + at, out + at, (size_t)(h / group) * hu,
+                                     it->t * s->n_heads + h);
         }
         it->t++;
         return nr;
@@ -63,8 +84,8 @@ static inline int attn_next_set(struct attn_sets *it, const struct attn_batch *b
         *seq = b->seq[it->t];
         size_t h = (size_t)it->kvh * (size_t)group + (size_t)it->g;
         size_t at = ((size_t)it->t * (size_t)s->n_heads + h) * hd;
-        rows[nr++] = (struct attn_row){q + at, out + at, b->pos[it->t] + 1, (size_t)it->kvh * hu,
-                                       it->t * s->n_heads + (int)h};
+        rows[nr++] = attn_row_of(b, it->t, q + at, out + at, (size_t)it->kvh * hu,
+                                 it->t * s->n_heads + (int)h);
         if (++it->g == it->g1) {
             it->g = it->g0;
             it->t++;

@@ -65,6 +65,9 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
 void cpu_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
                   int dim);
 void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cpu_gelu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cpu_scale(struct backend *be, float *x, float s, size_t n);
+void cpu_softcap(struct backend *be, float *x, float cap, size_t n);
 void cpu_rope_table_free(struct rope_table *rt);
 
 #endif

@@ -116,44 +116,67 @@ void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w,
  * line), at least one per thread. */
 #define SPAN 16384
 
+enum elem_op { ELEM_ADD, ELEM_SILU_MUL, ELEM_GELU_MUL, ELEM_SCALE, ELEM_SOFTCAP };
+
 struct elem_job {
     const struct cpu_kernels *k;
+    enum elem_op op;
     float *x;
     const float *y;
+    float f; /* scale's factor, softcap's cap */
     size_t n, span;
-    bool silu;
 };
+
+static void elem_run(const struct elem_job *j, size_t i0, size_t len)
+{
+    float *x = j->x + i0;
+    const float *y = j->y ? j->y + i0 : NULL;
+    switch (j->op) {
+    case ELEM_ADD:
+        j->k->add(x, y, len);
+        return;
+    case ELEM_SILU_MUL:
+        j->k->silu_mul(x, y, len);
+        return;
+    case ELEM_GELU_MUL:
+        j->k->gelu_mul(x, y, len);
+        return;
+    case ELEM_SCALE:
+        for (size_t i = 0; i < len; i++) x[i] *= j->f;
+        return;
+    case ELEM_SOFTCAP:
+        j->k->softcap(x, j->f, len);
+        return;
+    }
+}
 
 static void elem_task(void *arg, int task, int worker)
 {
     (void)worker;
     struct elem_job *j = arg;
     size_t i0 = (size_t)task * j->span, len = j->n - i0 < j->span ? j->n - i0 : j->span;
-    if (j->silu)
-        j->k->silu_mul(j->x + i0, j->y + i0, len);
-    else
-        j->k->add(j->x + i0, j->y + i0, len);
+    elem_run(j, i0, len);
 }
 
-static void run_elem(struct cpu_ctx *c, float *x, const float *y, size_t n, bool silu)
+static void run_elem(struct cpu_ctx *c, enum elem_op op, float *x, const float *y, float f,
+                     size_t n)
 {
-    if (n < (silu ? PAR_ELEMS_SILU : PAR_ELEMS)) {
-        if (silu)
-            c->k->silu_mul(x, y, n);
-        else
-            c->k->add(x, y, n);
+    struct elem_job j = {.k = c->k, .op = op, .x = x, .y = y, .f = f, .n = n};
+    /* exp and a division per element cost about ten adds */
+    bool costly = op == ELEM_SILU_MUL || op == ELEM_GELU_MUL || op == ELEM_SOFTCAP;
+    if (n < (costly ? PAR_ELEMS_SILU : PAR_ELEMS)) {
+        elem_run(&j, 0, n);
         return;
     }
     size_t tasks = (n + SPAN - 1) / SPAN, threads = (size_t)pool_threads(c->pool);
     tasks = tasks < threads ? threads : tasks;
-    size_t span = ((n + tasks - 1) / tasks + 15) & ~(size_t)15;
-    struct elem_job j = {.k = c->k, .x = x, .y = y, .n = n, .span = span, .silu = silu};
-    pool_run(c->pool, elem_task, &j, (int)((n + span - 1) / span));
+    j.span = ((n + tasks - 1) / tasks + 15) & ~(size_t)15;
+    pool_run(c->pool, elem_task, &j, (int)((n + j.span - 1) / j.span));
 }
 
 void cpu_add(struct backend *be, float *x, const float *y, size_t n)
 {
-    run_elem(ctx_of(be), x, y, n, false);
+    run_elem(ctx_of(be), ELEM_ADD, x, y, 0, n);
 }
 
 /* On the calling thread: a bias is a few hundred floats a token, less than a job's wake-up. */
@@ -165,7 +188,22 @@ void cpu_add_rows(struct backend *be, float *x, const float *b, int n, int dim)
 
 void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
-    run_elem(ctx_of(be), g, u, n, true);
+    run_elem(ctx_of(be), ELEM_SILU_MUL, g, u, 0, n);
+}
+
+void cpu_gelu_mul(struct backend *be, float *g, const float *u, size_t n)
+{
+    run_elem(ctx_of(be), ELEM_GELU_MUL, g, u, 0, n);
+}
+
+void cpu_scale(struct backend *be, float *x, float s, size_t n)
+{
+    run_elem(ctx_of(be), ELEM_SCALE, x, NULL, s, n);
+}
+
+void cpu_softcap(struct backend *be, float *x, float cap, size_t n)
+{
+    run_elem(ctx_of(be), ELEM_SOFTCAP, x, NULL, cap, n);
 }
 
 void cpu_rope_table_free(struct rope_table *rt)
@@ -320,6 +358,12 @@ void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float 
     pool_run(c->pool, kv_write_task, &j, (b->n_tokens + j.per_task - 1) / j.per_task);
 }
 
+/* Keys token t reads. */
+static int64_t attn_keys_of(const struct attn_batch *b, int t)
+{
+    return (int64_t)b->pos[t] + 1 - attn_first_key(b, b->pos[t]);
+}
+
 /* A task's tokens: a run of consecutive tokens of one sequence (at most ATTN_TOKENS), whose
  * rows share every K and V read (see attn_rows.h); cost = the keys its rows read. */
 struct attn_run {
@@ -415,7 +459,7 @@ static int attn_runs(const struct attn_batch *b, int run_tokens, struct attn_run
         if (n == ATTN_RUNS_MAX) return 0;
         struct attn_run r = {.t0 = t};
         for (; t < b->n_tokens && t - r.t0 < run_tokens && b->seq[t] == b->seq[r.t0]; t++)
-            r.cost += (int64_t)b->pos[t] + 1;
+            r.cost += attn_keys_of(b, t);
         r.t1 = t;
         runs[n++] = r;
     }
@@ -436,6 +480,13 @@ static int decode_pieces(int n_runs, int threads, const struct attn_shape *s)
     return s->n_heads;
 }
 
+/* Token t's first partition (attn_part.h) and how many it has from there on. */
+static int token_parts(const struct attn_batch *b, int t, int *first)
+{
+    *first = attn_first_key(b, b->pos[t]) / ATTN_PART;
+    return attn_part_count(b->pos[t] + 1) - *first;
+}
+
 /* One partition of one token's every head (attn_part.h). */
 struct attn_part_job {
     const struct attn_job *j;
@@ -447,14 +498,14 @@ static void attn_part_task(void *arg, int task, int worker)
     (void)worker;
     const struct attn_part_job *pj = arg;
     const struct attn_job *j = pj->j;
-    int t = 0, np;
-    while (task >= (np = attn_part_count(j->b->pos[t] + 1))) {
+    int t = 0, np, first;
+    while (task >= (np = token_parts(j->b, t, &first))) {
         task -= np;
         t++;
     }
     struct attn_parts pp = pj->pp;
-    pp.p0 = task;
-    pp.p1 = task + 1;
+    pp.p0 = first + task;
+    pp.p1 = first + task + 1;
     attn_call(j, t, t + 1, 0, j->s->n_heads, &pp);
 }
 
@@ -470,13 +521,14 @@ static int attention_by_parts(struct cpu_ctx *c, const struct attn_job *j)
     const struct attn_batch *b = j->b;
     const struct attn_shape *s = j->s;
     if (!c->k->attention_part || (s->head_dim != 64 && s->head_dim != 128)) return 1;
-    int max_parts = 0, tasks = 0;
+    int max_parts = 0, most = 0, tasks = 0, first;
     for (int t = 0; t < b->n_tokens; t++) {
-        int np = attn_part_count(b->pos[t] + 1);
-        max_parts = np > max_parts ? np : max_parts;
+        int np = token_parts(b, t, &first);
+        max_parts = first + np > max_parts ? first + np : max_parts; /* records by partition */
+        most = np > most ? np : most;
         tasks += np;
     }
-    if (max_parts < 2) return 1;
+    if (most < 2) return 1;
     size_t recs = (size_t)b->n_tokens * (size_t)s->n_heads * (size_t)max_parts;
     if (cpu_scratch_reserve(c, recs * ((size_t)s->head_dim + 2) * sizeof(float))) return 1;
     struct attn_part_job pj = {j, {0, 0, max_parts, c->scratch}};
@@ -520,7 +572,7 @@ void cpu_attention(struct backend *be, float *out, const float *q, const void *k
                          .run_tokens = ATTN_TOKENS_LONG,
                          .pieces = s->n_kv_heads};
     int64_t keys = 0;
-    for (int i = 0; i < b->n_tokens; i++) keys += (int64_t)b->pos[i] + 1;
+    for (int i = 0; i < b->n_tokens; i++) keys += attn_keys_of(b, i);
     /* one thread: its tasks would run in a row anyway, and a token's heads cut in two ranges (or
      * its partitions' records folded after) only cost it reads */
     bool serial = threads == 1 || keys * s->n_heads < PAR_KEYS;

@@ -12,6 +12,8 @@ static const struct cpu_kernels kern_scalar = {
     .rmsnorm = scalar_rmsnorm,
     .add = scalar_add,
     .silu_mul = scalar_silu_mul,
+    .gelu_mul = scalar_gelu_mul,
+    .softcap = scalar_softcap,
     .rope = scalar_rope,
     .attention = scalar_attention,
     .attention_f16 = scalar_attention_f16,
@@ -27,9 +29,9 @@ static const struct cpu_kernels kern_scalar = {
         .isa = isa_, .quantize_q8 = avx2_quantize_q8, .block_sums = avx2_block_sums,               \
         .matmul_q8 = q8, .matmul_f32 = avx2_matmul_f32, .matmul_float = avx2_matmul_float,         \
         .rmsnorm = avx2_rmsnorm, .add = avx2_add, .silu_mul = avx2_silu_mul, .rope = avx2_rope,    \
-        .attention = avx2_attention, .attention_f16 = avx2_attention_f16,                          \
-        .attention_q8 = avx2_attention_q8, .attention_part = avx2_attention_part,                  \
-        .attention_f16_part = avx2_attention_f16_part,                                             \
+        .gelu_mul = avx2_gelu_mul, .softcap = avx2_softcap, .attention = avx2_attention,           \
+        .attention_f16 = avx2_attention_f16, .attention_q8 = avx2_attention_q8,                    \
+        .attention_part = avx2_attention_part, .attention_f16_part = avx2_attention_f16_part,      \
         .attention_q8_part = avx2_attention_q8_part, .to_fp16 = avx2_to_fp16,                      \
         .quantize_kv_q8 = avx2_quantize_kv_q8,                                                     \
     }
@@ -44,10 +46,11 @@ static const struct cpu_kernels kern_avxvnni = KERN_AVX2(CPU_ISA_AVXVNNI, avxvnn
         .isa = isa_, .quantize_q8 = avx512_quantize_q8, .block_sums = avx512_block_sums,           \
         .matmul_q8 = gemv, .matmul_f32 = avx512_matmul_f32, .matmul_float = avx512_matmul_float,   \
         .rmsnorm = avx512_rmsnorm, .add = avx512_add, .silu_mul = avx512_silu_mul,                 \
-        .rope = avx512_rope, .attention = attn, .attention_f16 = attn_f16,                         \
-        .attention_q8 = attn_q8, .attention_part = attn##_part,                                    \
-        .attention_f16_part = attn_f16##_part, .attention_q8_part = attn_q8##_part,                \
-        .to_fp16 = avx512_to_fp16, .quantize_kv_q8 = avx512_quantize_kv_q8,                        \
+        .gelu_mul = avx512_gelu_mul, .softcap = avx512_softcap, .rope = avx512_rope,               \
+        .attention = attn, .attention_f16 = attn_f16, .attention_q8 = attn_q8,                     \
+        .attention_part = attn##_part, .attention_f16_part = attn_f16##_part,                      \
+        .attention_q8_part = attn_q8##_part, .to_fp16 = avx512_to_fp16,                            \
+        .quantize_kv_q8 = avx512_quantize_kv_q8,                                                   \
     }
 
 static const struct cpu_kernels kern_avx512 = KERN_AVX512(

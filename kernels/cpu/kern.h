@@ -47,6 +47,10 @@ struct cpu_kernels {
     void (*rmsnorm)(float *out, const float *x, const float *w, int dim, float eps);
     void (*add)(float *x, const float *y, size_t n);
     void (*silu_mul)(float *g, const float *u, size_t n);
+    /* backend.h's gelu_mul and softcap on a span of elements, each element's value whatever the
+     * span (a SIMD tail runs the same arithmetic) */
+    void (*gelu_mul)(float *g, const float *u, size_t n);
+    void (*softcap)(float *x, float cap, size_t n);
     /* One token: rotates n_heads heads of x by the table row cs (cos, -sin / sin pairs, see
      * rope_table in cpu_ops.c): x[2i] = x[2i] c - x[2i+1] s, x[2i+1] = x[2i+1] c + x[2i] s. */
     void (*rope)(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
@@ -106,6 +110,8 @@ void scalar_block_sums(const float *x, int64_t cols, float *xs);
 void scalar_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
 void scalar_add(float *x, const float *y, size_t n);
 void scalar_silu_mul(float *g, const float *u, size_t n);
+void scalar_gelu_mul(float *g, const float *u, size_t n);
+void scalar_softcap(float *x, float cap, size_t n);
 void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
 void scalar_to_fp16(const float *x, uint16_t *out, size_t n);
@@ -131,6 +137,8 @@ void avx2_matmul_float(const struct bweight *w, const float *x, int64_t r0, int6
 void avx2_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
 void avx2_add(float *x, const float *y, size_t n);
 void avx2_silu_mul(float *g, const float *u, size_t n);
+void avx2_gelu_mul(float *g, const float *u, size_t n);
+void avx2_softcap(float *x, float cap, size_t n);
 void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                const float *cs_sin);
 void avx2_to_fp16(const float *x, uint16_t *out, size_t n);
@@ -175,6 +183,8 @@ void avx512_matmul_float(const struct bweight *w, const float *x, int64_t r0, in
 void avx512_rmsnorm(float *out, const float *x, const float *w, int dim, float eps);
 void avx512_add(float *x, const float *y, size_t n);
 void avx512_silu_mul(float *g, const float *u, size_t n);
+void avx512_gelu_mul(float *g, const float *u, size_t n);
+void avx512_softcap(float *x, float cap, size_t n);
 void avx512_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin);
 void avx512_to_fp16(const float *x, uint16_t *out, size_t n);

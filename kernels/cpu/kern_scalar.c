@@ -32,6 +32,16 @@ void scalar_silu_mul(float *g, const float *u, size_t n)
     ref_silu_mul(g, u, n);
 }
 
+void scalar_gelu_mul(float *g, const float *u, size_t n)
+{
+    ref_gelu_mul(g, u, n);
+}
+
+void scalar_softcap(float *x, float cap, size_t n)
+{
+    ref_softcap(x, cap, n);
+}
+
 void scalar_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,
                  const float *cs_sin)
 {

@@ -1,4 +1,5 @@
-/* AVX2 row kernels: RMSNorm, add, SiLU*up and RoPE (attention is in attn_avx2.c). */
+/* AVX2 row kernels: RMSNorm, add, SiLU*up, GELU*up, soft-capping and RoPE (attention is in
+ * attn_avx2.c). */
 #include <math.h>
 
 #include "kern.h"
@@ -48,6 +49,55 @@ TGT void avx2_silu_mul(float *g, const float *u, size_t n)
         _mm256_storeu_ps(g + i, _mm256_mul_ps(r, _mm256_loadu_ps(u + i)));
     }
     if (i < n) ref_silu_mul(g + i, u + i, n - i);
+}
+
+/* gelu(g) * u, gelu's tanh form as a sigmoid: 0.5 (1 + tanh(z)) = 1 / (1 + e^(-2z)), which has
+ * no cancellation where tanh(z) nears -1 (the reference's 1 + tanh(z) loses digits there). */
+TGT INLINE __m256 gelu_mul8(__m256 g, __m256 u)
+{
+    const __m256 c2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), k = _mm256_set1_ps(0.044715f);
+    __m256 z = _mm256_mul_ps(c2, _mm256_fmadd_ps(_mm256_mul_ps(k, g), _mm256_mul_ps(g, g), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z))), u);
+}
+
+/* cap tanh(x / cap) as cap (1 - 2 / (e^(2x / cap) + 1)) */
+TGT INLINE __m256 softcap8(__m256 x, float cap)
+{
+    __m256 e = exp256(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / cap)));
+    __m256 t =
+        _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    return _mm256_mul_ps(t, _mm256_set1_ps(cap));
+}
+
+/* A tail of fewer than 8 runs through the same arithmetic in a padded register, so an element's
+ * value never depends on where a call's span ends. */
+TGT void avx2_gelu_mul(float *g, const float *u, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, gelu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        _Alignas(32) float gt[8] = {0}, ut[8] = {0};
+        for (size_t j = i; j < n; j++) {
+            gt[j - i] = g[j];
+            ut[j - i] = u[j];
+        }
+        _mm256_store_ps(gt, gelu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+        for (size_t j = i; j < n; j++) g[j] = gt[j - i];
+    }
+}
+
+TGT void avx2_softcap(float *x, float cap, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, softcap8(_mm256_loadu_ps(x + i), cap));
+    if (i < n) {
+        _Alignas(32) float t[8] = {0};
+        for (size_t j = i; j < n; j++) t[j - i] = x[j];
+        _mm256_store_ps(t, softcap8(_mm256_load_ps(t), cap));
+        for (size_t j = i; j < n; j++) x[j] = t[j - i];
+    }
 }
 
 TGT void avx2_rope(float *x, int n_heads, int head_dim, int rot_dim, const float *cs_cos,

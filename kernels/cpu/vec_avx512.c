@@ -1,4 +1,5 @@
-/* AVX-512 row kernels: RMSNorm, add, SiLU*up and RoPE (attention is in attn_avx512.c). */
+/* AVX-512 row kernels: RMSNorm, add, SiLU*up, GELU*up, soft-capping and RoPE (attention is in
+ * attn_avx512.c). */
 #include <math.h>
 
 #include "kern.h"
@@ -57,6 +58,46 @@ TGT void avx512_silu_mul(float *g, const float *u, size_t n)
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(
             g + i, m, silu_mul16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+/* gelu(g) * u as vec_avx2.c's gelu_mul8 */
+TGT INLINE __m512 gelu_mul16(__m512 g, __m512 u)
+{
+    const __m512 c2 = _mm512_set1_ps(-2.0f * 0.7978845608028654f), k = _mm512_set1_ps(0.044715f);
+    __m512 z = _mm512_mul_ps(c2, _mm512_fmadd_ps(_mm512_mul_ps(k, g), _mm512_mul_ps(g, g), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(z))), u);
+}
+
+TGT void avx512_gelu_mul(float *g, const float *u, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(g + i, gelu_mul16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(
+            g + i, m, gelu_mul16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+/* cap tanh(x / cap) as vec_avx2.c's softcap8 */
+TGT INLINE __m512 softcap16(__m512 x, float cap)
+{
+    __m512 e = exp512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / cap)));
+    __m512 t =
+        _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                      _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
+
+TGT void avx512_softcap(float *x, float cap, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, softcap16(_mm512_loadu_ps(x + i), cap));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, softcap16(_mm512_maskz_loadu_ps(m, x + i), cap));
     }
 }
 
