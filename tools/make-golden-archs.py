@@ -20,6 +20,15 @@ greedy continuation, the top-2 gap at each step, the top-5 logits at four positi
 far the plain llama model is from them. The C test (tests/test_model.c) writes the same files in
 Q4_1, whose weights dequantize to exactly these fp32 values.
 
+gemma3 (every "llama.*" key renamed, plus attention.sliding_window, rope.freq_base_swa and
+final_logit_softcapping from its variant, no sliding_window_pattern: llama.cpp's default 6, layer
+il local iff il % 6 < 5; q/k rows in Hugging Face's order; per layer q and k norms as qwen3's and
+post_attention_norm / post_ffw_norm, wave kinds 3 and 4, all + 1 as a GGUF Gemma norm holds them)
+is recorded from transformers' Gemma3ForCausalLM (fp32, eager attention) on the same file's
+weights (each norm less 1), since llama.cpp's CPU GELU rounds through an fp16 table; llama.cpp's
+run of the file is checked against it (within 2e-2 relative on the recorded top-5 logits, the
+same greedy tokens) and its distance recorded as llamacpp_worst_rel_diff.
+
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
 """
 import json
@@ -48,9 +57,12 @@ VARIANTS = [
     {"arch": "qwen3", "norm_amp": [0.25, 0.25]},
     {"arch": "smollm3"},
     {"arch": "phi3"},
+    {"arch": "gemma3", "norm_amp": [0.25, 0.25], "post_norm_amp": [0.25, 0.25],
+     "sliding_window": 16, "freq_base_swa": 10000.0, "final_logit_softcapping": 30.0},
 ]
-NEOX = {"qwen2", "qwen3", "phi3"}  # archs whose files keep q/k rows in Hugging Face's order
+NEOX = {"qwen2", "qwen3", "phi3", "gemma3"}  # archs whose files keep q/k rows in HF's order
 FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
+HF_REF = {"gemma3"}  # archs recorded from transformers (llama.cpp run beside it as a check)
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -98,6 +110,10 @@ def write_variant(reader, var, path):
         if name == "tokenizer.ggml.pre" and arch == "qwen2":
             value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
+    if "sliding_window" in var:  # gemma3: no sliding_window_pattern, llama.cpp's default 6
+        w.add_uint32(f"{arch}.attention.sliding_window", var["sliding_window"])
+        w.add_float32(f"{arch}.rope.freq_base_swa", var["freq_base_swa"])
+        w.add_float32(f"{arch}.final_logit_softcapping", var["final_logit_softcapping"])
     held = {}  # FUSED: the parts of each layer's fused tensors, until all are read
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -137,6 +153,12 @@ def write_variant(reader, var, path):
                 amp = var["norm_amp"]
                 w.add_tensor(f"blk.{layer}.attn_q_norm.weight", wave(layer, 0, hd, amp[0], 1.0))
                 w.add_tensor(f"blk.{layer}.attn_k_norm.weight", wave(layer, 1, hd, amp[1], 1.0))
+            if "post_norm_amp" in var:  # gemma3: RMS norms of the attention's and FFN's outputs
+                amp = var["post_norm_amp"]
+                dim = data.shape[1]
+                w.add_tensor(f"blk.{layer}.post_attention_norm.weight",
+                             wave(layer, 3, dim, amp[0], 1.0))
+                w.add_tensor(f"blk.{layer}.post_ffw_norm.weight", wave(layer, 4, dim, amp[1], 1.0))
     assert sum(1 for t in reader.tensors if t.name.endswith("attn_v.weight")) == n_layers
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -144,9 +166,113 @@ def write_variant(reader, var, path):
     w.close()
 
 
+def gemma3_hf(path):
+    """transformers' Gemma3ForCausalLM (fp32, eager attention) holding the gemma3 file's weights,
+    its config read from the file: layer il local (sliding window) iff il % 6 < 5, as llama.cpp's
+    default pattern; each norm's weight the file's less 1 (Gemma3RMSNorm scales by 1 + w)."""
+    import gguf
+    import torch
+    import transformers
+
+    reader = gguf.GGUFReader(path)
+    arch = field_value(reader.fields["general.architecture"])[0]
+    kv = {name[len(arch) + 1:]: field_value(f)[0] for name, f in reader.fields.items()
+          if name.startswith(arch + ".")}
+    T = {}
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
+    n_layers, dim = kv["block_count"], kv["embedding_length"]
+    n_heads = kv["attention.head_count"]
+    assert "attention.sliding_window_pattern" not in kv and "attention.key_length" not in kv
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim,
+        intermediate_size=kv["feed_forward_length"], num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=kv["attention.head_count_kv"],
+        head_dim=dim // n_heads, hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=kv["context_length"],
+        rms_norm_eps=kv["attention.layer_norm_rms_epsilon"], tie_word_embeddings=True,
+        rope_parameters={"full_attention": {"rope_type": "default",
+                                            "rope_theta": kv["rope.freq_base"]},
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": kv["rope.freq_base_swa"]}},
+        query_pre_attn_scalar=dim // n_heads, sliding_window=kv["attention.sliding_window"],
+        layer_types=["sliding_attention" if il % 6 < 5 else "full_attention"
+                     for il in range(n_layers)],
+        final_logit_softcapping=kv["final_logit_softcapping"], attn_logit_softcapping=None,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    model = transformers.Gemma3ForCausalLM._from_config(cfg, attn_implementation="eager",
+                                                        dtype=torch.float32)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+             **{f"blk.{il}.{g}": f"model.layers.{il}.{h}"
+                for il in range(n_layers) for g, h in names.items()}}
+    assert set(T) == {g + ".weight" for g in names}, sorted(set(T) ^ {g + ".weight" for g in names})
+    hf = {}
+    inexact = 0  # norm weights g that float32's 1 + (g - 1) does not give back (some |g| < 0.5)
+    for g, h in names.items():
+        v = T[g + ".weight"]
+        if g.endswith("norm"):
+            w = v - np.float32(1.0)
+            inexact += int(np.sum(np.float32(1.0) + w != v))
+            v = w
+        hf[h + ".weight"] = v
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                                                 for k, v in hf.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config._attn_implementation == "eager"
+    assert float(model.model.embed_tokens.embed_scale) == math.sqrt(dim)
+    assert model.model.layers[0].self_attn.scaling == (dim // n_heads) ** -0.5
+    rot = model.model.rotary_emb
+    for lt, base in (("full_attention", kv["rope.freq_base"]),
+                     ("sliding_attention", kv["rope.freq_base_swa"])):
+        want = 1.0 / base ** (np.arange(0, dim // n_heads, 2) / (dim // n_heads))
+        got = getattr(rot, f"{lt}_inv_freq").numpy()
+        assert np.allclose(got, want, rtol=1e-6), (lt, got[:4], want[:4])
+    return model, inexact
+
+
+def cpp_check(arch, pname, prompt, greedy, gaps, entries, logits_of, cpp_logits_of):
+    """llama.cpp on the same file against transformers' record: the worst relative difference
+    on the recorded top-5 logits (returned), on every position's top 5, and llama.cpp's own
+    greedy continuation."""
+    seq = prompt + greedy
+    L, C = logits_of(seq), cpp_logits_of(seq)
+    worst = max(abs(float(C[e["pos"]][t]) - v) / max(abs(v), 1.0)
+                for e in entries for t, v in zip(e["top_ids"], e["top_logits"]))
+    worst_all = 0.0
+    for pos in range(len(seq)):
+        for t in np.argsort(-L[pos], kind="stable")[:TOPK]:
+            worst_all = max(worst_all, abs(float(C[pos][t]) - float(L[pos][t])) /
+                            max(abs(float(L[pos][t])), 1.0))
+    cpp_greedy = greedy_record(cpp_logits_of, prompt, len(greedy), (0,), TOPK)[0]
+    same = next((i for i, (a, b) in enumerate(zip(greedy, cpp_greedy)) if a != b), None)
+    print(f"{arch}-{pname}: llama.cpp vs transformers, worst relative top-5 logit difference "
+          f"{worst:.2e} at the recorded positions, {worst_all:.2e} over all {len(seq)}; "
+          f"max abs over the whole vocab {float(np.max(np.abs(C - L))):.3e}; greedy "
+          + (f"the same {len(greedy)} tokens" if same is None else
+             f"differs from step {same} (transformers' top-2 gap there {gaps[same]:.4f}): "
+             f"{greedy[same:same + 4]} vs {cpp_greedy[same:same + 4]}"))
+    assert worst < 2e-2, worst
+    assert same is None, (greedy, cpp_greedy)
+    return worst
+
+
 def main():
     import gguf
     import llama_cpp
+    import torch
+    import transformers
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
 
     cases, sha = golden_cases(GOLDEN, os.path.join(MODEL_DIR, MODEL_FILE))
     reader = gguf.GGUFReader(os.path.join(MODEL_DIR, MODEL_FILE))
@@ -180,6 +306,17 @@ def main():
         path = os.path.join(tmp, var["arch"] + ".gguf")
         write_variant(reader, var, path)
         llm, logits_of = runner(path)
+        cpp_logits_of = None
+        if var["arch"] in HF_REF:  # llama.cpp's fp16-table GELU: transformers is the reference
+            cpp_logits_of = logits_of
+            model, inexact = gemma3_hf(path)
+            print(f"{var['arch']}: transformers' norm weights 1 + (w - 1) not exactly the "
+                  f"file's: {inexact}")
+
+            def logits_of(ids, model=model):
+                with torch.no_grad():
+                    return model(torch.tensor([ids], dtype=torch.long),
+                                 use_cache=False).logits[0].float().numpy()
         if var["arch"] == "qwen2":  # llama.cpp's qwen2 pre-tokenizer, special tokens parsed
             for text in import_module("make-golden").TOKENIZE_STRINGS:
                 ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
@@ -188,9 +325,15 @@ def main():
             prompt = cases[pname]["prompt_ids"]
             greedy, gaps, entries, worst = greedy_record(logits_of, prompt, N_NEW, (0, 8, 16),
                                                          TOPK, other=plain)
-            out.append({"name": f"{var['arch']}-{pname}", "arch": var["arch"],
-                        "prompt_ids": prompt, "greedy_ids": greedy, "top2_gap": gaps,
-                        "logits": entries, "llama_worst_rel_diff": worst})
+            case = {"name": f"{var['arch']}-{pname}", "arch": var["arch"],
+                    "prompt_ids": prompt, "greedy_ids": greedy, "top2_gap": gaps,
+                    "logits": entries, "llama_worst_rel_diff": worst}
+            if cpp_logits_of is not None:
+                case["reference"] = "transformers"
+                case["llamacpp_worst_rel_diff"] = cpp_check(var["arch"], pname, prompt, greedy,
+                                                            gaps, entries, logits_of,
+                                                            cpp_logits_of)
+            out.append(case)
             print(f"{var['arch']}-{pname}: the llama model's worst relative top-5 logit "
                   f"difference {worst:.3f}; greedy {greedy[:8]}...")
         os.unlink(path)
@@ -198,7 +341,9 @@ def main():
     os.rmdir(tmp)
     json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
                "made_by": f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
-                          f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}",
+                          f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
+                          f"; gemma3: transformers {transformers.__version__}, torch "
+                          f"{torch.__version__} (fp32, eager attention)",
                "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
 
