@@ -13,7 +13,8 @@
 #include "model_tp.h"
 
 struct layer {
-    const float *attn_norm, *ffn_norm; /* device copies, [dim] */
+    const float *attn_norm, *ffn_norm;           /* device copies, [dim] */
+    const float *attn_post_norm, *ffn_post_norm; /* [dim] (post_norms) or NULL */
     struct bweight wq, wk, wv, wo, w_gate, w_up, w_down;
     /* device copies or NULL: this rank's q, k, v biases (qkv_bias), q and k norms [head_dim]
      * (qk_norm) */
@@ -112,6 +113,42 @@ static double yarn_divisor(int i, int rot_dim, float base, int n_ctx_orig, float
     return 1.0 / ((1.0 - mix) / factor + mix);
 }
 
+/* Gemma 3's keys as llama.cpp's gemma3 reads them (src/models/gemma3.cpp). */
+static int read_gemma3(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+{
+    const char *a = cfg->arch;
+    cfg->embed_scale = sqrtf((float)cfg->dim);
+    cfg->post_norms = cfg->gelu = true;
+    /* gemma_pytorch's query_pre_attn_scalar, which the file does not carry: the 27B model's is
+     * dim / n_heads, the others' the head size (llama.cpp tells them by their 62 layers) */
+    if (cfg->n_layers == 62) cfg->attn_scale = 1.0f / sqrtf((float)(cfg->dim / cfg->n_heads));
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    const struct gguf_kv *pat = gguf_kv_find(f, key);
+    int rc = get_u32_pos(f, a, "attention.sliding_window", &cfg->swa_window, err);
+    if (rc == QERR_NOTFOUND) {
+        cfg->swa_window = 0;
+    } else if (rc) {
+        return rc;
+    } else {
+        cfg->swa_pattern = 6;
+        if (pat &&
+            (rc = get_u32_pos(f, a, "attention.sliding_window_pattern", &cfg->swa_pattern, err)))
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "%s: %s: quern reads a layer count (a pattern of local layers, then "
+                            "a global one), not a per-layer array",
+                            gguf_path(f), key);
+    }
+    cfg->rope_base_swa = 10000.0f;
+    if ((rc = read_f32_opt(f, a, "rope.freq_base_swa", &cfg->rope_base_swa, err)) ||
+        (rc = read_f32_opt(f, a, "final_logit_softcapping", &cfg->final_softcap, err)))
+        return rc;
+    if (!(cfg->rope_base_swa > 0) || cfg->final_softcap < 0 || isinf(cfg->final_softcap))
+        return qerr_set(err, QERR_FORMAT, "%s: rope.freq_base_swa %g / final_logit_softcapping %g",
+                        gguf_path(f), cfg->rope_base_swa, cfg->final_softcap);
+    return 0;
+}
+
 /* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
  * rope.scale_linear) stretches every wavelength when the scaling type is linear or unset and is
  * ignored under "none". Llama 3.1 and later keep per-pair divisors in the tensor
@@ -199,6 +236,13 @@ int model_ctx_limit(const struct model_config *cfg, const struct model_opts *opt
     return n > (double)(1 << 24) ? 1 << 24 : (int)n;
 }
 
+struct rope_spec model_layer_rope(const struct model_config *cfg, int l)
+{
+    if (!model_layer_local(cfg, l)) return model_rope_spec(cfg);
+    /* llama.cpp's freq_scale_train_swa: local layers keep the trained frequencies */
+    return (struct rope_spec){.rot_dim = cfg->rot_dim, .base = cfg->rope_base_swa, .scale = 1.0f};
+}
+
 struct rope_spec model_rope_spec(const struct model_config *cfg)
 {
     return (struct rope_spec){.rot_dim = cfg->rot_dim,
@@ -216,13 +260,15 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (rc) return rc;
     /* Llama-family files use this layout; Qwen2 adds q/k/v biases, Qwen3 q/k norms, both the
      * NeoX rope; SmolLM3 leaves every fourth layer without rope; Phi-3 (Phi-3.5, Phi-4) fuses
-     * q/k/v and gate/up, with the NeoX rope; others (gpt2, phi2, gemma) do not fit it */
+     * q/k/v and gate/up, with the NeoX rope; Gemma 3 adds post-norms, GELU and local layers;
+     * others (gpt2, phi2, gemma, gemma2's attention soft-capping) do not fit it */
     static const struct {
         const char *name;
         bool neox;
         int no_rope_step;
     } supported[] = {{"llama", false, 0}, {"mistral", false, 0}, {"qwen2", true, 0},
-                     {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0}};
+                     {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0},
+                     {"gemma3", true, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -233,7 +279,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, smollm3, phi3)",
+                        "qwen3, smollm3, phi3, gemma3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -298,9 +344,11 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
                         "%s: LongRoPE (rope_factors_long.weight, Phi-3's 128k context) is not "
                         "supported",
                         gguf_path(f));
-    if (!cfg->qk_norm && strcmp(a, "qwen3") == 0)
-        return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (qwen3)",
-                        gguf_path(f));
+    if (!cfg->qk_norm && (strcmp(a, "qwen3") == 0 || strcmp(a, "gemma3") == 0))
+        return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (%s)",
+                        gguf_path(f), a);
+    cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
+    if (strcmp(a, "gemma3") == 0 && (rc = read_gemma3(f, cfg, err))) return rc;
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
                         gguf_path(f), cfg->eps, cfg->rope_base);
@@ -655,6 +703,15 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     if (rc) goto fail;
     model_config_override(&m->cfg, opts);
     const struct model_config *c = &m->cfg;
+    const struct backend_ops *bo = be->ops;
+    if ((c->gelu && !bo->gelu_mul) || (c->embed_scale > 0 && !bo->scale) ||
+        (c->final_softcap > 0 && !bo->softcap)) {
+        rc = qerr_set(err, QERR_UNSUPPORTED,
+                      "model: the %s backend cannot run %s (its GELU, scale "
+                      "or soft-capping op is missing)",
+                      bo->name, c->arch);
+        goto fail;
+    }
     if (sh)
         m->sh = *sh;
     else
@@ -739,6 +796,12 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         if ((rc = load_vector(m, f, name, c->dim, &ly->attn_norm, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
         if ((rc = load_vector(m, f, name, c->dim, &ly->ffn_norm, err))) goto fail;
+        if (c->post_norms) {
+            snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
+            if ((rc = load_vector(m, f, name, c->dim, &ly->attn_post_norm, err))) goto fail;
+            snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", l);
+            if ((rc = load_vector(m, f, name, c->dim, &ly->ffn_post_norm, err))) goto fail;
+        }
         size_t kv_bytes = backend_kv_bytes(be, kv_slots * (size_t)kv_dim);
         ly->k_cache = be->ops->buf_alloc(be, kv_bytes);
         ly->v_cache = be->ops->buf_alloc(be, kv_bytes);
@@ -982,13 +1045,15 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     const struct model_config *c = &m->cfg;
     struct acts *a = &m->a;
     int dim = c->dim, kv_dim = m->sh.nkv * c->head_dim, nq = m->sh.nq, nkv = m->sh.nkv, rc;
-    struct attn_shape shape = {.n_heads = nq,
-                               .n_kv_heads = nkv,
-                               .head_dim = c->head_dim,
-                               .scale = 1.0f / sqrtf((float)c->head_dim)};
+    struct attn_shape shape = {
+        .n_heads = nq, .n_kv_heads = nkv, .head_dim = c->head_dim, .scale = c->attn_scale};
     const struct rope_spec rope = model_rope_spec(c);
+    /* local layers (sliding window): their own window and rope */
+    struct attn_batch ab_local = *ab;
+    ab_local.window = c->swa_window;
 
     ops->embed(be, &m->tok_embd, a->tokens, n, a->x);
+    if (c->embed_scale > 0) ops->scale(be, a->x, c->embed_scale, (size_t)n * (size_t)dim);
     ops->rmsnorm(be, a->xn, a->x, m->layers[0].attn_norm, n, dim, c->eps);
     for (int l = 0; l < c->n_layers; l++) {
         struct layer *ly = &m->layers[l];
@@ -1008,18 +1073,21 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
             ops->rmsnorm(be, a->q, a->q, ly->q_norm, n * nq, c->head_dim, c->eps);
             ops->rmsnorm(be, a->k, a->k, ly->k_norm, n * nkv, c->head_dim, c->eps);
         }
+        bool local = model_layer_local(c, l);
+        const struct rope_spec rs = local ? model_layer_rope(c, l) : rope;
         if (!c->no_rope_step || (l + 1) % c->no_rope_step) {
-            ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rope);
-            ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rope);
+            ops->rope(be, a->q, a->pos, n, nq, c->head_dim, &rs);
+            ops->rope(be, a->k, a->pos, n, nkv, c->head_dim, &rs);
         }
         ops->kv_write(be, ly->k_cache, ly->v_cache, a->k, a->v, ab, kv_dim);
-        ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, ab, &shape);
+        ops->attention(be, a->att, a->q, ly->k_cache, ly->v_cache, local ? &ab_local : ab, &shape);
         ops->matmul(be, &ly->wo, a->att, n, a->xn);
         if (m->lora_step) lora_run_apply(m->lora, l, LORA_O, a->att, n, a->xn);
         if ((rc = reduce_partial(m, a->xn, n, err))) {
             nvtx_pop();
             return rc;
         }
+        if (ly->attn_post_norm) ops->rmsnorm(be, a->xn, a->xn, ly->attn_post_norm, n, dim, c->eps);
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
         const struct bweight *gate_up[2] = {&ly->w_gate, &ly->w_up};
@@ -1029,10 +1097,15 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
             lora_run_apply(m->lora, l, LORA_GATE, a->xn, n, a->gate);
             lora_run_apply(m->lora, l, LORA_UP, a->xn, n, a->up);
         }
-        ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
+        if (c->gelu)
+            ops->gelu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
+        else
+            ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
         ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
         if (m->lora_step) lora_run_apply(m->lora, l, LORA_DOWN, a->gate, n, a->xn);
         rc = reduce_partial(m, a->xn, n, err);
+        if (!rc && ly->ffn_post_norm)
+            ops->rmsnorm(be, a->xn, a->xn, ly->ffn_post_norm, n, dim, c->eps);
         if (!rc && l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
             add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
         else if (!rc)
@@ -1050,6 +1123,8 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     ops->get_rows(be, a->sel, a->x, a->logit_idx, n_logits, dim);
     ops->rmsnorm(be, a->sel, a->sel, m->output_norm, n_logits, dim, c->eps);
     ops->matmul(be, &m->output, a->sel, n_logits, logits_out);
+    if (c->final_softcap > 0)
+        ops->softcap(be, logits_out, c->final_softcap, (size_t)n_logits * (size_t)c->vocab);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
- * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope) loaded from GGUF and run
- * through the backend interface.
+ * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope, Phi-3's fused matrices,
+ * Gemma 3's scaled embeddings, post-norms, GELU and sliding-window layers) loaded from GGUF and
+ * run through the backend interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
  * from many sequences, each reading and writing its K/V through its own block table into the
@@ -40,7 +41,27 @@ struct model_config {
     /* Phi-3's fused matrices: q, k and v as the row ranges of one attn_qkv, gate and up as the
      * first and second half of ffn_up's rows; the loader takes each part as a row window */
     bool fused_qkv, fused_gate_up;
+    /* Gemma 3: token embeddings times embed_scale (sqrt(dim); 0: none); an RMSNorm of the
+     * attention output and of the FFN output before each joins the residual
+     * (post_attention_norm, post_ffw_norm); a GELU-gated FFN instead of SiLU's */
+    float embed_scale;
+    bool post_norms, gelu;
+    /* q . k scale (1 / sqrt(head_dim), but Gemma 3 27B's 1 / sqrt(dim / n_heads)) */
+    float attn_scale;
+    /* sliding-window attention: layer l is local (model_layer_local) when swa_window > 0 and
+     * l % swa_pattern < swa_pattern - 1 (llama.cpp's pattern: Gemma 3's five local layers to one
+     * global); a local layer's token at p sees p - swa_window + 1 .. p, its rope turns with base
+     * rope_base_swa and no scaling */
+    int swa_window, swa_pattern;
+    float rope_base_swa;
+    /* > 0: logits = cap tanh(logits / cap) (final_logit_softcapping) */
+    float final_softcap;
 };
+
+static inline bool model_layer_local(const struct model_config *cfg, int l)
+{
+    return cfg->swa_window > 0 && l % cfg->swa_pattern < cfg->swa_pattern - 1;
+}
 
 /* Which row of a NeoX-rope head (its first rot dims turned as pairs (i, i + rot / 2)) sits at
  * row r of the head the backend's rope turns (pairs (2i, 2i + 1)): the inverse of the row order
@@ -58,6 +79,8 @@ static inline int64_t model_neox_at(int64_t i, int hd, int rot)
 
 /* The model's rotary embedding for the backend's rope op; points into cfg. */
 struct rope_spec model_rope_spec(const struct model_config *cfg);
+/* The rope of layer l: model_rope_spec's, or a local layer's (model_layer_local). */
+struct rope_spec model_layer_rope(const struct model_config *cfg, int l);
 
 /* A LoRA adapter for model_load (engine/lora.h): its GGUF file, the name requests use (NULL: the
  * file's base name without .gguf), and the user's scale (llama.cpp's --lora-scaled; 1: as

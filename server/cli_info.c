@@ -139,6 +139,13 @@ int cli_info(int argc, char **argv)
            no_rope, cfg.qkv_bias ? ", q/k/v biases" : "", cfg.qk_norm ? ", q/k norms" : "",
            cfg.fused_qkv ? ", q/k/v fused" : "");
     if (cfg.fused_gate_up) printf("              gate and up fused in ffn_up\n");
+    if (cfg.post_norms)
+        printf("              embeddings x %g, post-attention and post-FFN norms, %s FFN\n",
+               cfg.embed_scale, cfg.gelu ? "GELU" : "SiLU");
+    if (cfg.swa_window > 0)
+        printf("sliding window %d keys in %d of every %d layers (rope base %g there)\n",
+               cfg.swa_window, cfg.swa_pattern - 1, cfg.swa_pattern, cfg.rope_base_swa);
+    if (cfg.final_softcap > 0) printf("logit cap     %g\n", cfg.final_softcap);
     printf("context       %d\n", cfg.ctx_len);
     /* --kv-type's element per token and at the full context: f16 (the default), f32, q8 (Q8_0
      * blocks, 34 bytes per 32 elements) */

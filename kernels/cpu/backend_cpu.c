@@ -22,7 +22,8 @@ static void cpu_destroy(struct backend *be)
 {
     struct cpu_ctx *c = ctx_of(be);
     pool_destroy(c->pool);
-    cpu_rope_table_free(&c->rope);
+    cpu_rope_table_free(&c->rope[0]);
+    cpu_rope_table_free(&c->rope[1]);
     page_arena_close(&c->weights); /* weights still held keep their chunks */
     free(c->scratch);
     free(c->spans);

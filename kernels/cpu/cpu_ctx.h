@@ -38,7 +38,9 @@ struct cpu_ctx {
     /* activation scratch of one matmul (quantized tokens or block sums); grows on demand */
     void *scratch;
     size_t scratch_bytes;
-    struct rope_table rope;
+    /* two ropes' tables: Gemma 3's local and global layers alternate theirs within a step */
+    struct rope_table rope[2];
+    int rope_last; /* the one used last */
 };
 
 /* Grows the scratch to at least bytes; 0, or -1 (the old scratch stays) when memory is short. */

@@ -213,24 +213,32 @@ void cpu_rope_table_free(struct rope_table *rt)
     *rt = (struct rope_table){0};
 }
 
-/* Makes rows 0..need-1 of the table valid for rs; false when out of memory. */
-static bool rope_table_fill(struct rope_table *rt, int need, const struct rope_spec *rs)
+/* Makes rows 0..need-1 of c's table for rs valid (the other table, used less recently, gives
+ * way to a new rope); NULL when out of memory. */
+static const struct rope_table *rope_table_fill(struct cpu_ctx *c, int need,
+                                                const struct rope_spec *rs)
 {
-    if (!rope_key_matches(&rt->key, rs)) {
-        cpu_rope_table_free(rt);
-        rope_key_set(&rt->key, rs);
+    int i = rope_key_matches(&c->rope[c->rope_last].key, rs)    ? c->rope_last
+            : rope_key_matches(&c->rope[!c->rope_last].key, rs) ? !c->rope_last
+                                                                : -1;
+    if (i < 0) {
+        i = !c->rope_last;
+        cpu_rope_table_free(&c->rope[i]);
+        rope_key_set(&c->rope[i].key, rs);
     }
-    if (need <= rt->n_pos) return true;
+    c->rope_last = i;
+    struct rope_table *rt = &c->rope[i];
+    if (need <= rt->n_pos) return rt;
     int rot_dim = rs->rot_dim;
     if (need > rt->cap) {
         int cap = rt->cap ? rt->cap : 256;
         while (cap < need) cap *= 2;
         size_t bytes = (size_t)cap * (size_t)rot_dim * sizeof(float);
         float *nc = realloc(rt->cos, bytes);
-        if (!nc) return false;
+        if (!nc) return NULL;
         rt->cos = nc;
         float *ns = realloc(rt->sin, bytes);
-        if (!ns) return false;
+        if (!ns) return NULL;
         rt->sin = ns;
         rt->cap = cap;
     }
@@ -251,7 +259,7 @@ static bool rope_table_fill(struct rope_table *rt, int need, const struct rope_s
         }
     }
     rt->n_pos = need;
-    return true;
+    return rt;
 }
 
 struct rope_job {
@@ -282,12 +290,13 @@ void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_hea
     struct cpu_ctx *c = ctx_of(be);
     int need = 0;
     for (int i = 0; i < n; i++) need = pos[i] + 1 > need ? pos[i] + 1 : need;
-    if (rot_dim <= 0 || !rope_table_fill(&c->rope, need, rs)) {
+    const struct rope_table *rt = rot_dim > 0 ? rope_table_fill(c, need, rs) : NULL;
+    if (!rt) {
         ref_rope(x, pos, n, n_heads, head_dim, rs); /* same values, slower */
         return;
     }
     struct rope_job j = {.k = c->k,
-                         .rt = &c->rope,
+                         .rt = rt,
                          .x = x,
                          .pos = pos,
                          .n = n,
