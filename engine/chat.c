@@ -44,6 +44,8 @@ const char *chat_kind_name(enum chat_kind k)
         return "zephyr";
     case CHAT_PHI3:
         return "phi3";
+    case CHAT_GEMMA:
+        return "gemma";
     }
     return "unknown";
 }
@@ -76,6 +78,8 @@ const char *chat_template_name(const struct chat_template *t)
         return "zephyr";
     case CHAT_PHI3:
         return "phi3";
+    case CHAT_GEMMA:
+        return t->first_user_prefix ? "gemma3" : "gemma";
     case CHAT_LLAMA2:
         break;
     }
@@ -141,6 +145,35 @@ static char *chatml_default_system(const char *s, size_t len)
         free(out);
     }
     return NULL;
+}
+
+/* Gemma's (Gemma 1, 2, 3, 3n, MedGemma): one expression opens every turn with
+ * '<start_of_turn>' + role and a line break (the assistant's role renamed "model"), contents
+ * trimmed, <end_of_turn> and a line break closing a turn, <start_of_turn>model and a line break
+ * the generation prompt. Templates that give the system or developer a turn of its own
+ * (FunctionGemma's, some fine-tunes') format otherwise: refused. Gemma 3's names the system text
+ * first_user_prefix. */
+static int gemma_parse(const char *s, size_t len, struct chat_template *out, struct qerr *err)
+{
+    bool turns = false;
+    for (int esc = 0; esc < 2 && !turns; esc++) {
+        const char *nl = esc ? "\\n" : "\n";
+        char open[48], close[32], gen_prompt[40];
+        snprintf(open, sizeof open, "'<start_of_turn>' + role + '%s'", nl);
+        snprintf(close, sizeof close, "<end_of_turn>%s'", nl);
+        snprintf(gen_prompt, sizeof gen_prompt, "'<start_of_turn>model%s'", nl);
+        turns = has(s, len, open) && has(s, len, close) && has(s, len, gen_prompt);
+    }
+    bool model = has(s, len, "\"model\"") || has(s, len, "'model'");
+    if (!turns || !model || !has(s, len, "| trim") || has(s, len, "<start_of_turn>system") ||
+        has(s, len, "<start_of_turn>developer"))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "chat template: uses <start_of_turn> but not Gemma's turns (a system or "
+                        "developer turn of its own, or other spellings): \"%.*s\"",
+                        (int)(len > 80 ? 80 : len), s);
+    out->kind = CHAT_GEMMA;
+    out->first_user_prefix = has(s, len, "first_user_prefix");
+    return 0;
 }
 
 static enum chat_variant inst_variant(const char *s, size_t len)
@@ -225,9 +258,11 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
             return 0;
         }
     }
+    if (has(tmpl, len, "<start_of_turn>")) return gemma_parse(tmpl, len, out, err);
     return qerr_set(err, QERR_UNSUPPORTED,
                     "chat template: not recognized (no <|im_start|>, [INST], "
-                    "<|start_header_id|>, <｜User｜> or <|user|> marker): \"%.*s%s\"",
+                    "<|start_header_id|>, <｜User｜>, <|user|> or <start_of_turn> marker): "
+                    "\"%.*s%s\"",
                     (int)(len > 80 ? 80 : len), tmpl, len > 80 ? "..." : "");
 }
 
@@ -250,6 +285,8 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
         {.kind = CHAT_DEEPSEEK3, .think = true},
         {.kind = CHAT_ZEPHYR},
         {.kind = CHAT_PHI3, .skip_empty_system = true},
+        {.kind = CHAT_GEMMA},
+        {.kind = CHAT_GEMMA, .first_user_prefix = true},
         {.kind = CHAT_CHATML, .think_model = true},
     };
     char names[256] = "";
@@ -616,6 +653,65 @@ static void fmt_phi3(const struct chat_template *t, const struct chat_msg *m, co
     sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
+/* Gemma 3's template writes a system message after the first one as a turn of its own where it
+ * expects a model turn: at an odd place among the messages after the first system message (at
+ * an even one it refuses the conversation). */
+static bool gemma_system_turn(const struct chat_template *t, const enum role *r, size_t k)
+{
+    return t->first_user_prefix && r[k] == ROLE_SYSTEM && k > 0 &&
+           (k - (r[0] == ROLE_SYSTEM)) % 2 == 1;
+}
+
+/* The system texts among m[from, to) where a Gemma user turn opens: Gemma 3's first message as it
+ * is (its first text part when it came in parts) and "\n\n"; the others as llama.cpp writes
+ * every one, trimmed and joined, then "\n\n" unless they are all empty. */
+static void gemma_system(const struct chat_template *t, const struct chat_msg *m,
+                         const enum role *r, size_t from, size_t to, struct sb *b)
+{
+    bool any = false;
+    for (size_t k = from; k < to; k++) {
+        if (r[k] != ROLE_SYSTEM || gemma_system_turn(t, r, k)) continue;
+        if (k == 0 && t->first_user_prefix) {
+            sb_msg(b, m[0].n_parts ? m[0].parts[0] : m[0].content);
+            sb_str(b, "\n\n");
+            continue;
+        }
+        const char *c = m[k].content;
+        while (chat_is_space(*c)) c++;
+        any |= *c != '\0';
+        sb_trimmed(b, m[k].content);
+    }
+    if (any) sb_str(b, "\n\n");
+}
+
+/* Gemma's turns: "<start_of_turn>user\n" or "<start_of_turn>model\n", the content trimmed (Gemma
+ * 3's text parts each), "<end_of_turn>\n"; then "<start_of_turn>model\n". A system message has no
+ * turn: its text opens the next user turn (gemma_system). Both templates refuse roles that do
+ * not alternate user/model (and Gemma 2's any system message); quern writes such conversations
+ * as llama.cpp does, as it does for Mistral's, whose templates refuse them too. */
+static void fmt_gemma(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
+                      size_t n, bool gen, struct sb *b)
+{
+    size_t since = 0; /* the system messages from here on wait for the next user turn */
+    for (size_t i = 0; i < n; i++) {
+        bool own = gemma_system_turn(t, r, i);
+        if (r[i] == ROLE_SYSTEM && !own) continue;
+        sb_str(b, "<start_of_turn>");
+        sb_str(b, r[i] == ROLE_ASSISTANT ? "model" : m[i].role);
+        sb_str(b, "\n");
+        if (r[i] == ROLE_USER) {
+            gemma_system(t, m, r, since, i, b);
+            since = i + 1;
+        }
+        if (t->first_user_prefix && m[i].n_parts)
+            for (size_t k = 0; k < m[i].n_parts; k++) sb_trimmed(b, m[i].parts[k]);
+        else
+            sb_trimmed(b, m[i].content);
+        sb_str(b, "<end_of_turn>\n");
+    }
+    if (gen) sb_str(b, "<start_of_turn>model\n");
+}
+
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b)
 {
@@ -642,6 +738,9 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
         break;
     case CHAT_PHI3:
         fmt_phi3(t, m, r, n, gen, b);
+        break;
+    case CHAT_GEMMA:
+        fmt_gemma(t, m, r, n, gen, b);
         break;
     }
 }

@@ -24,6 +24,9 @@ enum chat_kind {
     /* <|system|>\nsystem<|end|>\n<|user|>\nuser<|end|>\n<|assistant|>\n (Phi-3.5; a closed
      * conversation ends with the tokenizer's <|endoftext|>) */
     CHAT_PHI3,
+    /* <start_of_turn>user\nuser<end_of_turn>\n<start_of_turn>model\n (Gemma 2 and 3: no system
+     * turn, its text opens the next user turn) */
+    CHAT_GEMMA,
 };
 
 /* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */
@@ -67,6 +70,11 @@ struct chat_template {
     bool think_model;
     /* CHAT_PHI3: a system message with empty content is left out (Phi-3.5's template) */
     bool skip_empty_system;
+    /* CHAT_GEMMA: Gemma 3's system rule (its template's first_user_prefix): a first system
+     * message's text as it is and "\n\n" open the first user turn, and text parts are trimmed
+     * one by one. Otherwise llama.cpp's rule for Gemma 2, whose own template refuses a system
+     * message: every system text trimmed, joined, and "\n\n" open the next user turn. */
+    bool first_user_prefix;
 };
 
 /* One tool call an assistant message made (as the request sent it back). */
@@ -85,6 +93,10 @@ struct chat_msg {
     /* assistant: its reasoning as the request sent it back (reasoning_content), NULL if none;
      * only templates that write it (think_model) read it */
     const char *reasoning;
+    /* content sent as a list of text parts: each part's text (content is their concatenation),
+     * for a template that writes them apart (Gemma 3's trims each); NULL and 0 otherwise */
+    const char *const *parts;
+    size_t n_parts;
 };
 
 /* Recognizes the template text (len bytes); QERR_UNSUPPORTED naming the template otherwise. */

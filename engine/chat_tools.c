@@ -257,8 +257,11 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
         if (has_sys) i = 1;
     }
     for (; i < n && !rc; i++, k++) {
-        mm[k] = (struct chat_msg){
-            .role = m[i].role, .content = m[i].content, .reasoning = m[i].reasoning};
+        mm[k] = (struct chat_msg){.role = m[i].role,
+                                  .content = m[i].content,
+                                  .reasoning = m[i].reasoning,
+                                  .parts = m[i].parts,
+                                  .n_parts = m[i].n_parts};
         rr[k] = r[i];
         if (r[i] == ROLE_TOOL) {
             /* results in a row share one user turn, as Qwen2.5's template writes them */
@@ -294,6 +297,8 @@ static int fmt_hermes(const struct chat_template *t, const struct chat_msg *m, c
                 }
             }
             struct qerr aerr = {0};
+            mm[k].parts = NULL; /* the text is rewritten with the calls: parts no longer fit it */
+            mm[k].n_parts = 0;
             mm[k].content = own[k] = hermes_calls(&m[i], th.text, th.text_len, i, &aerr);
             if (!own[k] && aerr.code) {
                 rc = qerr_set(err, aerr.code, "%s", aerr.msg);

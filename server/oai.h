@@ -89,6 +89,7 @@ struct oai_request {
     /* chat, tokenize: the conversation; content strings are in the tree or in owned[] */
     struct chat_msg *msgs; /* owned */
     char **owned;          /* [n_msgs] content joined from parts, or NULL */
+    const char **parts;    /* owned: the parts' texts (in the tree), msgs[i].parts point in */
     size_t n_msgs;
     struct chat_call *calls; /* owned: the assistant messages' tool calls (msgs point in) */
     size_t n_calls;

@@ -188,9 +188,10 @@ static int parse_prompt(const cJSON *root, const char *name, size_t max, struct 
 }
 
 /* content (the field param): a string, null, or a list of {"type":"text","text":...} parts
- * (joined into *owned). */
+ * (joined into *owned; with parts, each part's text also goes to parts[k], room for every item
+ * of the list, and their count to *n_parts). */
 static int parse_content(const cJSON *c, const char *param, const char **out, char **owned,
-                         struct oai_error *e)
+                         const char **parts, size_t *n_parts, struct oai_error *e)
 {
     if (!c) {
         *out = "";
@@ -228,8 +229,10 @@ static int parse_content(const cJSON *c, const char *param, const char **out, ch
             sbuf_free(&b);
             return oom(e);
         }
+        if (parts) parts[k] = text;
         k++;
     }
+    if (n_parts) *n_parts = k;
     *owned = sbuf_take(&b);
     if (!*owned) return oom(e);
     *out = *owned;
@@ -265,10 +268,17 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
     r->owned = calloc(cnt, sizeof *r->owned);
     if (!r->msgs || !r->owned) return oom(e);
     r->n_msgs = cnt;
-    size_t i = 0, used = 0;
+    size_t i = 0, used = 0, used_parts = 0, cap_parts = 0;
     const cJSON *x;
-    cJSON_ArrayForEach(x, m) r->n_calls += oai_count_tool_calls(x);
+    cJSON_ArrayForEach(x, m)
+    {
+        r->n_calls += oai_count_tool_calls(x);
+        const cJSON *c = cJSON_IsObject(x) ? oai_field(x, "content") : NULL;
+        if (cJSON_IsArray(c)) cap_parts += (size_t)cJSON_GetArraySize(c);
+    }
     if (r->n_calls && !(r->calls = calloc(r->n_calls, sizeof *r->calls))) return oom(e);
+    /* the texts of content parts, kept apart for templates that write them so (Gemma 3's) */
+    if (cap_parts && !(r->parts = calloc(cap_parts, sizeof *r->parts))) return oom(e);
     cJSON_ArrayForEach(x, m)
     {
         char param[64];
@@ -294,9 +304,16 @@ static int parse_messages(const cJSON *root, struct oai_request *r, struct oai_e
                        role->valuestring);
         r->msgs[i].role = rs;
         snprintf(param, sizeof param, "messages[%zu].content", i);
-        int rc =
-            parse_content(oai_field(x, "content"), param, &r->msgs[i].content, &r->owned[i], e);
+        const char **parts = r->parts ? r->parts + used_parts : NULL;
+        size_t n_parts = 0;
+        int rc = parse_content(oai_field(x, "content"), param, &r->msgs[i].content, &r->owned[i],
+                               parts, &n_parts, e);
         if (rc || (rc = parse_reasoning(x, i, &r->msgs[i], e))) return rc;
+        if (n_parts) {
+            r->msgs[i].parts = parts;
+            r->msgs[i].n_parts = n_parts;
+            used_parts += n_parts;
+        }
         i++;
     }
     return 0;
@@ -409,7 +426,7 @@ static int parse_prediction(const cJSON *root, struct oai_request *r, struct oai
         return bad(e, "prediction",
                    "'prediction' must be {\"type\": \"content\", \"content\": ...}");
     int rc = parse_content(oai_field(p, "content"), "prediction.content", &r->prediction,
-                           &r->prediction_owned, e);
+                           &r->prediction_owned, NULL, NULL, e);
     if (!rc) r->prediction_len = strlen(r->prediction);
     return rc;
 }
@@ -965,6 +982,7 @@ void oai_request_free(struct oai_request *r)
     if (r->owned)
         for (size_t i = 0; i < r->n_msgs; i++) free(r->owned[i]);
     free(r->owned);
+    free(r->parts);
     free(r->msgs);
     free(r->calls);
     free(r->tokens);

@@ -114,6 +114,15 @@ static const char k_mistral_v7[] =
     "m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}{% endif %}"
     "{% endfor %}";
 
+/* Gemma 3's turn expressions (with first_user_prefix) and Gemma 2's (without) */
+static const char k_gemma3[] =
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{{ '<start_of_turn>' + role + "
+    "'\n' + (first_user_prefix if loop.first else \"\") }}{%- set role = \"model\" -%}{{ "
+    "message['content'] | trim }}{{ '<end_of_turn>\n' }}{{'<start_of_turn>model\n'}}";
+static const char k_gemma2[] =
+    "{% set role = 'model' %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
+    "'<end_of_turn>\n' }}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+
 START_TEST(llama3)
 {
     const char *tmpl = k_llama3;
@@ -181,7 +190,7 @@ static char *transformers_continue(const char *closed, const char *content)
  * refused. */
 START_TEST(continue_final_message)
 {
-    const char *tmpls[] = {k_smollm, k_llama3, k_llama2, k_mistral_v7};
+    const char *tmpls[] = {k_smollm, k_llama3, k_llama2, k_mistral_v7, k_gemma3, k_gemma2};
     const char *prefill = " Sure, the answer is ";
     for (size_t i = 0; i < sizeof tmpls / sizeof *tmpls; i++) {
         struct chat_template ct;
@@ -279,6 +288,14 @@ START_TEST(content_spans)
                             {.role = "assistant", .content = "a"}};
     const char *v7_want[] = {"S", "[/INST]u", "a"};
     expect_spans(v7, ms, 3, v7_want, 3);
+    /* Gemma: the system text opens the user turn, Gemma 3's as it is, Gemma 2's trimmed */
+    struct chat_msg mg[] = {{.role = "system", .content = " S "},
+                            {.role = "user", .content = " u<end_of_turn> "},
+                            {.role = "assistant", .content = "a"}};
+    const char *g3_want[] = {" S ", "u<end_of_turn>", "a"},
+               *g2_want[] = {"S", "u<end_of_turn>", "a"};
+    expect_spans(k_gemma3, mg, 3, g3_want, 3);
+    expect_spans(k_gemma2, mg, 3, g2_want, 3);
 
     /* NULL span pointers: plain chat_format */
     struct chat_template ct;
@@ -361,11 +378,14 @@ static cJSON *tools_golden(void)
     return root;
 }
 
-/* The messages of a golden case (OpenAI shapes) as chat_msg; calls into calls[]. */
+/* The messages of a golden case (OpenAI shapes) as chat_msg; calls into calls[]; content given
+ * as text parts as the server takes it: the parts' texts into parts[], their concatenation into
+ * joined[n] (malloc'd; NULL for string content). */
 static size_t golden_msgs(const cJSON *list, struct chat_msg *m, size_t cap,
-                          struct chat_call *calls, size_t cap_calls)
+                          struct chat_call *calls, size_t cap_calls, const char **parts,
+                          size_t cap_parts, char **joined)
 {
-    size_t n = 0, k = 0;
+    size_t n = 0, k = 0, np = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, list)
     {
@@ -378,6 +398,22 @@ static size_t golden_msgs(const cJSON *list, struct chat_msg *m, size_t cap,
                                  .content = cJSON_IsString(c) ? c->valuestring : NULL,
                                  .call_id = cJSON_IsString(id) ? id->valuestring : NULL,
                                  .reasoning = cJSON_IsString(rs) ? rs->valuestring : NULL};
+        joined[n] = NULL;
+        if (cJSON_IsArray(c)) {
+            size_t len = 0, first = np;
+            const cJSON *part;
+            cJSON_ArrayForEach(part, c)
+            {
+                ck_assert_uint_lt(np, cap_parts);
+                parts[np] = cJSON_GetObjectItem(part, "text")->valuestring;
+                len += strlen(parts[np++]);
+            }
+            joined[n] = calloc(len + 1, 1);
+            for (size_t p = first; p < np; p++) strcat(joined[n], parts[p]);
+            m[n].content = joined[n];
+            m[n].parts = parts + first;
+            m[n].n_parts = np - first;
+        }
         const cJSON *one, *list_calls = cJSON_IsArray(tc) ? tc : NULL;
         size_t first = k;
         cJSON_ArrayForEach(one, list_calls)
@@ -404,7 +440,8 @@ START_TEST(templates_by_name_and_deepseek)
 {
     static const char *const names[] = {
         "chatml",     "llama3",    "llama2",      "llama2-sys", "mistral-v3", "mistral-v3-tekken",
-        "mistral-v7", "deepseek3", "deepseek-r1", "zephyr",     "phi3",       "qwen3"};
+        "mistral-v7", "deepseek3", "deepseek-r1", "zephyr",     "phi3",       "gemma",
+        "gemma3",     "qwen3"};
     struct chat_template ct;
     struct qerr err = {0};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -470,18 +507,21 @@ START_TEST(tool_templates_golden)
         ck_assert_msg(chat_template_parse(tmpl, strlen(tmpl), &ct, &err) == 0, "%s", err.msg);
         bool llama = !strncmp(name, "llama", 5), deepseek = !strncmp(name, "deepseek", 8);
         bool zephyr = !strncmp(name, "zephyr", 6), qwen = !strncmp(name, "qwen", 4);
-        bool phi = !strncmp(name, "phi", 3);
+        bool phi = !strncmp(name, "phi", 3), gemma = !strncmp(name, "gemma", 5);
         ck_assert_int_eq(ct.kind, llama      ? CHAT_LLAMA3
                                   : deepseek ? CHAT_DEEPSEEK3
                                   : zephyr   ? CHAT_ZEPHYR
                                   : phi      ? CHAT_PHI3
+                                  : gemma    ? CHAT_GEMMA
                                   : qwen     ? CHAT_CHATML
                                              : CHAT_LLAMA2);
-        if (zephyr || qwen || phi)
-            ck_assert_str_eq(chat_template_name(&ct), zephyr                       ? "zephyr"
-                                                      : phi                        ? "phi3"
-                                                      : !strncmp(name, "qwen3", 5) ? "qwen3"
-                                                                                   : "chatml");
+        if (zephyr || qwen || phi || gemma)
+            ck_assert_str_eq(chat_template_name(&ct), zephyr                         ? "zephyr"
+                                                      : phi                          ? "phi3"
+                                                      : !strncmp(name, "gemma-3", 7) ? "gemma3"
+                                                      : gemma                        ? "gemma"
+                                                      : !strncmp(name, "qwen3", 5)   ? "qwen3"
+                                                                                     : "chatml");
         else if (deepseek)
             ck_assert_msg(ct.think && !strcmp(chat_template_name(&ct), "deepseek-r1"), "%s",
                           chat_template_name(&ct));
@@ -489,7 +529,10 @@ START_TEST(tool_templates_golden)
             ck_assert_int_eq(ct.tools, llama ? CHAT_TOOLS_LLAMA3 : CHAT_TOOLS_MISTRAL);
         struct chat_msg m[16];
         struct chat_call calls[8];
-        size_t n = golden_msgs(cJSON_GetObjectItem(c, "messages"), m, 16, calls, 8);
+        const char *parts[32];
+        char *joined[16];
+        size_t n =
+            golden_msgs(cJSON_GetObjectItem(c, "messages"), m, 16, calls, 8, parts, 32, joined);
         char *tools = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "tools"));
         char *out;
         struct tokenizer_span *sp;
@@ -517,10 +560,11 @@ START_TEST(tool_templates_golden)
         free(sp);
         free(out);
         free(tools);
+        for (size_t i = 0; i < n; i++) free(joined[i]);
         chat_template_free(&ct);
         checked++;
     }
-    ck_assert_int_ge(checked, 36);
+    ck_assert_int_ge(checked, 45);
     printf("chat: %d tool conversations match the jinja2 renderings\n", checked);
     cJSON_Delete(root);
 }
@@ -648,6 +692,102 @@ START_TEST(tool_formats_by_hand)
         chat_format_tools(&ct, no_content, 1, NULL, CHAT_END_GENERATE, &out, NULL, NULL, &err),
         QERR_INVALID);
     chat_template_free(&ct);
+}
+END_TEST
+
+/* What the Jinja cannot show for Gemma: Gemma 2's system messages (its template refuses them)
+ * merged into the next user turn as llama.cpp's LLM_CHAT_TEMPLATE_GEMMA does, parts joined for
+ * it, Gemma 3's later system messages, tools through the Hermes rewrite, lookalikes refused. */
+START_TEST(gemma_by_hand)
+{
+    struct chat_template ct;
+    struct qerr err = {0};
+    /* every system text trimmed and joined; model turns do not take it; an empty one adds
+     * nothing */
+    struct chat_msg m[] = {{.role = "system", .content = "  Be brief. "},
+                           {.role = "user", .content = " Hi "},
+                           {.role = "assistant", .content = " Hello "},
+                           {.role = "system", .content = "S2"},
+                           {.role = "assistant", .content = "a2"},
+                           {.role = "system", .content = " S3 "},
+                           {.role = "user", .content = "Q"}};
+    char *s = format(k_gemma2, m, 7, true, &ct);
+    ck_assert_str_eq(chat_template_name(&ct), "gemma");
+    ck_assert_str_eq(s, "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                        "<start_of_turn>model\nHello<end_of_turn>\n"
+                        "<start_of_turn>model\na2<end_of_turn>\n"
+                        "<start_of_turn>user\nS2S3\n\nQ<end_of_turn>\n<start_of_turn>model\n");
+    free(s);
+    struct chat_msg blank[] = {{.role = "system", .content = " \n "},
+                               {.role = "user", .content = "u"}};
+    ck_assert_int_eq(chat_format(&ct, blank, 2, false, &s, &err), 0);
+    ck_assert_str_eq(s, "<start_of_turn>user\nu<end_of_turn>\n");
+    free(s);
+    /* Gemma 2's template knows no parts: the joined text, trimmed */
+    const char *const parts[] = {" a ", " b "};
+    struct chat_msg in_parts[] = {
+        {.role = "user", .content = " a  b ", .parts = parts, .n_parts = 2}};
+    ck_assert_int_eq(chat_format(&ct, in_parts, 1, false, &s, &err), 0);
+    ck_assert_str_eq(s, "<start_of_turn>user\na  b<end_of_turn>\n");
+    free(s);
+    chat_template_free(&ct);
+
+    /* Gemma 3: the first system text as it is; later ones in a user turn's place (where its
+     * template refuses them) join the next user turn as Gemma 2's do (in a model turn's place
+     * one is a turn of its own: chat_tools.json) */
+    s = format(k_gemma3, m, 7, true, &ct);
+    ck_assert_str_eq(chat_template_name(&ct), "gemma3");
+    ck_assert_str_eq(s, "<start_of_turn>user\n  Be brief. \n\nHi<end_of_turn>\n"
+                        "<start_of_turn>model\nHello<end_of_turn>\n"
+                        "<start_of_turn>model\na2<end_of_turn>\n"
+                        "<start_of_turn>user\nS2S3\n\nQ<end_of_turn>\n<start_of_turn>model\n");
+    free(s);
+    /* only a system message: no user turn takes it */
+    ck_assert_int_eq(chat_format(&ct, m, 1, true, &s, &err), 0);
+    ck_assert_str_eq(s, "<start_of_turn>model\n");
+    free(s);
+
+    /* tools: the Hermes system text opens the first user turn, calls and results as Hermes
+     * writes them (a model turn, then a user turn) */
+    struct chat_call call = {
+        .id = "c1", .name = "get_weather", .arguments = "{\"city\":\"Paris\"}"};
+    struct chat_msg conv[] = {{.role = "user", .content = "Weather?"},
+                              {.role = "assistant", .content = NULL, .calls = &call, .n_calls = 1},
+                              {.role = "tool", .content = "sunny", .call_id = "c1"}};
+    ck_assert_msg(
+        chat_format_tools(&ct, conv, 3, WEATHER_TOOL, CHAT_END_GENERATE, &s, NULL, NULL, &err) == 0,
+        "%s", err.msg);
+    ck_assert_int_eq(ct.tools, CHAT_TOOLS_HERMES);
+    ck_assert_str_eq(
+        s, "<start_of_turn>user\n# Tools\n\nYou may call one or more functions to assist with the "
+           "user query.\n\nYou are provided with function signatures within <tools></tools> XML "
+           "tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+           "\"parameters\": {\"type\": \"object\"}}}\n</tools>\n\nFor each function call, return a "
+           "json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+           "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+           "</tool_call>\n\nWeather?<end_of_turn>\n<start_of_turn>model\n<tool_call>\n{\"name\": "
+           "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><end_of_turn>\n"
+           "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>\n"
+           "<start_of_turn>model\n");
+    free(s);
+    chat_template_free(&ct);
+
+    /* <start_of_turn> with a system or developer turn of its own (FunctionGemma's, fine-tunes'),
+     * or without Gemma's turn expression: refused, not guessed */
+    static const char *const lookalikes[] = {
+        "{{ '<start_of_turn>developer\n' }}{{ '<start_of_turn>' + role + '\n' }}"
+        "{%- set role = \"model\" -%}{{ m | trim }}{{ '<end_of_turn>\n' "
+        "}}{{'<start_of_turn>model\n'}}",
+        "{{ '<start_of_turn>system\n' }}{{ '<start_of_turn>' + role + '\n' }}"
+        "{%- set role = \"model\" -%}{{ m | trim }}{{ '<end_of_turn>\n' "
+        "}}{{'<start_of_turn>model\n'}}",
+        "{{ '<start_of_turn>' + m['role'] + '\n' + m['content'] + '<end_of_turn>\n' }}",
+    };
+    for (size_t i = 0; i < sizeof lookalikes / sizeof *lookalikes; i++) {
+        ck_assert_int_eq(chat_template_parse(lookalikes[i], strlen(lookalikes[i]), &ct, &err),
+                         QERR_UNSUPPORTED);
+        ck_assert_msg(strstr(err.msg, "not Gemma's turns"), "%s", err.msg);
+    }
 }
 END_TEST
 
@@ -843,6 +983,7 @@ int main(void)
     tcase_add_test(tc, templates_by_name_and_deepseek);
     tcase_add_test(tc, tool_templates_golden);
     tcase_add_test(tc, tool_formats_by_hand);
+    tcase_add_test(tc, gemma_by_hand);
     tcase_add_test(tc, model_template_and_golden);
     tcase_add_test(tc, model_content_is_text);
     suite_add_tcase(s, tc);

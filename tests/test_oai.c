@@ -425,6 +425,12 @@ START_TEST(messages)
     ck_assert_str_eq(r.msgs[0].content, "be brief");
     ck_assert_str_eq(r.msgs[1].role, "user");
     ck_assert_str_eq(r.msgs[1].content, "ab");
+    /* the parts' texts kept apart too (Gemma 3's template trims each) */
+    ck_assert_uint_eq(r.msgs[1].n_parts, 2);
+    ck_assert_str_eq(r.msgs[1].parts[0], "a");
+    ck_assert_str_eq(r.msgs[1].parts[1], "b");
+    ck_assert_uint_eq(r.msgs[0].n_parts, 0);
+    ck_assert_ptr_null(r.msgs[0].parts);
     ck_assert_str_eq(r.msgs[2].role, "assistant");
     ck_assert_str_eq(r.msgs[2].content, "");
     ck_assert_str_eq(r.msgs[3].role, "system");
@@ -675,8 +681,11 @@ START_TEST(responses_bodies)
     ck_assert_int_eq(r.n_msgs, 3);
     ck_assert_str_eq(r.msgs[0].role, "system");
     ck_assert_str_eq(r.msgs[1].content, "ab");
+    ck_assert_uint_eq(r.msgs[1].n_parts, 2);
+    ck_assert_str_eq(r.msgs[1].parts[1], "b");
     ck_assert_str_eq(r.msgs[2].role, "assistant");
     ck_assert_str_eq(r.msgs[2].content, "c");
+    ck_assert_uint_eq(r.msgs[2].n_parts, 1);
     ck_assert(r.stream && r.max_tokens == -1 && !r.instructions);
     oai_request_free(&r);
     expect_bad(OAI_RESPONSES, "{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", 400,

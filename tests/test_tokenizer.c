@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../engine/chat.h"
 #include "../engine/grammar.h"
 #include "../engine/tokenizer.h"
 #include "../engine/utf8.h"
@@ -895,6 +896,66 @@ START_TEST(gpt2_unknown_pre)
 }
 END_TEST
 
+/* Gemma's vocabulary as its GGUF files carry it (<pad> <eos> <bos> <unk>, the turn markers as
+ * control tokens, no eot_token_id): generation ends at <end_of_turn> by its text, and a chat
+ * prompt holds each of the template's markers as one token, the content's as text. */
+START_TEST(gemma_turn_markers)
+{
+    enum { N = 6 + 256 };
+    const char *tok[N];
+    char bytes[256][8];
+    float score[N] = {0};
+    int32_t type[N];
+    static const char *const head[] = {"<pad>", "<eos>",           "<bos>",
+                                       "<unk>", "<start_of_turn>", "<end_of_turn>"};
+    for (int i = 0; i < 6; i++) {
+        tok[i] = head[i];
+        type[i] = i == 3 ? 2 : 3;
+    }
+    for (int i = 0; i < 256; i++) {
+        snprintf(bytes[i], sizeof bytes[i], "<0x%02X>", i);
+        tok[6 + i] = bytes[i];
+        type[6 + i] = 6;
+    }
+    struct gb b = {0};
+    kv_str(&b, "tokenizer.ggml.model", "llama");
+    kv_strs(&b, "tokenizer.ggml.tokens", tok, N);
+    kv_arr(&b, "tokenizer.ggml.scores", GGUF_F32, score, N);
+    kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, type, N);
+    kv_u32(&b, "tokenizer.ggml.bos_token_id", 2);
+    kv_u32(&b, "tokenizer.ggml.eos_token_id", 1);
+    kv_u32(&b, "tokenizer.ggml.unknown_token_id", 3);
+    struct gguf_file *f;
+    struct tokenizer *t;
+    struct qerr err = {0};
+    ck_assert_msg(load_synthetic(&b, &f, &t, &err) == 0, "%s", err.msg);
+    ck_assert(tokenizer_is_eog(t, 5));
+    ck_assert(tokenizer_is_eog(t, 1));
+    ck_assert(!tokenizer_is_eog(t, 4));
+    struct chat_template ct;
+    ck_assert_int_eq(chat_template_by_name("gemma3", &ct, &err), 0);
+    struct chat_msg m[] = {{.role = "user", .content = "hi<end_of_turn>"}};
+    int32_t *ids;
+    size_t n, turns = 0, ends = 0;
+    ck_assert_int_eq(chat_encode(&ct, t, m, 1, true, true, false, &ids, &n, &err), 0);
+    for (size_t i = 0; i < n; i++) {
+        turns += ids[i] == 4;
+        ends += ids[i] == 5;
+    }
+    ck_assert_int_eq(ids[0], 2);
+    ck_assert_int_eq(ids[1], 4);
+    ck_assert_uint_eq(turns, 2); /* the user turn and the generation prompt */
+    ck_assert_uint_eq(ends, 1);  /* the template's, not the message's */
+    char *d = tokenizer_decode(t, ids + 2, n - 2);
+    ck_assert_ptr_nonnull(strstr(d, "hi<end_of_turn><end_of_turn>"));
+    free(d);
+    free(ids);
+    chat_template_free(&ct);
+    tokenizer_free(t);
+    gguf_close(f);
+}
+END_TEST
+
 /* Digits show which regex list ran: merges "3 4" < "1 2" < "12 3" on the text "1234". */
 START_TEST(pre_tokenizer_digits)
 {
@@ -953,6 +1014,7 @@ int main(void)
     tcase_add_test(syn, tool_markers);
     tcase_add_test(syn, gpt2_unknown_pre);
     tcase_add_test(syn, pre_tokenizer_digits);
+    tcase_add_test(syn, gemma_turn_markers);
     suite_add_tcase(s, syn);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

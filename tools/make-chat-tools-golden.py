@@ -3,7 +3,8 @@
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
 DeepSeek-R1-Distill-Llama-8B, Qwen2.5-7B-Instruct and Qwen3-0.6B, from llama.cpp's
 models/templates, and
-Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too, and Phi-3.5-mini-instruct's) over a set of
+Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too, Phi-3.5-mini-instruct's, Gemma-2-2B-it's
+and Gemma 3's: tests/golden/README.md says where each came from) over a set of
 tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
 no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
@@ -97,6 +98,40 @@ PHI3_CASES = [
      [Q, {"role": "assistant", "content": "Sunny."}], False),
 ]
 EOS = {"phi-3.5-mini-instruct": "<|endoftext|>"}  # else "</s>"
+# Gemma 2's template writes no tools and refuses a system message (quern merges it into the user
+# turn as llama.cpp does: test_chat checks that by hand); contents are trimmed
+GEMMA2_CASES = [
+    ("one question", [], [Q], True),
+    ("an earlier exchange, whitespace trimmed", [],
+     [{"role": "user", "content": "  Hi\n"}, {"role": "assistant", "content": "\n Hello! "}, Q],
+     True),
+    ("a closed conversation (no generation prompt)", [],
+     [Q, {"role": "assistant", "content": "Sunny."}], False),
+]
+# Gemma 3's: a first system message's text, as it is, and "\n\n" open the first user turn (only
+# the first part of a list of parts); text parts are trimmed one by one; a later system message
+# where a model turn goes is a turn of its own
+GEMMA3_CASES = [
+    ("a system message and one question", [],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("a system message with whitespace (kept), an earlier exchange (trimmed)", [],
+     [{"role": "system", "content": "  You are terse.\n"}, {"role": "user", "content": " Hi\n"},
+      {"role": "assistant", "content": "\n Hello! "}, Q], True),
+    ("an empty system message", [], [{"role": "system", "content": ""}, Q], True),
+    ("contents as lists of text parts", [],
+     [{"role": "system", "content": [{"type": "text", "text": " Be brief. "},
+                                     {"type": "text", "text": "Not this part."}]},
+      {"role": "user", "content": [{"type": "text", "text": "What's the weather "},
+                                   {"type": "text", "text": "\n in Paris?"}]},
+      {"role": "assistant", "content": [{"type": "text", "text": "Sunny, "},
+                                        {"type": "text", "text": " 21 C. "}]},
+      {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]}], True),
+    ("a later system message where a model turn goes", [],
+     [{"role": "user", "content": "Hi"}, {"role": "system", "content": " Answer in French. "},
+      Q], True),
+    ("a closed conversation (no generation prompt)", [],
+     [Q, {"role": "assistant", "content": "Sunny."}], False),
+]
 # Qwen2.5's ChatML with Hermes tool calls: the format quern writes for every ChatML template
 QWEN_CASES = [
     ("tools and one question (its default system text)", [WEATHER, TIME], [Q], True),
@@ -139,6 +174,8 @@ TEMPLATES = {
     "deepseek-r1-distill-llama-8b": DEEPSEEK_CASES,
     "zephyr-7b-beta": ZEPHYR_CASES,
     "phi-3.5-mini-instruct": PHI3_CASES,
+    "gemma-2-2b-it": GEMMA2_CASES,
+    "gemma-3-it": GEMMA3_CASES,
     "qwen2.5-7b-instruct": QWEN_CASES,
     "qwen3-0.6b": QWEN3_CASES,
 }
