@@ -19,8 +19,12 @@
  *   matmul MMA (int8)     bit for bit ref_matmul_q8_rows (the same block order and fmas), and
  *                         batch-invariant among batches that take it
  *   rmsnorm, silu         <= 1e-6 relative per element;  rope <= 1e-6 of the row's largest value
+ *   gelu_mul, softcap     <= 1e-6 relative (gelu_mul: plus two ulps of its tanh near -1); scale:
+ *                         bit for bit
  *   attention             <= 1e-5 of the largest |v| (fp16 cache: against the reference on
- *                         the fp16 values; kv_write rounds to nearest even, bit for bit)
+ *                         the fp16 values; kv_write rounds to nearest even, bit for bit), with
+ *                         or without a sliding window; a window that excludes none of a token's
+ *                         keys: bit for bit no window
  *   step replay           bit for bit the ops issued directly
  *   embed, get_rows, kv_write, add: bit for bit
  *   batch invariance      bit for bit: a token alone equals the same token inside any batch */
@@ -818,6 +822,330 @@ START_TEST(attention_matches_reference)
 }
 END_TEST
 
+/* ---- Gemma's ops: gelu_mul, scale, softcap ---- */
+
+/* Inputs up to +-30 (and +-300 for softcap, whose caps are 30 and 50) at lengths with odd tails.
+ * scale: bit for bit. softcap: within 1e-6 relative of the reference. gelu_mul: the same, plus
+ * two ulps of tanh near -1 (0.5 |g u| 2^-23): there 1 + tanhf holds only multiples of 2^-24, so
+ * glibc's tanhf (not correctly rounded) and the kernel's may differ by all of a small result. */
+START_TEST(gelu_scale_softcap_match_reference)
+{
+    tu_seed(0x6e1u);
+    ck_assert_ptr_nonnull(gpu->ops->gelu_mul);
+    ck_assert_ptr_nonnull(gpu->ops->scale);
+    ck_assert_ptr_nonnull(gpu->ops->softcap);
+    const size_t lens[] = {1, 3, 31, 256, 257, 1000, 4099, 70001};
+    const float special[] = {0.0f,    -0.0f, 30.0f, -30.0f, 1e-20f,
+                             -1e-20f, 5.0f,  -5.0f, -3.5f,  88.0f};
+    const float scales[] = {0.0625f, -3.0f, 48.0f};
+    const float caps[] = {30.0f, 50.0f};
+    size_t exact_g = 0, exact_c = 0, total = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const size_t n = lens[li], bytes = n * 4;
+        float *g = malloc(bytes), *u = malloc(bytes), *r = malloc(bytes), *o = malloc(bytes);
+        /* every other element small, where gelu and tanh bend */
+        for (size_t k = 0; k < n; k++) {
+            g[k] = k % 2 ? tu_frand(-30.0f, 30.0f) : tu_frand(-4.0f, 4.0f);
+            u[k] = tu_frand(-3.0f, 3.0f);
+        }
+        for (size_t k = 0; k < n && k < sizeof special / sizeof special[0]; k++)
+            g[(k * 7) % n] = special[k];
+        float *dg = dev_upload(gpu, g, bytes), *du = dev_upload(gpu, u, bytes);
+        gpu->ops->gelu_mul(gpu, dg, du, n);
+        dev_read(gpu, o, dg, bytes);
+        memcpy(r, g, bytes);
+        ref_gelu_mul(r, u, n);
+        for (size_t k = 0; k < n; k++) {
+            exact_g += memcmp(&o[k], &r[k], 4) == 0;
+            double tol = 1e-6 * fabs(r[k]) + 0.5 * fabs((double)g[k] * u[k]) * 0x1p-23 + 1e-30;
+            ck_assert_msg(fabs(o[k] - r[k]) <= tol,
+                          "gelu_mul n %zu [%zu] g %.9g u %.9g: %.9g vs %.9g", n, k, g[k], u[k],
+                          o[k], r[k]);
+        }
+        dev_read(gpu, o, du, bytes);
+        size_t at;
+        ck_assert_msg(!tu_bits_differ(o, u, n, &at), "gelu_mul n %zu: u changed at %zu", n, at);
+        for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+            gpu->ops->buf_write(gpu, dg, g, bytes);
+            gpu->ops->scale(gpu, dg, scales[si], n);
+            dev_read(gpu, o, dg, bytes);
+            memcpy(r, g, bytes);
+            ref_scale(r, scales[si], n);
+            ck_assert_msg(!tu_bits_differ(o, r, n, &at), "scale %g n %zu: [%zu] %.9g vs %.9g",
+                          scales[si], n, at, o[at], r[at]);
+        }
+        /* from far inside a cap, where tanh is x, to ten caps out, where it is 1 */
+        for (size_t k = 0; k < n; k++) g[k] *= k % 3 == 0 ? 10.0f : k % 3 == 1 ? 0.01f : 1.0f;
+        for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+            gpu->ops->buf_write(gpu, dg, g, bytes);
+            gpu->ops->softcap(gpu, dg, caps[ci], n);
+            dev_read(gpu, o, dg, bytes);
+            memcpy(r, g, bytes);
+            ref_softcap(r, caps[ci], n);
+            for (size_t k = 0; k < n; k++) {
+                exact_c += memcmp(&o[k], &r[k], 4) == 0;
+                ck_assert_msg(fabs(o[k] - r[k]) <= 1e-6 * fabs(r[k]) + 1e-30,
+                              "softcap %g n %zu [%zu] x %.9g: %.9g vs %.9g", caps[ci], n, k, g[k],
+                              o[k], r[k]);
+            }
+        }
+        total += n;
+        dev_free(gpu, dg);
+        dev_free(gpu, du);
+        free(g);
+        free(u);
+        free(r);
+        free(o);
+    }
+    printf("gelu_mul: %zu of %zu bit-exact; softcap: %zu of %zu\n", exact_g, total, exact_c,
+           2 * total);
+}
+END_TEST
+
+/* ---- sliding-window attention ---- */
+
+/* Four sequences of 80 blocks of 16 positions (a shuffled block table), every slot filled, so
+ * keys outside a window hold real values that would change the result. */
+enum { WIN_BS = 16, WIN_MAX_BLOCKS = 80, WIN_SEQS = 4, WIN_MAX_N = 64 };
+enum { WIN_BLOCKS = WIN_SEQS * WIN_MAX_BLOCKS, WIN_CTX = WIN_MAX_BLOCKS * WIN_BS };
+
+struct win_case {
+    int n;
+    int32_t pos[WIN_MAX_N], seq[WIN_MAX_N], slot[WIN_MAX_N], table[WIN_BLOCKS];
+};
+
+/* Appends count tokens of sequence sq at positions from, from + 1, ... */
+static void win_add(struct win_case *c, int sq, int from, int count)
+{
+    for (int p = from; p < from + count; p++) {
+        c->seq[c->n] = sq;
+        c->pos[c->n++] = p;
+    }
+}
+
+/* Batch kind k: 0 decode tokens at positions around the block, split (256) and CPU partition
+ * (512) boundaries; 1 a prefill chunk past position 600, decodes and a prompt's first chunk mixed
+ * (tiled: 5 tiles of the chunk alone, one of three sequences); 2 the same kinds under 32 tokens,
+ * a chunk across 512 (one token per block). */
+static void win_case_make(struct win_case *c, int k)
+{
+    for (int i = 0; i < WIN_BLOCKS; i++) c->table[i] = i;
+    for (int i = WIN_BLOCKS - 1; i > 0; i--) {
+        int j = (int)(tu_rnd() % (uint64_t)(i + 1)), tmp = c->table[i];
+        c->table[i] = c->table[j];
+        c->table[j] = tmp;
+    }
+    c->n = 0;
+    if (k == 0) {
+        const int at[] = {0, 1, 15, 16, 255, 256, 511, 512, 513, 600, 613, 700, 1000, WIN_CTX - 1};
+        for (int i = 0; i < (int)(sizeof at / sizeof at[0]); i++)
+            win_add(c, i % WIN_SEQS, at[i], 1);
+    } else if (k == 1) {
+        win_add(c, 0, 600, 40);
+        win_add(c, 1, 1100, 1);
+        win_add(c, 2, 7, 1);
+        win_add(c, 3, 0, 10);
+    } else {
+        win_add(c, 1, 500, 20);
+        win_add(c, 0, 900, 1);
+        win_add(c, 2, 3, 1);
+        win_add(c, 3, WIN_CTX - 1, 1);
+    }
+    for (int t = 0; t < c->n; t++)
+        c->slot[t] =
+            c->table[c->seq[t] * WIN_MAX_BLOCKS + c->pos[t] / WIN_BS] * WIN_BS + c->pos[t] % WIN_BS;
+}
+
+/* attn_batch.window against the reference (which sees only keys pos - window + 1 .. pos), over
+ * an fp32 cache and the default fp16 one (_i 1), on the direct, staged and tiled kernels: windows
+ * of 1, a few keys, under a KV block, across blocks, across the split (256) and the CPU's
+ * partition (512) boundaries from positions past 600 (100, 550), and larger than every position.
+ * Within the tolerance of attention_matches_reference; bit for bit, each token alone, the batch
+ * in scratch-sized passes, and, for a token the window excludes nothing of, window 0. */
+START_TEST(attention_window_matches_reference)
+{
+    const bool kv16 = _i == 1;
+    tu_seed(kv16 ? 0x5a16 : 0x5a32);
+    struct backend *gpu_kv = kv16 ? gpu_kv16 : gpu, *small = NULL;
+    struct qerr err = {0};
+    struct backend_cuda_opts so = {
+        .device = 0, .batch_invariant = true, .kv_f32 = !kv16, .attn_scratch_bytes = 64 << 10};
+    ck_assert_msg(backend_cuda_create(&so, &small, &err) == 0, "%s", err.msg);
+    /* heads, kv heads, head dim: vectorized and staged (64, 128), scalar (10), wide (256) */
+    const int shapes[][3] = {{9, 3, 64}, {4, 2, 128}, {2, 1, 10}, {4, 4, 256}};
+    const int windows[] = {0, 1, 3, 12, 40, 100, 300, 550, WIN_CTX, 5000};
+    const int n_win = (int)(sizeof windows / sizeof windows[0]);
+    size_t kv_max = (size_t)WIN_BLOCKS * WIN_BS * 4 * 256;
+    float *kc = malloc(kv_max * 4), *vc = malloc(kv_max * 4);
+    uint16_t *kh = malloc(kv_max * 2), *vh = malloc(kv_max * 2);
+    int runs = 0;
+    for (int shi = 0; shi < 4; shi++)
+        for (int kind = 0; kind < 3; kind++) {
+            const int heads = shapes[shi][0], kvh = shapes[shi][1], hd = shapes[shi][2];
+            struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd)};
+            struct win_case c;
+            win_case_make(&c, kind);
+            const int n = c.n;
+            size_t kv = (size_t)WIN_BLOCKS * WIN_BS * (size_t)kvh * (size_t)hd;
+            tu_fill(kc, kv, 2.0f);
+            tu_fill(vc, kv, 1.0f);
+            for (size_t i = 0; kv16 && i < kv; i++) {
+                kh[i] = f32_to_fp16(kc[i]);
+                vh[i] = f32_to_fp16(vc[i]);
+                kc[i] = fp16_to_f32(kh[i]);
+                vc[i] = fp16_to_f32(vh[i]);
+            }
+            double vmax = 0;
+            for (size_t k = 0; k < kv; k++) vmax = fmax(vmax, fabs(vc[k]));
+            size_t row = (size_t)heads * (size_t)hd, qn = (size_t)n * row;
+            float *q = malloc(qn * 4), *ref = malloc(qn * 4), *o = malloc(qn * 4);
+            float *o0 = malloc(qn * 4), *one = malloc(row * 4);
+            tu_fill(q, qn, 2.0f);
+            int32_t *dpos = dev_upload(gpu_kv, c.pos, (size_t)n * 4);
+            int32_t *dseq = dev_upload(gpu_kv, c.seq, (size_t)n * 4);
+            int32_t *dslot = dev_upload(gpu_kv, c.slot, (size_t)n * 4);
+            int32_t *dtab = dev_upload(gpu_kv, c.table, sizeof c.table);
+            void *dkc = kv16 ? dev_upload(gpu_kv, kh, kv * 2) : dev_upload(gpu_kv, kc, kv * 4);
+            void *dvc = kv16 ? dev_upload(gpu_kv, vh, kv * 2) : dev_upload(gpu_kv, vc, kv * 4);
+            float *dq = dev_upload(gpu_kv, q, qn * 4), *dout = dev_alloc(gpu_kv, qn * 4);
+            for (int wi = 0; wi < n_win; wi++, runs++) {
+                const int w = windows[wi];
+                struct attn_batch hb = {n,       c.pos,          c.seq,  c.slot, WIN_SEQS,
+                                        c.table, WIN_MAX_BLOCKS, WIN_BS, w};
+                struct attn_batch b = {n,    dpos,           dseq,   dslot, WIN_SEQS,
+                                       dtab, WIN_MAX_BLOCKS, WIN_BS, w};
+                for (int t = 0; t < n; t++)
+                    for (int h = 0; h < heads; h++)
+                        ref_attention_one(ref, q, kc, vc, &hb, &s, t, h);
+                dev_poison(gpu_kv, dout, qn * 4);
+                gpu_kv->ops->attention(gpu_kv, dout, dq, dkc, dvc, &b, &s);
+                dev_read(gpu_kv, o, dout, qn * 4);
+                for (size_t k = 0; k < qn; k++)
+                    ck_assert_msg(fabs(o[k] - ref[k]) <= 1e-5 * vmax,
+                                  "window %d, heads %d/%d hd %d, batch %d%s: token %zu (pos %d) "
+                                  "[%zu] %.8g vs %.8g",
+                                  w, heads, kvh, hd, kind, kv16 ? " fp16 cache" : "", k / row,
+                                  c.pos[k / row], k % row, o[k], ref[k]);
+                if (w == 0) memcpy(o0, o, qn * 4);
+                size_t at;
+                for (int t = 0; t < n; t++)
+                    ck_assert_msg(c.pos[t] >= w || !tu_bits_differ(o + (size_t)t * row,
+                                                                   o0 + (size_t)t * row, row, &at),
+                                  "window %d hd %d batch %d%s: token %d at %d sees every key but "
+                                  "differs from window 0 at %zu",
+                                  w, hd, kind, kv16 ? " fp16 cache" : "", t, c.pos[t], at);
+                /* each token alone, and the batch in passes: a few windows per batch */
+                if ((wi + shi + kind) % 3 == 0) {
+                    for (int t = 0; t < n; t++) {
+                        struct attn_batch b1 = tu_attn_token(&b, t);
+                        dev_poison(gpu_kv, dout, row * 4);
+                        gpu_kv->ops->attention(gpu_kv, dout, dq + (size_t)t * row, dkc, dvc, &b1,
+                                               &s);
+                        dev_read(gpu_kv, one, dout, row * 4);
+                        ck_assert_msg(!tu_bits_differ(one, o + (size_t)t * row, row, &at),
+                                      "window %d hd %d batch %d%s: token %d (pos %d) alone "
+                                      "differs at %zu",
+                                      w, hd, kind, kv16 ? " fp16 cache" : "", t, c.pos[t], at);
+                    }
+                    dev_poison(gpu_kv, dout, qn * 4);
+                    small->ops->attention(small, dout, dq, dkc, dvc, &b, &s);
+                    dev_read(small, ref, dout, qn * 4);
+                    ck_assert_msg(!tu_bits_differ(ref, o, qn, &at),
+                                  "window %d hd %d batch %d: in scratch-sized passes differs at "
+                                  "%zu",
+                                  w, hd, kind, at);
+                }
+            }
+            void *bufs[] = {dpos, dseq, dslot, dtab, dkc, dvc, dq, dout};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu_kv, bufs[i]);
+            free(q);
+            free(ref);
+            free(o);
+            free(o0);
+            free(one);
+        }
+    printf("attention window%s: %d batches\n", kv16 ? " (fp16 cache)" : "", runs);
+    free(kc);
+    free(vc);
+    free(kh);
+    free(vh);
+    backend_destroy(small);
+}
+END_TEST
+
+/* A replayed step keeps each attention launch's own window: a step of three attention calls
+ * over one batch (window 40, 0, 300 into three outputs, as a model's local and global layers
+ * alternate) gives, replayed with fresh queries and positions, the bits of the same calls issued
+ * directly. */
+START_TEST(step_replay_attention_windows)
+{
+    tu_seed(0x5a7e);
+    struct backend *be = gpu_kv16;
+    ck_assert_ptr_nonnull(be->ops->step_begin);
+    enum { N = 6, HEADS = 4, KVH = 2, HD = 64, ROW = HEADS * HD };
+    const int windows[3] = {40, 0, 300};
+    struct attn_shape s = {HEADS, KVH, HD, 0.125f};
+    struct win_case c;
+    win_case_make(&c, 0);
+    size_t kv = (size_t)WIN_BLOCKS * WIN_BS * KVH * HD;
+    uint16_t *kh = malloc(kv * 2), *vh = malloc(kv * 2);
+    for (size_t i = 0; i < kv; i++) {
+        kh[i] = f32_to_fp16(tu_frand(-2.0f, 2.0f));
+        vh[i] = f32_to_fp16(tu_frand(-1.0f, 1.0f));
+    }
+    void *dkc = dev_upload(be, kh, kv * 2), *dvc = dev_upload(be, vh, kv * 2);
+    int32_t *dpos = dev_alloc(be, N * 4), *dseq = dev_alloc(be, N * 4);
+    int32_t *dslot = dev_alloc(be, N * 4), *dtab = dev_upload(be, c.table, sizeof c.table);
+    float *dq = dev_alloc(be, N * ROW * 4), *dout[3];
+    for (int k = 0; k < 3; k++) dout[k] = dev_alloc(be, N * ROW * 4);
+    int replays = 0;
+    for (int it = 0; it < 5; it++) {
+        float q[N * ROW], want[3][N * ROW], got[3][N * ROW];
+        int32_t pos[N], seq[N], slot[N];
+        tu_fill(q, N * ROW, 2.0f);
+        for (int t = 0; t < N; t++) {
+            seq[t] = t % WIN_SEQS;
+            pos[t] = 200 + (int32_t)(tu_rnd() % (WIN_CTX - 200));
+            slot[t] = c.table[seq[t] * WIN_MAX_BLOCKS + pos[t] / WIN_BS] * WIN_BS + pos[t] % WIN_BS;
+        }
+        bool rep = false;
+        for (int pass = 0; pass < 2; pass++) { /* 0: direct, 1: bracketed */
+            be->ops->buf_write(be, dq, q, sizeof q);
+            be->ops->buf_write(be, dpos, pos, sizeof pos);
+            be->ops->buf_write(be, dseq, seq, sizeof seq);
+            be->ops->buf_write(be, dslot, slot, sizeof slot);
+            for (int k = 0; k < 3; k++) dev_poison(be, dout[k], N * ROW * 4);
+            if (pass == 1 && be->ops->step_begin(be, 77)) {
+                rep = true;
+            } else {
+                for (int k = 0; k < 3; k++) {
+                    struct attn_batch b = {N,    dpos,           dseq,   dslot,     WIN_SEQS,
+                                           dtab, WIN_MAX_BLOCKS, WIN_BS, windows[k]};
+                    be->ops->attention(be, dout[k], dq, dkc, dvc, &b, &s);
+                }
+                if (pass == 1) ck_assert(be->ops->step_end(be));
+            }
+            for (int k = 0; k < 3; k++) dev_read(be, pass ? got[k] : want[k], dout[k], sizeof q);
+        }
+        for (int k = 0; k < 3; k++) {
+            size_t at;
+            ck_assert_msg(!tu_bits_differ(got[k], want[k], N * ROW, &at),
+                          "step %d (%s), window %d: differs at %zu: %.9g vs %.9g", it,
+                          rep ? "replayed" : "direct", windows[k], at, got[k][at], want[k][at]);
+        }
+        /* step 0 direct, 1 captured, 2.. replayed */
+        ck_assert_msg(rep == (it >= 2), "step %d: replayed %d", it, rep);
+        replays += rep;
+    }
+    ck_assert_int_eq(replays, 3);
+    be->ops->step_reset(be);
+    void *bufs[] = {dkc, dvc, dpos, dseq, dslot, dtab, dq, dout[0], dout[1], dout[2]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(be, bufs[i]);
+    free(kh);
+    free(vh);
+}
+END_TEST
+
 /* gemm_min 0: batch-invariant (the GEMV for every n); -1: that, with fp16 GEMV activations */
 static int make_backend(enum matmul_precision p, int gemm_min, enum cuda_gemm g,
                         struct backend **out)
@@ -870,6 +1198,13 @@ int main(void)
     tcase_add_test(tc, step_replay_equals_direct);
     tcase_add_test(tc, kv_f16_cache);
     suite_add_tcase(s, tc);
+    /* Gemma's ops and sliding-window attention (CK_RUN_CASE=gemma runs them alone) */
+    TCase *tg = tcase_create("gemma");
+    tcase_set_timeout(tg, 600);
+    tcase_add_test(tg, gelu_scale_softcap_match_reference);
+    tcase_add_loop_test(tg, attention_window_matches_reference, 0, 2);
+    tcase_add_test(tg, step_replay_attention_windows);
+    suite_add_tcase(s, tg);
 #ifdef QUERN_TEST_MODEL_CASES
     /* the emulation has no test_model of its own: the model suite's CUDA cases ride along */
     if (tm_golden_load())

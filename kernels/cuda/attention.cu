@@ -39,7 +39,17 @@
  * neighbouring queries of one sequence share come from L1; a query's arithmetic is the same as
  * alone, so the tiling is invisible in the results (the conformance test compares bits). The
  * direct tile reads K/V from global memory; the staged kernel tiles the same way and stages each
- * chunk once for the queries of the tile that share a sequence. */
+ * chunk once for the queries of the tile that share a sequence.
+ *
+ * Sliding window (attn_batch.window > 0): a token at p sees keys f .. p, f = attn_first_key.
+ * Splits and chunks stay anchored at position 0, as without a window; a query skips the splits
+ * and chunks wholly before f and masks the keys before f in the chunk that holds it (never
+ * reading them or their block-table entries). So a window that excludes nothing changes no
+ * operation, a tile's queries still share their chunks, and everything still depends only on the
+ * token's position and the window, a launch argument (each captured launch keeps its own, so a
+ * replayed step may mix windows per layer). A token's splits are f / ATT_SPLIT .. p / ATT_SPLIT;
+ * a block's first is its tile's earliest, and one split in all is written directly. */
+#include <limits.h>
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -77,29 +87,55 @@ __device__ __forceinline__ float4 kv_load4(const __half *p)
                        __half2float(p[3]));
 }
 
-/* A tile's queries t0 .. t0 + TQ - 1 for one split: hi[i], query i's last key in the split (-1
- * when the split is past its position or the token past the batch), n_split[i], its split
- * count, tbl[i], its sequence's block table row; the queries' rows of head h into q_s. Returns
- * the tile's furthest key, -1 when no query has this split (the same for the whole block; a
- * barrier only then not reached by anyone). */
+/* backend.h's attn_first_key: the first key a token at pos sees. */
+__device__ __forceinline__ int att_first_key(int pos, int window)
+{
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
+/* The first split any query of the tile t0 .. t0 + TQ - 1 has: where its block starts. */
+template <int TQ>
+__device__ __forceinline__ int att_tile_first_split(const int32_t *pos, int t0, int n_tokens,
+                                                    int window)
+{
+    int s0 = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < TQ; i++)
+        if (t0 + i < n_tokens) s0 = min(s0, att_first_key(pos[t0 + i], window) / ATT_SPLIT);
+    return s0;
+}
+
+/* A tile's queries t0 .. t0 + TQ - 1 for one split: lo[i] .. hi[i], query i's keys in the split
+ * (hi -1 when it has none there: the split past its position or before its window, or the token
+ * past the batch), whole[i], whether that is its only split, tbl[i], its sequence's block table
+ * row; the queries' rows of head h into q_s. Returns the tile's furthest key, -1 when no query has
+ * a key in this split, and then *more: whether one has in a later split (the same for the whole
+ * block; a barrier only then not reached by anyone). */
 template <int TQ, int QW>
 __device__ __forceinline__ int
 att_tile_begin(const float *q, const int32_t *pos, const int32_t *seq, const int32_t *table, int t0,
-               int n_tokens, int max_blocks, int h, int n_heads, int hd, int split, int (&hi)[TQ],
-               int (&n_split)[TQ], const int32_t *(&tbl)[TQ], float (*q_s)[QW])
+               int n_tokens, int max_blocks, int h, int n_heads, int hd, int window, int split,
+               int (&lo)[TQ], int (&hi)[TQ], bool (&whole)[TQ], const int32_t *(&tbl)[TQ],
+               bool *more, float (*q_s)[QW])
 {
-    const int lo = split * ATT_SPLIT;
+    const int s_lo = split * ATT_SPLIT;
     int hi_max = -1;
+    *more = false;
 #pragma unroll
     for (int i = 0; i < TQ; i++) {
+        lo[i] = s_lo;
         hi[i] = -1;
-        n_split[i] = 1;
+        whole[i] = true;
         tbl[i] = table;
         if (t0 + i >= n_tokens) continue;
-        const int p = pos[t0 + i];
-        n_split[i] = p / ATT_SPLIT + 1;
-        if (split >= n_split[i]) continue; /* the grid is sized for the longest context */
-        hi[i] = min(p, lo + ATT_SPLIT - 1);
+        const int p = pos[t0 + i], f = att_first_key(p, window);
+        const int n_split = p / ATT_SPLIT + 1;
+        whole[i] = n_split - f / ATT_SPLIT == 1;
+        if (split >= n_split) continue; /* the grid is sized for the longest context */
+        *more = true;
+        if (split < f / ATT_SPLIT) continue; /* before the window */
+        lo[i] = f > s_lo ? f : s_lo;
+        hi[i] = min(p, s_lo + ATT_SPLIT - 1);
         tbl[i] = table + (size_t)seq[t0 + i] * (size_t)max_blocks;
         hi_max = hi[i] > hi_max ? hi[i] : hi_max;
     }
@@ -167,7 +203,8 @@ template <typename T, int TQ, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(float *out, const float *q, const T *kc, const T *vc, const int32_t *pos,
                      const int32_t *seq, const int32_t *table, int n_tokens, int max_blocks, int bs,
-                     int n_heads, int n_kv_heads, int hd, float scale, float *part, int max_splits)
+                     int n_heads, int n_kv_heads, int hd, float scale, int window, float *part,
+                     int max_splits)
 {
     __shared__ float q_s[TQ][DPL * 32];
     __shared__ float acc_s[ATT_WARPS][DPL * 32];
@@ -176,15 +213,19 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
-    /* the splits z, z + gridDim.z, ...: a launch of many tokens needs no more blocks than fill
-     * the GPU, and which block computes a split changes nothing in it */
-    for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
-        const int lo = split * ATT_SPLIT;
-        int hi[TQ], n_split[TQ];
+    /* the splits s0 + z, s0 + z + gridDim.z, ...: a launch of many tokens needs no more blocks
+     * than fill the GPU, and which block computes a split changes nothing in it */
+    const int s0 = att_tile_first_split<TQ>(pos, t0, n_tokens, window);
+    for (int split = s0 + blockIdx.z; split < max_splits; split += gridDim.z) {
+        const int split_lo = split * ATT_SPLIT;
+        int lo[TQ], hi[TQ];
+        bool whole[TQ], more;
         const int32_t *tbl[TQ];
-        const int hi_max = att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h,
-                                              n_heads, hd, split, hi, n_split, tbl, q_s);
-        if (hi_max < 0) break; /* the same for the whole block, and for later splits */
+        const int hi_max =
+            att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h, n_heads, hd, window,
+                               split, lo, hi, whole, tbl, &more, q_s);
+        if (hi_max < 0 && !more) break; /* the same for the whole block, and for later splits */
+        if (hi_max < 0) continue;
 
         const bool vec = (hd & 3) == 0;
         float m[TQ], l[TQ], acc[TQ][DPL];
@@ -196,12 +237,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             for (int k = 0; k < DPL; k++) acc[i][k] = 0;
         }
 
-        for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+        for (int c0 = split_lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
 #pragma unroll
             for (int i = 0; i < TQ; i++) {
-                if (c0 > hi[i]) continue; /* the same for the whole warp */
+                if (c0 > hi[i] || c0 + 31 < lo[i]) continue; /* the same for the whole warp */
                 const int j = c0 + lane;
-                const bool valid = j <= hi[i];
+                const bool valid = j >= lo[i] && j <= hi[i];
                 int64_t slot = 0;
                 float sc = -INFINITY;
                 if (valid) {
@@ -229,7 +270,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
                 for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
                 const int cnt = min(32, hi[i] - c0 + 1);
-                for (int jj = 0; jj < cnt; jj++) {
+                for (int jj = lo[i] > c0 ? lo[i] - c0 : 0; jj < cnt; jj++) {
                     const float pj = __shfl_sync(0xffffffffu, pl, jj);
                     const int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
                     const T *vj = vc + sj * kv_dim + (int64_t)kvh * hd;
@@ -247,7 +288,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < TQ; i++)
             if (hi[i] >= 0) /* the same for the whole block */
-                att_merge_write<DPL>(acc[i], m[i], l[i], n_split[i] == 1,
+                att_merge_write<DPL>(acc[i], m[i], l[i], whole[i],
                                      (size_t)(t0 + i) * (size_t)n_heads + (size_t)h, split,
                                      max_splits, hd, out, part, acc_s, m_s, l_s);
     }
@@ -260,22 +301,22 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #define ATT_STAGE_DPL   4 /* head dims per lane: up to 128 */
 #define ATT_STAGE_WORDS (ATT_STAGE_DPL * 16 + 1)
 
-/* Rows c0 .. hs (at most 32) of one sequence's K or V for kv head kvh into buf (row r = position
- * c0 + r): 16-byte loads, hd / 8 per row, a half-warp per row of 128 dims. Every lane runs the
- * same trip count (shuffles). hd % 8 == 0. */
+/* Rows ls .. hs of the chunk at c0 (at most 32) of one sequence's K or V for kv head kvh into buf
+ * (row r = position c0 + r; rows before ls left as they were): 16-byte loads, hd / 8 per row, a
+ * half-warp per row of 128 dims. Every lane runs the same trip count (shuffles). hd % 8 == 0. */
 __device__ __forceinline__ void att_stage_rows(uint32_t (*buf)[ATT_STAGE_WORDS],
                                                const __half *cache, const int32_t *tbl, int c0,
-                                               int hs, int bs, int kv_dim, int kvh, int hd,
+                                               int ls, int hs, int bs, int kv_dim, int kvh, int hd,
                                                int lane)
 {
     const int j = c0 + lane;
-    const int64_t my_slot = j <= hs ? (int64_t)tbl[j / bs] * bs + j % bs : 0;
+    const int64_t my_slot = j >= ls && j <= hs ? (int64_t)tbl[j / bs] * bs + j % bs : 0;
     const int pieces = hd / 8;
     __syncwarp(); /* every lane is done with what the buffer held */
     for (int p = lane; p < 32 * pieces; p += 32) {
         const int r = p / pieces, u = p - r * pieces;
         const int64_t sr = __shfl_sync(0xffffffffu, my_slot, r);
-        if (c0 + r <= hs) {
+        if (c0 + r >= ls && c0 + r <= hs) {
             const uint4 v = *(const uint4 *)(cache + sr * kv_dim + (int64_t)kvh * hd + u * 8);
             uint32_t *dst = &buf[r][u * 4];
             dst[0] = v.x;
@@ -296,7 +337,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_staged_kernel(float *out, const float *q, const __half *kc, const __half *vc,
                             const int32_t *pos, const int32_t *seq, const int32_t *table,
                             int n_tokens, int max_blocks, int bs, int n_heads, int n_kv_heads,
-                            int hd, float scale, float *part, int max_splits)
+                            int hd, float scale, int window, float *part, int max_splits)
 {
     constexpr int DPL = ATT_STAGE_DPL;
     __shared__ float q_s[TQ][DPL * 32];
@@ -307,25 +348,32 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kv_dim = n_kv_heads * hd;
     const int kvh = h / (n_heads / n_kv_heads);
-    /* the splits z, z + gridDim.z, ...: a launch of many tokens needs no more blocks than fill
-     * the GPU, and which block computes a split changes nothing in it */
-    for (int split = blockIdx.z; split < max_splits; split += gridDim.z) {
-        const int lo = split * ATT_SPLIT;
-        int hi[TQ], n_split[TQ];
+    /* the splits s0 + z, s0 + z + gridDim.z, ...: a launch of many tokens needs no more blocks
+     * than fill the GPU, and which block computes a split changes nothing in it */
+    const int s0 = att_tile_first_split<TQ>(pos, t0, n_tokens, window);
+    for (int split = s0 + blockIdx.z; split < max_splits; split += gridDim.z) {
+        const int split_lo = split * ATT_SPLIT;
+        int lo[TQ], hi[TQ];
+        bool whole[TQ], more;
         const int32_t *tbl[TQ];
-        const int hi_max = att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h,
-                                              n_heads, hd, split, hi, n_split, tbl, q_s);
-        if (hi_max < 0) break; /* the same for the whole block, and for later splits */
-        /* run[i]: the first query of i's sequence in the tile; run_hi[i]: that run's last key */
-        int run[TQ], run_hi[TQ];
+        const int hi_max =
+            att_tile_begin<TQ>(q, pos, seq, table, t0, n_tokens, max_blocks, h, n_heads, hd, window,
+                               split, lo, hi, whole, tbl, &more, q_s);
+        if (hi_max < 0 && !more) break; /* the same for the whole block, and for later splits */
+        if (hi_max < 0) continue;
+        /* run[i]: the first query of i's sequence in the tile; run_lo[i] .. run_hi[i]: the keys
+         * of that run */
+        int run[TQ], run_lo[TQ], run_hi[TQ];
 #pragma unroll
         for (int i = 0; i < TQ; i++) {
             run[i] = i;
+            run_lo[i] = lo[i];
             run_hi[i] = hi[i];
 #pragma unroll
             for (int i2 = 0; i2 < TQ; i2++)
                 if (hi[i] >= 0 && hi[i2] >= 0 && tbl[i2] == tbl[i]) {
                     if (i2 < run[i]) run[i] = i2;
+                    if (lo[i2] < run_lo[i]) run_lo[i] = lo[i2];
                     if (hi[i2] > run_hi[i]) run_hi[i] = hi[i2];
                 }
         }
@@ -342,18 +390,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         uint32_t(*buf)[ATT_STAGE_WORDS] = rows_s[warp];
         const uint32_t *mine = buf[lane];
 
-        for (int c0 = lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
+        for (int c0 = split_lo + warp * 32; c0 <= hi_max; c0 += ATT_WARPS * 32) {
 #pragma unroll
             for (int r = 0; r < TQ; r++) {
                 /* the run led by query r (warp-uniform conditions throughout) */
-                if (run[r] != r || hi[r] < 0 || c0 > run_hi[r]) continue;
+                if (run[r] != r || hi[r] < 0 || c0 > run_hi[r] || c0 + 31 < run_lo[r]) continue;
                 const int hs = min(c0 + 31, run_hi[r]);
-                att_stage_rows(buf, kc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
+                att_stage_rows(buf, kc, tbl[r], c0, run_lo[r], hs, bs, kv_dim, kvh, hd, lane);
 #pragma unroll
                 for (int i = 0; i < TQ; i++) {
-                    if (run[i] != r || hi[i] < 0 || c0 > hi[i]) continue;
+                    if (run[i] != r || hi[i] < 0 || c0 > hi[i] || c0 + 31 < lo[i]) continue;
                     const int j = c0 + lane;
-                    const bool valid = j <= hi[i];
+                    const bool valid = j >= lo[i] && j <= hi[i];
                     float sc = -INFINITY;
                     if (valid) {
                         float dot = 0;
@@ -373,13 +421,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                     for (int k = 0; k < DPL; k++) acc[i][k] *= corr;
                     m[i] = m_new;
                 }
-                att_stage_rows(buf, vc, tbl[r], c0, hs, bs, kv_dim, kvh, hd, lane);
+                att_stage_rows(buf, vc, tbl[r], c0, run_lo[r], hs, bs, kv_dim, kvh, hd, lane);
                 const int cnt_run = hs - c0 + 1;
-                for (int jj = 0; jj < cnt_run; jj++) {
+                for (int jj = run_lo[r] > c0 ? run_lo[r] - c0 : 0; jj < cnt_run; jj++) {
                     const uint32_t *vrow = buf[jj];
 #pragma unroll
                     for (int i = 0; i < TQ; i++) {
-                        if (run[i] != r || hi[i] < 0 || c0 + jj > hi[i]) continue;
+                        if (run[i] != r || hi[i] < 0 || c0 + jj > hi[i] || c0 + jj < lo[i])
+                            continue;
                         const float pj = __shfl_sync(0xffffffffu, pl[i], jj);
 #pragma unroll
                         for (int k = 0; k < DPL; k++) {
@@ -397,7 +446,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < TQ; i++)
             if (hi[i] >= 0) /* the same for the whole block */
-                att_merge_write<DPL>(acc[i], m[i], l[i], n_split[i] == 1,
+                att_merge_write<DPL>(acc[i], m[i], l[i], whole[i],
                                      (size_t)(t0 + i) * (size_t)n_heads + (size_t)h, split,
                                      max_splits, hd, out, part, acc_s, m_s, l_s);
     }
@@ -406,23 +455,23 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 /* Merges the splits of the tokens that have more than one, in split order. */
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_reduce_kernel(float *out, const float *part, const int32_t *pos, int n_heads, int hd,
-                            int max_splits)
+                            int window, int max_splits)
 {
     const int t = blockIdx.x, h = blockIdx.y;
-    const int n_split = pos[t] / ATT_SPLIT + 1;
-    if (n_split == 1) return; /* written by attention_kernel */
+    const int s0 = att_first_key(pos[t], window) / ATT_SPLIT, n_split = pos[t] / ATT_SPLIT + 1;
+    if (n_split - s0 == 1) return; /* written by attention_kernel */
     const float *ph =
         part + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)max_splits * ((size_t)hd + 2);
     const size_t stride = (size_t)hd + 2;
-    float mt = ph[0];
-    for (int s = 1; s < n_split; s++) mt = fmaxf(mt, ph[(size_t)s * stride]);
+    float mt = ph[(size_t)s0 * stride];
+    for (int s = s0 + 1; s < n_split; s++) mt = fmaxf(mt, ph[(size_t)s * stride]);
     float den = 0;
-    for (int s = 0; s < n_split; s++)
+    for (int s = s0; s < n_split; s++)
         den = fmaf(ph[(size_t)s * stride + 1], expf(ph[(size_t)s * stride] - mt), den);
     float *oh = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0;
-        for (int s = 0; s < n_split; s++)
+        for (int s = s0; s < n_split; s++)
             num = fmaf(ph[(size_t)s * stride + 2 + d], expf(ph[(size_t)s * stride] - mt), num);
         oh[d] = num / den;
     }
@@ -449,21 +498,21 @@ static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, int max_
         attention_staged_kernel<ATT_TILE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, c->att_part, max_splits);
+            s->scale, b->window, c->att_part, max_splits);
     else if (att_staged(kc, s))
         attention_staged_kernel<1><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, c->att_part, max_splits);
+            s->scale, b->window, c->att_part, max_splits);
     else if (tiled)
         attention_kernel<T, ATT_TILE, ATT_TILE_DPL><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part,
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, b->window, c->att_part,
             max_splits);
     else
         attention_kernel<T, 1, ATT_DIMS_PER_LANE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, c->att_part,
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, b->window, c->att_part,
             max_splits);
 }
 
@@ -528,6 +577,9 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
         const int64_t tiles = (int64_t)((nt + tq - 1) / tq) * s->n_heads;
         int64_t gz = (ATT_TARGET_BLOCKS + tiles - 1) / tiles;
         if (gz > max_splits) gz = max_splits;
+        /* a window's keys span at most this many splits (a block takes the next ones too) */
+        if (b->window > 0 && gz > (b->window - 1) / ATT_SPLIT + 2)
+            gz = (b->window - 1) / ATT_SPLIT + 2;
         dim3 grid((unsigned)((nt + tq - 1) / tq), (unsigned)s->n_heads, (unsigned)gz);
         if (c->kv_f16)
             launch_attention<__half>(c, tiled, grid, max_splits, o, qp, (const __half *)k_cache,
@@ -539,7 +591,7 @@ void cuda_op_attention(struct backend *be, float *out, const float *q, const voi
         if (max_splits > 1) {
             dim3 rgrid((unsigned)nt, (unsigned)s->n_heads);
             attention_reduce_kernel<<<rgrid, ATT_WARPS * 32, 0, c->stream>>>(
-                o, c->att_part, pb.pos, s->n_heads, s->head_dim, max_splits);
+                o, c->att_part, pb.pos, s->n_heads, s->head_dim, b->window, max_splits);
             CUDA_LAUNCHED(c, "attention_reduce_kernel");
         }
     }

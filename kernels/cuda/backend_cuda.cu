@@ -305,9 +305,9 @@ static const struct backend_ops cuda_ops = {
     /* .buf_copy = */ cuda_buf_copy,
     /* .kv_bytes = */ NULL, /* n times kv_elem_bytes */
     /* .add_rows = */ cuda_op_add_rows,
-    /* .gelu_mul = */ NULL,
-    /* .scale = */ NULL,
-    /* .softcap = */ NULL,
+    /* .gelu_mul = */ cuda_op_gelu_mul,
+    /* .scale = */ cuda_op_scale,
+    /* .softcap = */ cuda_op_softcap,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)

@@ -252,6 +252,9 @@ void cuda_op_kv_write(struct backend *be, void *k_cache, void *v_cache, const fl
 void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int32_t *idx, int n,
                       int dim);
 void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cuda_op_gelu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cuda_op_scale(struct backend *be, float *x, float s, size_t n);
+void cuda_op_softcap(struct backend *be, float *x, float cap, size_t n);
 
 /* attention.cu */
 bool cuda_op_step_begin(struct backend *be, uint64_t key);

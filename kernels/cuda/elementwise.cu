@@ -1,12 +1,13 @@
 /* elementwise: the CUDA backend's small ops (embed, rmsnorm, add, rope, kv_write, get_rows,
- * silu_mul) and the activation conversions the matmul uses (Q8 quantization, fp16).
+ * silu_mul, gelu_mul, scale, softcap) and the activation conversions the matmul uses (Q8
+ * quantization, fp16).
  *
  * Each matches kernels/cpu/ref.c: bit for bit where the reference's arithmetic can be reproduced
- * (embed, get_rows, kv_write, add, Q8 quantization, and rope and silu up to the last bit of a
- * double-precision cos/sin/exp rounded to float), within a few ulp otherwise (rmsnorm sums its
- * squares in double in another order). The _rn intrinsics keep nvcc from contracting a product
- * and a sum into one fma where the reference rounds twice. Reductions run in an order fixed by the
- * row length, never by the number of tokens, so every op is batch-invariant. */
+ * (embed, get_rows, kv_write, add, scale, Q8 quantization; rope, silu, gelu and softcap up to the
+ * last bit of a double cos/sin/exp/tanh rounded to float), within a few ulp otherwise (rmsnorm
+ * sums its squares in double in another order). The _rn intrinsics keep nvcc from contracting a
+ * product and a sum into one fma where the reference rounds twice. Reductions run in an order
+ * fixed by the row length, never by the number of tokens, so every op is batch-invariant. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -159,7 +160,7 @@ void cuda_op_add_rmsnorm(struct backend *be, float *out, float *x, const float *
     CUDA_LAUNCHED(c, "rmsnorm_kernel (add)");
 }
 
-/* ---- add, silu_mul ---- */
+/* ---- add, silu_mul, gelu_mul, scale, softcap ---- */
 
 __global__ void add_kernel(float *x, const float *y, size_t n)
 {
@@ -215,6 +216,66 @@ void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n)
     cuda_use_device(c);
     silu_mul_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(g, u, n);
     CUDA_LAUNCHED(c, "silu_mul_kernel");
+}
+
+/* g = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u with the reference's roundings, in its
+ * order, and tanh in double rounded to float (the correctly rounded tanhf). Not the equal
+ * g / (1 + exp(-2z)): where tanh is near -1 (g from about -3 to -10) the reference's 1 + tanhf
+ * holds only multiples of 2^-24, so only the same tanh reproduces its values there. */
+__global__ void gelu_mul_kernel(float *g, const float *u, size_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi), the reference's float */
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+        const float z = __fmul_rn(c, __fadd_rn(x, x3));
+        const float t = (float)tanh((double)z);
+        g[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)), u[i]);
+    }
+}
+
+void cuda_op_gelu_mul(struct backend *be, float *g, const float *u, size_t n)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (!n) return;
+    cuda_use_device(c);
+    gelu_mul_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(g, u, n);
+    CUDA_LAUNCHED(c, "gelu_mul_kernel");
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+void cuda_op_scale(struct backend *be, float *x, float s, size_t n)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (!n) return;
+    cuda_use_device(c);
+    scale_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, s, n);
+    CUDA_LAUNCHED(c, "scale_kernel");
+}
+
+/* x = cap tanh(x / cap): a true division, as the reference's (x * (1 / cap) rounds twice), and
+ * tanh in double rounded to float. */
+__global__ void softcap_kernel(float *x, float cap, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(cap, (float)tanh((double)__fdiv_rn(x[i], cap)));
+}
+
+void cuda_op_softcap(struct backend *be, float *x, float cap, size_t n)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (!n) return;
+    cuda_use_device(c);
+    softcap_kernel<<<grid_for(n, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, cap, n);
+    CUDA_LAUNCHED(c, "softcap_kernel");
 }
 
 /* ---- rope ---- */
