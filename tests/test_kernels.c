@@ -880,8 +880,9 @@ static void attn_case_fp16(struct attn_case *c, uint16_t **k16, uint16_t **v16)
 START_TEST(attention_matches_reference)
 {
     tu_seed(0xa77e);
-    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {4, 4, 128, 0}, {8, 2, 128, 1},
-                          {6, 2, 32, 0}, {2, 1, 64, 1}, {16, 1, 64, 1}};
+    const int cfg[][4] = {{9, 3, 64, 0},  {9, 3, 64, 1},  {4, 4, 128, 0},
+                          {8, 2, 128, 1}, {6, 2, 32, 0},  {2, 1, 64, 1},
+                          {16, 1, 64, 1}, {4, 1, 256, 0}, {8, 4, 256, 1}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         int n = 1 + (int)(tu_rnd() % 64);
         struct attn_case c;
@@ -931,7 +932,7 @@ END_TEST
 START_TEST(attention_partitions_invariant)
 {
     tu_seed(0x9a27);
-    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}};
+    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}, {4, 1, 256}};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int n = 24;
         struct attn_case c;
@@ -1057,7 +1058,7 @@ END_TEST
 START_TEST(attention_prompt_sets_match_one_token)
 {
     tu_seed(0x5e75);
-    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}, {16, 1, 64}};
+    const int cfg[][3] = {{9, 3, 64}, {8, 2, 128}, {16, 1, 64}, {4, 1, 256}};
     const int sizes[] = {5, 16, 17, 40};
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
@@ -1270,7 +1271,7 @@ START_TEST(attention_sliding_window)
 {
     tu_seed(0x5a1d);
     const int windows[] = {1, 100, 550};
-    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}};
+    const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}, {4, 1, 256, 1}};
     int changed = 0;
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int n = cfg[ci][3] ? 40 : 24;

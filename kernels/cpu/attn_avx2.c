@@ -12,7 +12,7 @@
 #define INLINE INLINE256
 #define CHUNK  8
 #define SPAN   128
-#define HD_MAX 128
+#define HD_MAX 256 /* Gemma 3's heads */
 /* The prefetch walker here runs one chunk ahead and issues PF_LINES line pairs at each key of a
  * block's scores, a chunk's keys' worth in all (a 3-row block's 8 keys times 3 blocks cover a
  * chunk of SmolLM2's whole KV slots, 6 lines each of K and V), what the blocks leave at the
@@ -332,7 +332,7 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
                              int h0, int h1, const int KT, const struct attn_parts *pp)
 {
     int hd = s->head_dim;
-    if (hd != 64 && hd != 128) {
+    if (hd != 64 && hd != 128 && hd != 256) {
         attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KT);
         return;
     }
@@ -347,8 +347,10 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
             struct attn_walks w = attn_walks_of(b, s, KT, seq, hs, walk);
             if (hd == 64)
                 attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, KT, pp);
-            else
+            else if (hd == 128)
                 attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, KT, pp);
+            else
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 32, KT, pp);
         }
     }
 }

@@ -37,7 +37,7 @@
 #define INLINE INLINE512
 #define CHUNK  16  /* keys per reduction tree: one vector of scores */
 #define SPAN   128 /* keys between two rescalings; its V (32 KiB at head size 64) stays in L1 */
-#define HD_MAX 128
+#define HD_MAX 256 /* Gemma 3's heads */
 /* The prefetch walker runs one chunk ahead and issues PF_LINES line pairs at each key of a
  * block's scores, a chunk's keys' worth in all, what the blocks leave at the chunk's end (the
  * AVX2 kernel's scheme, attn_avx2.c). A decode batch's attention over KV from DRAM (`quern bench
@@ -90,7 +90,7 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
 {
     __m512 v[4][CHUNK];
     for (int k = 0; k < CHUNK; k++) {
-        __m512 kv[8];
+        __m512 kv[HD_MAX / 16];
         for (int j = 0; j < NV; j++) kv[j] = load16(k_cache, o[k] + col, 16 * j, KT);
         for (int i = 0; i < RB; i++) {
             const float *q = rows[r0 + i].q;
@@ -120,11 +120,11 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
 {
     int common = SPAN;
     for (int i = 0; i < RB; i++) common = st[r0 + i].cnt < common ? st[r0 + i].cnt : common;
-    __m512 a[4][8];
+    __m512 a[4][HD_MAX / 16];
     for (int i = 0; i < RB; i++)
         for (int v = 0; v < NV; v++) a[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < common; k++) {
-        __m512 vv[8];
+        __m512 vv[HD_MAX / 16];
         for (int v = 0; v < NV; v++) vv[v] = load16(v_cache, offs[k] + col, 16 * v, KT);
         for (int i = 0; i < RB; i++) {
             __m512 p = _mm512_set1_ps(st[r0 + i].p[k]);
@@ -200,7 +200,8 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                          const int NV, const int KT, const int L1, const struct attn_parts *pp)
 {
     struct key_walk kw = w.kw, pw = w.pf;
-    const int RB = NV == 4 ? 4 : 2; /* rows per register block: RB * NV accumulators */
+    /* rows per register block: RB * NV accumulators (of 32 registers) */
+    const int RB = NV == 4 ? 4 : NV == 8 ? 2 : 1;
     const int hd = 16 * NV;
     int max_keys = 0;
     for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
@@ -336,7 +337,7 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
                              const struct attn_parts *pp)
 {
     int hd = s->head_dim;
-    if (hd != 64 && hd != 128) {
+    if (hd != 64 && hd != 128 && hd != 256) {
         /* no partitions: the reference's rows whole (attention_part is not asked of such) */
         attn_ref_heads(out, q, k_cache, v_cache, b, s, t0, t1, h0, h1, KT);
         return;
@@ -352,8 +353,10 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
             struct attn_walks w = attn_walks_of(b, s, KT, seq, hs, walk);
             if (hd == 64)
                 attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, KT, L1, pp);
-            else
+            else if (hd == 128)
                 attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, KT, L1, pp);
+            else
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, KT, L1, pp);
         }
     }
 }

@@ -529,7 +529,8 @@ static int attention_by_parts(struct cpu_ctx *c, const struct attn_job *j)
 {
     const struct attn_batch *b = j->b;
     const struct attn_shape *s = j->s;
-    if (!c->k->attention_part || (s->head_dim != 64 && s->head_dim != 128)) return 1;
+    if (!c->k->attention_part || (s->head_dim != 64 && s->head_dim != 128 && s->head_dim != 256))
+        return 1;
     int max_parts = 0, most = 0, tasks = 0, first;
     for (int t = 0; t < b->n_tokens; t++) {
         int np = token_parts(b, t, &first);
