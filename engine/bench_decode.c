@@ -108,13 +108,17 @@ int bench_decode_run(struct model *m, struct backend *be, double weight_bytes, i
     }
     if (!rc) {
         double kv = (double)backend_kv_bytes(be, model_kv_bytes_per_token(cfg, 1));
+        /* keys a token reads, averaged over the layers: a local layer's window at most */
+        double keys = ctx + 2.0 + steps / 2.0, layer_keys = 0;
+        for (int l = 0; l < cfg->n_layers; l++)
+            layer_keys += model_layer_local(cfg, l) ? fmin(keys, cfg->swa_window) : keys;
         *out = (struct decode_bench){.batch = batch,
                                      .ctx = ctx,
                                      .steps = steps,
                                      .step_s = (now_s() - t_dec) / steps,
                                      .prefill_s = prefill,
                                      .read_bytes = weight_bytes +
-                                                   kv * (double)batch * (ctx + 2.0 + steps / 2.0)};
+                                                   kv * (double)batch * layer_keys / cfg->n_layers};
     }
 out:
     free(tok);
