@@ -333,7 +333,7 @@ static int bench_ops(const struct backend_cpu_opts *bo, const int *batches, int 
                 slot[i] = pos[i];
             }
             struct attn_batch b = {n, pos, seq, slot, 1, table, n_table, block, 0};
-            struct attn_shape s = {heads, kvh, hd, 0.125f};
+            struct attn_shape s = {heads, kvh, hd, 0.125f, 0};
             double best = 1e30;
             for (int win = 0; win < 5; win++) {
                 int calls = 0;
@@ -442,7 +442,7 @@ static int bench_decode_attention(const struct backend_cpu_opts *bo, int SEQS, i
         keys += pos[t] + 1;
     }
     struct attn_batch b = {SEQS, pos, seq, slots, SEQS, table, mb, BS, 0};
-    struct attn_shape s = {HEADS, KVH, HD, 0.125f};
+    struct attn_shape s = {HEADS, KVH, HD, 0.125f, 0};
     if (long_ctx > 0)
         printf("\nattention of a decode batch, fp16 KV, %d thread(s): one sequence at context %d "
                "and %d at %d, %d/%d heads x %d, shuffled %d-slot blocks; fastest of 5 windows\n",

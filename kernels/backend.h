@@ -113,6 +113,9 @@ static inline int attn_first_key(const struct attn_batch *b, int pos)
 struct attn_shape {
     int n_heads, n_kv_heads, head_dim;
     float scale; /* 1/sqrt(head_dim) */
+    /* > 0: each score s = scale q.k becomes softcap tanh(s / softcap) before the softmax
+     * (Gemma 2's attn_logit_softcapping); 0: none */
+    float softcap;
 };
 
 enum matmul_precision {

@@ -450,7 +450,7 @@ START_TEST(kv_f16_cache)
     dev_read(be, got, dvc, kv * 2);
     ck_assert_msg(memcmp(got, vh, kv * 2) == 0, "fp16 v cache differs from the rounded rows");
 
-    struct attn_shape sh = {HEADS, KVH, HD, 1.0f / sqrtf((float)HD)};
+    struct attn_shape sh = {HEADS, KVH, HD, 1.0f / sqrtf((float)HD), 0};
     size_t qn = (size_t)N * HEADS * HD;
     float *q = malloc(qn * 4), *o = malloc(qn * 4), *ref = malloc(qn * 4);
     tu_fill(q, qn, 2.0f);
@@ -718,7 +718,7 @@ START_TEST(attention_matches_reference)
                       : prefill                      ? 32 + (int)(tu_rnd() % 33)
                                                      : 1 + (int)(tu_rnd() % 64);
         const int n_blocks = n_seqs * max_blocks;
-        struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd)};
+        struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd), 0};
         int32_t *pos = malloc((size_t)n * 4), *seq = malloc((size_t)n * 4);
         int32_t *slot = malloc((size_t)n * 4), *table = malloc((size_t)n_blocks * 4);
         for (int i = 0; i < n_blocks; i++) table[i] = i;
@@ -982,7 +982,7 @@ START_TEST(attention_window_matches_reference)
     for (int shi = 0; shi < 4; shi++)
         for (int kind = 0; kind < 3; kind++) {
             const int heads = shapes[shi][0], kvh = shapes[shi][1], hd = shapes[shi][2];
-            struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd)};
+            struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd), 0};
             struct win_case c;
             win_case_make(&c, kind);
             const int n = c.n;
@@ -1084,7 +1084,7 @@ START_TEST(step_replay_attention_windows)
     ck_assert_ptr_nonnull(be->ops->step_begin);
     enum { N = 6, HEADS = 4, KVH = 2, HD = 64, ROW = HEADS * HD };
     const int windows[3] = {40, 0, 300};
-    struct attn_shape s = {HEADS, KVH, HD, 0.125f};
+    struct attn_shape s = {HEADS, KVH, HD, 0.125f, 0};
     struct win_case c;
     win_case_make(&c, 0);
     size_t kv = (size_t)WIN_BLOCKS * WIN_BS * KVH * HD;

@@ -809,7 +809,7 @@ static void attn_case_make_blocks(struct attn_case *c, int n, int heads, int kv_
                                   bool prefill, int max_blocks)
 {
     const int n_seqs = 3, bs = 16, n_blocks = n_seqs * max_blocks;
-    c->s = (struct attn_shape){heads, kv_heads, hd, 1.0f / sqrtf((float)hd)};
+    c->s = (struct attn_shape){heads, kv_heads, hd, 1.0f / sqrtf((float)hd), 0};
     c->pos = malloc((size_t)n * 4);
     c->seq = malloc((size_t)n * 4);
     c->slot = malloc((size_t)n * 4);

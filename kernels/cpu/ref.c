@@ -151,6 +151,7 @@ static void attention_one(float *out, const float *q, const void *kc, const void
         float sc = 0;
         for (int d = 0; d < hd; d++) sc += qh[d] * kv_at(kk, kc, kj, d);
         sc *= s->scale;
+        if (s->softcap > 0) sc = s->softcap * tanhf(sc / s->softcap);
         if (sc > m) {
             float corr = expf(m - sc);
             l *= corr;
