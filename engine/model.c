@@ -113,25 +113,31 @@ static double yarn_divisor(int i, int rot_dim, float base, int n_ctx_orig, float
     return 1.0 / ((1.0 - mix) / factor + mix);
 }
 
-/* Gemma 3's keys as llama.cpp's gemma3 reads them (src/models/gemma3.cpp). */
-static int read_gemma3(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+/* Gemma 2's and 3's keys as llama.cpp's gemma2 and gemma3 read them (src/models/gemma2.cpp,
+ * gemma3.cpp): Gemma 2 always has local layers (every other one, 4096 keys unless the file says)
+ * and caps its attention scores (50) and logits (30) unless the file says; Gemma 3 has local
+ * layers (five in six) where the file gives a window, and caps nothing unless it says. */
+static int read_gemma(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     const char *a = cfg->arch;
+    bool g2 = strcmp(a, "gemma2") == 0;
     cfg->embed_scale = sqrtf((float)cfg->dim);
     cfg->post_norms = cfg->gelu = true;
-    /* gemma_pytorch's query_pre_attn_scalar, which the file does not carry: the 27B model's is
-     * dim / n_heads, the others' the head size (llama.cpp tells them by their 62 layers) */
-    if (cfg->n_layers == 62) cfg->attn_scale = 1.0f / sqrtf((float)(cfg->dim / cfg->n_heads));
+    /* gemma_pytorch's query_pre_attn_scalar, which the file does not carry: the 27B models' is
+     * dim / n_heads, the others' the head size (llama.cpp tells them by their layer count) */
+    if (cfg->n_layers == (g2 ? 46 : 62))
+        cfg->attn_scale = 1.0f / sqrtf((float)(cfg->dim / cfg->n_heads));
     char key[128];
     snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
     const struct gguf_kv *pat = gguf_kv_find(f, key);
     int rc = get_u32_pos(f, a, "attention.sliding_window", &cfg->swa_window, err);
     if (rc == QERR_NOTFOUND) {
-        cfg->swa_window = 0;
-    } else if (rc) {
-        return rc;
-    } else {
-        cfg->swa_pattern = 6;
+        cfg->swa_window = g2 ? 4096 : 0;
+        rc = 0;
+    }
+    if (rc) return rc;
+    if (cfg->swa_window > 0) {
+        cfg->swa_pattern = g2 ? 2 : 6;
         if (pat &&
             (rc = get_u32_pos(f, a, "attention.sliding_window_pattern", &cfg->swa_pattern, err)))
             return qerr_set(err, QERR_UNSUPPORTED,
@@ -139,13 +145,15 @@ static int read_gemma3(const struct gguf_file *f, struct model_config *cfg, stru
                             "a global one), not a per-layer array",
                             gguf_path(f), key);
     }
-    cfg->rope_base_swa = 10000.0f;
+    /* Gemma 2's local layers turn as its global ones (unless the file names a base) */
+    cfg->rope_base_swa = g2 ? 0.0f : 10000.0f;
+    cfg->swa_rope_scaled = g2;
+    cfg->final_softcap = g2 ? 30.0f : 0.0f;
+    cfg->attn_softcap = g2 ? 50.0f : 0.0f;
     if ((rc = read_f32_opt(f, a, "rope.freq_base_swa", &cfg->rope_base_swa, err)) ||
-        (rc = read_f32_opt(f, a, "final_logit_softcapping", &cfg->final_softcap, err)))
+        (rc = read_f32_opt(f, a, "final_logit_softcapping", &cfg->final_softcap, err)) ||
+        (g2 && (rc = read_f32_opt(f, a, "attn_logit_softcapping", &cfg->attn_softcap, err))))
         return rc;
-    if (!(cfg->rope_base_swa > 0) || cfg->final_softcap < 0 || isinf(cfg->final_softcap))
-        return qerr_set(err, QERR_FORMAT, "%s: rope.freq_base_swa %g / final_logit_softcapping %g",
-                        gguf_path(f), cfg->rope_base_swa, cfg->final_softcap);
     return 0;
 }
 
@@ -238,9 +246,13 @@ int model_ctx_limit(const struct model_config *cfg, const struct model_opts *opt
 
 struct rope_spec model_layer_rope(const struct model_config *cfg, int l)
 {
-    if (!model_layer_local(cfg, l)) return model_rope_spec(cfg);
-    /* llama.cpp's freq_scale_train_swa: local layers keep the trained frequencies */
-    return (struct rope_spec){.rot_dim = cfg->rot_dim, .base = cfg->rope_base_swa, .scale = 1.0f};
+    struct rope_spec rs = model_rope_spec(cfg);
+    if (!model_layer_local(cfg, l) || !(cfg->rope_base_swa > 0)) return rs;
+    rs.base = cfg->rope_base_swa;
+    /* llama.cpp's freq_scale_train_swa: Gemma 3's local layers keep the trained frequencies */
+    if (!cfg->swa_rope_scaled)
+        rs = (struct rope_spec){.rot_dim = cfg->rot_dim, .base = rs.base, .scale = 1.0f};
+    return rs;
 }
 
 struct rope_spec model_rope_spec(const struct model_config *cfg)
@@ -260,15 +272,15 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (rc) return rc;
     /* Llama-family files use this layout; Qwen2 adds q/k/v biases, Qwen3 q/k norms, both the
      * NeoX rope; SmolLM3 leaves every fourth layer without rope; Phi-3 (Phi-3.5, Phi-4) fuses
-     * q/k/v and gate/up, with the NeoX rope; Gemma 3 adds post-norms, GELU and local layers;
-     * others (gpt2, phi2, gemma, gemma2's attention soft-capping) do not fit it */
+     * q/k/v and gate/up, with the NeoX rope; Gemma 2 and 3 add post-norms, GELU, local layers
+     * and soft-capping; others (gpt2, phi2, gemma) do not fit it */
     static const struct {
         const char *name;
         bool neox;
         int no_rope_step;
     } supported[] = {{"llama", false, 0}, {"mistral", false, 0}, {"qwen2", true, 0},
                      {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0},
-                     {"gemma3", true, 0}};
+                     {"gemma2", true, 0}, {"gemma3", true, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -279,7 +291,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, smollm3, phi3, gemma3)",
+                        "qwen3, smollm3, phi3, gemma2, gemma3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -348,7 +360,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
         return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (%s)",
                         gguf_path(f), a);
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
-    if (strcmp(a, "gemma3") == 0 && (rc = read_gemma3(f, cfg, err))) return rc;
+    if (!strncmp(a, "gemma", 5) && (rc = read_gemma(f, cfg, err))) return rc;
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
                         gguf_path(f), cfg->eps, cfg->rope_base);
@@ -1045,8 +1057,11 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     const struct model_config *c = &m->cfg;
     struct acts *a = &m->a;
     int dim = c->dim, kv_dim = m->sh.nkv * c->head_dim, nq = m->sh.nq, nkv = m->sh.nkv, rc;
-    struct attn_shape shape = {
-        .n_heads = nq, .n_kv_heads = nkv, .head_dim = c->head_dim, .scale = c->attn_scale};
+    struct attn_shape shape = {.n_heads = nq,
+                               .n_kv_heads = nkv,
+                               .head_dim = c->head_dim,
+                               .scale = c->attn_scale,
+                               .softcap = c->attn_softcap};
     const struct rope_spec rope = model_rope_spec(c);
     /* local layers (sliding window): their own window and rope */
     struct attn_batch ab_local = *ab;

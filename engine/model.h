@@ -1,7 +1,7 @@
 /* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
  * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope, Phi-3's fused matrices,
- * Gemma 3's scaled embeddings, post-norms, GELU and sliding-window layers) loaded from GGUF and
- * run through the backend interface.
+ * Gemma 2's and 3's scaled embeddings, post-norms, GELU, sliding-window layers and soft-capping)
+ * loaded from GGUF and run through the backend interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
  * from many sequences, each reading and writing its K/V through its own block table into the
@@ -50,12 +50,15 @@ struct model_config {
     float attn_scale;
     /* sliding-window attention: layer l is local (model_layer_local) when swa_window > 0 and
      * l % swa_pattern < swa_pattern - 1 (llama.cpp's pattern: Gemma 3's five local layers to one
-     * global); a local layer's token at p sees p - swa_window + 1 .. p, its rope turns with base
-     * rope_base_swa and no scaling */
+     * global, Gemma 2's one to one); a local layer's token at p sees p - swa_window + 1 .. p;
+     * its rope turns with base rope_base_swa (0: the global layers' rope), unscaled (Gemma 3)
+     * or, with swa_rope_scaled, with the global layers' scaling (Gemma 2) */
     int swa_window, swa_pattern;
     float rope_base_swa;
-    /* > 0: logits = cap tanh(logits / cap) (final_logit_softcapping) */
-    float final_softcap;
+    bool swa_rope_scaled;
+    /* > 0: logits = cap tanh(logits / cap) (final_logit_softcapping); attention scores the same
+     * with attn_softcap (Gemma 2's attn_logit_softcapping) */
+    float final_softcap, attn_softcap;
 };
 
 static inline bool model_layer_local(const struct model_config *cfg, int l)

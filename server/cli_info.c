@@ -142,10 +142,14 @@ int cli_info(int argc, char **argv)
     if (cfg.post_norms)
         printf("              embeddings x %g, post-attention and post-FFN norms, %s FFN\n",
                cfg.embed_scale, cfg.gelu ? "GELU" : "SiLU");
-    if (cfg.swa_window > 0)
+    if (cfg.swa_window > 0 && cfg.rope_base_swa > 0)
         printf("sliding window %d keys in %d of every %d layers (rope base %g there)\n",
                cfg.swa_window, cfg.swa_pattern - 1, cfg.swa_pattern, cfg.rope_base_swa);
+    else if (cfg.swa_window > 0)
+        printf("sliding window %d keys in %d of every %d layers\n", cfg.swa_window,
+               cfg.swa_pattern - 1, cfg.swa_pattern);
     if (cfg.final_softcap > 0) printf("logit cap     %g\n", cfg.final_softcap);
+    if (cfg.attn_softcap > 0) printf("score cap     %g (attention)\n", cfg.attn_softcap);
     printf("context       %d\n", cfg.ctx_len);
     /* --kv-type's element per token and at the full context: f16 (the default), f32, q8 (Q8_0
      * blocks, 34 bytes per 32 elements) */

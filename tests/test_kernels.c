@@ -1261,7 +1261,8 @@ static void attn_case_q8(struct attn_case *c, uint8_t **k8, uint8_t **v8)
     }
 }
 
-/* Sliding-window attention (attn_batch.window, Gemma 3's local layers): every ISA's kernels near
+/* Sliding-window attention (attn_batch.window, Gemma 3's local layers) and soft-capped scores
+ * (attn_shape.softcap, Gemma 2's): every ISA's kernels near
  * the reference (which reads keys pos - window + 1 .. pos), on float, fp16 and Q8_0 caches, each
  * token the same bits alone as in the batch on one thread and two (sets of prompt tokens whose
  * windows start at different keys, rows whose window starts in a later partition, decode batches
@@ -1270,9 +1271,13 @@ static void attn_case_q8(struct attn_case *c, uint8_t **k8, uint8_t **v8)
 START_TEST(attention_sliding_window)
 {
     tu_seed(0x5a1d);
-    const int windows[] = {1, 100, 550};
+    /* windows, and Gemma 2's score soft-capping (a cap of 2 bites on these scores) */
+    const struct {
+        int window;
+        float cap;
+    } runs[] = {{1, 0}, {100, 0}, {550, 0}, {100, 2.0f}, {0, 2.0f}};
     const int cfg[][4] = {{9, 3, 64, 0}, {9, 3, 64, 1}, {8, 2, 128, 1}, {4, 1, 256, 1}};
-    int changed = 0;
+    int changed = 0, capped = 0;
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
         const int n = cfg[ci][3] ? 40 : 24;
         struct attn_case c;
@@ -1289,8 +1294,9 @@ START_TEST(attention_sliding_window)
         for (size_t k = 0;
              k < (size_t)c.b.n_seqs * 120 * 16 * (size_t)c.s.n_kv_heads * (size_t)c.s.head_dim; k++)
             vmax = fmax(vmax, fabs(c.vc[k]));
-        for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
-            c.b.window = windows[wi];
+        for (size_t wi = 0; wi < sizeof runs / sizeof runs[0]; wi++) {
+            c.b.window = runs[wi].window;
+            c.s.softcap = runs[wi].cap;
             for (int kind = 0; kind < 3; kind++) {
                 const void *kc = kind == 1   ? (const void *)k16
                                  : kind == 2 ? (const void *)k8
@@ -1321,11 +1327,12 @@ START_TEST(attention_sliding_window)
                     bes[1]->ops->attention(bes[1], all, c.q, kc, vc, &c.b, &c.s);
                     for (size_t k = 0; k < c.q_len; k++)
                         ck_assert_msg(fabs(all[k] - ref[k]) <= 1e-5 * vmax,
-                                      "%s window %d cache %d, %d/%d heads hd %d%s: [%zu] "
+                                      "%s window %d cap %g cache %d, %d/%d heads hd %d%s: [%zu] "
                                       "(position %d) %.8g vs %.8g",
-                                      cpu_isa_name(all_isas[i]), c.b.window, kind, c.s.n_heads,
-                                      c.s.n_kv_heads, c.s.head_dim, cfg[ci][3] ? " prefill" : "", k,
-                                      c.pos[k / row], all[k], ref[k]);
+                                      cpu_isa_name(all_isas[i]), c.b.window, (double)c.s.softcap,
+                                      kind, c.s.n_heads, c.s.n_kv_heads, c.s.head_dim,
+                                      cfg[ci][3] ? " prefill" : "", k, c.pos[k / row], all[k],
+                                      ref[k]);
                     for (int t = 0; t < n; t++) {
                         struct attn_batch b1 = tu_attn_token(&c.b, t);
                         for (int th = 0; th < 2; th++) {
@@ -1348,12 +1355,18 @@ START_TEST(attention_sliding_window)
                         bes[1]->ops->attention(bes[1], full, c.q, kc, vc, &c.b, &c.s);
                         c.b.window = 0;
                         bes[1]->ops->attention(bes[1], plain, c.q, kc, vc, &c.b, &c.s);
-                        c.b.window = windows[wi];
+                        c.b.window = runs[wi].window;
                         size_t at;
                         ck_assert_msg(!tu_bits_differ(full, plain, c.q_len, &at),
                                       "%s: a window past every position changes [%zu]",
                                       cpu_isa_name(all_isas[i]), at);
                         for (size_t k = 0; k < c.q_len; k++) changed += all[k] != plain[k];
+                        if (c.s.softcap > 0) { /* the cap changes the results */
+                            c.s.softcap = 0;
+                            bes[1]->ops->attention(bes[1], full, c.q, kc, vc, &c.b, &c.s);
+                            c.s.softcap = runs[wi].cap;
+                            for (size_t k = 0; k < c.q_len; k++) capped += all[k] != full[k];
+                        }
                     }
                     backend_destroy(bes[0]);
                     backend_destroy(bes[1]);
@@ -1372,6 +1385,7 @@ START_TEST(attention_sliding_window)
         attn_case_free(&c);
     }
     ck_assert_int_gt(changed, 1000);
+    ck_assert_int_gt(capped, 1000);
 }
 END_TEST
 

@@ -851,7 +851,7 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
     qc->n_heads = c->n_heads;
     qc->n_kv = c->n_kv_heads;
     qc->head_dim = c->head_dim;
-    qc->neox = !strncmp(arch, "qwen", 4) || !strcmp(arch, "phi3") || !strcmp(arch, "gemma3");
+    qc->neox = !strncmp(arch, "qwen", 4) || !strcmp(arch, "phi3") || !strncmp(arch, "gemma", 5);
     bool fused = !strcmp(arch, "phi3");
     struct gguf_writer *w;
     struct qerr err = {0};
@@ -874,23 +874,18 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
         ck_assert(gguf_writer_remove(w, "tokenizer.ggml.pre"));
         ck_assert(gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2", 5, &err) == 0);
     }
-    /* Gemma 3's keys: the sliding window, its rope base, the logits' soft cap */
-    const cJSON *win = cJSON_GetObjectItemCaseSensitive(var, "sliding_window");
-    if (win) {
+    /* Gemma's keys, those the variant has: the sliding window, its rope base, soft caps */
+    static const char *const gemma_keys[] = {"sliding_window", "freq_base_swa",
+                                             "final_logit_softcapping", "attn_logit_softcapping"};
+    static const char *const gguf_keys[] = {"attention.sliding_window", "rope.freq_base_swa",
+                                            "final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(var, gemma_keys[i]);
+        if (!v) continue;
         char key[96];
-        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
-        ck_assert(gguf_writer_set_u32(w, key, (uint32_t)win->valueint, &err) == 0);
-        snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
-        ck_assert(gguf_writer_set_f32(
-                      w, key,
-                      (float)cJSON_GetObjectItemCaseSensitive(var, "freq_base_swa")->valuedouble,
-                      &err) == 0);
-        snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
-        ck_assert(gguf_writer_set_f32(
-                      w, key,
-                      (float)cJSON_GetObjectItemCaseSensitive(var, "final_logit_softcapping")
-                          ->valuedouble,
-                      &err) == 0);
+        snprintf(key, sizeof key, "%s.%s", arch, gguf_keys[i]);
+        ck_assert(i == 0 ? gguf_writer_set_u32(w, key, (uint32_t)v->valueint, &err) == 0
+                         : gguf_writer_set_f32(w, key, (float)v->valuedouble, &err) == 0);
     }
     /* the model's tensors, then each layer's added ones */
     bool bias = cJSON_GetObjectItemCaseSensitive(var, "bias_amp") != NULL;
@@ -1121,14 +1116,16 @@ START_TEST(arch_matches_reference)
     ck_assert_str_eq(cfg->arch, arch);
     ck_assert(cfg->rope_neox == qc.neox);
     ck_assert(cfg->qkv_bias == !strcmp(arch, "qwen2"));
-    bool gemma3 = !strcmp(arch, "gemma3");
+    bool gemma3 = !strcmp(arch, "gemma3"), gemma = !strncmp(arch, "gemma", 5);
     ck_assert(cfg->qk_norm == (!strcmp(arch, "qwen3") || gemma3));
-    ck_assert(cfg->post_norms == gemma3 && cfg->gelu == gemma3);
-    if (gemma3) {
+    ck_assert(cfg->post_norms == gemma && cfg->gelu == gemma);
+    if (gemma) {
         ck_assert_int_eq(cfg->swa_window,
                          cJSON_GetObjectItemCaseSensitive(var, "sliding_window")->valueint);
-        ck_assert_int_eq(cfg->swa_pattern, 6);
-        ck_assert(model_layer_local(cfg, 4) && !model_layer_local(cfg, 5));
+        /* Gemma 3: five local layers to a global one; Gemma 2: one to one */
+        ck_assert_int_eq(cfg->swa_pattern, gemma3 ? 6 : 2);
+        ck_assert(model_layer_local(cfg, gemma3 ? 4 : 0) && !model_layer_local(cfg, 5));
+        ck_assert(gemma3 ? cfg->attn_softcap == 0 : cfg->attn_softcap > 0);
     }
     ck_assert_int_eq(cfg->no_rope_step, strcmp(arch, "smollm3") ? 0 : 4);
     bool phi3 = !strcmp(arch, "phi3");

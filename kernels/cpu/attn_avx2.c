@@ -61,7 +61,7 @@ struct row_state {
  * spilled the converted K instead (stack traffic on every key). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m256 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, size_t col, int c,
-                           int j0, const int NV, const int KT, __m256 vscale,
+                           int j0, const int NV, const int KT, __m256 vscale, float cap,
                            struct key_prefetch *pf)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
@@ -86,7 +86,9 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
         int r = r0 + i, at = j0 + c * CHUNK;
         __m256 in =
             _mm256_andnot_ps(first_lanes(rows[r].key0 - at), first_lanes(rows[r].n_keys - at));
-        __m256 sv = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hsum8x8(part[i]), vscale), in);
+        __m256 sc = _mm256_mul_ps(hsum8x8(part[i]), vscale);
+        if (cap > 0) sc = softcap256(sc, cap);
+        __m256 sv = _mm256_blendv_ps(neg_inf, sc, in);
         _mm256_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm256_max_ps(vmax[r], sv);
     }
@@ -157,7 +159,7 @@ static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, 
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int KT, const struct attn_parts *pp)
+                         float cap, const int NV, const int KT, const struct attn_parts *pp)
 {
     struct key_walk kw = w.kw, pw = w.pf;
     const int hd = 8 * NV;
@@ -216,24 +218,24 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                     if (KT == KV_Q8 && stage) {
                         if (b == 3)
                             score_rows(rows, st, vmax, r, 3, kst, so, 0, c, j0, NV, KV_F32, vscale,
-                                       &pf);
+                                       cap, &pf);
                         else if (b == 2)
                             score_rows(rows, st, vmax, r, 2, kst, so, 0, c, j0, NV, KV_F32, vscale,
-                                       &pf);
+                                       cap, &pf);
                         else
                             score_rows(rows, st, vmax, r, 1, kst, so, 0, c, j0, NV, KV_F32, vscale,
-                                       &pf);
+                                       cap, &pf);
                     } else {
                         size_t col = rows[r].col;
                         if (b == 3)
                             score_rows(rows, st, vmax, r, 3, k_cache, o, col, c, j0, NV, KT, vscale,
-                                       &pf);
+                                       cap, &pf);
                         else if (b == 2)
                             score_rows(rows, st, vmax, r, 2, k_cache, o, col, c, j0, NV, KT, vscale,
-                                       &pf);
+                                       cap, &pf);
                         else
                             score_rows(rows, st, vmax, r, 1, k_cache, o, col, c, j0, NV, KT, vscale,
-                                       &pf);
+                                       cap, &pf);
                     }
                     r += b;
                 }
@@ -346,11 +348,11 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         while ((nr = attn_next_set(&it, b, s, KT, q, out, rows, &seq)) > 0) {
             struct attn_walks w = attn_walks_of(b, s, KT, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, KT, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 8, KT, pp);
             else if (hd == 128)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, KT, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 16, KT, pp);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 32, KT, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 32, KT, pp);
         }
     }
 }

@@ -85,7 +85,7 @@ struct row_state {
  * one kv head). */
 TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __m512 *vmax, int r0,
                            const int RB, const void *k_cache, const size_t *o, size_t col,
-                           const int NV, const int KT, int c, int j0, float scale,
+                           const int NV, const int KT, int c, int j0, float scale, float cap,
                            struct key_prefetch *pf)
 {
     __m512 v[4][CHUNK];
@@ -104,9 +104,9 @@ TGT INLINE void score_rows(const struct attn_row *rows, struct row_state *st, __
         int r = r0 + i, at = j0 + c * CHUNK;
         __mmask16 in =
             first_lanes(rows[r].n_keys - at) & (__mmask16)~first_lanes(rows[r].key0 - at);
-        __m512 sv = _mm512_mask_mov_ps(
-            _mm512_set1_ps(-INFINITY), in,
-            _mm512_mul_ps(fold16x16(v[i], SIMD_FOLD_ADD), _mm512_set1_ps(scale)));
+        __m512 sc = _mm512_mul_ps(fold16x16(v[i], SIMD_FOLD_ADD), _mm512_set1_ps(scale));
+        if (cap > 0) sc = softcap512(sc, cap);
+        __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), in, sc);
         _mm512_store_ps(st[r].p + c * CHUNK, sv);
         vmax[r] = _mm512_max_ps(vmax[r], sv);
     }
@@ -150,18 +150,18 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
 TGT INLINE void score_blocks(const struct attn_row *rows, struct row_state *st, __m512 *vmax,
                              const int *bstart, const int *blen, int nb, const void *k_cache,
                              const size_t *o, size_t col, const int NV, const int KT, int c, int j0,
-                             float scale, struct key_prefetch *pf)
+                             float scale, float cap, struct key_prefetch *pf)
 {
     for (int i = 0; i < nb; i++) {
         size_t cl = col == SIZE_MAX ? rows[bstart[i]].col : col;
         if (blen[i] == 4)
-            score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+            score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
         else if (blen[i] == 3)
-            score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+            score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
         else if (blen[i] == 2)
-            score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+            score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
         else
-            score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, cl, NV, KT, c, j0, scale, pf);
+            score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
     }
 }
 
@@ -197,7 +197,8 @@ TGT INLINE void stage_rows(float *stage, const void *cache, const size_t *offs, 
 /* One set, its keys walked as w says (attn_rows.h). */
 TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *st,
                          const void *k_cache, const void *v_cache, struct attn_walks w, float scale,
-                         const int NV, const int KT, const int L1, const struct attn_parts *pp)
+                         float cap, const int NV, const int KT, const int L1,
+                         const struct attn_parts *pp)
 {
     struct key_walk kw = w.kw, pw = w.pf;
     /* rows per register block: RB * NV accumulators (of 32 registers) */
@@ -268,10 +269,10 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                 if (KT == KV_Q8 && stage) {
                     stage_rows(kst, k_cache, o, rows[0].col, CHUNK, NV);
                     score_blocks(rows, st, vmax, bstart, blen, nb, kst, so, 0, NV, KV_F32, c, j0,
-                                 scale, &pf);
+                                 scale, cap, &pf);
                 } else {
                     score_blocks(rows, st, vmax, bstart, blen, nb, k_cache, o, SIZE_MAX, NV, KT, c,
-                                 j0, scale, &pf);
+                                 j0, scale, cap, &pf);
                 }
                 /* what the blocks left of this chunk's keys */
                 key_prefetch_lines(&pf, pf.budget);
@@ -352,11 +353,11 @@ TGT INLINE void attention_kv(float *out, const float *q, const void *k_cache, co
         while ((nr = attn_next_set(&it, b, s, KT, q, out, rows, &seq)) > 0) {
             struct attn_walks w = attn_walks_of(b, s, KT, seq, hs, walk);
             if (hd == 64)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 4, KT, L1, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 4, KT, L1, pp);
             else if (hd == 128)
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 8, KT, L1, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 8, KT, L1, pp);
             else
-                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, 16, KT, L1, pp);
+                attn_set(rows, nr, st, k_cache, v_cache, w, s->scale, s->softcap, 16, KT, L1, pp);
         }
     }
 }

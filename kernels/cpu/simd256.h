@@ -86,4 +86,14 @@ TGT256 INLINE256 int32_t hsum8i(__m256i v)
     return _mm_cvtsi128_si32(m);
 }
 
+/* cap tanh(x / cap), as simd512.h's softcap512 */
+TGT256 INLINE256 __m256 softcap256(__m256 x, float cap)
+{
+    __m256 e = exp256(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / cap)));
+    __m256 t =
+        _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    return _mm256_mul_ps(t, _mm256_set1_ps(cap));
+}
+
 #endif

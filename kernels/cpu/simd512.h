@@ -63,4 +63,15 @@ TGT512 INLINE512 __m512 fold16x16(const __m512 v[16], const enum simd_fold op)
                    op);
 }
 
+/* cap tanh(x / cap) as cap (1 - 2 / (e^(2x / cap) + 1)): soft-capping (Gemma's logits and
+ * attention scores) */
+TGT512 INLINE512 __m512 softcap512(__m512 x, float cap)
+{
+    __m512 e = exp512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / cap)));
+    __m512 t =
+        _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                      _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    return _mm512_mul_ps(t, _mm512_set1_ps(cap));
+}
+
 #endif

@@ -60,16 +60,6 @@ TGT INLINE __m256 gelu_mul8(__m256 g, __m256 u)
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z))), u);
 }
 
-/* cap tanh(x / cap) as cap (1 - 2 / (e^(2x / cap) + 1)) */
-TGT INLINE __m256 softcap8(__m256 x, float cap)
-{
-    __m256 e = exp256(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / cap)));
-    __m256 t =
-        _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
-    return _mm256_mul_ps(t, _mm256_set1_ps(cap));
-}
-
 /* A tail of fewer than 8 runs through the same arithmetic in a padded register, so an element's
  * value never depends on where a call's span ends. */
 TGT void avx2_gelu_mul(float *g, const float *u, size_t n)
@@ -91,11 +81,11 @@ TGT void avx2_gelu_mul(float *g, const float *u, size_t n)
 TGT void avx2_softcap(float *x, float cap, size_t n)
 {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, softcap8(_mm256_loadu_ps(x + i), cap));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, softcap256(_mm256_loadu_ps(x + i), cap));
     if (i < n) {
         _Alignas(32) float t[8] = {0};
         for (size_t j = i; j < n; j++) t[j - i] = x[j];
-        _mm256_store_ps(t, softcap8(_mm256_load_ps(t), cap));
+        _mm256_store_ps(t, softcap256(_mm256_load_ps(t), cap));
         for (size_t j = i; j < n; j++) x[j] = t[j - i];
     }
 }

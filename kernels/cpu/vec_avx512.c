@@ -81,23 +81,13 @@ TGT void avx512_gelu_mul(float *g, const float *u, size_t n)
     }
 }
 
-/* cap tanh(x / cap) as vec_avx2.c's softcap8 */
-TGT INLINE __m512 softcap16(__m512 x, float cap)
-{
-    __m512 e = exp512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / cap)));
-    __m512 t =
-        _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                      _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
-    return _mm512_mul_ps(t, _mm512_set1_ps(cap));
-}
-
 TGT void avx512_softcap(float *x, float cap, size_t n)
 {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, softcap16(_mm512_loadu_ps(x + i), cap));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, softcap512(_mm512_loadu_ps(x + i), cap));
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(x + i, m, softcap16(_mm512_maskz_loadu_ps(m, x + i), cap));
+        _mm512_mask_storeu_ps(x + i, m, softcap512(_mm512_maskz_loadu_ps(m, x + i), cap));
     }
 }
 
