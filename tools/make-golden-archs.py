@@ -29,6 +29,13 @@ weights (each norm less 1), since llama.cpp's CPU GELU rounds through an fp16 ta
 run of the file is checked against it (within 2e-2 relative on the recorded top-5 logits, the
 same greedy tokens) and its distance recorded as llamacpp_worst_rel_diff.
 
+gemma2 the same way (attention.sliding_window, attn_logit_softcapping and
+final_logit_softcapping from its variant; no sliding_window_pattern, llama.cpp's gemma2 default 2:
+layer il local iff il % 2 < 1; no rope.freq_base_swa, its local layers keep rope.freq_base;
+post_attention_norm / post_ffw_norm as gemma3's, no q/k norms), from transformers'
+Gemma2ForCausalLM (fp32, eager attention: the implementation that applies the attention logit
+softcap).
+
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
 """
 import json
@@ -59,10 +66,12 @@ VARIANTS = [
     {"arch": "phi3"},
     {"arch": "gemma3", "norm_amp": [0.25, 0.25], "post_norm_amp": [0.25, 0.25],
      "sliding_window": 16, "freq_base_swa": 10000.0, "final_logit_softcapping": 30.0},
+    {"arch": "gemma2", "post_norm_amp": [0.25, 0.25], "sliding_window": 16,
+     "attn_logit_softcapping": 5.0, "final_logit_softcapping": 30.0},
 ]
-NEOX = {"qwen2", "qwen3", "phi3", "gemma3"}  # archs whose files keep q/k rows in HF's order
+NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2"}  # files with q/k rows in HF's order
 FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
-HF_REF = {"gemma3"}  # archs recorded from transformers (llama.cpp run beside it as a check)
+HF_REF = {"gemma3", "gemma2"}  # archs recorded from transformers (llama.cpp run beside as a check)
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -110,9 +119,14 @@ def write_variant(reader, var, path):
         if name == "tokenizer.ggml.pre" and arch == "qwen2":
             value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
-    if "sliding_window" in var:  # gemma3: no sliding_window_pattern, llama.cpp's default 6
+    # gemma3, gemma2: no sliding_window_pattern, llama.cpp's default (6 for gemma3, 2 for gemma2)
+    if "sliding_window" in var:
         w.add_uint32(f"{arch}.attention.sliding_window", var["sliding_window"])
+    if "freq_base_swa" in var:  # gemma2 has none: its local layers keep rope.freq_base
         w.add_float32(f"{arch}.rope.freq_base_swa", var["freq_base_swa"])
+    if "attn_logit_softcapping" in var:
+        w.add_float32(f"{arch}.attn_logit_softcapping", var["attn_logit_softcapping"])
+    if "final_logit_softcapping" in var:
         w.add_float32(f"{arch}.final_logit_softcapping", var["final_logit_softcapping"])
     held = {}  # FUSED: the parts of each layer's fused tensors, until all are read
     for t in reader.tensors:
@@ -153,7 +167,7 @@ def write_variant(reader, var, path):
                 amp = var["norm_amp"]
                 w.add_tensor(f"blk.{layer}.attn_q_norm.weight", wave(layer, 0, hd, amp[0], 1.0))
                 w.add_tensor(f"blk.{layer}.attn_k_norm.weight", wave(layer, 1, hd, amp[1], 1.0))
-            if "post_norm_amp" in var:  # gemma3: RMS norms of the attention's and FFN's outputs
+            if "post_norm_amp" in var:  # gemma3/2: RMS norms of the attention's and FFN's outputs
                 amp = var["post_norm_amp"]
                 dim = data.shape[1]
                 w.add_tensor(f"blk.{layer}.post_attention_norm.weight",
@@ -166,16 +180,18 @@ def write_variant(reader, var, path):
     w.close()
 
 
-def gemma3_hf(path):
-    """transformers' Gemma3ForCausalLM (fp32, eager attention) holding the gemma3 file's weights,
-    its config read from the file: layer il local (sliding window) iff il % 6 < 5, as llama.cpp's
-    default pattern; each norm's weight the file's less 1 (Gemma3RMSNorm scales by 1 + w)."""
+def gemma_hf(path):
+    """transformers' Gemma3ForCausalLM or Gemma2ForCausalLM (fp32, eager attention) holding the
+    gemma3 or gemma2 file's weights, its config read from the file: layer il local (sliding
+    window) iff il % 6 < 5 (gemma3) or il % 2 < 1 (gemma2), as llama.cpp's default patterns; each
+    norm's weight the file's less 1 (Gemma3RMSNorm and Gemma2RMSNorm scale by 1 + w)."""
     import gguf
     import torch
     import transformers
 
     reader = gguf.GGUFReader(path)
     arch = field_value(reader.fields["general.architecture"])[0]
+    assert arch in ("gemma3", "gemma2"), arch
     kv = {name[len(arch) + 1:]: field_value(f)[0] for name, f in reader.fields.items()
           if name.startswith(arch + ".")}
     T = {}
@@ -185,30 +201,45 @@ def gemma3_hf(path):
     n_layers, dim = kv["block_count"], kv["embedding_length"]
     n_heads = kv["attention.head_count"]
     assert "attention.sliding_window_pattern" not in kv and "attention.key_length" not in kv
-    cfg = transformers.Gemma3TextConfig(
+    pattern = 6 if arch == "gemma3" else 2  # llama.cpp's load_swa_pattern default
+    layer_types = ["sliding_attention" if il % pattern < pattern - 1 else "full_attention"
+                   for il in range(n_layers)]
+    common = dict(
         vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim,
         intermediate_size=kv["feed_forward_length"], num_hidden_layers=n_layers,
         num_attention_heads=n_heads, num_key_value_heads=kv["attention.head_count_kv"],
         head_dim=dim // n_heads, hidden_activation="gelu_pytorch_tanh",
         max_position_embeddings=kv["context_length"],
         rms_norm_eps=kv["attention.layer_norm_rms_epsilon"], tie_word_embeddings=True,
-        rope_parameters={"full_attention": {"rope_type": "default",
-                                            "rope_theta": kv["rope.freq_base"]},
-                         "sliding_attention": {"rope_type": "default",
-                                               "rope_theta": kv["rope.freq_base_swa"]}},
         query_pre_attn_scalar=dim // n_heads, sliding_window=kv["attention.sliding_window"],
-        layer_types=["sliding_attention" if il % 6 < 5 else "full_attention"
-                     for il in range(n_layers)],
-        final_logit_softcapping=kv["final_logit_softcapping"], attn_logit_softcapping=None,
+        layer_types=layer_types, final_logit_softcapping=kv["final_logit_softcapping"],
         pad_token_id=None, bos_token_id=None, eos_token_id=None)
-    model = transformers.Gemma3ForCausalLM._from_config(cfg, attn_implementation="eager",
-                                                        dtype=torch.float32)
+    if arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(
+            rope_parameters={"full_attention": {"rope_type": "default",
+                                                "rope_theta": kv["rope.freq_base"]},
+                             "sliding_attention": {"rope_type": "default",
+                                                   "rope_theta": kv["rope.freq_base_swa"]}},
+            attn_logit_softcapping=None, **common)
+        model = transformers.Gemma3ForCausalLM._from_config(cfg, attn_implementation="eager",
+                                                            dtype=torch.float32)
+    else:  # one rope for every layer: llama.cpp's gemma2 reads no freq_base_swa here
+        assert "rope.freq_base_swa" not in kv
+        # transformers' own default layer types are llama.cpp's (layer 0 local): checked, then
+        # given explicitly anyway
+        assert transformers.Gemma2Config(num_hidden_layers=n_layers).layer_types == layer_types
+        cfg = transformers.Gemma2Config(
+            rope_parameters={"rope_type": "default", "rope_theta": kv["rope.freq_base"]},
+            attn_logit_softcapping=kv["attn_logit_softcapping"], **common)
+        model = transformers.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager",
+                                                            dtype=torch.float32)
     names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
              "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
-             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+    if arch == "gemma3":  # Gemma 2 has no q/k norms
+        names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
     names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
              **{f"blk.{il}.{g}": f"model.layers.{il}.{h}"
                 for il in range(n_layers) for g, h in names.items()}}
@@ -231,13 +262,77 @@ def gemma3_hf(path):
     assert model.config._attn_implementation == "eager"
     assert float(model.model.embed_tokens.embed_scale) == math.sqrt(dim)
     assert model.model.layers[0].self_attn.scaling == (dim // n_heads) ** -0.5
+    assert [la.self_attn.sliding_window for la in model.model.layers] == \
+        [kv["attention.sliding_window"] if lt == "sliding_attention" else None
+         for lt in layer_types]
     rot = model.model.rotary_emb
-    for lt, base in (("full_attention", kv["rope.freq_base"]),
-                     ("sliding_attention", kv["rope.freq_base_swa"])):
+    if arch == "gemma3":
+        for lt, base in (("full_attention", kv["rope.freq_base"]),
+                         ("sliding_attention", kv["rope.freq_base_swa"])):
+            want = 1.0 / base ** (np.arange(0, dim // n_heads, 2) / (dim // n_heads))
+            got = getattr(rot, f"{lt}_inv_freq").numpy()
+            assert np.allclose(got, want, rtol=1e-6), (lt, got[:4], want[:4])
+    else:
+        base = kv["rope.freq_base"]
         want = 1.0 / base ** (np.arange(0, dim // n_heads, 2) / (dim // n_heads))
-        got = getattr(rot, f"{lt}_inv_freq").numpy()
-        assert np.allclose(got, want, rtol=1e-6), (lt, got[:4], want[:4])
+        got = rot.inv_freq.numpy()
+        assert np.allclose(got, want, rtol=1e-6), (got[:4], want[:4])
+        assert all(la.self_attn.attn_logit_softcapping == kv["attn_logit_softcapping"]
+                   for la in model.model.layers)
+        # the norm scales by 1 + w, so by the file's own weight: x / rms(x) * g
+        x = torch.randn(3, dim, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
+        eps = kv["attention.layer_norm_rms_epsilon"]
+        for g, norm in (("output_norm", model.model.norm),
+                        ("blk.1.post_ffw_norm", model.model.layers[1].post_feedforward_layernorm)):
+            want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * \
+                torch.from_numpy(T[g + ".weight"])
+            with torch.no_grad():
+                assert torch.allclose(norm(x), want, rtol=1e-5, atol=1e-6), g
     return model, inexact
+
+
+def softcap_bite(model, ids):
+    """Gemma 2's attention logit cap at work in transformers' eager attention on ids: the largest
+    uncapped score |q.k / 8| among the unmasked ones, the share beyond the cap, and how far the
+    logits move with the cap taken away."""
+    import torch
+    from transformers.models.gemma2 import modeling_gemma2 as mg
+
+    eager = mg.eager_attention_forward
+    seen = {"max": 0.0, "over": 0, "n": 0}
+    cap = model.config.attn_logit_softcapping
+
+    def spy(module, query, key, value, attention_mask, scaling=None, softcap=None, **kw):
+        assert softcap == cap  # what the eager implementation is handed, and applies
+        k = mg.repeat_kv(key, module.num_key_value_groups)
+        raw = torch.matmul(query, k.transpose(2, 3)) * scaling
+        vis = attention_mask == 0 if attention_mask.dtype != torch.bool else attention_mask
+        vis = vis.expand_as(raw)
+        r = raw[vis].abs()
+        seen["max"] = max(seen["max"], float(r.max()))
+        seen["over"] += int((r > cap).sum())
+        seen["n"] += int(r.numel())
+        return eager(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap,
+                     **kw)
+
+    mg.eager_attention_forward = spy
+    try:
+        with torch.no_grad():
+            capped = model(torch.tensor([ids]), use_cache=False).logits[0]
+    finally:
+        mg.eager_attention_forward = eager
+    for la in model.model.layers:
+        la.self_attn.attn_logit_softcapping = None
+    try:
+        with torch.no_grad():
+            uncapped = model(torch.tensor([ids]), use_cache=False).logits[0]
+    finally:
+        for la in model.model.layers:
+            la.self_attn.attn_logit_softcapping = cap
+    with torch.no_grad():
+        again = model(torch.tensor([ids]), use_cache=False).logits[0]
+    assert torch.equal(again, capped)
+    return seen["max"], seen["over"] / seen["n"], float((capped - uncapped).abs().max())
 
 
 def cpp_check(arch, pname, prompt, greedy, gaps, entries, logits_of, cpp_logits_of):
@@ -309,9 +404,16 @@ def main():
         cpp_logits_of = None
         if var["arch"] in HF_REF:  # llama.cpp's fp16-table GELU: transformers is the reference
             cpp_logits_of = logits_of
-            model, inexact = gemma3_hf(path)
+            model, inexact = gemma_hf(path)
             print(f"{var['arch']}: transformers' norm weights 1 + (w - 1) not exactly the "
                   f"file's: {inexact}")
+            if var["arch"] == "gemma2":
+                top, over, moved = softcap_bite(model, cases[PROMPTS[0]]["prompt_ids"])
+                print(f"gemma2 on {PROMPTS[0]}'s prompt: uncapped attention scores up to "
+                      f"{top:.2f}, {100 * over:.1f}% beyond the cap "
+                      f"{var['attn_logit_softcapping']}; the cap moves the logits by up to "
+                      f"{moved:.3f}")
+                assert moved > 0.1, moved
 
             def logits_of(ids, model=model):
                 with torch.no_grad():
@@ -342,7 +444,7 @@ def main():
     json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
                "made_by": f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
                           f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
-                          f"; gemma3: transformers {transformers.__version__}, torch "
+                          f"; gemma3, gemma2: transformers {transformers.__version__}, torch "
                           f"{torch.__version__} (fp32, eager attention)",
                "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
