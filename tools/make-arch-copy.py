@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The default model's weights written as another architecture's GGUF (fp32), for benchmarks of
 the architectures no model of which can be fetched here: make-golden-archs.py's variants (qwen2,
-qwen3, smollm3, phi3, gemma3) or llama itself; gemma3's window and logit cap can be set.
+qwen3, smollm3, phi3, gemma2, gemma3) or llama itself; Gemma's window and caps can be set.
 
   .venv-golden/bin/python tools/make-arch-copy.py gemma3 /tmp/g/gemma3w512-f32.gguf \\
       --sliding-window 512 --softcap 0
@@ -20,7 +20,8 @@ def main():
     ap.add_argument("arch")
     ap.add_argument("out")
     ap.add_argument("--sliding-window", type=int)
-    ap.add_argument("--softcap", type=float)
+    ap.add_argument("--softcap", type=float, help="final_logit_softcapping (0: none)")
+    ap.add_argument("--attn-softcap", type=float, help="gemma2's attn_logit_softcapping")
     a = ap.parse_args()
     import gguf
     archs = import_module("make-golden-archs")
@@ -30,6 +31,8 @@ def main():
         var["sliding_window"] = a.sliding_window
     if a.softcap is not None:
         var["final_logit_softcapping"] = a.softcap
+    if a.attn_softcap is not None:
+        var["attn_logit_softcapping"] = a.attn_softcap
     reader = gguf.GGUFReader(os.path.join(archs.MODEL_DIR, archs.MODEL_FILE))
     archs.write_variant(reader, var, a.out)
     print(f"wrote {a.out}: {var}")
