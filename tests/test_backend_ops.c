@@ -1073,10 +1073,126 @@ START_TEST(attention_window_matches_reference)
 }
 END_TEST
 
-/* A replayed step keeps each attention launch's own window: a step of three attention calls
- * over one batch (window 40, 0, 300 into three outputs, as a model's local and global layers
- * alternate) gives, replayed with fresh queries and positions, the bits of the same calls issued
- * directly. */
+/* attn_shape.softcap against the reference (score s -> cap tanh(s / cap) before the softmax), on
+ * the batches of attention_window_matches_reference, over an fp32 cache and the fp16 one (_i 1):
+ * eight runs each (emu time), a table that gives every head dim (direct, staged, tiled, scalar,
+ * wide) both caps and each cap the windows 0 (splits and their reduce), 12 and 550 (splits from
+ * past 512), the fp16 cache the other cap of each run. Gemma 2's cap 50 over queries of +-6 (the
+ * larger scores past 10, which it bends by a few percent; over +-2 it would change too little to
+ * tell from rounding), 2 over +-2 (it halves the larger scores). Within the tolerance of
+ * attention_matches_reference; each token alone, the batch's bits, in half of the runs. So that
+ * an ignored cap fails: in every run at least three tokens in four lie further than twice the
+ * tolerance from the uncapped reference (only tokens with a key or two do not). */
+START_TEST(attention_softcap_matches_reference)
+{
+    const bool kv16 = _i == 1;
+    tu_seed(kv16 ? 0x5c16 : 0x5c32);
+    struct backend *gpu_kv = kv16 ? gpu_kv16 : gpu;
+    /* heads, kv heads, head dim, batch kind (win_case_make), cap (fp32 cache), window */
+    const int runs[][6] = {{9, 3, 64, 0, 2, 0},   {9, 3, 64, 1, 50, 550}, {4, 2, 128, 1, 2, 12},
+                           {4, 2, 128, 2, 50, 0}, {4, 4, 256, 0, 50, 12}, {4, 4, 256, 2, 2, 550},
+                           {2, 1, 10, 1, 2, 0},   {2, 1, 10, 2, 50, 12}};
+    const int n_runs = (int)(sizeof runs / sizeof runs[0]);
+    size_t kv_max = (size_t)WIN_BLOCKS * WIN_BS * 4 * 256;
+    float *kc = malloc(kv_max * 4), *vc = malloc(kv_max * 4);
+    uint16_t *kh = malloc(kv_max * 2), *vh = malloc(kv_max * 2);
+    double worst = 0;
+    for (int ri = 0; ri < n_runs; ri++) {
+        const int heads = runs[ri][0], kvh = runs[ri][1], hd = runs[ri][2], kind = runs[ri][3];
+        const int w = runs[ri][5];
+        const float cap = (float)(kv16 ? 52 - runs[ri][4] : runs[ri][4]);
+        struct attn_shape s = {heads, kvh, hd, 1.0f / sqrtf((float)hd), cap};
+        struct attn_shape s0 = s;
+        s0.softcap = 0;
+        struct win_case c;
+        win_case_make(&c, kind);
+        const int n = c.n;
+        size_t kv = (size_t)WIN_BLOCKS * WIN_BS * (size_t)kvh * (size_t)hd;
+        tu_fill(kc, kv, 2.0f);
+        tu_fill(vc, kv, 1.0f);
+        for (size_t i = 0; kv16 && i < kv; i++) {
+            kh[i] = f32_to_fp16(kc[i]);
+            vh[i] = f32_to_fp16(vc[i]);
+            kc[i] = fp16_to_f32(kh[i]);
+            vc[i] = fp16_to_f32(vh[i]);
+        }
+        double vmax = 0;
+        for (size_t k = 0; k < kv; k++) vmax = fmax(vmax, fabs(vc[k]));
+        const double tol = 1e-5 * vmax;
+        size_t row = (size_t)heads * (size_t)hd, qn = (size_t)n * row;
+        float *q = malloc(qn * 4), *ref = malloc(qn * 4), *ref0 = malloc(qn * 4);
+        float *o = malloc(qn * 4), *one = malloc(row * 4);
+        tu_fill(q, qn, cap > 10 ? 6.0f : 2.0f);
+        struct attn_batch hb = {n,       c.pos,          c.seq,  c.slot, WIN_SEQS,
+                                c.table, WIN_MAX_BLOCKS, WIN_BS, w};
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < heads; h++) {
+                ref_attention_one(ref, q, kc, vc, &hb, &s, t, h);
+                ref_attention_one(ref0, q, kc, vc, &hb, &s0, t, h);
+            }
+        int32_t *dpos = dev_upload(gpu_kv, c.pos, (size_t)n * 4);
+        int32_t *dseq = dev_upload(gpu_kv, c.seq, (size_t)n * 4);
+        int32_t *dslot = dev_upload(gpu_kv, c.slot, (size_t)n * 4);
+        int32_t *dtab = dev_upload(gpu_kv, c.table, sizeof c.table);
+        void *dkc = kv16 ? dev_upload(gpu_kv, kh, kv * 2) : dev_upload(gpu_kv, kc, kv * 4);
+        void *dvc = kv16 ? dev_upload(gpu_kv, vh, kv * 2) : dev_upload(gpu_kv, vc, kv * 4);
+        float *dq = dev_upload(gpu_kv, q, qn * 4), *dout = dev_alloc(gpu_kv, qn * 4);
+        struct attn_batch b = {n, dpos, dseq, dslot, WIN_SEQS, dtab, WIN_MAX_BLOCKS, WIN_BS, w};
+        dev_poison(gpu_kv, dout, qn * 4);
+        gpu_kv->ops->attention(gpu_kv, dout, dq, dkc, dvc, &b, &s);
+        dev_read(gpu_kv, o, dout, qn * 4);
+        int capped = 0;
+        for (int t = 0; t < n; t++) {
+            double d0 = 0;
+            for (size_t k = (size_t)t * row; k < (size_t)(t + 1) * row; k++) {
+                const double e = fabs(o[k] - ref[k]);
+                ck_assert_msg(e <= tol,
+                              "softcap %g window %d, heads %d/%d hd %d, batch %d%s: token %d "
+                              "(pos %d) [%zu] %.8g vs %.8g",
+                              cap, w, heads, kvh, hd, kind, kv16 ? " fp16 cache" : "", t, c.pos[t],
+                              k % row, o[k], ref[k]);
+                worst = fmax(worst, e / tol);
+                d0 = fmax(d0, fabs(o[k] - ref0[k]));
+            }
+            capped += d0 > 2 * tol;
+        }
+        ck_assert_msg(4 * capped >= 3 * n,
+                      "softcap %g window %d hd %d batch %d%s: only %d of %d tokens differ from "
+                      "softcap 0 by more than twice the tolerance",
+                      cap, w, hd, kind, kv16 ? " fp16 cache" : "", capped, n);
+        if (ri % 2 == (int)kv16)
+            for (int t = 0; t < n; t++) {
+                struct attn_batch b1 = tu_attn_token(&b, t);
+                dev_poison(gpu_kv, dout, row * 4);
+                gpu_kv->ops->attention(gpu_kv, dout, dq + (size_t)t * row, dkc, dvc, &b1, &s);
+                dev_read(gpu_kv, one, dout, row * 4);
+                size_t at;
+                ck_assert_msg(!tu_bits_differ(one, o + (size_t)t * row, row, &at),
+                              "softcap %g window %d hd %d batch %d%s: token %d (pos %d) alone "
+                              "differs at %zu",
+                              cap, w, hd, kind, kv16 ? " fp16 cache" : "", t, c.pos[t], at);
+            }
+        void *bufs[] = {dpos, dseq, dslot, dtab, dkc, dvc, dq, dout};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(gpu_kv, bufs[i]);
+        free(q);
+        free(ref);
+        free(ref0);
+        free(o);
+        free(one);
+    }
+    printf("attention softcap%s: %d runs, worst error %.2f of the tolerance\n",
+           kv16 ? " (fp16 cache)" : "", n_runs, worst);
+    free(kc);
+    free(vc);
+    free(kh);
+    free(vh);
+}
+END_TEST
+
+/* A replayed step keeps each attention launch's own window and softcap: a step of three
+ * attention calls over one batch (window 40, 0, 300 into three outputs, as a model's local and
+ * global layers alternate; softcap 2, 0, 50) gives, replayed with fresh queries and positions, the
+ * bits of the same calls issued directly. */
 START_TEST(step_replay_attention_windows)
 {
     tu_seed(0x5a7e);
@@ -1084,7 +1200,7 @@ START_TEST(step_replay_attention_windows)
     ck_assert_ptr_nonnull(be->ops->step_begin);
     enum { N = 6, HEADS = 4, KVH = 2, HD = 64, ROW = HEADS * HD };
     const int windows[3] = {40, 0, 300};
-    struct attn_shape s = {HEADS, KVH, HD, 0.125f, 0};
+    const float caps[3] = {2.0f, 0, 50.0f};
     struct win_case c;
     win_case_make(&c, 0);
     size_t kv = (size_t)WIN_BLOCKS * WIN_BS * KVH * HD;
@@ -1121,6 +1237,7 @@ START_TEST(step_replay_attention_windows)
                 for (int k = 0; k < 3; k++) {
                     struct attn_batch b = {N,    dpos,           dseq,   dslot,     WIN_SEQS,
                                            dtab, WIN_MAX_BLOCKS, WIN_BS, windows[k]};
+                    const struct attn_shape s = {HEADS, KVH, HD, 0.125f, caps[k]};
                     be->ops->attention(be, dout[k], dq, dkc, dvc, &b, &s);
                 }
                 if (pass == 1) ck_assert(be->ops->step_end(be));
@@ -1130,8 +1247,9 @@ START_TEST(step_replay_attention_windows)
         for (int k = 0; k < 3; k++) {
             size_t at;
             ck_assert_msg(!tu_bits_differ(got[k], want[k], N * ROW, &at),
-                          "step %d (%s), window %d: differs at %zu: %.9g vs %.9g", it,
-                          rep ? "replayed" : "direct", windows[k], at, got[k][at], want[k][at]);
+                          "step %d (%s), window %d softcap %g: differs at %zu: %.9g vs %.9g", it,
+                          rep ? "replayed" : "direct", windows[k], caps[k], at, got[k][at],
+                          want[k][at]);
         }
         /* step 0 direct, 1 captured, 2.. replayed */
         ck_assert_msg(rep == (it >= 2), "step %d: replayed %d", it, rep);
@@ -1203,6 +1321,7 @@ int main(void)
     tcase_set_timeout(tg, 600);
     tcase_add_test(tg, gelu_scale_softcap_match_reference);
     tcase_add_loop_test(tg, attention_window_matches_reference, 0, 2);
+    tcase_add_loop_test(tg, attention_softcap_matches_reference, 0, 2);
     tcase_add_test(tg, step_replay_attention_windows);
     suite_add_tcase(s, tg);
 #ifdef QUERN_TEST_MODEL_CASES

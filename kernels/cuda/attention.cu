@@ -48,7 +48,11 @@
  * operation, a tile's queries still share their chunks, and everything still depends only on the
  * token's position and the window, a launch argument (each captured launch keeps its own, so a
  * replayed step may mix windows per layer). A token's splits are f / ATT_SPLIT .. p / ATT_SPLIT;
- * a block's first is its tile's earliest, and one split in all is written directly. */
+ * a block's first is its tile's earliest, and one split in all is written directly.
+ *
+ * Soft-capping (attn_shape.softcap > 0, Gemma 2): each key's score is capped where it is
+ * computed, before the online softmax sees it, in every kernel; the cap, like the window, is a
+ * launch argument, so a captured step replays with the value it was captured with. */
 #include <limits.h>
 #include <math.h>
 
@@ -91,6 +95,15 @@ __device__ __forceinline__ float4 kv_load4(const __half *p)
 __device__ __forceinline__ int att_first_key(int pos, int window)
 {
     return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
+/* backend.h's soft-capping of a key's score s = scale q.k, in the reference's operations (a true
+ * division, then tanhf within its 2 ulp). Only a key the query sees is scored (the others stay
+ * -inf, so the cap never lets a masked key in); cap 0 returns s itself, so an uncapped model's
+ * results keep their bits. */
+__device__ __forceinline__ float att_softcap(float s, float cap)
+{
+    return cap > 0 ? cap * tanhf(s / cap) : s;
 }
 
 /* The first split any query of the tile t0 .. t0 + TQ - 1 has: where its block starts. */
@@ -203,8 +216,8 @@ template <typename T, int TQ, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(float *out, const float *q, const T *kc, const T *vc, const int32_t *pos,
                      const int32_t *seq, const int32_t *table, int n_tokens, int max_blocks, int bs,
-                     int n_heads, int n_kv_heads, int hd, float scale, int window, float *part,
-                     int max_splits)
+                     int n_heads, int n_kv_heads, int hd, float scale, float softcap, int window,
+                     float *part, int max_splits)
 {
     __shared__ float q_s[TQ][DPL * 32];
     __shared__ float acc_s[ATT_WARPS][DPL * 32];
@@ -260,7 +273,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                     } else {
                         for (int d = 0; d < hd; d++) dot = fmaf(q_s[i][d], kv_load(kj + d), dot);
                     }
-                    sc = dot * scale;
+                    sc = att_softcap(dot * scale, softcap);
                 }
                 const float cmax = warp_max(sc);
                 const float m_new = fmaxf(m[i], cmax);
@@ -337,7 +350,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_staged_kernel(float *out, const float *q, const __half *kc, const __half *vc,
                             const int32_t *pos, const int32_t *seq, const int32_t *table,
                             int n_tokens, int max_blocks, int bs, int n_heads, int n_kv_heads,
-                            int hd, float scale, int window, float *part, int max_splits)
+                            int hd, float scale, float softcap, int window, float *part,
+                            int max_splits)
 {
     constexpr int DPL = ATT_STAGE_DPL;
     __shared__ float q_s[TQ][DPL * 32];
@@ -410,7 +424,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
                             dot = fmaf(q_s[i][2 * w], fp16_bits_to_f32(kw), dot);
                             dot = fmaf(q_s[i][2 * w + 1], fp16_bits_to_f32(kw >> 16), dot);
                         }
-                        sc = dot * scale;
+                        sc = att_softcap(dot * scale, softcap);
                     }
                     const float cmax = warp_max(sc);
                     const float m_new = fmaxf(m[i], cmax);
@@ -498,22 +512,22 @@ static void launch_attention(struct cuda_ctx *c, bool tiled, dim3 grid, int max_
         attention_staged_kernel<ATT_TILE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, b->window, c->att_part, max_splits);
+            s->scale, s->softcap, b->window, c->att_part, max_splits);
     else if (att_staged(kc, s))
         attention_staged_kernel<1><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, (const __half *)kc, (const __half *)vc, b->pos, b->seq, b->block_table,
             b->n_tokens, b->max_blocks, b->block_size, s->n_heads, s->n_kv_heads, s->head_dim,
-            s->scale, b->window, c->att_part, max_splits);
+            s->scale, s->softcap, b->window, c->att_part, max_splits);
     else if (tiled)
         attention_kernel<T, ATT_TILE, ATT_TILE_DPL><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, b->window, c->att_part,
-            max_splits);
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, s->softcap, b->window,
+            c->att_part, max_splits);
     else
         attention_kernel<T, 1, ATT_DIMS_PER_LANE><<<grid, ATT_WARPS * 32, 0, c->stream>>>(
             out, q, kc, vc, b->pos, b->seq, b->block_table, b->n_tokens, b->max_blocks,
-            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, b->window, c->att_part,
-            max_splits);
+            b->block_size, s->n_heads, s->n_kv_heads, s->head_dim, s->scale, s->softcap, b->window,
+            c->att_part, max_splits);
 }
 
 void cuda_op_attention(struct backend *be, float *out, const float *q, const void *k_cache,
