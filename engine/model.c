@@ -859,8 +859,9 @@ void model_free_rank(struct model *m)
                                     &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
                 if (ws[i]->host || ws[i]->impl) be->ops->weight_release(be, ws[i]);
-            const float *vecs[] = {ly->attn_norm, ly->ffn_norm, ly->bq,    ly->bk,
-                                   ly->bv,        ly->q_norm,   ly->k_norm};
+            const float *vecs[] = {ly->attn_norm,    ly->ffn_norm, ly->bq,     ly->bk,
+                                   ly->bv,           ly->q_norm,   ly->k_norm, ly->attn_post_norm,
+                                   ly->ffn_post_norm};
             for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
                 if (vecs[i]) be->ops->buf_free(be, (void *)vecs[i]);
             if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);

@@ -2,7 +2,8 @@
  * but complete Llama models made with the project's GGUF writer: tiny-spm.gguf (a SentencePiece
  * vocabulary, a Llama-2 chat template), tiny-bpe.gguf (a byte-level BPE vocabulary with merges,
  * SmolLM2's ChatML template) and tiny-rope.gguf (tiny-bpe with rope scaling: linear, and a
- * rope_freqs.weight tensor), and tiny-lora.gguf, a rank-2 LoRA adapter for them (every layer
+ * rope_freqs.weight tensor), tiny-gemma.gguf (tiny-spm as a gemma3 model: a sliding window, q/k
+ * norms, post-norms, a logit cap), and tiny-lora.gguf, a rank-2 LoRA adapter for them (every layer
  * matrix, float32, one norm vector to skip; fuzz_gguf loads every input as one too). Each is a
  * few tens of KB, so the fuzzer mutates a whole
  * model quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
@@ -63,20 +64,29 @@ static int add(struct gguf_writer *w, struct tiny_tensor *ts, int *n, const char
     return gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, ne1 ? QTYPE_Q8_0 : QTYPE_F32, err);
 }
 
-static int model_keys(struct gguf_writer *w, const char *name, struct qerr *err)
+/* "ARCH.SUFFIX" */
+static const char *akey(const char *arch, const char *suffix)
 {
-    int rc = gguf_writer_set_str(w, "general.architecture", "llama", 5, err);
+    static char key[96];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return key;
+}
+
+static int model_keys(struct gguf_writer *w, const char *arch, const char *name, struct qerr *err)
+{
+    int rc = gguf_writer_set_str(w, "general.architecture", arch, strlen(arch), err);
     if (!rc) rc = gguf_writer_set_str(w, "general.name", name, strlen(name), err);
     if (!rc) rc = gguf_writer_set_u32(w, "general.alignment", 32, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.block_count", 1, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.context_length", CTX, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.embedding_length", DIM, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.feed_forward_length", FFN, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.attention.head_count", HEADS, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.attention.head_count_kv", KV_HEADS, err);
-    if (!rc) rc = gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, err);
-    if (!rc) rc = gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f, err);
-    if (!rc) rc = gguf_writer_set_u32(w, "llama.rope.dimension_count", DIM / HEADS, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "block_count"), 1, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "context_length"), CTX, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "embedding_length"), DIM, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "feed_forward_length"), FFN, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "attention.head_count"), HEADS, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "attention.head_count_kv"), KV_HEADS, err);
+    if (!rc)
+        rc = gguf_writer_set_f32(w, akey(arch, "attention.layer_norm_rms_epsilon"), 1e-5f, err);
+    if (!rc) rc = gguf_writer_set_f32(w, akey(arch, "rope.freq_base"), 10000.0f, err);
+    if (!rc) rc = gguf_writer_set_u32(w, akey(arch, "rope.dimension_count"), DIM / HEADS, err);
     return rc;
 }
 
@@ -206,15 +216,27 @@ static int bpe_vocab(struct gguf_writer *w, const char *chat_template, int *voca
     return rc;
 }
 
-/* rope_scaled: linear rope scaling and Llama 3's per-pair divisors (rope_freqs.weight, all 1) */
+/* rope_scaled: linear rope scaling and Llama 3's per-pair divisors (rope_freqs.weight, all 1);
+ * gemma: a gemma3 model (a sliding window of 4 keys, its rope base, a logit cap; q/k norms and
+ * post-norms) */
 static int write_model(const char *path, bool spm, const char *chat_template, bool rope_scaled,
-                       struct qerr *err)
+                       bool gemma, struct qerr *err)
 {
     struct gguf_writer *w = NULL;
-    struct tiny_tensor ts[16];
+    struct tiny_tensor ts[24];
     int n = 0, vocab = 0;
+    const char *arch = gemma ? "gemma3" : "llama";
     int rc = gguf_writer_init(&w, err);
-    if (!rc) rc = model_keys(w, spm ? "tiny spm" : rope_scaled ? "tiny rope" : "tiny bpe", err);
+    if (!rc)
+        rc = model_keys(w, arch,
+                        gemma         ? "tiny gemma"
+                        : spm         ? "tiny spm"
+                        : rope_scaled ? "tiny rope"
+                                      : "tiny bpe",
+                        err);
+    if (!rc && gemma) rc = gguf_writer_set_u32(w, "gemma3.attention.sliding_window", 4, err);
+    if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.rope.freq_base_swa", 1000.0f, err);
+    if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.final_logit_softcapping", 30.0f, err);
     if (!rc && rope_scaled)
         rc = gguf_writer_set_str(w, "llama.rope.scaling.type", "linear", 6, err);
     if (!rc && rope_scaled) rc = gguf_writer_set_f32(w, "llama.rope.scaling.factor", 2.0f, err);
@@ -232,6 +254,10 @@ static int write_model(const char *path, bool spm, const char *chat_template, bo
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_up.weight", DIM, FFN, err);
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_down.weight", FFN, DIM, err);
     if (!rc && rope_scaled) rc = add(w, ts, &n, "rope_freqs.weight", DIM / HEADS / 2, 0, err);
+    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.attn_q_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.attn_k_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_attention_norm.weight", DIM, 0, err);
+    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_ffw_norm.weight", DIM, 0, err);
     if (!rc) rc = gguf_writer_write(w, path, fill, ts, NULL, err);
     gguf_writer_free(w);
     return rc;
@@ -300,11 +326,13 @@ int main(int argc, char **argv)
     gguf_close(f);
     char path[4096];
     snprintf(path, sizeof path, "%s/tiny-spm.gguf", argv[1]);
-    int rc = write_model(path, true, NULL, false, &err);
+    int rc = write_model(path, true, NULL, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-bpe.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, false, &err);
+    if (!rc) rc = write_model(path, false, chat, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-rope.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, true, &err);
+    if (!rc) rc = write_model(path, false, chat, true, false, &err);
+    snprintf(path, sizeof path, "%s/tiny-gemma.gguf", argv[1]);
+    if (!rc) rc = write_model(path, true, NULL, false, true, &err);
     snprintf(path, sizeof path, "%s/tiny-lora.gguf", argv[1]);
     if (!rc) rc = write_lora(path, &err);
     free(chat);
