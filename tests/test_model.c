@@ -1185,8 +1185,9 @@ START_TEST(gemma3_chunks_same_bits)
     float *whole, *part;
     struct qerr err = {0};
     ck_assert_msg(generate_all_logits(m, seq, n, (int)n, &whole, &err) == 0, "%s", err.msg);
-    const int chunks[] = {1, 5};
-    for (int i = 0; i < 2; i++) {
+    /* a token a step is sixty forwards: not under the sanitizers */
+    const int chunks[] = {5, 1};
+    for (int i = 0; i < (tu_sanitized() ? 1 : 2); i++) {
         ck_assert_msg(generate_all_logits(m, seq, n, chunks[i], &part, &err) == 0, "%s", err.msg);
         size_t at;
         ck_assert_msg(!tu_bits_differ(part, whole, n * (size_t)model_get_config(m)->vocab, &at),

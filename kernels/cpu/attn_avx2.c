@@ -145,12 +145,12 @@ static inline bool span_reads(const struct attn_row *rows, int r, int j0, int sp
     return rows[r].n_keys > j0 && rows[r].key0 < j0 + span;
 }
 
-/* How many rows from r (at most 3, of one kv head) read the same keys of chunk c: a register
+/* How many rows from r (at most max, of one kv head) read the same keys of chunk c: a register
  * block. */
-static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, int j0)
+static inline int block_rows(const struct attn_row *rows, int nr, int r, int c, int j0, int max)
 {
     int n = chunk_keys(rows, r, c, j0), b = 1;
-    while (b < 3 && r + b < nr && rows[r + b].col == rows[r].col &&
+    while (b < max && r + b < nr && rows[r + b].col == rows[r].col &&
            chunk_keys(rows, r + b, c, j0) == n)
         b++;
     return b;
@@ -163,6 +163,9 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
 {
     struct key_walk kw = w.kw, pw = w.pf;
     const int hd = 8 * NV;
+    /* rows a register block shares each K and V load among: one for heads of 256, whose
+     * blocks' code would double the sanitized build's time of this file */
+    const int RB = NV >= 32 ? 1 : 3;
     int max_keys = 0;
     for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
     /* the keys of partitions [p0, p1) (attn_part.h), or all of them */
@@ -214,12 +217,12 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                         r++;
                         continue;
                     }
-                    int b = block_rows(rows, nr, r, c, j0);
+                    int b = block_rows(rows, nr, r, c, j0, RB);
                     if (KT == KV_Q8 && stage) {
-                        if (b == 3)
+                        if (RB >= 3 && b == 3)
                             score_rows(rows, st, vmax, r, 3, kst, so, 0, c, j0, NV, KV_F32, vscale,
                                        cap, &pf);
-                        else if (b == 2)
+                        else if (RB >= 2 && b == 2)
                             score_rows(rows, st, vmax, r, 2, kst, so, 0, c, j0, NV, KV_F32, vscale,
                                        cap, &pf);
                         else
@@ -227,10 +230,10 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                                        cap, &pf);
                     } else {
                         size_t col = rows[r].col;
-                        if (b == 3)
+                        if (RB >= 3 && b == 3)
                             score_rows(rows, st, vmax, r, 3, k_cache, o, col, c, j0, NV, KT, vscale,
                                        cap, &pf);
-                        else if (b == 2)
+                        else if (RB >= 2 && b == 2)
                             score_rows(rows, st, vmax, r, 2, k_cache, o, col, c, j0, NV, KT, vscale,
                                        cap, &pf);
                         else
@@ -283,17 +286,17 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                         r++;
                         continue;
                     }
-                    int b = block_rows(rows, nr, r, c, j0);
+                    int b = block_rows(rows, nr, r, c, j0, RB);
                     if (KT == KV_Q8 && stage) {
-                        if (b == 3)
+                        if (RB >= 3 && b == 3)
                             pv_rows(st, r, 3, vst, so, 0, c, n, NV, KV_F32);
-                        else if (b == 2)
+                        else if (RB >= 2 && b == 2)
                             pv_rows(st, r, 2, vst, so, 0, c, n, NV, KV_F32);
                         else
                             pv_rows(st, r, 1, vst, so, 0, c, n, NV, KV_F32);
-                    } else if (b == 3) {
+                    } else if (RB >= 3 && b == 3) {
                         pv_rows(st, r, 3, v_cache, o, rows[r].col, c, n, NV, KT);
-                    } else if (b == 2) {
+                    } else if (RB >= 2 && b == 2) {
                         pv_rows(st, r, 2, v_cache, o, rows[r].col, c, n, NV, KT);
                     } else {
                         pv_rows(st, r, 1, v_cache, o, rows[r].col, c, n, NV, KT);

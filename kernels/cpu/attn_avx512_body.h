@@ -145,8 +145,15 @@ TGT INLINE void pv_rows(struct row_state *st, int r0, const int RB, const void *
     }
 }
 
+/* Rows per register block at NV vectors a row: RB * NV accumulators of the 32 registers. */
+static inline int block_max_rows(int NV)
+{
+    return NV == 4 ? 4 : NV == 8 ? 2 : 1;
+}
+
 /* score_rows for each register block (bstart[i], blen[i]): K rows at o[k] plus the block's kv
- * head's column, or (col not SIZE_MAX) plus col. */
+ * head's column, or (col not SIZE_MAX) plus col. A block is never longer than block_max_rows, so
+ * the longer ones' code is not compiled for that NV (the sanitized build's slowest file). */
 TGT INLINE void score_blocks(const struct attn_row *rows, struct row_state *st, __m512 *vmax,
                              const int *bstart, const int *blen, int nb, const void *k_cache,
                              const size_t *o, size_t col, const int NV, const int KT, int c, int j0,
@@ -154,11 +161,12 @@ TGT INLINE void score_blocks(const struct attn_row *rows, struct row_state *st, 
 {
     for (int i = 0; i < nb; i++) {
         size_t cl = col == SIZE_MAX ? rows[bstart[i]].col : col;
-        if (blen[i] == 4)
+        const int RB = block_max_rows(NV);
+        if (RB >= 4 && blen[i] == 4)
             score_rows(rows, st, vmax, bstart[i], 4, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
-        else if (blen[i] == 3)
+        else if (RB >= 3 && blen[i] == 3)
             score_rows(rows, st, vmax, bstart[i], 3, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
-        else if (blen[i] == 2)
+        else if (RB >= 2 && blen[i] == 2)
             score_rows(rows, st, vmax, bstart[i], 2, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
         else
             score_rows(rows, st, vmax, bstart[i], 1, k_cache, o, cl, NV, KT, c, j0, scale, cap, pf);
@@ -172,11 +180,12 @@ TGT INLINE void pv_blocks(const struct attn_row *rows, struct row_state *st, con
 {
     for (int i = 0; i < nb; i++) {
         size_t cl = col == SIZE_MAX ? rows[bstart[i]].col : col;
-        if (blen[i] == 4)
+        const int RB = block_max_rows(NV);
+        if (RB >= 4 && blen[i] == 4)
             pv_rows(st, bstart[i], 4, v_cache, offs, cl, NV, KT);
-        else if (blen[i] == 3)
+        else if (RB >= 3 && blen[i] == 3)
             pv_rows(st, bstart[i], 3, v_cache, offs, cl, NV, KT);
-        else if (blen[i] == 2)
+        else if (RB >= 2 && blen[i] == 2)
             pv_rows(st, bstart[i], 2, v_cache, offs, cl, NV, KT);
         else
             pv_rows(st, bstart[i], 1, v_cache, offs, cl, NV, KT);
@@ -201,8 +210,7 @@ TGT INLINE void attn_set(const struct attn_row *rows, int nr, struct row_state *
                          const struct attn_parts *pp)
 {
     struct key_walk kw = w.kw, pw = w.pf;
-    /* rows per register block: RB * NV accumulators (of 32 registers) */
-    const int RB = NV == 4 ? 4 : NV == 8 ? 2 : 1;
+    const int RB = block_max_rows(NV); /* rows per register block */
     const int hd = 16 * NV;
     int max_keys = 0;
     for (int r = 0; r < nr; r++) max_keys = rows[r].n_keys > max_keys ? rows[r].n_keys : max_keys;
