@@ -238,6 +238,13 @@ struct backend_ops {
     void (*scale)(struct backend *be, float *x, float s, size_t n);
     /* x[n] = cap * tanh(x / cap) (logit soft-capping) */
     void (*softcap)(struct backend *be, float *x, float cap, size_t n);
+    /* Mixture of experts: for t < n, out[t][dim] = the sum over j < k, in that order, of
+     * w[t * k + j] * y[rows[t * k + j]][dim], each product rounded to float and added to a sum
+     * that starts at 0 (transformers' index_add_ of the experts' weighted outputs, j in the
+     * order the caller gives); rows and w are device arrays [n * k], y has every row rows names.
+     * NULL: the model refuses mixture-of-experts files. */
+    void (*moe_combine)(struct backend *be, float *out, const float *y, const int32_t *rows,
+                        const float *w, int n, int k, int dim);
 };
 
 struct backend {

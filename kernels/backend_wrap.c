@@ -176,6 +176,14 @@ static void w_softcap(struct backend *be, float *x, float cap, size_t n)
            in->ops->softcap(in, x, cap, n));
 }
 
+static void w_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                          const float *w, int n, int k, int dim)
+{
+    double e = (double)n * (double)k * (double)dim;
+    HOOKED("moe_combine", NULL, (e + (double)n * dim) * F4, 2.0 * e, n,
+           in->ops->moe_combine(in, out, y, rows, w, n, k, dim));
+}
+
 static void w_sync(struct backend *be)
 {
     struct backend *in = wrap_of(be)->inner;
@@ -271,6 +279,7 @@ int backend_wrap_create(struct backend *inner, const struct backend_hooks *h,
         .gelu_mul = in->gelu_mul ? w_gelu : NULL,
         .scale = in->scale ? w_scale : NULL,
         .softcap = in->softcap ? w_softcap : NULL,
+        .moe_combine = in->moe_combine ? w_moe_combine : NULL,
         .sync = w_sync,
         .step_begin = steps ? w_step_begin : NULL,
         .step_end = steps ? w_step_end : NULL,

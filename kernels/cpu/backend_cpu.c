@@ -160,6 +160,7 @@ static const struct backend_ops cpu_ops = {
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
+    .moe_combine = cpu_moe_combine,
     .sync = cpu_sync,
     .kv_elem_bytes = cpu_kv_elem_bytes,
     .kv_bytes = cpu_kv_bytes,

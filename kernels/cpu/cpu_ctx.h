@@ -70,6 +70,8 @@ void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
 void cpu_gelu_mul(struct backend *be, float *g, const float *u, size_t n);
 void cpu_scale(struct backend *be, float *x, float s, size_t n);
 void cpu_softcap(struct backend *be, float *x, float cap, size_t n);
+void cpu_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                     const float *w, int n, int k, int dim);
 void cpu_rope_table_free(struct rope_table *rt);
 
 #endif

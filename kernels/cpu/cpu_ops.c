@@ -206,6 +206,44 @@ void cpu_softcap(struct backend *be, float *x, float cap, size_t n)
     run_elem(ctx_of(be), ELEM_SOFTCAP, x, NULL, cap, n);
 }
 
+struct moe_job {
+    float *out;
+    const float *y, *w;
+    const int32_t *rows;
+    int n, k, dim, per_task;
+};
+
+/* Row by row: the products of a token's experts join its row in the order given (backend.h),
+ * each rounded before the add, so the row's bits are the reference's. */
+static void moe_combine_task(void *arg, int task, int worker)
+{
+    (void)worker;
+    const struct moe_job *j = arg;
+    int t0 = task * j->per_task, t1 = t0 + j->per_task < j->n ? t0 + j->per_task : j->n;
+    size_t dim = (size_t)j->dim;
+    for (int t = t0; t < t1; t++) {
+        float *o = j->out + (size_t)t * dim;
+        for (size_t d = 0; d < dim; d++) o[d] = 0.0f;
+        for (int e = 0; e < j->k; e++) {
+            size_t at = (size_t)t * (size_t)j->k + (size_t)e;
+            const float *y = j->y + (size_t)j->rows[at] * dim;
+            float w = j->w[at];
+            for (size_t d = 0; d < dim; d++) {
+                float p = w * y[d];
+                o[d] += p;
+            }
+        }
+    }
+}
+
+void cpu_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                     const float *w, int n, int k, int dim)
+{
+    struct moe_job j = {.out = out, .y = y, .w = w, .rows = rows, .n = n, .k = k, .dim = dim};
+    int tasks = row_tasks(n, dim * k, &j.per_task);
+    pool_run(ctx_of(be)->pool, moe_combine_task, &j, tasks);
+}
+
 void cpu_rope_table_free(struct rope_table *rt)
 {
     free(rt->cos);

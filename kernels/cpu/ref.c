@@ -209,6 +209,22 @@ void ref_softcap(float *x, float cap, size_t n)
     for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
+void ref_moe_combine(float *out, const float *y, const int32_t *rows, const float *w, int n, int k,
+                     int dim)
+{
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < dim; d++) {
+            float acc = 0.0f;
+            for (int j = 0; j < k; j++) {
+                float p =
+                    w[(size_t)t * (size_t)k + (size_t)j] *
+                    y[(size_t)rows[(size_t)t * (size_t)k + (size_t)j] * (size_t)dim + (size_t)d];
+                acc += p;
+            }
+            out[(size_t)t * (size_t)dim + (size_t)d] = acc;
+        }
+}
+
 /* round half to even for |v| < 2^22, in the default rounding mode, without libm */
 static int32_t round_even(float v)
 {

@@ -74,6 +74,9 @@ void ref_silu_mul(float *g, const float *u, size_t n);
 void ref_gelu_mul(float *g, const float *u, size_t n);
 void ref_scale(float *x, float s, size_t n);
 void ref_softcap(float *x, float cap, size_t n);
+/* backend.h's moe_combine. */
+void ref_moe_combine(float *out, const float *y, const int32_t *rows, const float *w, int n, int k,
+                     int dim);
 
 /* MATMUL_Q8: activations quantized per 32-element block, as llama.cpp's q8_1 does but with fp32
  * scales. For a block x[32]: d = max|x| / 127, q = round-half-even(x / d) (x * (1/d) when d > 0,

@@ -308,6 +308,7 @@ static const struct backend_ops cuda_ops = {
     /* .gelu_mul = */ cuda_op_gelu_mul,
     /* .scale = */ cuda_op_scale,
     /* .softcap = */ cuda_op_softcap,
+    /* .moe_combine = */ NULL,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)
