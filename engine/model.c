@@ -9,6 +9,7 @@
 #include "../kernels/comm.h"
 #include "../kernels/nvtx.h"
 #include "lora.h"
+#include "model_moe.h"
 #include "model_shard.h"
 #include "model_tp.h"
 
@@ -19,6 +20,7 @@ struct layer {
     /* device copies or NULL: this rank's q, k, v biases (qkv_bias), q and k norms [head_dim]
      * (qk_norm) */
     const float *bq, *bk, *bv, *q_norm, *k_norm;
+    struct moe_weights moe;  /* a mixture of experts' FFN (cfg.n_experts), w_gate.. unused */
     void *k_cache, *v_cache; /* [kv_blocks * block_size][kv_dim] of the backend's KV element */
     /* copies the file's bytes could not serve: this rank's column shards of wo and w_down
      * (tensor parallelism), q's and k's rows in the rope's order (rope_neox) */
@@ -64,6 +66,7 @@ struct model {
     struct comm *comm;     /* tensor parallelism: this rank's handle, else NULL */
     struct tp_group *tp;   /* rank 0 of a split model: the other ranks (model_tp.c) */
     struct lora_run *lora; /* the LoRA adapters, or NULL */
+    struct moe_run *moe;   /* the experts' scratch (cfg.n_experts), or NULL */
     bool lora_step;        /* some sequence of this step runs with an adapter */
 };
 
@@ -155,6 +158,50 @@ static int read_gemma(const struct gguf_file *f, struct model_config *cfg, struc
         (g2 && (rc = read_f32_opt(f, a, "attn_logit_softcapping", &cfg->attn_softcap, err))))
         return rc;
     return 0;
+}
+
+/* Mixtral (llama or mistral with expert_count) and Qwen3-MoE as llama.cpp reads them: every
+ * layer a mixture (ffn_gate_inp, the router; ffn_{gate,up,down}_exps, the experts stacked), an
+ * expert of expert_feed_forward_length channels or, where the file has none, feed_forward_length
+ * (Mixtral's files give the expert's there), softmax routing with the chosen weights
+ * renormalized. Shared experts (Qwen2-MoE, DeepSeek) and per-layer counts are refused. */
+static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+{
+    const char *a = cfg->arch;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_count", a);
+    uint32_t n = 0;
+    int rc = gguf_get_u32(f, key, &n, err);
+    if (rc && rc != QERR_NOTFOUND) return rc;
+    bool router = gguf_tensor_find(f, "blk.0.ffn_gate_inp.weight") != NULL;
+    if (n == 0) {
+        if (router || !strcmp(a, "qwen3moe"))
+            return qerr_set(err, QERR_FORMAT, "%s: %s without %s", gguf_path(f),
+                            router ? "an expert router (blk.0.ffn_gate_inp.weight)" : a, key);
+        return 0;
+    }
+    if (n > 4096)
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %u is out of range", gguf_path(f),
+                        key, n);
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen3moe"))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: experts in a %s model (quern runs Mixtral-style llama and mistral "
+                        "files and qwen3moe)",
+                        gguf_path(f), a);
+    if (gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight") ||
+        gguf_tensor_find(f, "blk.0.ffn_gate_up_exps.weight"))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: shared experts or fused gate/up expert tensors are not supported",
+                        gguf_path(f));
+    cfg->n_experts = (int)n;
+    if ((rc = get_u32_pos(f, a, "expert_used_count", &cfg->n_experts_used, err))) return rc;
+    if (cfg->n_experts_used > cfg->n_experts || cfg->n_experts_used > MOE_MAX_USED)
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: %s.expert_used_count %d of %d experts (quern runs at most %d)",
+                        gguf_path(f), a, cfg->n_experts_used, cfg->n_experts, MOE_MAX_USED);
+    cfg->expert_ffn_dim = cfg->ffn_dim;
+    rc = get_u32_pos(f, a, "expert_feed_forward_length", &cfg->expert_ffn_dim, err);
+    return rc == QERR_NOTFOUND ? 0 : rc;
 }
 
 /* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
@@ -280,7 +327,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
         int no_rope_step;
     } supported[] = {{"llama", false, 0}, {"mistral", false, 0}, {"qwen2", true, 0},
                      {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0},
-                     {"gemma2", true, 0}, {"gemma3", true, 0}};
+                     {"gemma2", true, 0}, {"gemma3", true, 0},   {"qwen3moe", true, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -291,7 +338,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, smollm3, phi3, gemma2, gemma3)",
+                        "qwen3, qwen3moe, smollm3, phi3, gemma2, gemma3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -356,11 +403,12 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
                         "%s: LongRoPE (rope_factors_long.weight, Phi-3's 128k context) is not "
                         "supported",
                         gguf_path(f));
-    if (!cfg->qk_norm && (strcmp(a, "qwen3") == 0 || strcmp(a, "gemma3") == 0))
+    if (!cfg->qk_norm && (!strcmp(a, "qwen3") || !strcmp(a, "qwen3moe") || !strcmp(a, "gemma3")))
         return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.attn_q_norm.weight (%s)",
                         gguf_path(f), a);
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
     if (!strncmp(a, "gemma", 5) && (rc = read_gemma(f, cfg, err))) return rc;
+    if ((rc = read_moe(f, cfg, err))) return rc;
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
                         gguf_path(f), cfg->eps, cfg->rope_base);
@@ -531,6 +579,11 @@ static void drop_all_file_pages(const struct gguf_file *f, const struct model *m
         const struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                       &ly->w_gate, &ly->w_up, &ly->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) drop_file_pages(f, ws[i]);
+        for (int e = 0; ly->moe.gate && e < m->cfg.n_experts; e++) {
+            drop_file_pages(f, &ly->moe.gate[e]);
+            drop_file_pages(f, &ly->moe.up[e]);
+            drop_file_pages(f, &ly->moe.down[e]);
+        }
     }
 }
 
@@ -582,6 +635,75 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
                        int64_t rows, struct bweight *w, struct qerr *err)
 {
     return load_weight_part(m, f, name, cols, rows, 0, rows, 0, cols, 0, w, NULL, err);
+}
+
+/* The experts of the [n_experts][rows][cols] tensor `name`, a bweight each over its rows of the
+ * file's bytes (*out, n_experts of them, owned by the layer). A converted tensor's bytes go once
+ * the last expert is packed. */
+static int load_experts(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
+                        int64_t rows, struct bweight **out, struct qerr *err)
+{
+    int E = m->cfg.n_experts;
+    const struct gguf_tensor *t = gguf_tensor_find(f, name);
+    if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
+    if ((int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || (int64_t)t->ne[2] != E ||
+        t->ne[3] != 1)
+        return qerr_set(err, QERR_FORMAT,
+                        "%s: tensor %s has shape [%llu, %llu, %llu, %llu], want [%lld, %lld, %d]",
+                        gguf_path(f), name, (unsigned long long)t->ne[0],
+                        (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                        (unsigned long long)t->ne[3], (long long)cols, (long long)rows, E);
+    const void *bytes;
+    int rc = gguf_tensor_bytes(f, t, &bytes, err);
+    if (rc) return rc;
+    struct bweight *ws = calloc((size_t)E, sizeof *ws);
+    if (!ws) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
+    *out = ws;
+    scan_tensor(m, t, bytes);
+    size_t expert_bytes = (size_t)rows * qtype_row_bytes(t->type, (size_t)cols);
+    bool all_packed = true;
+    for (int e = 0; e < E; e++) {
+        ws[e] = (struct bweight){.type = t->type,
+                                 .rows = rows,
+                                 .cols = cols,
+                                 .host = (const uint8_t *)bytes + (size_t)e * expert_bytes};
+        if ((rc = m->be->ops->weight_prepare(m->be, &ws[e], err))) return rc;
+        all_packed = all_packed && ws[e].impl;
+    }
+    for (int e = 0; e < E; e++) drop_file_pages(f, &ws[e]);
+    if (all_packed && t->file_type != (uint32_t)t->type) {
+        for (int e = 0; e < E; e++) ws[e].host = NULL;
+        gguf_tensor_release(f, t);
+    }
+    return 0;
+}
+
+/* Layer l's router and experts (read_moe). */
+static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, struct moe_weights *w,
+                          struct qerr *err)
+{
+    const struct model_config *c = &m->cfg;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+    int rc = load_weight(m, f, name, c->dim, c->n_experts, &w->router, err);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+    if (!rc) rc = load_experts(m, f, name, c->dim, c->expert_ffn_dim, &w->gate, err);
+    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
+    if (!rc) rc = load_experts(m, f, name, c->dim, c->expert_ffn_dim, &w->up, err);
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+    if (!rc) rc = load_experts(m, f, name, c->expert_ffn_dim, c->dim, &w->down, err);
+    return rc;
+}
+
+static void free_moe_layer(struct backend *be, int n_experts, struct moe_weights *w)
+{
+    if (w->router.host || w->router.impl) be->ops->weight_release(be, &w->router);
+    struct bweight *sets[] = {w->gate, w->up, w->down};
+    for (int i = 0; i < 3; i++) {
+        for (int e = 0; sets[i] && e < n_experts; e++)
+            if (sets[i][e].host || sets[i][e].impl) be->ops->weight_release(be, &sets[i][e]);
+        free(sets[i]);
+    }
 }
 
 /* Elements [off, off + n) of the vector `name` of n_all elements, on the device (a rank's share
@@ -643,6 +765,7 @@ static int alloc_acts(struct model *m, struct qerr *err)
     struct acts *a = &m->a;
     /* a rank's share of the heads and FFN channels; only rank 0 computes logits */
     size_t qd = (size_t)m->sh.nq * (size_t)c->head_dim, ffn = (size_t)m->sh.nf;
+    if (c->n_experts) ffn = 0; /* the experts have scratch of their own (model_moe.c) */
     if (m->sh.rank != 0) L = 1;
     struct {
         void **p;
@@ -666,6 +789,7 @@ static int alloc_acts(struct model *m, struct qerr *err)
         {(void **)&a->hidden_idx, T * 4},
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        if (!plan[i].bytes) continue;
         *plan[i].p = be->ops->buf_alloc(be, plan[i].bytes);
         if (!*plan[i].p) return alloc_failed(be, err, "activations", plan[i].bytes);
     }
@@ -724,6 +848,18 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
                       bo->name, c->arch);
         goto fail;
     }
+    int lora_slots = opts->max_loras > opts->n_loras ? opts->max_loras : opts->n_loras;
+    if (c->n_experts && (!bo->moe_combine || (sh && sh->n_ranks > 1) || lora_slots > 0)) {
+        rc = qerr_set(err, QERR_UNSUPPORTED,
+                      !bo->moe_combine ? "model: the %s backend cannot run %s's experts (its "
+                                         "moe_combine op is missing)"
+                      : lora_slots > 0 ? "model: LoRA adapters on a mixture of experts (%s, %s) "
+                                         "are not supported"
+                                       : "model: a mixture of experts split over ranks (%s, %s, "
+                                         "--tp) is not supported",
+                      bo->name, c->arch);
+        goto fail;
+    }
     if (sh)
         m->sh = *sh;
     else
@@ -779,7 +915,9 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         }
         LOADW(wo, "attn_output", c->n_heads * hd, c->dim, 0, c->dim, s->q0 * hd, s->nq * hd, 0,
               &ly->own[0]);
-        if (c->fused_gate_up) { /* rows: gate's, then up's */
+        if (c->n_experts) {
+            if ((rc = load_moe_layer(m, f, l, &ly->moe, err))) goto fail;
+        } else if (c->fused_gate_up) { /* rows: gate's, then up's */
             LOADW(w_gate, "ffn_up", c->dim, 2 * c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
             LOADW(w_up, "ffn_up", c->dim, 2 * c->ffn_dim, c->ffn_dim + s->f0, s->nf, 0, c->dim, 0,
                   NULL);
@@ -787,7 +925,8 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
             LOADW(w_gate, "ffn_gate", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
             LOADW(w_up, "ffn_up", c->dim, c->ffn_dim, s->f0, s->nf, 0, c->dim, 0, NULL);
         }
-        LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, 0, &ly->own[1]);
+        if (!c->n_experts)
+            LOADW(w_down, "ffn_down", c->ffn_dim, c->dim, 0, c->dim, s->f0, s->nf, 0, &ly->own[1]);
 #undef LOADW
 #define LOADV(field, suffix, n_all, off, n, neox)                                                  \
     do {                                                                                           \
@@ -828,7 +967,8 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err)) ||
         (rc = report_nonfinite(m, f, err)))
         goto fail;
-    int lora_slots = opts->max_loras > opts->n_loras ? opts->max_loras : opts->n_loras;
+    if (c->n_experts && (rc = moe_run_create(be, c, opts->max_batch_tokens, &m->moe, err)))
+        goto fail;
     if (lora_slots > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras, lora_slots,
                                                 opts->max_batch_tokens, &m->lora, err)))
         goto fail;
@@ -867,6 +1007,7 @@ void model_free_rank(struct model *m)
             if (ly->k_cache) be->ops->buf_free(be, ly->k_cache);
             if (ly->v_cache) be->ops->buf_free(be, ly->v_cache);
             for (size_t i = 0; i < sizeof ly->own / sizeof ly->own[0]; i++) free(ly->own[i]);
+            free_moe_layer(be, m->cfg.n_experts, &ly->moe);
         }
         free(m->layers);
     }
@@ -875,6 +1016,7 @@ void model_free_rank(struct model *m)
         be->ops->weight_release(be, &m->output);
     if (m->output_norm) be->ops->buf_free(be, m->output_norm);
     lora_run_free(m->lora);
+    moe_run_free(m->moe);
     free_acts(m);
     free(m);
 }
@@ -893,7 +1035,12 @@ double model_weight_bytes(const struct model *m)
         const struct bweight *ws[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                       &ly->w_gate, &ly->w_up, &ly->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            b += (double)backend_weight_bytes(be, ws[i]);
+            if (ws[i]->rows) b += (double)backend_weight_bytes(be, ws[i]);
+        if (c->n_experts) /* the router, and the experts one token runs */
+            b += (double)backend_weight_bytes(be, &ly->moe.router) +
+                 (double)c->n_experts_used * (double)(backend_weight_bytes(be, &ly->moe.gate[0]) +
+                                                      backend_weight_bytes(be, &ly->moe.up[0]) +
+                                                      backend_weight_bytes(be, &ly->moe.down[0]));
         b += 2.0 * (double)c->dim * sizeof(float);
         if (c->qkv_bias) b += (double)(m->sh.nq + 2 * m->sh.nkv) * c->head_dim * sizeof(float);
         if (c->qk_norm) b += 2.0 * c->head_dim * sizeof(float);
@@ -1047,6 +1194,27 @@ static int reduce_partial(struct model *m, float *x, int n, struct qerr *err)
     return comm_all_reduce(m->comm, x, (size_t)n * (size_t)m->cfg.dim, COMM_F32, err);
 }
 
+/* xn[n][dim] = the layer's FFN of xn (this rank's channels of it). */
+static void dense_ffn(struct model *m, struct layer *ly, int l, int n)
+{
+    struct backend *be = m->be;
+    const struct backend_ops *ops = be->ops;
+    struct acts *a = &m->a;
+    const struct bweight *gate_up[2] = {&ly->w_gate, &ly->w_up};
+    float *gate_up_out[2] = {a->gate, a->up};
+    backend_matmul_shared(be, gate_up, 2, a->xn, n, gate_up_out);
+    if (m->lora_step) {
+        lora_run_apply(m->lora, l, LORA_GATE, a->xn, n, a->gate);
+        lora_run_apply(m->lora, l, LORA_UP, a->xn, n, a->up);
+    }
+    if (m->cfg.gelu)
+        ops->gelu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
+    else
+        ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
+    ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
+    if (m->lora_step) lora_run_apply(m->lora, l, LORA_DOWN, a->gate, n, a->xn);
+}
+
 /* The ops of one step, from the embedding to the logits, on the inputs already on the device.
  * Under tensor parallelism each rank runs them on its heads and FFN channels (m->sh), with an
  * all-reduce after attention's output matmul and after down; only rank 0 computes logits. */
@@ -1106,19 +1274,10 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         if (ly->attn_post_norm) ops->rmsnorm(be, a->xn, a->xn, ly->attn_post_norm, n, dim, c->eps);
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
-        const struct bweight *gate_up[2] = {&ly->w_gate, &ly->w_up};
-        float *gate_up_out[2] = {a->gate, a->up};
-        backend_matmul_shared(be, gate_up, 2, a->xn, n, gate_up_out);
-        if (m->lora_step) {
-            lora_run_apply(m->lora, l, LORA_GATE, a->xn, n, a->gate);
-            lora_run_apply(m->lora, l, LORA_UP, a->xn, n, a->up);
-        }
-        if (c->gelu)
-            ops->gelu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
+        if (m->moe)
+            moe_run_ffn(m->moe, &ly->moe, a->xn, n, a->xn);
         else
-            ops->silu_mul(be, a->gate, a->up, (size_t)n * (size_t)m->sh.nf);
-        ops->matmul(be, &ly->w_down, a->gate, n, a->xn);
-        if (m->lora_step) lora_run_apply(m->lora, l, LORA_DOWN, a->gate, n, a->xn);
+            dense_ffn(m, ly, l, n);
         rc = reduce_partial(m, a->xn, n, err);
         if (!rc && ly->ffn_post_norm)
             ops->rmsnorm(be, a->xn, a->xn, ly->ffn_post_norm, n, dim, c->eps);
@@ -1249,9 +1408,10 @@ int model_forward_rank(struct model *m, const struct model_batch *b, float *logi
     struct acts *a = &m->a;
     /* which adapters run differs from step to step: such steps are not replayed */
     m->lora_step = m->lora && lora_run_begin(m->lora, b->n_tokens, b->seq, b->seq_lora);
-    /* no replay across ranks yet: a captured step would have to hold the collectives too */
+    /* no replay across ranks yet: a captured step would have to hold the collectives too; nor
+     * with experts, routed on the host between ops */
     bool replay = ops->step_begin && !m->comm && b->n_tokens <= STEP_REPLAY_MAX_TOKENS &&
-                  b->max_blocks <= 0x8000 && b->n_hidden == 0 && !m->lora_step;
+                  b->max_blocks <= 0x8000 && b->n_hidden == 0 && !m->lora_step && !m->moe;
     struct padded_batch pb;
     replay = replay && pad_batch(m, b, &pb);
     int n = replay ? pb.n : b->n_tokens, n_logits = replay ? pb.n_logits : b->n_logits;

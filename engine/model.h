@@ -1,6 +1,7 @@
 /* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
  * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope, Phi-3's fused matrices,
- * Gemma 2's and 3's scaled embeddings, post-norms, GELU, sliding-window layers and soft-capping)
+ * Gemma 2's and 3's scaled embeddings, post-norms, GELU, sliding-window layers and soft-capping;
+ * Mixtral's and Qwen3-MoE's mixtures of experts)
  * loaded from GGUF and run through the backend interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
@@ -59,7 +60,14 @@ struct model_config {
     /* > 0: logits = cap tanh(logits / cap) (final_logit_softcapping); attention scores the same
      * with attn_softcap (Gemma 2's attn_logit_softcapping) */
     float final_softcap, attn_softcap;
+    /* mixture of experts (engine/model_moe.h; Mixtral: llama with expert_count, Qwen3-MoE): each
+     * layer's FFN is n_experts SwiGLU experts of expert_ffn_dim channels, n_experts_used of them
+     * run per token; n_experts 0: a dense FFN */
+    int n_experts, n_experts_used, expert_ffn_dim;
 };
+
+/* The most experts a token may use (expert_used_count). */
+#define MOE_MAX_USED 64
 
 static inline bool model_layer_local(const struct model_config *cfg, int l)
 {

@@ -736,9 +736,10 @@ static cJSON *arch_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run 
 
 /* A tensor of an architecture's copy: one of the model's, or one added for layer l: the q, k or
  * v bias (kind 0-2), the q or k norm (kind 3-4), or Gemma 3's post-attention or post-FFN norm
- * (kind 5-6). */
+ * (kind 5-6); phi3's fused matrices (-2); a mixture of experts' router and experts (-3: kind 0
+ * ffn_gate_inp, 1-3 ffn_{gate,up,down}_exps). */
 struct arch_part {
-    int src; /* the model's tensor index, or -1 */
+    int src; /* the model's tensor index, or -1, -2, -3 */
     int layer, kind;
 };
 
@@ -747,7 +748,8 @@ struct arch_copy {
     const cJSON *var;
     double a, b, c;
     int n_heads, n_kv, head_dim;
-    bool neox; /* q's and k's rows in Hugging Face's order (qwen2, qwen3) */
+    bool neox;         /* q's and k's rows in Hugging Face's order (qwen2, qwen3) */
+    int experts, ff_e; /* a mixture of experts' count and expert size, or 0 */
     struct arch_part parts[1024];
 };
 
@@ -787,11 +789,41 @@ static const struct gguf_tensor *layer_tensor(int layer, const char *part)
     return t;
 }
 
+/* make-golden-archs.py's experts: the dense FFN cut in qc->experts parts of qc->ff_e channels,
+ * gate's and up's rows and down's columns, and a router of wave kind 5 (kind 0-3 as arch_part's
+ * -3). The bytes are the model's, so the copy's weights dequantize to the golden's exactly. */
+static void fill_experts(const struct arch_copy *qc, const struct arch_part *p, uint8_t *dst,
+                         size_t nbytes)
+{
+    if (p->kind == 0) {
+        double amp = cJSON_GetObjectItemCaseSensitive(qc->var, "router_amp")->valuedouble;
+        arch_wave(qc, p->layer, 5, (float *)dst, nbytes / sizeof(float), amp, 0.0);
+        return;
+    }
+    static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
+    const struct gguf_tensor *t = layer_tensor(p->layer, dense[p->kind - 1]);
+    if (p->kind < 3) { /* expert e: rows e * ff_e .. of the dense matrix, as they lie */
+        ck_assert_uint_eq(arch_rows(qc, t, 0, dst), nbytes);
+        return;
+    }
+    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]);
+    size_t part = qtype_row_bytes(t->type, (size_t)qc->ff_e), rows = (size_t)t->ne[1];
+    uint8_t *o = dst;
+    for (int e = 0; e < qc->experts; e++) /* expert e: columns e * ff_e .. of every row */
+        for (size_t r = 0; r < rows; r++, o += part)
+            memcpy(o, (const uint8_t *)t->data + r * rb + (size_t)e * part, part);
+    ck_assert_uint_eq((size_t)(o - dst), nbytes);
+}
+
 static int fill_arch_copy(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
 {
     (void)err;
     const struct arch_copy *qc = ctx;
     const struct arch_part *p = &qc->parts[index];
+    if (p->src == -3) {
+        fill_experts(qc, p, dst, nbytes);
+        return 0;
+    }
     if (p->src == -2) { /* phi3's fused attn_qkv (kind 0) or ffn_up (kind 1) */
         uint8_t *o = dst;
         if (p->kind == 0) {
@@ -853,6 +885,9 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
     qc->head_dim = c->head_dim;
     qc->neox = !strncmp(arch, "qwen", 4) || !strcmp(arch, "phi3") || !strncmp(arch, "gemma", 5);
     bool fused = !strcmp(arch, "phi3");
+    const cJSON *experts = cJSON_GetObjectItemCaseSensitive(var, "experts");
+    qc->experts = experts ? experts->valueint : 0;
+    qc->ff_e = qc->experts ? c->ffn_dim / qc->experts : 0;
     struct gguf_writer *w;
     struct qerr err = {0};
     ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
@@ -873,6 +908,23 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
     if (!strcmp(arch, "qwen2")) { /* Qwen2's pre-tokenizer over this vocabulary, as the golden's */
         ck_assert(gguf_writer_remove(w, "tokenizer.ggml.pre"));
         ck_assert(gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2", 5, &err) == 0);
+    }
+    if (qc->experts) { /* qwen3moe: expert_feed_forward_length; Mixtral: feed_forward_length */
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_count", arch);
+        ck_assert(gguf_writer_set_u32(w, key, (uint32_t)qc->experts, &err) == 0);
+        snprintf(key, sizeof key, "%s.expert_used_count", arch);
+        ck_assert(gguf_writer_set_u32(
+                      w, key,
+                      (uint32_t)cJSON_GetObjectItemCaseSensitive(var, "experts_used")->valueint,
+                      &err) == 0);
+        if (!strcmp(arch, "qwen3moe")) {
+            snprintf(key, sizeof key, "%s.expert_feed_forward_length", arch);
+        } else {
+            snprintf(key, sizeof key, "%s.feed_forward_length", arch);
+            ck_assert(gguf_writer_remove(w, key));
+        }
+        ck_assert(gguf_writer_set_u32(w, key, (uint32_t)qc->ff_e, &err) == 0);
     }
     /* Gemma's keys, those the variant has: the sliding window, its rope base, soft caps */
     static const char *const gemma_keys[] = {"sliding_window", "freq_base_swa",
@@ -900,6 +952,9 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
             (strstr(name, ".attn_q.") || strstr(name, ".attn_k.") || strstr(name, ".attn_v.") ||
              strstr(name, ".ffn_gate.") || strstr(name, ".ffn_up.")))
             continue;
+        if (qc->experts &&
+            (strstr(name, ".ffn_gate.") || strstr(name, ".ffn_up.") || strstr(name, ".ffn_down.")))
+            continue;
         ck_assert_msg(gguf_writer_add_tensor(w, name, t->n_dims, t->ne, t->type, &err) == 0, "%s",
                       err.msg);
         qc->parts[np++] = (struct arch_part){.src = (int)i};
@@ -921,6 +976,22 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
             gguf_writer_add_tensor(w, tn, 2, up, layer_tensor(layer, "ffn_up")->type, &err) == 0,
             "%s", err.msg);
         qc->parts[np++] = (struct arch_part){.src = -2, .layer = layer, .kind = 1};
+    }
+    for (int layer = 0; qc->experts && layer < c->n_layers; layer++) {
+        static const char *const moe[] = {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                                          "ffn_down_exps"};
+        for (int kind = 0; kind < 4; kind++) {
+            uint64_t E = (uint64_t)qc->experts, D = (uint64_t)c->dim, F = (uint64_t)qc->ff_e;
+            uint64_t ne[4][3] = {{D, E, 1}, {D, F, E}, {D, F, E}, {F, D, E}};
+            static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
+            enum qtype ty = kind ? layer_tensor(layer, dense[kind - 1])->type : QTYPE_F32;
+            char tn[64];
+            snprintf(tn, sizeof tn, "blk.%d.%s.weight", layer, moe[kind]);
+            ck_assert_msg(gguf_writer_add_tensor(w, tn, kind ? 3 : 2, ne[kind], ty, &err) == 0,
+                          "%s", err.msg);
+            ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
+            qc->parts[np++] = (struct arch_part){.src = -3, .layer = layer, .kind = kind};
+        }
     }
     static const char *const names[] = {"attn_q.bias",         "attn_k.bias",
                                         "attn_v.bias",         "attn_q_norm.weight",
@@ -1087,6 +1158,66 @@ static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJ
     free(seq);
 }
 
+/* What a mixture of experts refuses by name: a split over ranks, LoRA adapters. */
+static void check_moe_refusals(const struct gguf_file *qf)
+{
+    struct qerr err = {0};
+    struct backend *bes[2];
+    struct comm *comms[2];
+    for (int r = 0; r < 2; r++) {
+        struct backend_cpu_opts bo = {.n_threads = 1, .precision = MATMUL_F32};
+        ck_assert_msg(backend_cpu_create(&bo, &bes[r], &err) == 0, "%s", err.msg);
+    }
+    ck_assert_msg(comm_cpu_create(2, NULL, comms, &err) == 0, "%s", err.msg);
+    struct model_opts mo = {.max_batch_tokens = 64,
+                            .max_logits = 8,
+                            .kv_blocks = 8,
+                            .kv_block_size = 16,
+                            .tp = 2,
+                            .tp_backends = bes,
+                            .tp_comms = comms};
+    struct model *m = NULL;
+    ck_assert_int_eq(model_load(qf, bes[0], &mo, &m, &err), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "experts"), "%s", err.msg);
+    mo = (struct model_opts){.max_batch_tokens = 64,
+                             .max_logits = 8,
+                             .kv_blocks = 8,
+                             .kv_block_size = 16,
+                             .max_loras = 1};
+    ck_assert_int_eq(model_load(qf, bes[0], &mo, &m, &err), QERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "LoRA"), "%s", err.msg);
+    ck_assert_ptr_null(m);
+    for (int r = 0; r < 2; r++) {
+        comm_destroy(comms[r]);
+        backend_destroy(bes[r]);
+    }
+}
+
+/* A string member of o, or dflt where o has none. */
+static const char *tm_str(const cJSON *o, const char *key, const char *dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : dflt;
+}
+
+static int tm_int(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    ck_assert_msg(cJSON_IsNumber(v), "no number %s", key);
+    return v->valueint;
+}
+
+/* The golden file's variant of that name (its "name", or its arch where it has none). */
+static const cJSON *arch_variant(const char *name)
+{
+    const cJSON *v, *vars = cJSON_GetObjectItemCaseSensitive(arch_golden, "variants");
+    cJSON_ArrayForEach(v, vars)
+    {
+        if (!strcmp(tm_str(v, "name", tm_str(v, "arch", "")), name)) return v;
+    }
+    return NULL;
+}
+
 /* Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms), both with the NeoX rope, SmolLM3 (no rope
  * in every fourth layer), Phi-3 (fused matrices): llama.cpp's logits on the same weights (fp32)
  * within 1e-3 and its greedy text token for token; Gemma 3 (scaled embeddings, post-norms, GELU,
@@ -1100,12 +1231,7 @@ START_TEST(arch_matches_reference)
     if (tu_sanitized() && _i % 2) return;
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(arch_golden, "cases"), _i);
     const char *arch = cJSON_GetObjectItemCaseSensitive(c, "arch")->valuestring;
-    const cJSON *var = NULL, *vars = cJSON_GetObjectItemCaseSensitive(arch_golden, "variants");
-    for (int i = 0; i < cJSON_GetArraySize(vars); i++)
-        if (!strcmp(
-                cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(vars, i), "arch")->valuestring,
-                arch))
-            var = cJSON_GetArrayItem(vars, i);
+    const cJSON *var = arch_variant(tm_str(c, "variant", arch));
     ck_assert_ptr_nonnull(var);
     static struct arch_copy qc;
     char dir[] = "/tmp/quern-arch-XXXXXX";
@@ -1117,7 +1243,12 @@ START_TEST(arch_matches_reference)
     ck_assert(cfg->rope_neox == qc.neox);
     ck_assert(cfg->qkv_bias == !strcmp(arch, "qwen2"));
     bool gemma3 = !strcmp(arch, "gemma3"), gemma = !strncmp(arch, "gemma", 5);
-    ck_assert(cfg->qk_norm == (!strcmp(arch, "qwen3") || gemma3));
+    ck_assert(cfg->qk_norm == (!strncmp(arch, "qwen3", 5) || gemma3));
+    ck_assert_int_eq(cfg->n_experts, qc.experts);
+    if (qc.experts) {
+        ck_assert_int_eq(cfg->n_experts_used, tm_int(var, "experts_used"));
+        ck_assert_int_eq(cfg->expert_ffn_dim, qc.ff_e);
+    }
     ck_assert(cfg->post_norms == gemma && cfg->gelu == gemma);
     if (gemma) {
         ck_assert_int_eq(cfg->swa_window,
@@ -1151,7 +1282,8 @@ START_TEST(arch_matches_reference)
                cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring, off);
         ck_assert_msg(off > 0.05, "the llama model matches the %s reference (%.3f)", arch, off);
     }
-    if (!tu_sanitized()) check_arch_tp3(m, qf, c);
+    if (!tu_sanitized() && !qc.experts) check_arch_tp3(m, qf, c);
+    if (qc.experts) check_moe_refusals(qf);
     if (!strcmp(arch, "qwen2")) check_qwen2_tokenize(qf);
     model_free(m);
     gguf_close(qf);
@@ -1161,24 +1293,18 @@ START_TEST(arch_matches_reference)
 }
 END_TEST
 
-/* The gemma3 copy's logits are the same bits whether its sequence runs a token a step, in
- * chunks of 5 (a chunk's tokens see windows that start in earlier chunks and in the chunk) or
- * whole: the sliding window keeps the batch invariance of every other kernel. */
-START_TEST(gemma3_chunks_same_bits)
+/* The copy `name`'s logits are the same bits whether its sequence runs a token a step, in
+ * chunks of 5 or whole. */
+static void chunks_same_bits(const char *name)
 {
     static struct arch_file af;
-    const cJSON *vars = cJSON_GetObjectItemCaseSensitive(arch_golden, "variants"), *v = NULL;
-    cJSON_ArrayForEach(v, vars)
-    {
-        if (!strcmp(cJSON_GetObjectItemCaseSensitive(v, "arch")->valuestring, "gemma3")) break;
-    }
+    const cJSON *v = arch_variant(name);
     ck_assert_ptr_nonnull(v);
     char *var = cJSON_PrintUnformatted(v);
     arch_file_write(&af, var);
     free(var);
     struct gguf_file *qf;
     struct model *m = load_arch(af.path, &qf);
-    ck_assert_int_gt(model_get_config(m)->swa_window, 0);
     size_t n;
     int32_t *seq = case_seq(tm_case(0), &n);
     ck_assert_int_gt((int)n, 2 * model_get_config(m)->swa_window);
@@ -1191,11 +1317,46 @@ START_TEST(gemma3_chunks_same_bits)
         ck_assert_msg(generate_all_logits(m, seq, n, chunks[i], &part, &err) == 0, "%s", err.msg);
         size_t at;
         ck_assert_msg(!tu_bits_differ(part, whole, n * (size_t)model_get_config(m)->vocab, &at),
-                      "gemma3 in chunks of %d: logit %zu is %.9g, whole %.9g", chunks[i], at,
+                      "%s in chunks of %d: logit %zu is %.9g, whole %.9g", name, chunks[i], at,
                       part[at], whole[at]);
         free(part);
     }
     free(whole);
+    free(seq);
+    model_free(m);
+    gguf_close(qf);
+    arch_file_remove(&af);
+}
+
+/* Gemma 3's sliding window (a chunk's tokens see windows that start in earlier chunks and in the
+ * chunk) keeps the batch invariance of every other kernel. */
+START_TEST(gemma3_chunks_same_bits)
+{
+    chunks_same_bits("gemma3");
+}
+END_TEST
+
+/* A mixture's token runs its experts beside the other tokens routed to them, in runs of every
+ * length: its logits are its own. */
+START_TEST(moe_chunks_same_bits)
+{
+    chunks_same_bits("qwen3moe");
+}
+END_TEST
+
+/* Mixtral with one expert of the whole FFN, chosen with weight 1, is the llama model: gathering
+ * a token's row, its expert's matmuls and the weighted sum (1 x, added to 0) change no bit. */
+START_TEST(moe_one_expert_is_llama)
+{
+    static struct arch_file af;
+    arch_file_write(&af, "{\"arch\": \"llama\", \"experts\": 1, \"experts_used\": 1, "
+                         "\"router_amp\": 0.1}");
+    struct gguf_file *qf;
+    struct model *m = load_arch(af.path, &qf);
+    ck_assert_int_eq(model_get_config(m)->n_experts, 1);
+    size_t n;
+    int32_t *seq = case_seq(tm_case(0), &n);
+    same_logits_as(m, 0, model, 0, seq, n, "one-expert mixtral vs llama");
     free(seq);
     model_free(m);
     gguf_close(qf);
@@ -1525,6 +1686,8 @@ int main(void)
     if (arch_golden) tcase_add_test(qt, qwen2_lora_is_llama_lora);
     if (arch_golden) tcase_add_test(qt, phi3_fused_lora_is_llama_lora);
     if (arch_golden) tcase_add_test(qt, gemma3_chunks_same_bits);
+    if (arch_golden && arch_variant("qwen3moe")) tcase_add_test(qt, moe_chunks_same_bits);
+    if (arch_golden) tcase_add_test(qt, moe_one_expert_is_llama);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
     TCase *lt = tcase_create("lora");
