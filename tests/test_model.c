@@ -1344,6 +1344,40 @@ START_TEST(moe_chunks_same_bits)
 }
 END_TEST
 
+/* Mixture-of-experts files quern cannot run are refused by name: more experts used than there
+ * are, experts in an architecture that has none, a qwen3moe file without experts. */
+START_TEST(moe_bad_files_refused)
+{
+    static const struct {
+        const char *var, *says;
+        int rc;
+    } bad[] = {
+        {"{\"arch\": \"qwen3moe\", \"norm_amp\": [0.25, 0.25], \"experts\": 4, "
+         "\"experts_used\": 5, \"router_amp\": 0.1}",
+         "expert_used_count 5 of 4", QERR_FORMAT},
+        {"{\"arch\": \"qwen2\", \"experts\": 4, \"experts_used\": 2, \"router_amp\": 0.1}",
+         "experts in a qwen2 model", QERR_UNSUPPORTED},
+        {"{\"arch\": \"qwen3moe\", \"norm_amp\": [0.25, 0.25]}", "qwen3moe.expert_count",
+         QERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        static struct arch_file af;
+        arch_file_write(&af, bad[i].var);
+        struct gguf_file *qf;
+        struct qerr err = {0};
+        ck_assert_msg(gguf_open(af.path, &qf, &err) == 0, "%s", err.msg);
+        struct model_opts mo = {
+            .max_batch_tokens = 64, .max_logits = 8, .kv_blocks = 8, .kv_block_size = 16};
+        struct model *m = NULL;
+        ck_assert_int_eq(model_load(qf, be, &mo, &m, &err), bad[i].rc);
+        ck_assert_msg(strstr(err.msg, bad[i].says), "%s: %s", bad[i].var, err.msg);
+        ck_assert_ptr_null(m);
+        gguf_close(qf);
+        arch_file_remove(&af);
+    }
+}
+END_TEST
+
 /* Mixtral with one expert of the whole FFN, chosen with weight 1, is the llama model: gathering
  * a token's row, its expert's matmuls and the weighted sum (1 x, added to 0) change no bit. */
 START_TEST(moe_one_expert_is_llama)
@@ -1688,6 +1722,7 @@ int main(void)
     if (arch_golden) tcase_add_test(qt, gemma3_chunks_same_bits);
     if (arch_golden && arch_variant("qwen3moe")) tcase_add_test(qt, moe_chunks_same_bits);
     if (arch_golden) tcase_add_test(qt, moe_one_expert_is_llama);
+    if (arch_golden) tcase_add_test(qt, moe_bad_files_refused);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
     TCase *lt = tcase_create("lora");
