@@ -717,6 +717,63 @@ START_TEST(rmsnorm_add_silu_match_reference)
 }
 END_TEST
 
+/* moe_combine is the reference's to the bit on 1 and 3 threads (a token's products in the
+ * order given: tokens sharing experts, k of 1 to 8, rows large enough to split over the pool),
+ * and the order matters: summed in another order, some bits move. */
+START_TEST(moe_combine_matches_reference)
+{
+    tu_seed(0x3e);
+    const struct {
+        int n, k, dim;
+    } shapes[] = {{1, 1, 64}, {7, 2, 576}, {64, 8, 96}, {300, 2, 576}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int n = shapes[si].n, k = shapes[si].k, dim = shapes[si].dim, rows = n * k;
+        float *y = malloc((size_t)rows * (size_t)dim * 4), *w = malloc((size_t)rows * 4);
+        float *want = malloc((size_t)n * (size_t)dim * 4),
+              *got = malloc((size_t)n * (size_t)dim * 4);
+        int32_t *idx = malloc((size_t)rows * 4);
+        tu_fill(y, (size_t)rows * (size_t)dim, 4.0f);
+        for (int i = 0; i < rows; i++) {
+            idx[i] = (int32_t)(tu_rnd() % (uint64_t)rows);
+            w[i] = tu_frand(0.0f, 1.0f);
+        }
+        ref_moe_combine(want, y, idx, w, n, k, dim);
+        for (int th = 1; th <= 3; th += 2) {
+            struct backend *be = make_backend(cpu_isa_best(), MATMUL_F32, th);
+            memset(got, 0xff, (size_t)n * (size_t)dim * 4); /* NaNs: every row must be written */
+            be->ops->moe_combine(be, got, y, idx, w, n, k, dim);
+            size_t at;
+            ck_assert_msg(!tu_bits_differ(got, want, (size_t)n * (size_t)dim, &at),
+                          "n %d k %d dim %d, %d threads: element %zu is %.9g, the reference's %.9g",
+                          n, k, dim, th, at, got[at], want[at]);
+            backend_destroy(be);
+        }
+        if (k >= 8) { /* the last expert first: the sums round differently */
+            for (int t = 0; t < n; t++) {
+                int32_t *r = idx + (size_t)t * (size_t)k;
+                float *ww = w + (size_t)t * (size_t)k;
+                for (int a = 0, b = k - 1; a < b; a++, b--) {
+                    int32_t ti = r[a];
+                    r[a] = r[b];
+                    r[b] = ti;
+                    float tw = ww[a];
+                    ww[a] = ww[b];
+                    ww[b] = tw;
+                }
+            }
+            ref_moe_combine(got, y, idx, w, n, k, dim);
+            size_t at;
+            ck_assert(tu_bits_differ(got, want, (size_t)n * (size_t)dim, &at));
+        }
+        free(y);
+        free(w);
+        free(want);
+        free(got);
+        free(idx);
+    }
+}
+END_TEST
+
 START_TEST(large_batch_ops_thread_invariant)
 {
     /* big enough that the ops split across the pool */
@@ -1645,6 +1702,7 @@ int main(void)
     tcase_add_test(tc, embed_matches_reference);
     tcase_add_test(tc, rmsnorm_add_silu_match_reference);
     tcase_add_test(tc, large_batch_ops_thread_invariant);
+    tcase_add_test(tc, moe_combine_matches_reference);
     tcase_add_test(tc, rope_matches_reference_exactly);
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, attention_prompt_sets_match_one_token);
