@@ -26,7 +26,7 @@
  *                         or without a sliding window; a window that excludes none of a token's
  *                         keys: bit for bit no window
  *   step replay           bit for bit the ops issued directly
- *   embed, get_rows, kv_write, add: bit for bit
+ *   embed, get_rows, kv_write, add, moe_combine: bit for bit
  *   batch invariance      bit for bit: a token alone equals the same token inside any batch */
 #include <check.h>
 #include <math.h>
@@ -902,6 +902,71 @@ START_TEST(gelu_scale_softcap_match_reference)
 }
 END_TEST
 
+/* ---- mixture of experts ---- */
+
+/* moe_combine bit for bit ref_moe_combine: k products per element, each rounded, summed in the
+ * caller's order. Weights in (0, 1) and outputs of mixed magnitude, so that dropping w, another
+ * order of j or an fma changes bits. y has either one row per (token, expert) in a shuffled order,
+ * or only k + 3 rows that every token picks k distinct ones of (rows repeated across tokens). */
+START_TEST(moe_combine_matches_reference)
+{
+    tu_seed(0x30e);
+    ck_assert_ptr_nonnull(gpu->ops->moe_combine);
+    static const int shapes[][3] = {/* n, k, dim */
+                                    {1, 1, 576},   {1, 8, 2048}, {7, 2, 64},   {7, 8, 576},
+                                    {64, 8, 2048}, {64, 1, 64},  {64, 2, 576}, {3, 4, 1000}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n = shapes[si][0], k = shapes[si][1], dim = shapes[si][2], nk = n * k;
+        const int n_rows = si % 2 ? nk : k + 3;
+        const size_t yb = (size_t)n_rows * (size_t)dim * 4, ob = (size_t)n * (size_t)dim * 4;
+        float *y = malloc(yb), *w = malloc((size_t)nk * 4), *o = malloc(ob), *r = malloc(ob);
+        int32_t *rows = malloc((size_t)nk * 4), *pick = malloc((size_t)n_rows * 4);
+        for (size_t i = 0; i < (size_t)n_rows * (size_t)dim; i++)
+            y[i] = tu_frand(-4.0f, 4.0f) * (i % 5 == 0 ? 64.0f : i % 5 == 1 ? 0.01f : 1.0f);
+        for (int i = 0; i < nk; i++) w[i] = tu_frand(0.001f, 0.999f);
+        if (n_rows == nk) { /* one shuffle of all the rows */
+            for (int i = 0; i < nk; i++) rows[i] = i;
+            for (int i = nk - 1; i > 0; i--) {
+                int j = (int)(tu_rnd() % (uint64_t)(i + 1)), v = rows[i];
+                rows[i] = rows[j];
+                rows[j] = v;
+            }
+        } else { /* each token: the first k of a fresh partial shuffle of the k + 3 rows */
+            for (int t = 0; t < n; t++) {
+                for (int i = 0; i < n_rows; i++) pick[i] = i;
+                for (int j = 0; j < k; j++) {
+                    int i = j + (int)(tu_rnd() % (uint64_t)(n_rows - j)), v = pick[j];
+                    pick[j] = pick[i];
+                    pick[i] = v;
+                    rows[t * k + j] = pick[j];
+                }
+            }
+        }
+        float *dy = dev_upload(gpu, y, yb), *dw = dev_upload(gpu, w, (size_t)nk * 4);
+        int32_t *drows = dev_upload(gpu, rows, (size_t)nk * 4);
+        float *dout = dev_alloc(gpu, ob);
+        dev_poison(gpu, dout, ob);
+        gpu->ops->moe_combine(gpu, dout, dy, drows, dw, n, k, dim);
+        dev_read(gpu, o, dout, ob);
+        ref_moe_combine(r, y, rows, w, n, k, dim);
+        size_t at;
+        ck_assert_msg(!tu_bits_differ(o, r, (size_t)n * (size_t)dim, &at),
+                      "moe_combine n %d k %d dim %d: [%zu] %.9g vs %.9g", n, k, dim, at, o[at],
+                      r[at]);
+        dev_free(gpu, dy);
+        dev_free(gpu, dw);
+        dev_free(gpu, drows);
+        dev_free(gpu, dout);
+        free(y);
+        free(w);
+        free(o);
+        free(r);
+        free(rows);
+        free(pick);
+    }
+}
+END_TEST
+
 /* ---- sliding-window attention ---- */
 
 /* Four sequences of 80 blocks of 16 positions (a shuffled block table), every slot filled, so
@@ -1324,6 +1389,11 @@ int main(void)
     tcase_add_loop_test(tg, attention_softcap_matches_reference, 0, 2);
     tcase_add_test(tg, step_replay_attention_windows);
     suite_add_tcase(s, tg);
+    /* mixture of experts (CK_RUN_CASE=moe) */
+    TCase *tm = tcase_create("moe");
+    tcase_set_timeout(tm, 600);
+    tcase_add_test(tm, moe_combine_matches_reference);
+    suite_add_tcase(s, tm);
 #ifdef QUERN_TEST_MODEL_CASES
     /* the emulation has no test_model of its own: the model suite's CUDA cases ride along */
     if (tm_golden_load())

@@ -273,6 +273,10 @@ static void cuda_host_free(struct backend *be, void *p)
     CUDA_OK(cuda_ctx_of(be), cudaFreeHost(p));
 }
 
+/* elementwise.cu (declared here, not in cuda_common.cuh, which this change leaves alone) */
+void cuda_op_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                         const float *w, int n, int k, int dim);
+
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,
@@ -308,7 +312,7 @@ static const struct backend_ops cuda_ops = {
     /* .gelu_mul = */ cuda_op_gelu_mul,
     /* .scale = */ cuda_op_scale,
     /* .softcap = */ cuda_op_softcap,
-    /* .moe_combine = */ NULL,
+    /* .moe_combine = */ cuda_op_moe_combine,
 };
 
 extern "C" int backend_cuda_probe(int device, char *desc, size_t desc_len, struct qerr *err)

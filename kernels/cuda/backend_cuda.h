@@ -6,7 +6,7 @@
  *   matmul_q.cu      weight upload (cuda_pack.h layout) and the dequant-fused GEMV / cuBLAS GEMM
  *   attention.cu     paged attention (causal, or over a sliding window)
  *   elementwise.cu   embed, rmsnorm, add, rope, kv_write, get_rows, silu_mul, gelu_mul, scale,
- *                    softcap, activation quantization
+ *                    softcap, moe_combine, activation quantization
  *
  * Ops enqueue on the backend's stream and return; buf_read and sync wait. Ops return no status
  * (the contract is void): the first CUDA error an op meets is kept and reported by

@@ -1,13 +1,14 @@
 /* elementwise: the CUDA backend's small ops (embed, rmsnorm, add, rope, kv_write, get_rows,
- * silu_mul, gelu_mul, scale, softcap) and the activation conversions the matmul uses (Q8
- * quantization, fp16).
+ * silu_mul, gelu_mul, scale, softcap, moe_combine) and the activation conversions the matmul uses
+ * (Q8 quantization, fp16).
  *
  * Each matches kernels/cpu/ref.c: bit for bit where the reference's arithmetic can be reproduced
- * (embed, get_rows, kv_write, add, scale, Q8 quantization; rope, silu, gelu and softcap up to the
- * last bit of a double cos/sin/exp/tanh rounded to float), within a few ulp otherwise (rmsnorm
- * sums its squares in double in another order). The _rn intrinsics keep nvcc from contracting a
- * product and a sum into one fma where the reference rounds twice. Reductions run in an order
- * fixed by the row length, never by the number of tokens, so every op is batch-invariant. */
+ * (embed, get_rows, kv_write, add, scale, moe_combine, Q8 quantization; rope, silu, gelu and
+ * softcap up to the last bit of a double cos/sin/exp/tanh rounded to float), within a few ulp
+ * otherwise (rmsnorm sums its squares in double in another order). The _rn intrinsics keep nvcc
+ * from contracting a product and a sum into one fma where the reference rounds twice. Reductions
+ * run in an order fixed by the row length, never by the number of tokens, so every op is
+ * batch-invariant. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -379,6 +380,36 @@ void cuda_op_get_rows(struct backend *be, float *out, const float *x, const int3
     cuda_use_device(c);
     get_rows_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, idx, dim);
     CUDA_LAUNCHED(c, "get_rows_kernel");
+}
+
+/* ---- moe_combine ---- */
+
+/* One block per token, its threads across the row: out[t][d] is the sum over j < k, in the
+ * caller's order, of w[t k + j] y[rows[t k + j]][d], from 0, each product rounded before its add
+ * (no fma), as the reference, so the row's bits are the reference's. */
+__global__ void moe_combine_kernel(float *out, const float *y, const int32_t *rows, const float *w,
+                                   int k, int dim)
+{
+    const size_t t = blockIdx.x;
+    const int32_t *r = rows + t * (size_t)k;
+    const float *wt = w + t * (size_t)k;
+    float *o = out + t * (size_t)dim;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            acc = __fadd_rn(acc, __fmul_rn(wt[j], y[(size_t)r[j] * (size_t)dim + (size_t)d]));
+        o[d] = acc;
+    }
+}
+
+void cuda_op_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                         const float *w, int n, int k, int dim)
+{
+    struct cuda_ctx *c = cuda_ctx_of(be);
+    if (n <= 0 || dim <= 0) return;
+    cuda_use_device(c);
+    moe_combine_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, y, rows, w, k < 0 ? 0 : k, dim);
+    CUDA_LAUNCHED(c, "moe_combine_kernel");
 }
 
 /* ---- activation conversions for the matmul ---- */
