@@ -1,12 +1,14 @@
-/* make_gguf_seeds: writes the GGUF seeds of the fuzz corpus (tests/fuzz/corpus/gguf/), three tiny
- * but complete Llama models made with the project's GGUF writer: tiny-spm.gguf (a SentencePiece
- * vocabulary, a Llama-2 chat template), tiny-bpe.gguf (a byte-level BPE vocabulary with merges,
- * SmolLM2's ChatML template) and tiny-rope.gguf (tiny-bpe with rope scaling: linear, and a
- * rope_freqs.weight tensor), tiny-gemma.gguf (tiny-spm as a gemma3 model: a sliding window, q/k
- * norms, post-norms, a logit cap), and tiny-lora.gguf, a rank-2 LoRA adapter for them (every layer
- * matrix, float32, one norm vector to skip; fuzz_gguf loads every input as one too). Each is a
- * few tens of KB, so the fuzzer mutates a whole
- * model quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
+/* make_gguf_seeds: writes the GGUF seeds of the fuzz corpus (tests/fuzz/corpus/gguf/), tiny but
+ * complete models made with the project's GGUF writer: tiny-spm.gguf (a Llama model with a
+ * SentencePiece vocabulary, a Llama-2 chat template), tiny-bpe.gguf (a byte-level BPE vocabulary
+ * with merges, SmolLM2's ChatML template), tiny-rope.gguf (tiny-bpe with rope scaling: linear, and
+ * a rope_freqs.weight tensor), tiny-gemma.gguf (tiny-spm as a gemma3 model: a sliding window, q/k
+ * norms, post-norms, a logit cap), tiny-moe.gguf (tiny-bpe as a qwen3moe model: q/k norms, the
+ * NeoX rope, 4 experts of FFN / 2 channels with 2 used a token, an F32 router ffn_gate_inp and
+ * the Q8_0 experts stacked in 3-D ffn_{gate,up,down}_exps), and tiny-lora.gguf, a rank-2 LoRA
+ * adapter for the llama ones (every layer matrix, float32, one norm vector to skip; fuzz_gguf
+ * loads every input as one too). Each is a few tens of KB, so the fuzzer mutates a whole model
+ * quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
  *
  *   build-fuzz/tests/fuzz/make_gguf_seeds tests/fuzz/corpus/gguf
  *
@@ -18,11 +20,14 @@
 #include "../../engine/gguf_write.h"
 
 enum { DIM = 32, FFN = 64, HEADS = 2, KV_HEADS = 1, CTX = 64 };
+/* tiny-moe: experts of EXPERT_FFN channels, ffn_down_exps' row length (whole Q8_0 blocks) */
+enum { EXPERTS = 4, EXPERTS_USED = 2, EXPERT_FFN = FFN / 2 };
 
 struct tiny_tensor {
     char name[64];
-    uint64_t ne[2];
+    uint64_t ne[3];
     uint32_t n_dims;
+    enum qtype type;
 };
 
 static uint64_t next(uint64_t *s)
@@ -33,17 +38,25 @@ static uint64_t next(uint64_t *s)
     return *s;
 }
 
-/* Norms 1; Q8_0 weights: a small scale and random quants. */
+/* Norms 1; a float32 matrix (tiny-moe's router) small values of both signs, so tokens pick
+ * different experts; Q8_0 weights: a small scale and random quants. */
 static int fill(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
 {
     (void)err;
     const struct tiny_tensor *t = (const struct tiny_tensor *)ctx + index;
+    uint64_t s = 0x9e3779b97f4a7c15ull * (index + 1);
     if (t->n_dims == 1) {
         float one = 1.0f;
         for (size_t i = 0; i < nbytes / 4; i++) memcpy((char *)dst + 4 * i, &one, 4);
         return 0;
     }
-    uint64_t s = 0x9e3779b97f4a7c15ull * (index + 1);
+    if (t->type == QTYPE_F32) {
+        for (size_t i = 0; i < nbytes / 4; i++) {
+            float v = (float)((int)(next(&s) % 201) - 100) / 100.0f;
+            memcpy((char *)dst + 4 * i, &v, 4);
+        }
+        return 0;
+    }
     uint8_t *p = dst;
     for (size_t off = 0; off + 34 <= nbytes; off += 34) {
         uint16_t d = f32_to_fp16(0.02f / 64);
@@ -53,15 +66,26 @@ static int fill(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr
     return 0;
 }
 
-static int add(struct gguf_writer *w, struct tiny_tensor *ts, int *n, const char *name,
-               uint64_t ne0, uint64_t ne1, struct qerr *err)
+/* A tensor of n_dims dimensions ne0.. of the given type. */
+static int add_typed(struct gguf_writer *w, struct tiny_tensor *ts, int *n, const char *name,
+                     uint32_t n_dims, uint64_t ne0, uint64_t ne1, uint64_t ne2, enum qtype type,
+                     struct qerr *err)
 {
     struct tiny_tensor *t = &ts[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ne[0] = ne0;
-    t->ne[1] = ne1 ? ne1 : 1;
-    t->n_dims = ne1 ? 2 : 1;
-    return gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, ne1 ? QTYPE_Q8_0 : QTYPE_F32, err);
+    t->ne[1] = n_dims > 1 ? ne1 : 1;
+    t->ne[2] = n_dims > 2 ? ne2 : 1;
+    t->n_dims = n_dims;
+    t->type = type;
+    return gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, type, err);
+}
+
+/* A Q8_0 matrix [ne0, ne1], or with ne1 = 0 a float32 vector (a norm, all 1). */
+static int add(struct gguf_writer *w, struct tiny_tensor *ts, int *n, const char *name,
+               uint64_t ne0, uint64_t ne1, struct qerr *err)
+{
+    return add_typed(w, ts, n, name, ne1 ? 2 : 1, ne0, ne1, 1, ne1 ? QTYPE_Q8_0 : QTYPE_F32, err);
 }
 
 /* "ARCH.SUFFIX" */
@@ -218,22 +242,28 @@ static int bpe_vocab(struct gguf_writer *w, const char *chat_template, int *voca
 
 /* rope_scaled: linear rope scaling and Llama 3's per-pair divisors (rope_freqs.weight, all 1);
  * gemma: a gemma3 model (a sliding window of 4 keys, its rope base, a logit cap; q/k norms and
- * post-norms) */
+ * post-norms); moe: a qwen3moe model (q/k norms; the router and the stacked experts in place of
+ * ffn_gate/up/down) */
 static int write_model(const char *path, bool spm, const char *chat_template, bool rope_scaled,
-                       bool gemma, struct qerr *err)
+                       bool gemma, bool moe, struct qerr *err)
 {
     struct gguf_writer *w = NULL;
     struct tiny_tensor ts[24];
     int n = 0, vocab = 0;
-    const char *arch = gemma ? "gemma3" : "llama";
+    const char *arch = gemma ? "gemma3" : moe ? "qwen3moe" : "llama";
     int rc = gguf_writer_init(&w, err);
     if (!rc)
         rc = model_keys(w, arch,
                         gemma         ? "tiny gemma"
+                        : moe         ? "tiny moe"
                         : spm         ? "tiny spm"
                         : rope_scaled ? "tiny rope"
                                       : "tiny bpe",
                         err);
+    if (!rc && moe) rc = gguf_writer_set_u32(w, "qwen3moe.expert_count", EXPERTS, err);
+    if (!rc && moe) rc = gguf_writer_set_u32(w, "qwen3moe.expert_used_count", EXPERTS_USED, err);
+    if (!rc && moe)
+        rc = gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", EXPERT_FFN, err);
     if (!rc && gemma) rc = gguf_writer_set_u32(w, "gemma3.attention.sliding_window", 4, err);
     if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.rope.freq_base_swa", 1000.0f, err);
     if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.final_logit_softcapping", 30.0f, err);
@@ -250,12 +280,23 @@ static int write_model(const char *path, bool spm, const char *chat_template, bo
     if (!rc) rc = add(w, ts, &n, "blk.0.attn_v.weight", DIM, kv, err);
     if (!rc) rc = add(w, ts, &n, "blk.0.attn_output.weight", DIM, DIM, err);
     if (!rc) rc = add(w, ts, &n, "blk.0.ffn_norm.weight", DIM, 0, err);
-    if (!rc) rc = add(w, ts, &n, "blk.0.ffn_gate.weight", DIM, FFN, err);
-    if (!rc) rc = add(w, ts, &n, "blk.0.ffn_up.weight", DIM, FFN, err);
-    if (!rc) rc = add(w, ts, &n, "blk.0.ffn_down.weight", FFN, DIM, err);
+    if (!rc && !moe) rc = add(w, ts, &n, "blk.0.ffn_gate.weight", DIM, FFN, err);
+    if (!rc && !moe) rc = add(w, ts, &n, "blk.0.ffn_up.weight", DIM, FFN, err);
+    if (!rc && !moe) rc = add(w, ts, &n, "blk.0.ffn_down.weight", FFN, DIM, err);
+    if (!rc && moe)
+        rc = add_typed(w, ts, &n, "blk.0.ffn_gate_inp.weight", 2, DIM, EXPERTS, 1, QTYPE_F32, err);
+    if (!rc && moe)
+        rc = add_typed(w, ts, &n, "blk.0.ffn_gate_exps.weight", 3, DIM, EXPERT_FFN, EXPERTS,
+                       QTYPE_Q8_0, err);
+    if (!rc && moe)
+        rc = add_typed(w, ts, &n, "blk.0.ffn_up_exps.weight", 3, DIM, EXPERT_FFN, EXPERTS,
+                       QTYPE_Q8_0, err);
+    if (!rc && moe)
+        rc = add_typed(w, ts, &n, "blk.0.ffn_down_exps.weight", 3, EXPERT_FFN, DIM, EXPERTS,
+                       QTYPE_Q8_0, err);
     if (!rc && rope_scaled) rc = add(w, ts, &n, "rope_freqs.weight", DIM / HEADS / 2, 0, err);
-    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.attn_q_norm.weight", DIM / HEADS, 0, err);
-    if (!rc && gemma) rc = add(w, ts, &n, "blk.0.attn_k_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && (gemma || moe)) rc = add(w, ts, &n, "blk.0.attn_q_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && (gemma || moe)) rc = add(w, ts, &n, "blk.0.attn_k_norm.weight", DIM / HEADS, 0, err);
     if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_attention_norm.weight", DIM, 0, err);
     if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_ffw_norm.weight", DIM, 0, err);
     if (!rc) rc = gguf_writer_write(w, path, fill, ts, NULL, err);
@@ -326,13 +367,15 @@ int main(int argc, char **argv)
     gguf_close(f);
     char path[4096];
     snprintf(path, sizeof path, "%s/tiny-spm.gguf", argv[1]);
-    int rc = write_model(path, true, NULL, false, false, &err);
+    int rc = write_model(path, true, NULL, false, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-bpe.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, false, false, &err);
+    if (!rc) rc = write_model(path, false, chat, false, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-rope.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, true, false, &err);
+    if (!rc) rc = write_model(path, false, chat, true, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-gemma.gguf", argv[1]);
-    if (!rc) rc = write_model(path, true, NULL, false, true, &err);
+    if (!rc) rc = write_model(path, true, NULL, false, true, false, &err);
+    snprintf(path, sizeof path, "%s/tiny-moe.gguf", argv[1]);
+    if (!rc) rc = write_model(path, false, chat, false, false, true, &err);
     snprintf(path, sizeof path, "%s/tiny-lora.gguf", argv[1]);
     if (!rc) rc = write_lora(path, &err);
     free(chat);
