@@ -273,10 +273,6 @@ static void cuda_host_free(struct backend *be, void *p)
     CUDA_OK(cuda_ctx_of(be), cudaFreeHost(p));
 }
 
-/* elementwise.cu (declared here, not in cuda_common.cuh, which this change leaves alone) */
-void cuda_op_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
-                         const float *w, int n, int k, int dim);
-
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cuda_destroy,

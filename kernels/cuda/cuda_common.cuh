@@ -255,6 +255,8 @@ void cuda_op_silu_mul(struct backend *be, float *g, const float *u, size_t n);
 void cuda_op_gelu_mul(struct backend *be, float *g, const float *u, size_t n);
 void cuda_op_scale(struct backend *be, float *x, float s, size_t n);
 void cuda_op_softcap(struct backend *be, float *x, float cap, size_t n);
+void cuda_op_moe_combine(struct backend *be, float *out, const float *y, const int32_t *rows,
+                         const float *w, int n, int k, int dim);
 
 /* attention.cu */
 bool cuda_op_step_begin(struct backend *be, uint64_t key);
