@@ -36,6 +36,22 @@ post_attention_norm / post_ffw_norm as gemma3's, no q/k norms), from transformer
 Gemma2ForCausalLM (fp32, eager attention: the implementation that applies the attention logit
 softcap).
 
+The mixture-of-experts copies, qwen3moe (qwen3's rows and q/k norms) and mixtral (GGUF arch
+"llama" with expert keys, llama's rows; the variant's "name" names its cases), cut the dense FFN
+into "experts" equal parts, an exact partition: expert e's gate and up are the dense gate's and
+up's rows e * ff_e .. (e + 1) * ff_e - 1 (ffn_gate_exps / ffn_up_exps [E][ff_e][dim]), its down
+the dense down's columns there (ffn_down_exps [E][dim][ff_e]), ff_e = feed_forward_length / E, so
+the C test writes the same file from the Q4_1 bytes (down's column blocks of 32 fall inside one
+expert). The router ffn_gate_inp [E][dim] is the wave formula, kind 5, amplitude router_amp, i
+over all E * dim values row by row; expert_count E and expert_used_count (uint32); qwen3moe adds
+expert_feed_forward_length ff_e and keeps feed_forward_length 1536 (which llama.cpp ignores for
+MoE layers), mixtral's llama.feed_forward_length becomes ff_e, as Mixtral's GGUFs give the
+expert's size there. Both are recorded from transformers (Qwen3MoeForCausalLM with
+norm_topk_prob, MixtralForCausalLM; fp32, eager attention and the eager per-expert loop: softmax
+over the E router logits, the top experts_used, their weights renormalized to sum 1, the sum of
+weight * down(silu(gate x) * up x)), llama.cpp's run of the same file checked against it as for
+gemma.
+
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
 """
 import json
@@ -68,10 +84,15 @@ VARIANTS = [
      "sliding_window": 16, "freq_base_swa": 10000.0, "final_logit_softcapping": 30.0},
     {"arch": "gemma2", "post_norm_amp": [0.25, 0.25], "sliding_window": 16,
      "attn_logit_softcapping": 5.0, "final_logit_softcapping": 30.0},
+    {"arch": "qwen3moe", "norm_amp": [0.25, 0.25], "experts": 4, "experts_used": 2,
+     "router_amp": 0.1},
+    {"arch": "llama", "name": "mixtral", "experts": 4, "experts_used": 2, "router_amp": 0.1},
 ]
-NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2"}  # files with q/k rows in HF's order
+NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2", "qwen3moe"}  # q/k rows in HF's order
 FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
-HF_REF = {"gemma3", "gemma2"}  # archs recorded from transformers (llama.cpp run beside as a check)
+# variants (by name) recorded from transformers (llama.cpp run beside as a check)
+HF_REF = {"gemma3", "gemma2", "qwen3moe", "mixtral"}
+ROUTER_KIND = 5  # the wave kind of the MoE router ffn_gate_inp
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -110,12 +131,18 @@ def write_variant(reader, var, path):
     n_heads = kv["llama.attention.head_count"][0]
     n_kv = kv["llama.attention.head_count_kv"][0]
     n_layers = kv["llama.block_count"][0]
+    ffn = kv["llama.feed_forward_length"][0]
+    n_exp = var.get("experts", 0)
+    ff_e = ffn // n_exp if n_exp else 0
+    assert not n_exp or ff_e * n_exp == ffn, (ffn, n_exp)
     w = gguf.GGUFWriter(path, arch)
     for name, (value, vt, sub) in kv.items():
         if name.startswith("llama."):
             name = arch + name[len("llama"):]
         if name == "general.file_type":
             value = 0  # all F32
+        if name == "llama.feed_forward_length" and n_exp:
+            value = ff_e  # Mixtral (arch llama): the expert's size
         if name == "tokenizer.ggml.pre" and arch == "qwen2":
             value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
@@ -128,6 +155,11 @@ def write_variant(reader, var, path):
         w.add_float32(f"{arch}.attn_logit_softcapping", var["attn_logit_softcapping"])
     if "final_logit_softcapping" in var:
         w.add_float32(f"{arch}.final_logit_softcapping", var["final_logit_softcapping"])
+    if n_exp:
+        w.add_uint32(f"{arch}.expert_count", n_exp)
+        w.add_uint32(f"{arch}.expert_used_count", var["experts_used"])
+        if arch != "llama":  # qwen3moe; feed_forward_length stays the dense 1536
+            w.add_uint32(f"{arch}.expert_feed_forward_length", ff_e)
     held = {}  # FUSED: the parts of each layer's fused tensors, until all are read
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -152,6 +184,14 @@ def write_variant(reader, var, path):
                              np.ascontiguousarray(np.concatenate([h["ffn_gate"], h["ffn_up"]])))
             if part != "attn_v":
                 continue
+        elif n_exp and part in ("ffn_gate", "ffn_up", "ffn_down"):
+            # the experts: an exact partition of the dense FFN (gate/up rows, down columns)
+            if part == "ffn_down":  # [dim][ffn] -> [E][dim][ff_e]
+                data = data.reshape(data.shape[0], n_exp, ff_e).transpose(1, 0, 2)
+            else:  # [ffn][dim] -> [E][ff_e][dim]
+                data = data.reshape(n_exp, ff_e, data.shape[1])
+            w.add_tensor(t.name.replace(f".{part}.", f".{part}_exps."), np.ascontiguousarray(data))
+            continue
         else:
             w.add_tensor(t.name, np.ascontiguousarray(data))
         if t.name.endswith("attn_v.weight"):
@@ -173,6 +213,11 @@ def write_variant(reader, var, path):
                 w.add_tensor(f"blk.{layer}.post_attention_norm.weight",
                              wave(layer, 3, dim, amp[0], 1.0))
                 w.add_tensor(f"blk.{layer}.post_ffw_norm.weight", wave(layer, 4, dim, amp[1], 1.0))
+            if n_exp:  # the router, [E][dim]
+                dim = data.shape[1]
+                w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight",
+                             wave(layer, ROUTER_KIND, n_exp * dim, var["router_amp"])
+                             .reshape(n_exp, dim))
     assert sum(1 for t in reader.tensors if t.name.endswith("attn_v.weight")) == n_layers
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -335,6 +380,181 @@ def softcap_bite(model, ids):
     return seen["max"], seen["over"] / seen["n"], float((capped - uncapped).abs().max())
 
 
+def moe_hf(path, name, reader0):
+    """transformers' Qwen3MoeForCausalLM (name "qwen3moe") or MixtralForCausalLM ("mixtral")
+    holding the MoE file's weights (fp32, eager attention, the eager per-expert loop), its config
+    read from the file. Each expert's gate and up go into experts.gate_up_proj [E][2 * ff_e][dim]
+    (gate's rows, then up's: the eager loop's chunk(2) takes gate first), its down into
+    experts.down_proj [E][dim][ff_e], the router into mlp.gate.weight [E][dim]; mixtral's q and k
+    rows back to Hugging Face's order. Checks against reader0 (the default model) that the experts
+    are an exact partition of the dense FFN, and on random inputs that one layer's MoE block is
+    softmax over the E router logits, the top experts_used, renormalized, summed."""
+    import gguf
+    import torch
+    import transformers
+
+    reader = gguf.GGUFReader(path)
+    arch = field_value(reader.fields["general.architecture"])[0]
+    assert (arch, name) in (("qwen3moe", "qwen3moe"), ("llama", "mixtral")), (arch, name)
+    kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
+          if k.startswith(arch + ".")}
+    T = {}
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
+    n_layers, dim = kv["block_count"], kv["embedding_length"]
+    n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
+    n_exp, used = kv["expert_count"], kv["expert_used_count"]
+    ff_e = kv["expert_feed_forward_length"] if arch == "qwen3moe" else kv["feed_forward_length"]
+    assert "attention.key_length" not in kv and "expert_shared_feed_forward_length" not in kv
+    # the partition: the experts side by side are the dense FFN, bit for bit
+    for t in reader0.tensors:
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if part not in ("ffn_gate", "ffn_up", "ffn_down"):
+            continue
+        dense = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        dense = dense.reshape([int(x) for x in reversed(t.shape)])
+        e = T[t.name.replace(f".{part}.", f".{part}_exps.")]
+        if part == "ffn_down":
+            assert e.shape == (n_exp, dim, ff_e)
+            assert np.array_equal(np.concatenate(list(e), axis=1), dense), t.name
+        else:
+            assert e.shape == (n_exp, ff_e, dim)
+            assert np.array_equal(np.concatenate(list(e), axis=0), dense), t.name
+    common = dict(
+        vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=dim // n_heads,
+        hidden_act="silu", max_position_embeddings=kv["context_length"],
+        rms_norm_eps=kv["attention.layer_norm_rms_epsilon"], tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": kv["rope.freq_base"]},
+        num_experts_per_tok=used, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if name == "qwen3moe":
+        cfg = transformers.Qwen3MoeConfig(
+            num_experts=n_exp, moe_intermediate_size=ff_e,
+            intermediate_size=kv["feed_forward_length"], norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+            use_sliding_window=False, **common)
+        cls, block = transformers.Qwen3MoeForCausalLM, "Qwen3MoeSparseMoeBlock"
+    else:
+        cfg = transformers.MixtralConfig(
+            num_local_experts=n_exp, intermediate_size=ff_e, sliding_window=None,
+            router_jitter_noise=0.0, **common)
+        cls, block = transformers.MixtralForCausalLM, "MixtralSparseMoeBlock"
+    model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager",
+                             dtype=torch.float32)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "ffn_gate_inp": "mlp.gate"}
+    if name == "qwen3moe":
+        names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+             **{f"blk.{il}.{g}": f"model.layers.{il}.{h}"
+                for il in range(n_layers) for g, h in names.items()}}
+    exps = {f"blk.{il}.ffn_{p}_exps" for il in range(n_layers) for p in ("gate", "up", "down")}
+    expect = {g + ".weight" for g in list(names) + list(exps)}
+    assert set(T) == expect, sorted(set(T) ^ expect)
+    hf = {}
+    for g, h in names.items():
+        v = T[g + ".weight"]
+        if name == "mixtral" and g.endswith(".attn_q"):
+            v = hf_rows(v, n_heads)
+        elif name == "mixtral" and g.endswith(".attn_k"):
+            v = hf_rows(v, n_kv)
+        hf[h + ".weight"] = v
+    for il in range(n_layers):
+        b = f"blk.{il}.ffn_"
+        hf[f"model.layers.{il}.mlp.experts.gate_up_proj"] = np.concatenate(
+            [T[b + "gate_exps.weight"], T[b + "up_exps.weight"]], axis=1)
+        hf[f"model.layers.{il}.mlp.experts.down_proj"] = T[b + "down_exps.weight"]
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                                                 for k, v in hf.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config._attn_implementation == "eager"
+    assert model.config._experts_implementation == "eager"
+    assert all(type(la.mlp).__name__ == block for la in model.model.layers)
+    assert all(la.mlp.gate.top_k == used and la.mlp.experts.num_experts == n_exp
+               for la in model.model.layers)
+    assert model.model.layers[0].self_attn.scaling == (dim // n_heads) ** -0.5
+    if name == "qwen3moe":
+        assert all(la.mlp.gate.norm_topk_prob for la in model.model.layers)
+    else:
+        assert model.config.sliding_window is None
+        assert all(la.mlp.jitter_noise == 0.0 for la in model.model.layers)
+    base = kv["rope.freq_base"]
+    want = 1.0 / base ** (np.arange(0, dim // n_heads, 2) / (dim // n_heads))
+    got = model.model.rotary_emb.inv_freq.numpy()
+    assert np.allclose(got, want, rtol=1e-6), (got[:4], want[:4])
+    # the MoE block is softmax, top experts_used, renormalize, sum of weight * expert(x): layer
+    # 1's on random inputs against the same computed here in float64 from the file's tensors
+    x = torch.randn(7, dim, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = model.model.layers[1].mlp(x[None])[0].numpy().astype(np.float64)
+    xd = x.numpy().astype(np.float64)
+    router = T["blk.1.ffn_gate_inp.weight"].astype(np.float64)
+    g_e, u_e, d_e = (T[f"blk.1.ffn_{p}_exps.weight"].astype(np.float64)
+                     for p in ("gate", "up", "down"))
+    ref = np.zeros_like(xd)
+    for n in range(len(xd)):
+        logit = router @ xd[n]
+        p = np.exp(logit - logit.max())
+        p /= p.sum()
+        top = np.argsort(-p, kind="stable")[:used]
+        for e in top:
+            gx = g_e[e] @ xd[n]
+            ref[n] += p[e] / p[top].sum() * (d_e[e] @ (gx / (1 + np.exp(-gx)) * (u_e[e] @ xd[n])))
+    err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+    assert err < 1e-5, err
+    return model, err
+
+
+def route_stats(model, ids):
+    """The router at work in transformers' model on ids: per (token, layer) its logits; the share
+    of each top-experts_used set, how often the set changes from one layer to the next (same
+    token) and from one token to the next (same layer), and the smallest gap between the
+    experts_used-th and the next router logit (absolute, and relative to the row's largest
+    |logit|)."""
+    import torch
+
+    used = model.config.num_experts_per_tok
+    rows = []
+    hooks = [la.mlp.gate.register_forward_hook(
+        lambda mod, inp, out, il=il: rows.append((il, out[0].detach().numpy().copy())))
+        for il, la in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert [il for il, _ in rows] == list(range(len(model.model.layers)))
+    R = np.stack([r for _, r in rows], axis=1)  # [token][layer][expert]
+    order = np.argsort(-R, axis=-1, kind="stable")
+    sets = np.sort(order[..., :used], axis=-1)
+    n_tok, n_lay = sets.shape[:2]
+    share = {}
+    for t in range(n_tok):
+        for il in range(n_lay):
+            share[tuple(int(e) for e in sets[t, il])] = share.get(
+                tuple(int(e) for e in sets[t, il]), 0) + 1
+    share = {k: v / (n_tok * n_lay) for k, v in sorted(share.items())}
+    layer_change = float(np.mean(np.any(sets[:, 1:] != sets[:, :-1], axis=-1)))
+    token_change = float(np.mean(np.any(sets[1:] != sets[:-1], axis=-1)))
+    srt = -np.sort(-R, axis=-1)
+    gap = srt[..., used - 1] - srt[..., used]
+    rel = gap / np.max(np.abs(R), axis=-1)
+    t, il = np.unravel_index(np.argmin(gap), gap.shape)
+    tr, ilr = np.unravel_index(np.argmin(rel), rel.shape)
+    return {"share": share, "layer_change": layer_change, "token_change": token_change,
+            "min_gap": float(gap[t, il]), "min_gap_at": (int(t), int(il)),
+            "min_rel_gap": float(rel[tr, ilr]), "min_rel_gap_at": (int(tr), int(ilr)),
+            "logit_range": (float(R.min()), float(R.max())),
+            "top1_share": [float(np.mean(order[..., 0] == e)) for e in range(R.shape[-1])]}
+
+
 def cpp_check(arch, pname, prompt, greedy, gaps, entries, logits_of, cpp_logits_of):
     """llama.cpp on the same file against transformers' record: the worst relative difference
     on the recorded top-5 logits (returned), on every position's top 5, and llama.cpp's own
@@ -398,11 +618,23 @@ def main():
     out = []
     tokenized = []
     for var in VARIANTS:
-        path = os.path.join(tmp, var["arch"] + ".gguf")
+        vname = var.get("name", var["arch"])
+        path = os.path.join(tmp, vname + ".gguf")
         write_variant(reader, var, path)
         llm, logits_of = runner(path)
         cpp_logits_of = None
-        if var["arch"] in HF_REF:  # llama.cpp's fp16-table GELU: transformers is the reference
+        if vname in HF_REF and "experts" in var:  # MoE: transformers is the reference
+            cpp_logits_of = logits_of
+            model, err = moe_hf(path, vname, reader)
+            print(f"{vname}: the experts are the dense FFN cut in {var['experts']}; layer 1's MoE "
+                  f"block against softmax/top-{var['experts_used']}/renormalize/sum in float64: "
+                  f"{err:.2e} relative")
+
+            def logits_of(ids, model=model):
+                with torch.no_grad():
+                    return model(torch.tensor([ids], dtype=torch.long),
+                                 use_cache=False).logits[0].float().numpy()
+        elif vname in HF_REF:  # llama.cpp's fp16-table GELU: transformers is the reference
             cpp_logits_of = logits_of
             model, inexact = gemma_hf(path)
             print(f"{var['arch']}: transformers' norm weights 1 + (w - 1) not exactly the "
@@ -427,16 +659,30 @@ def main():
             prompt = cases[pname]["prompt_ids"]
             greedy, gaps, entries, worst = greedy_record(logits_of, prompt, N_NEW, (0, 8, 16),
                                                          TOPK, other=plain)
-            case = {"name": f"{var['arch']}-{pname}", "arch": var["arch"],
+            case = {"name": f"{vname}-{pname}", "arch": var["arch"], "variant": vname,
                     "prompt_ids": prompt, "greedy_ids": greedy, "top2_gap": gaps,
                     "logits": entries, "llama_worst_rel_diff": worst}
             if cpp_logits_of is not None:
                 case["reference"] = "transformers"
-                case["llamacpp_worst_rel_diff"] = cpp_check(var["arch"], pname, prompt, greedy,
+                case["llamacpp_worst_rel_diff"] = cpp_check(vname, pname, prompt, greedy,
                                                             gaps, entries, logits_of,
                                                             cpp_logits_of)
+            if "experts" in var:  # on the sequence recorded (prompt and greedy tokens)
+                st = route_stats(model, prompt + greedy)
+                print(f"{vname}-{pname} routing ({len(prompt + greedy)} tokens x "
+                      f"{len(model.model.layers)} layers): top-{var['experts_used']} sets "
+                      + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in st["share"].items())
+                      + "; top-1 per expert "
+                      + ", ".join(f"{100 * v:.1f}%" for v in st["top1_share"])
+                      + f"; the set changes layer to layer {100 * st['layer_change']:.1f}%, "
+                      f"token to token {100 * st['token_change']:.1f}%; router logits "
+                      f"{st['logit_range'][0]:.3f}..{st['logit_range'][1]:.3f}; smallest gap "
+                      f"between router logits {var['experts_used']} and {var['experts_used'] + 1}"
+                      f" {st['min_gap']:.3e} at (token, layer) {st['min_gap_at']}, relative to "
+                      f"the row's largest |logit| {st['min_rel_gap']:.3e} at "
+                      f"{st['min_rel_gap_at']}" + (" NEAR-TIE" if st["min_rel_gap"] < 1e-4 else ""))
             out.append(case)
-            print(f"{var['arch']}-{pname}: the llama model's worst relative top-5 logit "
+            print(f"{vname}-{pname}: the llama model's worst relative top-5 logit "
                   f"difference {worst:.3f}; greedy {greedy[:8]}...")
         os.unlink(path)
     os.unlink(plain_path)
@@ -444,8 +690,9 @@ def main():
     json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
                "made_by": f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
                           f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
-                          f"; gemma3, gemma2: transformers {transformers.__version__}, torch "
-                          f"{torch.__version__} (fp32, eager attention)",
+                          f"; gemma3, gemma2, qwen3moe (Qwen3MoeForCausalLM), mixtral "
+                          f"(MixtralForCausalLM): transformers {transformers.__version__}, torch "
+                          f"{torch.__version__} (fp32, eager attention; MoE: eager experts)",
                "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
 
