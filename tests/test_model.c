@@ -1266,7 +1266,11 @@ START_TEST(arch_matches_reference)
      * from transformers on these cases): quern is held to it closely */
     const cJSON *refname = cJSON_GetObjectItemCaseSensitive(c, "reference");
     bool exact = cJSON_IsString(refname) && !strcmp(refname->valuestring, "transformers");
-    tm_check_case_logits(&r, c, 37, exact ? 1e-5 : 1e-3);
+    /* the mixtral copy (no q/k norms; top-2 gaps down to 0.007) carries fp32's rounding further
+     * than the others: two fp32 implementations, llama.cpp and transformers, are 2.6e-5 apart
+     * over its positions' top 5 (qwen3moe's 1.7e-6); quern is 1.2e-5 from transformers */
+    double tol = !exact ? 1e-3 : !strcmp(tm_str(c, "variant", ""), "mixtral") ? 3e-5 : 1e-5;
+    tm_check_case_logits(&r, c, 37, tol);
     if (!tu_sanitized()) tm_check_case_greedy(&r, c);
     if (phi3) {
         /* the same weights, fused and in Hugging Face's rows: llama.cpp's phi3 is its llama on
