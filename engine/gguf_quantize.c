@@ -80,6 +80,13 @@ static int fill(void *vctx, uint64_t index, void *dst, size_t nbytes, struct qer
     return 0;
 }
 
+static bool is_router(const struct gguf_tensor *t)
+{
+    static const char suffix[] = ".ffn_gate_inp.weight";
+    size_t n = sizeof suffix - 1;
+    return t->name.len >= n && !memcmp(t->name.ptr + t->name.len - n, suffix, n);
+}
+
 static bool is_output_tensor(const struct gguf_tensor *t)
 {
     return gguf_str_eq(t->name, "token_embd.weight") || gguf_str_eq(t->name, "output.weight");
@@ -98,7 +105,9 @@ static int plan_tensors(const struct gguf_file *in, const struct gguf_quantize_o
             return qerr_set(err, QERR_INVALID, "%s: tensor name '%s...' is too long or has a NUL",
                             gguf_path(in), name);
         enum qtype dst = o->type;
-        if (t->n_dims == 1)
+        /* vectors, and an expert router (ffn_gate_inp: a few rows whose order picks experts),
+         * stay float32 as llama-quantize keeps them */
+        if (t->n_dims == 1 || is_router(t))
             dst = QTYPE_F32;
         else if (o->keep_output && is_output_tensor(t))
             dst = t->type;

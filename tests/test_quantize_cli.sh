@@ -71,6 +71,13 @@ no_leftovers "$tmp"
 expect 0 'Q8_0 +211 tensors' -- info --model "$tmp/q8_0.gguf"
 expect 0 'Q4_0 +211 tensors' -- info --model "$tmp/q4_0.gguf"
 expect 0 'Q8_0 +1 tensors' -- info --model "$tmp/q4_0k.gguf" # token_embd kept as Q8_0
+# a mixture of experts: its routers (ffn_gate_inp) stay float32, as llama-quantize keeps them,
+# with the five norm vectors; the stacked experts are quantized
+moe=$(dirname "$0")/fuzz/corpus/gguf/tiny-moe.gguf
+expect 0 '8 converted, 6 copied' -- quantize --in "$moe" --out "$tmp/moe.gguf" --type q4_0
+expect 0 'F32 +6 tensors' -- info --model "$tmp/moe.gguf"
+expect 0 '4 experts of 32, 2 used' -- info --model "$tmp/moe.gguf"
+expect 0 '' -- generate --model "$tmp/moe.gguf" --prompt "hi" -n 4 --temp 0 --threads 2
 expect 0 'chat template chatml' -- info --model "$tmp/q4_0.gguf"
 expect 0 'Paris' -- generate --model "$tmp/q8_0.gguf" --temp 0 -n 8 --prompt "The capital of France is"
 
