@@ -13,7 +13,8 @@
 # decode rate is set against the mean of those two) and prints the decode roofline per file:
 # bytes of weights read per
 # generated token (every tensor in full, except token_embd: one row for the lookup, plus all of
-# it again when the output matrix is tied to it; parsed from the GGUF with the Python stdlib)
+# it again when the output matrix is tied to it, and a mixture's stacked experts: the share
+# expert_used_count / expert_count of them; parsed from the GGUF with the Python stdlib)
 # divided by bandwidth gives the max tokens/s; both programs' tg is shown as a % of it (quern's
 # of the bytes it reads: a file's K-quant and Q5_1 tensors as the Q4_1/Q8_0 they become at
 # open, both figures shown where they differ; Q5_0 keeps its bytes on the CPU). A second
@@ -164,9 +165,15 @@ def tensors(path):
         r = R(fh)
         if fh.read(4) != b"GGUF": raise ValueError(path + ": not a GGUF file")
         r.get("I"); nt, nkv = r.get("Q"), r.get("Q")
+        moe = {}  # a mixture's expert_count and expert_used_count
         for _ in range(nkv):
-            r.str(); r.skip(r.get("I"))
-        out = {}
+            key, t = r.str(), r.get("I")
+            part = key.rsplit(".", 1)[-1]
+            if part in ("expert_count", "expert_used_count") and t == 4:
+                moe[part] = r.get("I")
+            else:
+                r.skip(t)
+        out = {"__moe__": moe}
         for _ in range(nt):
             name = r.str(); dims = [r.get("Q") for _ in range(r.get("I"))]
             typ = r.get("I"); r.get("Q")
@@ -189,7 +196,12 @@ def per_token(ts, conv):
         n = t[1][0]
         for x in t[1][1:] if full else []: n *= x
         return n // be * bb
-    total = sum(size(t, True) for t in ts.values())
+    moe = ts["__moe__"]
+    def share(name):  # a mixture's token reads expert_used_count of the stacked experts
+        if "_exps." in name and moe.get("expert_count"):
+            return moe.get("expert_used_count", 0) / moe["expert_count"]
+        return 1.0
+    total = sum(int(size(t, True) * share(n)) for n, t in ts.items() if n != "__moe__")
     emb = ts.get("token_embd.weight")
     out = total
     if emb:
@@ -199,14 +211,14 @@ def per_token(ts, conv):
 
 for path in sys.argv[1:]:
     ts = tensors(path)
-    total = sum(t[2] for t in ts.values())
+    total = sum(t[2] for n, t in ts.items() if n != "__moe__")
     emb = ts.get("token_embd.weight")
     tied = "output.weight" not in ts
     per_tok = per_token(ts, {})
     per_tok_quern = per_token(ts, CONV)
     by_type = {}
     for name, t in ts.items():
-        if len(t[1]) >= 2 and name != "token_embd.weight":
+        if name != "__moe__" and len(t[1]) >= 2 and name != "token_embd.weight":
             by_type[t[0]] = by_type.get(t[0], 0) + t[2]
     main = N.get(max(by_type, key=by_type.get), "?") if by_type else "?"
     print("%s\t%s\t%s\t%d\t%d\t%s\t%d" % (path, main, N.get(emb[0], str(emb[0])) if emb else "-",
