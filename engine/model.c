@@ -161,7 +161,8 @@ static int read_gemma(const struct gguf_file *f, struct model_config *cfg, struc
 }
 
 /* Mixtral (llama or mistral with expert_count) and Qwen3-MoE as llama.cpp reads them: every
- * layer a mixture (ffn_gate_inp, the router; ffn_{gate,up,down}_exps, the experts stacked), an
+ * layer a mixture (ffn_gate_inp, the router; ffn_{gate,up,down}_exps, the experts stacked, or
+ * the first Mixtral files' ffn_{gate,up,down}.<e>, one tensor an expert), an
  * expert of expert_feed_forward_length channels or, where the file has none, feed_forward_length
  * (Mixtral's files give the expert's there), softmax routing with the chosen weights
  * renormalized. Shared experts (Qwen2-MoE, DeepSeek) and per-layer counts are refused. */
@@ -678,6 +679,30 @@ static int load_experts(struct model *m, const struct gguf_file *f, const char *
     return 0;
 }
 
+/* Layer l's experts of one matrix (part: "gate", "up", "down"): the stacked tensor
+ * ffn_<part>_exps, or, in files of llama.cpp's first Mixtral converter, one tensor an expert
+ * (ffn_<part>.<e>). */
+static int load_expert_part(struct model *m, const struct gguf_file *f, int l, const char *part,
+                            int64_t cols, int64_t rows, struct bweight **out, struct qerr *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, part);
+    if (gguf_tensor_find(f, name) || !gguf_tensor_find(f, "blk.0.ffn_gate.0.weight"))
+        return load_experts(m, f, name, cols, rows, out, err);
+    int E = m->cfg.n_experts;
+    struct bweight *ws = calloc((size_t)E, sizeof *ws);
+    if (!ws)
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory for layer %d's experts", gguf_path(f),
+                        l);
+    *out = ws;
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s.%d.weight", l, part, e);
+        int rc = load_weight(m, f, name, cols, rows, &ws[e], err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* Layer l's router and experts (read_moe). */
 static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, struct moe_weights *w,
                           struct qerr *err)
@@ -686,12 +711,9 @@ static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, str
     char name[96];
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
     int rc = load_weight(m, f, name, c->dim, c->n_experts, &w->router, err);
-    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
-    if (!rc) rc = load_experts(m, f, name, c->dim, c->expert_ffn_dim, &w->gate, err);
-    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
-    if (!rc) rc = load_experts(m, f, name, c->dim, c->expert_ffn_dim, &w->up, err);
-    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
-    if (!rc) rc = load_experts(m, f, name, c->expert_ffn_dim, c->dim, &w->down, err);
+    if (!rc) rc = load_expert_part(m, f, l, "gate", c->dim, c->expert_ffn_dim, &w->gate, err);
+    if (!rc) rc = load_expert_part(m, f, l, "up", c->dim, c->expert_ffn_dim, &w->up, err);
+    if (!rc) rc = load_expert_part(m, f, l, "down", c->expert_ffn_dim, c->dim, &w->down, err);
     return rc;
 }
 

@@ -741,6 +741,7 @@ static cJSON *arch_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run 
 struct arch_part {
     int src; /* the model's tensor index, or -1, -2, -3 */
     int layer, kind;
+    int expert; /* -3: one expert's tensor (split_experts), or -1: all of them stacked */
 };
 
 struct arch_copy {
@@ -802,16 +803,20 @@ static void fill_experts(const struct arch_copy *qc, const struct arch_part *p, 
     }
     static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
     const struct gguf_tensor *t = layer_tensor(p->layer, dense[p->kind - 1]);
+    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]);
     if (p->kind < 3) { /* expert e: rows e * ff_e .. of the dense matrix, as they lie */
-        ck_assert_uint_eq(arch_rows(qc, t, 0, dst), nbytes);
+        size_t skip = p->expert < 0 ? 0 : (size_t)p->expert * (size_t)qc->ff_e * rb;
+        ck_assert_uint_le(skip + nbytes, (size_t)t->ne[1] * rb);
+        memcpy(dst, (const uint8_t *)t->data + skip, nbytes);
         return;
     }
-    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]);
     size_t part = qtype_row_bytes(t->type, (size_t)qc->ff_e), rows = (size_t)t->ne[1];
     uint8_t *o = dst;
-    for (int e = 0; e < qc->experts; e++) /* expert e: columns e * ff_e .. of every row */
+    for (int e = 0; e < qc->experts; e++) { /* expert e: columns e * ff_e .. of every row */
+        if (p->expert >= 0 && e != p->expert) continue;
         for (size_t r = 0; r < rows; r++, o += part)
             memcpy(o, (const uint8_t *)t->data + r * rb + (size_t)e * part, part);
+    }
     ck_assert_uint_eq((size_t)(o - dst), nbytes);
 }
 
@@ -977,20 +982,29 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
             "%s", err.msg);
         qc->parts[np++] = (struct arch_part){.src = -2, .layer = layer, .kind = 1};
     }
+    /* split_experts: one tensor an expert, as llama.cpp's first Mixtral converter wrote them */
+    bool split = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(var, "split_experts"));
     for (int layer = 0; qc->experts && layer < c->n_layers; layer++) {
         static const char *const moe[] = {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
                                           "ffn_down_exps"};
+        static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
         for (int kind = 0; kind < 4; kind++) {
             uint64_t E = (uint64_t)qc->experts, D = (uint64_t)c->dim, F = (uint64_t)qc->ff_e;
             uint64_t ne[4][3] = {{D, E, 1}, {D, F, E}, {D, F, E}, {F, D, E}};
-            static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
             enum qtype ty = kind ? layer_tensor(layer, dense[kind - 1])->type : QTYPE_F32;
-            char tn[64];
-            snprintf(tn, sizeof tn, "blk.%d.%s.weight", layer, moe[kind]);
-            ck_assert_msg(gguf_writer_add_tensor(w, tn, kind ? 3 : 2, ne[kind], ty, &err) == 0,
-                          "%s", err.msg);
-            ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
-            qc->parts[np++] = (struct arch_part){.src = -3, .layer = layer, .kind = kind};
+            for (int e = split && kind ? 0 : -1; e < (split && kind ? qc->experts : 0); e++) {
+                char tn[64];
+                if (e < 0)
+                    snprintf(tn, sizeof tn, "blk.%d.%s.weight", layer, moe[kind]);
+                else
+                    snprintf(tn, sizeof tn, "blk.%d.%s.%d.weight", layer, dense[kind - 1], e);
+                ck_assert_msg(
+                    gguf_writer_add_tensor(w, tn, kind && e < 0 ? 3 : 2, ne[kind], ty, &err) == 0,
+                    "%s", err.msg);
+                ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
+                qc->parts[np++] =
+                    (struct arch_part){.src = -3, .layer = layer, .kind = kind, .expert = e};
+            }
         }
     }
     static const char *const names[] = {"attn_q.bias",         "attn_k.bias",
@@ -1382,6 +1396,32 @@ START_TEST(moe_bad_files_refused)
 }
 END_TEST
 
+/* A Mixtral file of the first converter's layout (one tensor an expert) runs as the same
+ * experts stacked, to the bit. */
+START_TEST(moe_split_experts_same_bits)
+{
+    static struct arch_file stacked, split;
+    arch_file_write(&stacked, "{\"arch\": \"llama\", \"experts\": 4, \"experts_used\": 2, "
+                              "\"router_amp\": 0.1}");
+    arch_file_write(&split, "{\"arch\": \"llama\", \"experts\": 4, \"experts_used\": 2, "
+                            "\"router_amp\": 0.1, \"split_experts\": true}");
+    struct gguf_file *qa, *qb;
+    struct model *a = load_arch(stacked.path, &qa), *b = load_arch(split.path, &qb);
+    ck_assert_ptr_nonnull(gguf_tensor_find(qb, "blk.3.ffn_down.2.weight"));
+    ck_assert_ptr_null(gguf_tensor_find(qb, "blk.3.ffn_down_exps.weight"));
+    size_t n;
+    int32_t *seq = case_seq(tm_case(0), &n);
+    same_logits_as(b, 0, a, 0, seq, n, "experts a tensor each vs stacked");
+    free(seq);
+    model_free(a);
+    model_free(b);
+    gguf_close(qa);
+    gguf_close(qb);
+    arch_file_remove(&stacked);
+    arch_file_remove(&split);
+}
+END_TEST
+
 /* Mixtral with one expert of the whole FFN, chosen with weight 1, is the llama model: gathering
  * a token's row, its expert's matmuls and the weighted sum (1 x, added to 0) change no bit. */
 START_TEST(moe_one_expert_is_llama)
@@ -1726,6 +1766,7 @@ int main(void)
     if (arch_golden) tcase_add_test(qt, gemma3_chunks_same_bits);
     if (arch_golden && arch_variant("qwen3moe")) tcase_add_test(qt, moe_chunks_same_bits);
     if (arch_golden) tcase_add_test(qt, moe_one_expert_is_llama);
+    if (arch_golden) tcase_add_test(qt, moe_split_experts_same_bits);
     if (arch_golden) tcase_add_test(qt, moe_bad_files_refused);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
