@@ -638,11 +638,12 @@ static int load_weight(struct model *m, const struct gguf_file *f, const char *n
     return load_weight_part(m, f, name, cols, rows, 0, rows, 0, cols, 0, w, NULL, err);
 }
 
-/* The experts of the [n_experts][rows][cols] tensor `name`, a bweight each over its rows of the
- * file's bytes (*out, n_experts of them, owned by the layer). A converted tensor's bytes go once
- * the last expert is packed. */
+/* The experts of the [n_experts][rows][cols] tensor `name`, a bweight each over this rank's
+ * shard of it (model_shard.h: rows [f0, f0 + nf) of gate and up, columns [f0, f0 + nf) of down,
+ * `down` says which), in *out, owned by the layer with the column copies in own[e]. Rows are
+ * windows on the file; a converted tensor's bytes go once the last rank packed every expert. */
 static int load_experts(struct model *m, const struct gguf_file *f, const char *name, int64_t cols,
-                        int64_t rows, struct bweight **out, struct qerr *err)
+                        int64_t rows, bool down, struct bweight *ws, void **own, struct qerr *err)
 {
     int E = m->cfg.n_experts;
     const struct gguf_tensor *t = gguf_tensor_find(f, name);
@@ -654,56 +655,85 @@ static int load_experts(struct model *m, const struct gguf_file *f, const char *
                         gguf_path(f), name, (unsigned long long)t->ne[0],
                         (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
                         (unsigned long long)t->ne[3], (long long)cols, (long long)rows, E);
+    if (down &&
+        (m->sh.f0 % (int)qtype_block_elems(t->type) || m->sh.nf % (int)qtype_block_elems(t->type)))
+        return qerr_set(err, QERR_UNSUPPORTED,
+                        "%s: --tp %d: %s's shard of columns [%d, %d) cuts a quant block",
+                        gguf_path(f), m->sh.n_ranks, name, m->sh.f0, m->sh.f0 + m->sh.nf);
     const void *bytes;
     int rc = gguf_tensor_bytes(f, t, &bytes, err);
     if (rc) return rc;
-    struct bweight *ws = calloc((size_t)E, sizeof *ws);
-    if (!ws) return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
-    *out = ws;
-    scan_tensor(m, t, bytes);
-    size_t expert_bytes = (size_t)rows * qtype_row_bytes(t->type, (size_t)cols);
+    if (m->sh.rank == 0) scan_tensor(m, t, bytes);
+    size_t rb = qtype_row_bytes(t->type, (size_t)cols), expert_bytes = (size_t)rows * rb;
     bool all_packed = true;
     for (int e = 0; e < E; e++) {
+        const uint8_t *at = (const uint8_t *)bytes + (size_t)e * expert_bytes;
         ws[e] = (struct bweight){.type = t->type,
-                                 .rows = rows,
-                                 .cols = cols,
-                                 .host = (const uint8_t *)bytes + (size_t)e * expert_bytes};
+                                 .rows = down ? rows : m->sh.nf,
+                                 .cols = down ? m->sh.nf : cols,
+                                 .host = down ? at : at + (size_t)m->sh.f0 * rb};
+        if (down && m->sh.nf != cols) { /* this rank's columns of every row */
+            size_t part = qtype_row_bytes(t->type, (size_t)m->sh.nf);
+            size_t skip = qtype_row_bytes(t->type, (size_t)m->sh.f0);
+            uint8_t *p = malloc((size_t)rows * part);
+            if (!p)
+                return qerr_set(err, QERR_NOMEM, "%s: out of memory for %s", gguf_path(f), name);
+            for (int64_t r = 0; r < rows; r++)
+                memcpy(p + (size_t)r * part, at + (size_t)r * rb + skip, part);
+            own[e] = p;
+            ws[e].host = p;
+        }
         if ((rc = m->be->ops->weight_prepare(m->be, &ws[e], err))) return rc;
         all_packed = all_packed && ws[e].impl;
     }
-    for (int e = 0; e < E; e++) drop_file_pages(f, &ws[e]);
+    for (int e = 0; e < E; e++) {
+        if (ws[e].impl && own[e]) {
+            free(own[e]);
+            own[e] = NULL;
+            ws[e].host = NULL;
+        }
+        drop_file_pages(f, &ws[e]);
+    }
     if (all_packed && t->file_type != (uint32_t)t->type) {
         for (int e = 0; e < E; e++) ws[e].host = NULL;
-        gguf_tensor_release(f, t);
+        if (m->sh.rank == m->sh.n_ranks - 1) gguf_tensor_release(f, t);
     }
     return 0;
 }
 
-/* Layer l's experts of one matrix (part: "gate", "up", "down"): the stacked tensor
- * ffn_<part>_exps, or, in files of llama.cpp's first Mixtral converter, one tensor an expert
- * (ffn_<part>.<e>). */
+/* Layer l's experts of one matrix (part: "gate", "up", "down"; this rank's shard of each): the
+ * stacked tensor ffn_<part>_exps, or, in files of llama.cpp's first Mixtral converter, one
+ * tensor an expert (ffn_<part>.<e>). */
 static int load_expert_part(struct model *m, const struct gguf_file *f, int l, const char *part,
-                            int64_t cols, int64_t rows, struct bweight **out, struct qerr *err)
+                            int64_t cols, int64_t rows, struct bweight **out, void ***own,
+                            struct qerr *err)
 {
+    int E = m->cfg.n_experts;
+    bool down = !strcmp(part, "down");
+    struct bweight *ws = calloc((size_t)E, sizeof *ws);
+    void **owns = calloc((size_t)E, sizeof *owns);
+    *out = ws;
+    *own = owns;
+    if (!ws || !owns)
+        return qerr_set(err, QERR_NOMEM, "%s: out of memory for layer %d's experts", gguf_path(f),
+                        l);
     char name[96];
     snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, part);
     if (gguf_tensor_find(f, name) || !gguf_tensor_find(f, "blk.0.ffn_gate.0.weight"))
-        return load_experts(m, f, name, cols, rows, out, err);
-    int E = m->cfg.n_experts;
-    struct bweight *ws = calloc((size_t)E, sizeof *ws);
-    if (!ws)
-        return qerr_set(err, QERR_NOMEM, "%s: out of memory for layer %d's experts", gguf_path(f),
-                        l);
-    *out = ws;
+        return load_experts(m, f, name, cols, rows, down, ws, owns, err);
+    const struct model_shard *s = &m->sh;
     for (int e = 0; e < E; e++) {
         snprintf(name, sizeof name, "blk.%d.ffn_%s.%d.weight", l, part, e);
-        int rc = load_weight(m, f, name, cols, rows, &ws[e], err);
+        int rc = down ? load_weight_part(m, f, name, cols, rows, 0, rows, s->f0, s->nf, 0, &ws[e],
+                                         &owns[e], err)
+                      : load_weight_part(m, f, name, cols, rows, s->f0, s->nf, 0, cols, 0, &ws[e],
+                                         NULL, err);
         if (rc) return rc;
     }
     return 0;
 }
 
-/* Layer l's router and experts (read_moe). */
+/* Layer l's router (whole on every rank: each routes alike) and experts (read_moe). */
 static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, struct moe_weights *w,
                           struct qerr *err)
 {
@@ -711,9 +741,10 @@ static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, str
     char name[96];
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
     int rc = load_weight(m, f, name, c->dim, c->n_experts, &w->router, err);
-    if (!rc) rc = load_expert_part(m, f, l, "gate", c->dim, c->expert_ffn_dim, &w->gate, err);
-    if (!rc) rc = load_expert_part(m, f, l, "up", c->dim, c->expert_ffn_dim, &w->up, err);
-    if (!rc) rc = load_expert_part(m, f, l, "down", c->expert_ffn_dim, c->dim, &w->down, err);
+    int64_t ff = c->expert_ffn_dim;
+    if (!rc) rc = load_expert_part(m, f, l, "gate", c->dim, ff, &w->gate, &w->own[0], err);
+    if (!rc) rc = load_expert_part(m, f, l, "up", c->dim, ff, &w->up, &w->own[1], err);
+    if (!rc) rc = load_expert_part(m, f, l, "down", ff, c->dim, &w->down, &w->own[2], err);
     return rc;
 }
 
@@ -724,6 +755,8 @@ static void free_moe_layer(struct backend *be, int n_experts, struct moe_weights
     for (int i = 0; i < 3; i++) {
         for (int e = 0; sets[i] && e < n_experts; e++)
             if (sets[i][e].host || sets[i][e].impl) be->ops->weight_release(be, &sets[i][e]);
+        for (int e = 0; w->own[i] && e < n_experts; e++) free(w->own[i][e]);
+        free(w->own[i]);
         free(sets[i]);
     }
 }
@@ -871,14 +904,12 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         goto fail;
     }
     int lora_slots = opts->max_loras > opts->n_loras ? opts->max_loras : opts->n_loras;
-    if (c->n_experts && (!bo->moe_combine || (sh && sh->n_ranks > 1) || lora_slots > 0)) {
+    if (c->n_experts && (!bo->moe_combine || lora_slots > 0)) {
         rc = qerr_set(err, QERR_UNSUPPORTED,
                       !bo->moe_combine ? "model: the %s backend cannot run %s's experts (its "
                                          "moe_combine op is missing)"
-                      : lora_slots > 0 ? "model: LoRA adapters on a mixture of experts (%s, %s) "
-                                         "are not supported"
-                                       : "model: a mixture of experts split over ranks (%s, %s, "
-                                         "--tp) is not supported",
+                                       : "model: LoRA adapters on a mixture of experts (%s, %s) "
+                                         "are not supported",
                       bo->name, c->arch);
         goto fail;
     }
@@ -989,7 +1020,8 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     if ((rc = alloc_acts(m, err)) || (rc = reserve_table(m, err)) ||
         (rc = report_nonfinite(m, f, err)))
         goto fail;
-    if (c->n_experts && (rc = moe_run_create(be, c, opts->max_batch_tokens, &m->moe, err)))
+    if (c->n_experts &&
+        (rc = moe_run_create(be, c, m->sh.nf, opts->max_batch_tokens, &m->moe, err)))
         goto fail;
     if (lora_slots > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras, lora_slots,
                                                 opts->max_batch_tokens, &m->lora, err)))

@@ -41,7 +41,7 @@ void moe_run_free(struct moe_run *r)
     free(r);
 }
 
-int moe_run_create(struct backend *be, const struct model_config *c, int max_tokens,
+int moe_run_create(struct backend *be, const struct model_config *c, int ff, int max_tokens,
                    struct moe_run **out, struct qerr *err)
 {
     *out = NULL;
@@ -51,7 +51,7 @@ int moe_run_create(struct backend *be, const struct model_config *c, int max_tok
     r->n_experts = c->n_experts;
     r->k = c->n_experts_used;
     r->dim = c->dim;
-    r->ff = c->expert_ffn_dim;
+    r->ff = ff;
     r->chunk = MOE_CHUNK_ROWS / r->k;
     if (r->chunk < 1) r->chunk = 1;
     if (r->chunk > max_tokens) r->chunk = max_tokens;

@@ -15,17 +15,19 @@
 #include "../kernels/backend.h"
 #include "model.h"
 
-/* One layer's experts: views of the file's [n_experts][rows][cols] tensors, one bweight each. */
+/* One layer's experts: views of the file's [n_experts][rows][cols] tensors, one bweight each
+ * (under tensor parallelism, this rank's channels of each expert, as the dense FFN's). */
 struct moe_weights {
     struct bweight router;
     struct bweight *gate, *up, *down; /* [n_experts] each */
+    void **own[3]; /* [n_experts] each: copies the file's bytes could not serve (down's columns) */
 };
 
 struct moe_run;
 
 /* Scratch for batches of up to max_tokens tokens (a forward's batch is run in chunks that fit
- * fixed buffers). */
-int moe_run_create(struct backend *be, const struct model_config *c, int max_tokens,
+ * fixed buffers), experts of ff channels (this rank's share of c->expert_ffn_dim). */
+int moe_run_create(struct backend *be, const struct model_config *c, int ff, int max_tokens,
                    struct moe_run **out, struct qerr *err);
 void moe_run_free(struct moe_run *r);
 

@@ -13,7 +13,7 @@ void model_shard_whole(const struct model_config *c, struct model_shard *s)
                               .kv0 = 0,
                               .nkv = c->n_kv_heads,
                               .f0 = 0,
-                              .nf = c->ffn_dim};
+                              .nf = c->n_experts ? c->expert_ffn_dim : c->ffn_dim};
 }
 
 /* Part i of n when `total` units are split as evenly as possible, the first ones larger. */
@@ -33,11 +33,13 @@ int model_shard_plan(const struct model_config *c, int n_ranks, int rank, struct
         return qerr_set(err, QERR_INVALID,
                         "--tp %d: the model has %d query heads (%d KV heads); at most %d ranks",
                         n_ranks, c->n_heads, c->n_kv_heads, c->n_heads);
-    /* FFN channels in whole quant blocks, so down's column shards start on a block */
-    int unit = c->ffn_dim % 32 == 0 ? 32 : 1;
-    if (n_ranks > c->ffn_dim / unit)
+    /* FFN channels (each expert's, in a mixture) in whole quant blocks, so down's column shards
+     * start on a block */
+    int ffn = c->n_experts ? c->expert_ffn_dim : c->ffn_dim;
+    int unit = ffn % 32 == 0 ? 32 : 1;
+    if (n_ranks > ffn / unit)
         return qerr_set(err, QERR_INVALID, "--tp %d: FFN of %d channels has only %d blocks",
-                        n_ranks, c->ffn_dim, c->ffn_dim / unit);
+                        n_ranks, ffn, ffn / unit);
     int g = c->n_heads / c->n_kv_heads; /* query heads per KV head */
     s->rank = rank;
     s->n_ranks = n_ranks;
@@ -64,7 +66,7 @@ int model_shard_plan(const struct model_config *c, int n_ranks, int rank, struct
                             n_ranks, k, g, sharing);
     }
     int fs, fc;
-    even_part(c->ffn_dim / unit, n_ranks, rank, &fs, &fc);
+    even_part(ffn / unit, n_ranks, rank, &fs, &fc);
     s->f0 = fs * unit;
     s->nf = fc * unit;
     return 0;
@@ -73,6 +75,40 @@ int model_shard_plan(const struct model_config *c, int n_ranks, int rank, struct
 static const struct gguf_tensor *tensor(const struct gguf_file *f, const char *name)
 {
     return gguf_tensor_find(f, name);
+}
+
+/* This rank's bytes of layer l's experts of one matrix (part "gate", "up" or "down": rows or
+ * columns [f0, f0 + nf) of each), stacked or one tensor an expert, and the router with gate. */
+static int expert_bytes(const struct gguf_file *f, const struct model_config *c,
+                        const struct model_shard *s, int l, const char *part, uint64_t *total,
+                        struct qerr *err)
+{
+    char name[96];
+    bool down = !strcmp(part, "down");
+    if (!strcmp(part, "gate")) {
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        const struct gguf_tensor *t = tensor(f, name);
+        if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
+        *total += t->nbytes;
+    }
+    for (int e = -1; e < c->n_experts; e++) {
+        if (e < 0)
+            snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, part);
+        else
+            snprintf(name, sizeof name, "blk.%d.ffn_%s.%d.weight", l, part, e);
+        const struct gguf_tensor *t = tensor(f, name);
+        if (!t && e < 0) continue; /* one tensor an expert */
+        if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
+        uint64_t n = e < 0 ? (uint64_t)c->n_experts : 1;
+        if (down && (size_t)s->nf % qtype_block_elems(t->type))
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "--tp %d: %s's %d-column shard cuts a quant block", s->n_ranks, name,
+                            s->nf);
+        *total += down ? n * t->ne[1] * qtype_row_bytes(t->type, (size_t)s->nf)
+                       : n * (uint64_t)s->nf * qtype_row_bytes(t->type, (size_t)t->ne[0]);
+        if (e < 0) break;
+    }
+    return 0;
 }
 
 int model_shard_bytes(const struct gguf_file *f, const struct model_config *c,
@@ -95,6 +131,12 @@ int model_shard_bytes(const struct gguf_file *f, const struct model_config *c,
                      {"ffn_up", 1},    {"attn_output", 2}, {"ffn_down", 2}};
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             char name[96];
+            if (c->n_experts && !strncmp(parts[i].name, "ffn_", 4) &&
+                strcmp(parts[i].name, "ffn_norm")) {
+                int rc = expert_bytes(f, c, s, l, parts[i].name + 4, &total, err);
+                if (rc) return rc;
+                continue;
+            }
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[i].name);
             const struct gguf_tensor *t = tensor(f, name);
             if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
