@@ -33,7 +33,7 @@ struct piece {
 /* The pieces of file target ft in the model of cfg, its weight's in (cols) and out (rows): one
  * piece, or q/k/v of a fused attn_qkv and gate/up of a fused ffn_up; 0 when the model has no
  * such matrix (attn_q where it fuses q/k/v, attn_qkv where it does not, ffn_gate beside a fused
- * ffn_up). */
+ * ffn_up, the FFN's of a mixture of experts). */
 static int file_pieces(const struct model_config *c, int ft, struct piece *p, int64_t *in,
                        int64_t *out)
 {
@@ -49,6 +49,8 @@ static int file_pieces(const struct model_config *c, int ft, struct piece *p, in
         return 3;
     }
     if ((c->fused_qkv && ft <= LORA_V) || (c->fused_gate_up && ft == LORA_GATE)) return 0;
+    /* a mixture's FFN is its experts' (model_moe.h): no dense ffn_gate, ffn_up, ffn_down */
+    if (c->n_experts && ft >= LORA_GATE && ft <= LORA_DOWN) return 0;
     if (c->fused_gate_up && ft == LORA_UP) {
         *in = c->dim;
         *out = 2 * (int64_t)c->ffn_dim;

@@ -904,12 +904,10 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         goto fail;
     }
     int lora_slots = opts->max_loras > opts->n_loras ? opts->max_loras : opts->n_loras;
-    if (c->n_experts && (!bo->moe_combine || lora_slots > 0)) {
+    if (c->n_experts && !bo->moe_combine) {
         rc = qerr_set(err, QERR_UNSUPPORTED,
-                      !bo->moe_combine ? "model: the %s backend cannot run %s's experts (its "
-                                         "moe_combine op is missing)"
-                                       : "model: LoRA adapters on a mixture of experts (%s, %s) "
-                                         "are not supported",
+                      "model: the %s backend cannot run %s's experts (its moe_combine op is "
+                      "missing)",
                       bo->name, c->arch);
         goto fail;
     }

@@ -1173,21 +1173,6 @@ static void check_arch_tp3(struct model *m, const struct gguf_file *qf, const cJ
     free(seq);
 }
 
-/* What a mixture of experts refuses by name: LoRA adapters. */
-static void check_moe_refusals(const struct gguf_file *qf)
-{
-    struct qerr err = {0};
-    struct model_opts mo = {.max_batch_tokens = 64,
-                            .max_logits = 8,
-                            .kv_blocks = 8,
-                            .kv_block_size = 16,
-                            .max_loras = 1};
-    struct model *m = NULL;
-    ck_assert_int_eq(model_load(qf, be, &mo, &m, &err), QERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "LoRA"), "%s", err.msg);
-    ck_assert_ptr_null(m);
-}
-
 /* A string member of o, or dflt where o has none. */
 static const char *tm_str(const cJSON *o, const char *key, const char *dflt)
 {
@@ -1282,7 +1267,6 @@ START_TEST(arch_matches_reference)
         ck_assert_msg(off > 0.05, "the llama model matches the %s reference (%.3f)", arch, off);
     }
     if (!tu_sanitized()) check_arch_tp3(m, qf, c);
-    if (qc.experts) check_moe_refusals(qf);
     if (!strcmp(arch, "qwen2")) check_qwen2_tokenize(qf);
     model_free(m);
     gguf_close(qf);
@@ -1446,6 +1430,49 @@ END_TEST
 /* ---- LoRA adapters: tests/golden/smollm2-lora.json (tools/make-golden-lora.py) ---- */
 
 static cJSON *lora_golden; /* beside $QUERN_GOLDEN; NULL: its tests are not run */
+
+static int load_lora_model(const struct gguf_file *f, const struct lora_spec *specs, int n,
+                           struct model **out, struct qerr *err);
+static int load_with_loras(char *dir, const struct lorafix *fxs, int n, float scale,
+                           struct model **out, struct qerr *err);
+
+/* A mixture of experts takes adapters of its attention: the one-expert Mixtral copy with one
+ * on q, k, v and o is the llama model with the same adapter, to the bit; one that adapts the
+ * FFN's matrices, which a mixture does not have, is refused by name. */
+START_TEST(moe_attention_lora_is_llama_lora)
+{
+    static struct arch_file af;
+    arch_file_write(&af, "{\"arch\": \"llama\", \"experts\": 1, \"experts_used\": 1, "
+                         "\"router_amp\": 0.1}");
+    struct lorafix fx = lorafix_default();
+    fx.targets = 1u << LORA_Q | 1u << LORA_K | 1u << LORA_V | 1u << LORA_O;
+    struct qerr err = {0};
+    ck_assert_msg(lorafix_write(model_get_config(model), af.lora, &fx, &err) == 0, "%s", err.msg);
+    struct gguf_file *qf;
+    ck_assert_msg(gguf_open(af.path, &qf, &err) == 0, "%s", err.msg);
+    struct lora_spec spec = {.path = af.lora, .name = "attn", .scale = 1.0f};
+    struct model *mm, *ml;
+    ck_assert_msg(load_lora_model(qf, &spec, 1, &mm, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(model_get_config(mm)->n_experts, 1);
+    char ldir[] = "/tmp/quern-lora-XXXXXX";
+    ck_assert_msg(load_with_loras(ldir, &fx, 1, 1.0f, &ml, &err) == 0, "%s", err.msg);
+    size_t np;
+    int32_t *p = tm_case_ids(0, "prompt_ids", &np);
+    same_logits_as(mm, 1, ml, 1, p, np, "one-expert mixtral with an attention adapter vs llama");
+    free(p);
+    model_free(mm);
+    model_free(ml);
+    struct lorafix all = lorafix_default(); /* every layer matrix, the FFN's too */
+    ck_assert_msg(lorafix_write(model_get_config(model), af.lora, &all, &err) == 0, "%s", err.msg);
+    struct model *bad = NULL;
+    ck_assert_int_eq(load_lora_model(qf, &spec, 1, &bad, &err), QERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "ffn_gate.weight, a matrix this llama model does not have"), "%s",
+                  err.msg);
+    ck_assert_ptr_null(bad);
+    gguf_close(qf);
+    arch_file_remove(&af);
+}
+END_TEST
 
 /* The model in f with adapters specs[0..n) on the fixture's backend, as the golden tests size it.
  */
@@ -1749,6 +1776,7 @@ int main(void)
     if (arch_golden) tcase_add_test(qt, moe_one_expert_is_llama);
     if (arch_golden) tcase_add_test(qt, moe_split_experts_same_bits);
     if (arch_golden) tcase_add_test(qt, moe_bad_files_refused);
+    if (arch_golden) tcase_add_test(qt, moe_attention_lora_is_llama_lora);
     suite_add_tcase(s, qt);
     lora_golden = golden_beside("smollm2-lora.json");
     TCase *lt = tcase_create("lora");
