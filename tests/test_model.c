@@ -1277,9 +1277,39 @@ START_TEST(arch_matches_reference)
 }
 END_TEST
 
+/* Seven sequences in one ragged batch (prompts of 3 to 31 tokens and a long one): each one's
+ * last logits are those it has alone, bit for bit. */
+static void mixed_batch_same_bits(struct model *m, const char *name)
+{
+    size_t nx, no;
+    int32_t *x = tm_case_ids(0, "prompt_ids", &nx), *other = tm_case_ids(1, "prompt_ids", &no);
+    enum { N_SEQS = 7 };
+    struct model_batch b = *tu_ragged_batch(x, (int)nx, 0, N_SEQS, other, (int)no);
+    int vocab = model_get_config(m)->vocab;
+    float *logits = malloc((size_t)N_SEQS * (size_t)vocab * sizeof *logits);
+    struct qerr err = {0};
+    ck_assert_msg(model_forward(m, &b, logits, &err) == 0, "%s", err.msg);
+    for (int s = 0; s < N_SEQS; s++) {
+        int32_t alone[64];
+        int len = s == 0 ? (int)nx : 3 + (s * 7) % 29;
+        for (int q = 0; q < len; q++) alone[q] = s == 0 ? x[q] : other[(s * 13 + q) % (int)no];
+        float *want;
+        ck_assert_msg(generate_all_logits(m, alone, (size_t)len, 37, &want, &err) == 0, "%s",
+                      err.msg);
+        size_t at;
+        ck_assert_msg(!tu_bits_differ(logits + (size_t)s * (size_t)vocab,
+                                      want + (size_t)(len - 1) * (size_t)vocab, (size_t)vocab, &at),
+                      "%s: sequence %d's logit %zu differs in the batch", name, s, at);
+        free(want);
+    }
+    free(logits);
+    free(x);
+    free(other);
+}
+
 /* The copy `name`'s logits are the same bits whether its sequence runs a token a step, in
- * chunks of 5 or whole. */
-static void chunks_same_bits(const char *name)
+ * chunks of 5 or whole (and, with mixed, beside other sequences in one batch). */
+static void chunks_same_bits(const char *name, bool mixed)
 {
     static struct arch_file af;
     const cJSON *v = arch_variant(name);
@@ -1307,6 +1337,7 @@ static void chunks_same_bits(const char *name)
     }
     free(whole);
     free(seq);
+    if (mixed) mixed_batch_same_bits(m, name);
     model_free(m);
     gguf_close(qf);
     arch_file_remove(&af);
@@ -1316,15 +1347,15 @@ static void chunks_same_bits(const char *name)
  * chunk) keeps the batch invariance of every other kernel. */
 START_TEST(gemma3_chunks_same_bits)
 {
-    chunks_same_bits("gemma3");
+    chunks_same_bits("gemma3", false);
 }
 END_TEST
 
-/* A mixture's token runs its experts beside the other tokens routed to them, in runs of every
- * length: its logits are its own. */
+/* A mixture's token runs its experts beside the other tokens routed to them, of its sequence or
+ * of others, in runs of every length: its logits are its own. */
 START_TEST(moe_chunks_same_bits)
 {
-    chunks_same_bits("qwen3moe");
+    chunks_same_bits("qwen3moe", true);
 }
 END_TEST
 
