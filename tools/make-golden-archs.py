@@ -52,7 +52,25 @@ over the E router logits, the top experts_used, their weights renormalized to su
 weight * down(silu(gate x) * up x)), llama.cpp's run of the same file checked against it as for
 gemma.
 
+qwen2moe (Qwen1.5-MoE / Qwen2-MoE; qwen2's NeoX rows and q/k/v biases, wave kinds 0-2) adds a
+shared expert: with shared_ff S, the dense FFN's first S channels are the shared expert
+(ffn_gate_shexp / ffn_up_shexp [S][dim] the dense gate's/up's rows 0 .. S - 1, ffn_down_shexp
+[dim][S] the dense down's columns there) and the rest the experts as above from channel S on
+(ff_e = (feed_forward_length - S) / E; S absent is 0, as for qwen3moe and mixtral); the router is
+kind 5 as above and the shared expert's gate ffn_gate_inp_shexp [dim] the wave formula, kind 6,
+amplitude shared_gate_amp; keys expert_feed_forward_length ff_e and
+expert_shared_feed_forward_length S (uint32), feed_forward_length 1536 kept, tokenizer.ggml.pre
+as the file has it. Recorded from transformers' Qwen2MoeForCausalLM (norm_topk_prob false:
+softmax over the E router logits, the top experts_used probabilities as they are, not
+renormalized, summed over their experts, plus sigmoid(x . shared gate) * down(silu(gate x) * up x)
+of the shared expert). llama.cpp's qwen2moe requires output.weight (it has no fallback to the tied
+token_embd), so its run, the check, gets the copy plus output.weight = token_embd's values, the
+same model.
+
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
+(the whole takes ~17 minutes on 2 cores; `--only qwen2moe` records just the variants named and
+merges their cases into the existing file, replacing those variants' cases where they stood or
+appending them, every other case kept byte for byte)
 """
 import json
 import math
@@ -87,12 +105,19 @@ VARIANTS = [
     {"arch": "qwen3moe", "norm_amp": [0.25, 0.25], "experts": 4, "experts_used": 2,
      "router_amp": 0.1},
     {"arch": "llama", "name": "mixtral", "experts": 4, "experts_used": 2, "router_amp": 0.1},
+    {"arch": "qwen2moe", "bias_amp": [0.5, 0.5, 0.1], "experts": 4, "experts_used": 2,
+     "router_amp": 0.1, "shared_ff": 512, "shared_gate_amp": 0.1},
 ]
-NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2", "qwen3moe"}  # q/k rows in HF's order
+# q/k rows in HF's order
+NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2", "qwen3moe", "qwen2moe"}
 FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
 # variants (by name) recorded from transformers (llama.cpp run beside as a check)
-HF_REF = {"gemma3", "gemma2", "qwen3moe", "mixtral"}
+HF_REF = {"gemma3", "gemma2", "qwen3moe", "mixtral", "qwen2moe"}
 ROUTER_KIND = 5  # the wave kind of the MoE router ffn_gate_inp
+SHEXP_GATE_KIND = 6  # the wave kind of the shared expert's gate ffn_gate_inp_shexp
+# llama.cpp's qwen2moe requires output.weight (no fallback to token_embd): its run gets the copy
+# with output.weight = token_embd's values, the same model as the tied copy
+UNTIED_FOR_CPP = {"qwen2moe"}
 
 
 def wave(layer, kind, n, amp, offset=0.0):
@@ -120,7 +145,9 @@ def field_value(field):
     return field.parts[field.data[0]].tolist()[0], vt, None
 
 
-def write_variant(reader, var, path):
+def write_variant(reader, var, path, untie=False):
+    """The copy of the default model (reader) that var describes, written to path as F32; untie:
+    also output.weight, token_embd's values (for llama.cpp's qwen2moe, which requires it)."""
     import gguf
     arch = var["arch"]
     kv = {}
@@ -133,8 +160,10 @@ def write_variant(reader, var, path):
     n_layers = kv["llama.block_count"][0]
     ffn = kv["llama.feed_forward_length"][0]
     n_exp = var.get("experts", 0)
-    ff_e = ffn // n_exp if n_exp else 0
-    assert not n_exp or ff_e * n_exp == ffn, (ffn, n_exp)
+    n_sh = var.get("shared_ff", 0)  # the shared expert: the dense FFN's first n_sh channels
+    ff_e = (ffn - n_sh) // n_exp if n_exp else 0
+    assert not n_exp or ff_e * n_exp + n_sh == ffn, (ffn, n_exp, n_sh)
+    assert not n_sh or n_exp, var
     w = gguf.GGUFWriter(path, arch)
     for name, (value, vt, sub) in kv.items():
         if name.startswith("llama."):
@@ -158,8 +187,10 @@ def write_variant(reader, var, path):
     if n_exp:
         w.add_uint32(f"{arch}.expert_count", n_exp)
         w.add_uint32(f"{arch}.expert_used_count", var["experts_used"])
-        if arch != "llama":  # qwen3moe; feed_forward_length stays the dense 1536
+        if arch != "llama":  # qwen3moe, qwen2moe; feed_forward_length stays the dense 1536
             w.add_uint32(f"{arch}.expert_feed_forward_length", ff_e)
+        if n_sh:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_sh)
     held = {}  # FUSED: the parts of each layer's fused tensors, until all are read
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -185,15 +216,24 @@ def write_variant(reader, var, path):
             if part != "attn_v":
                 continue
         elif n_exp and part in ("ffn_gate", "ffn_up", "ffn_down"):
-            # the experts: an exact partition of the dense FFN (gate/up rows, down columns)
-            if part == "ffn_down":  # [dim][ffn] -> [E][dim][ff_e]
-                data = data.reshape(data.shape[0], n_exp, ff_e).transpose(1, 0, 2)
-            else:  # [ffn][dim] -> [E][ff_e][dim]
-                data = data.reshape(n_exp, ff_e, data.shape[1])
+            # the shared expert (channels 0 .. n_sh - 1) and the experts (the rest): an exact
+            # partition of the dense FFN (gate/up rows, down columns)
+            if part == "ffn_down":  # [dim][ffn] -> [dim][n_sh], [E][dim][ff_e]
+                shared = data[:, :n_sh]
+                data = data[:, n_sh:].reshape(data.shape[0], n_exp, ff_e).transpose(1, 0, 2)
+            else:  # [ffn][dim] -> [n_sh][dim], [E][ff_e][dim]
+                shared = data[:n_sh]
+                data = data[n_sh:].reshape(n_exp, ff_e, data.shape[1])
+            if n_sh:
+                w.add_tensor(t.name.replace(f".{part}.", f".{part}_shexp."),
+                             np.ascontiguousarray(shared))
             w.add_tensor(t.name.replace(f".{part}.", f".{part}_exps."), np.ascontiguousarray(data))
             continue
         else:
             w.add_tensor(t.name, np.ascontiguousarray(data))
+            if untie and t.name == "token_embd.weight":
+                assert not any(u.name == "output.weight" for u in reader.tensors)
+                w.add_tensor("output.weight", np.ascontiguousarray(data))
         if t.name.endswith("attn_v.weight"):
             layer = int(t.name.split(".")[1])
             kv_dim = data.shape[0]
@@ -218,6 +258,9 @@ def write_variant(reader, var, path):
                 w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight",
                              wave(layer, ROUTER_KIND, n_exp * dim, var["router_amp"])
                              .reshape(n_exp, dim))
+            if n_sh:  # the shared expert's gate, [dim] (llama.cpp: {n_embd})
+                w.add_tensor(f"blk.{layer}.ffn_gate_inp_shexp.weight",
+                             wave(layer, SHEXP_GATE_KIND, data.shape[1], var["shared_gate_amp"]))
     assert sum(1 for t in reader.tensors if t.name.endswith("attn_v.weight")) == n_layers
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -381,21 +424,26 @@ def softcap_bite(model, ids):
 
 
 def moe_hf(path, name, reader0):
-    """transformers' Qwen3MoeForCausalLM (name "qwen3moe") or MixtralForCausalLM ("mixtral")
-    holding the MoE file's weights (fp32, eager attention, the eager per-expert loop), its config
-    read from the file. Each expert's gate and up go into experts.gate_up_proj [E][2 * ff_e][dim]
-    (gate's rows, then up's: the eager loop's chunk(2) takes gate first), its down into
-    experts.down_proj [E][dim][ff_e], the router into mlp.gate.weight [E][dim]; mixtral's q and k
-    rows back to Hugging Face's order. Checks against reader0 (the default model) that the experts
-    are an exact partition of the dense FFN, and on random inputs that one layer's MoE block is
-    softmax over the E router logits, the top experts_used, renormalized, summed."""
+    """transformers' Qwen3MoeForCausalLM (name "qwen3moe"), MixtralForCausalLM ("mixtral") or
+    Qwen2MoeForCausalLM ("qwen2moe") holding the MoE file's weights (fp32, eager attention, the
+    eager per-expert loop), its config read from the file. Each expert's gate and up go into
+    experts.gate_up_proj [E][2 * ff_e][dim] (gate's rows, then up's: the eager loop's chunk(2)
+    takes gate first), its down into experts.down_proj [E][dim][ff_e], the router into
+    mlp.gate.weight [E][dim]; mixtral's q and k rows back to Hugging Face's order; qwen2moe's
+    shared expert into mlp.shared_expert.{gate,up,down}_proj, its gate into
+    mlp.shared_expert_gate.weight [1][dim], its q/k/v biases into self_attn.{q,k,v}_proj.bias.
+    Checks against reader0 (the default model) that the shared expert and the experts are an
+    exact partition of the dense FFN, and on random inputs that one layer's MoE block is softmax
+    over the E router logits, the top experts_used, renormalized (not for qwen2moe), summed, plus
+    (qwen2moe) sigmoid(x . shared gate) times the shared expert."""
     import gguf
     import torch
     import transformers
 
     reader = gguf.GGUFReader(path)
     arch = field_value(reader.fields["general.architecture"])[0]
-    assert (arch, name) in (("qwen3moe", "qwen3moe"), ("llama", "mixtral")), (arch, name)
+    assert (arch, name) in (("qwen3moe", "qwen3moe"), ("llama", "mixtral"),
+                            ("qwen2moe", "qwen2moe")), (arch, name)
     kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
           if k.startswith(arch + ".")}
     T = {}
@@ -405,9 +453,10 @@ def moe_hf(path, name, reader0):
     n_layers, dim = kv["block_count"], kv["embedding_length"]
     n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
     n_exp, used = kv["expert_count"], kv["expert_used_count"]
-    ff_e = kv["expert_feed_forward_length"] if arch == "qwen3moe" else kv["feed_forward_length"]
-    assert "attention.key_length" not in kv and "expert_shared_feed_forward_length" not in kv
-    # the partition: the experts side by side are the dense FFN, bit for bit
+    ff_e = kv["expert_feed_forward_length"] if arch != "llama" else kv["feed_forward_length"]
+    n_sh = kv.get("expert_shared_feed_forward_length", 0)
+    assert "attention.key_length" not in kv and (n_sh > 0) == (name == "qwen2moe"), (name, n_sh)
+    # the partition: the shared expert and the experts side by side are the dense FFN, bit for bit
     for t in reader0.tensors:
         part = t.name.split(".")[2] if t.name.startswith("blk.") else None
         if part not in ("ffn_gate", "ffn_up", "ffn_down"):
@@ -415,12 +464,13 @@ def moe_hf(path, name, reader0):
         dense = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         dense = dense.reshape([int(x) for x in reversed(t.shape)])
         e = T[t.name.replace(f".{part}.", f".{part}_exps.")]
+        sh = [T[t.name.replace(f".{part}.", f".{part}_shexp.")]] if n_sh else []
         if part == "ffn_down":
-            assert e.shape == (n_exp, dim, ff_e)
-            assert np.array_equal(np.concatenate(list(e), axis=1), dense), t.name
+            assert e.shape == (n_exp, dim, ff_e) and all(x.shape == (dim, n_sh) for x in sh)
+            assert np.array_equal(np.concatenate(sh + list(e), axis=1), dense), t.name
         else:
-            assert e.shape == (n_exp, ff_e, dim)
-            assert np.array_equal(np.concatenate(list(e), axis=0), dense), t.name
+            assert e.shape == (n_exp, ff_e, dim) and all(x.shape == (n_sh, dim) for x in sh)
+            assert np.array_equal(np.concatenate(sh + list(e), axis=0), dense), t.name
     common = dict(
         vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim, num_hidden_layers=n_layers,
         num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=dim // n_heads,
@@ -435,6 +485,13 @@ def moe_hf(path, name, reader0):
             decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
             use_sliding_window=False, **common)
         cls, block = transformers.Qwen3MoeForCausalLM, "Qwen3MoeSparseMoeBlock"
+    elif name == "qwen2moe":
+        cfg = transformers.Qwen2MoeConfig(
+            num_experts=n_exp, moe_intermediate_size=ff_e, shared_expert_intermediate_size=n_sh,
+            intermediate_size=kv["feed_forward_length"], norm_topk_prob=False,
+            decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
+            **common)
+        cls, block = transformers.Qwen2MoeForCausalLM, "Qwen2MoeSparseMoeBlock"
     else:
         cfg = transformers.MixtralConfig(
             num_local_experts=n_exp, intermediate_size=ff_e, sliding_window=None,
@@ -448,11 +505,19 @@ def moe_hf(path, name, reader0):
              "ffn_gate_inp": "mlp.gate"}
     if name == "qwen3moe":
         names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
+    biases = {}
+    if name == "qwen2moe":
+        names.update({"ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                      "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                      "ffn_down_shexp": "mlp.shared_expert.down_proj",
+                      "ffn_gate_inp_shexp": "mlp.shared_expert_gate"})
+        biases = {f"blk.{il}.attn_{x}.bias": f"model.layers.{il}.self_attn.{x}_proj.bias"
+                  for il in range(n_layers) for x in "qkv"}
     names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
              **{f"blk.{il}.{g}": f"model.layers.{il}.{h}"
                 for il in range(n_layers) for g, h in names.items()}}
     exps = {f"blk.{il}.ffn_{p}_exps" for il in range(n_layers) for p in ("gate", "up", "down")}
-    expect = {g + ".weight" for g in list(names) + list(exps)}
+    expect = {g + ".weight" for g in list(names) + list(exps)} | set(biases)
     assert set(T) == expect, sorted(set(T) ^ expect)
     hf = {}
     for g, h in names.items():
@@ -461,7 +526,12 @@ def moe_hf(path, name, reader0):
             v = hf_rows(v, n_heads)
         elif name == "mixtral" and g.endswith(".attn_k"):
             v = hf_rows(v, n_kv)
+        elif g.endswith(".ffn_gate_inp_shexp"):  # the file's [dim], a Linear(dim, 1)'s [1][dim]
+            assert v.shape == (dim,)
+            v = v.reshape(1, dim)
         hf[h + ".weight"] = v
+    for g, h in biases.items():
+        hf[h] = T[g]
     for il in range(n_layers):
         b = f"blk.{il}.ffn_"
         hf[f"model.layers.{il}.mlp.experts.gate_up_proj"] = np.concatenate(
@@ -481,6 +551,14 @@ def moe_hf(path, name, reader0):
     assert model.model.layers[0].self_attn.scaling == (dim // n_heads) ** -0.5
     if name == "qwen3moe":
         assert all(la.mlp.gate.norm_topk_prob for la in model.model.layers)
+    elif name == "qwen2moe":
+        assert not any(la.mlp.gate.norm_topk_prob for la in model.model.layers)
+        assert all(la.mlp.shared_expert.intermediate_size == n_sh and
+                   tuple(la.mlp.shared_expert_gate.weight.shape) == (1, dim) and
+                   la.mlp.shared_expert_gate.bias is None and
+                   all(getattr(la.self_attn, f"{x}_proj").bias is not None for x in "qkv") and
+                   not hasattr(la.self_attn, "sliding_window") for la in model.model.layers)
+        assert set(model.config.layer_types) == {"full_attention"}
     else:
         assert model.config.sliding_window is None
         assert all(la.mlp.jitter_noise == 0.0 for la in model.model.layers)
@@ -488,8 +566,11 @@ def moe_hf(path, name, reader0):
     want = 1.0 / base ** (np.arange(0, dim // n_heads, 2) / (dim // n_heads))
     got = model.model.rotary_emb.inv_freq.numpy()
     assert np.allclose(got, want, rtol=1e-6), (got[:4], want[:4])
-    # the MoE block is softmax, top experts_used, renormalize, sum of weight * expert(x): layer
-    # 1's on random inputs against the same computed here in float64 from the file's tensors
+    # the MoE block is softmax, top experts_used, renormalize (not qwen2moe), sum of weight *
+    # expert(x) (qwen2moe: + sigmoid(x . shared gate) * shared(x)): layer 1's on random inputs
+    # against the same computed here in float64 from the file's tensors; and against the
+    # variations (renormalized or not, the shared expert ungated) to show the check tells them
+    # apart
     x = torch.randn(7, dim, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got = model.model.layers[1].mlp(x[None])[0].numpy().astype(np.float64)
@@ -497,17 +578,36 @@ def moe_hf(path, name, reader0):
     router = T["blk.1.ffn_gate_inp.weight"].astype(np.float64)
     g_e, u_e, d_e = (T[f"blk.1.ffn_{p}_exps.weight"].astype(np.float64)
                      for p in ("gate", "up", "down"))
-    ref = np.zeros_like(xd)
+
+    def ffn(g, u, d, v):
+        gx = g @ v
+        return d @ (gx / (1 + np.exp(-gx)) * (u @ v))
+    norm = name != "qwen2moe"
+    ref, alt_norm, alt_gate = (np.zeros_like(xd) for _ in range(3))
     for n in range(len(xd)):
         logit = router @ xd[n]
         p = np.exp(logit - logit.max())
         p /= p.sum()
         top = np.argsort(-p, kind="stable")[:used]
         for e in top:
-            gx = g_e[e] @ xd[n]
-            ref[n] += p[e] / p[top].sum() * (d_e[e] @ (gx / (1 + np.exp(-gx)) * (u_e[e] @ xd[n])))
+            y = ffn(g_e[e], u_e[e], d_e[e], xd[n])
+            ref[n] += (p[e] / p[top].sum() if norm else p[e]) * y
+            alt_norm[n] += (p[e] if norm else p[e] / p[top].sum()) * y
+        alt_gate[n] = ref[n]
+        if n_sh:
+            sh = ffn(*(T[f"blk.1.ffn_{q}_shexp.weight"].astype(np.float64)
+                       for q in ("gate", "up", "down")), xd[n])
+            sg = T["blk.1.ffn_gate_inp_shexp.weight"].astype(np.float64) @ xd[n]
+            ref[n] += sh / (1 + np.exp(-sg))
+            alt_norm[n] += sh / (1 + np.exp(-sg))
+            alt_gate[n] += sh
     err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
-    assert err < 1e-5, err
+    off = [float(np.max(np.abs(got - a)) / np.max(np.abs(ref))) for a in (alt_norm, alt_gate)]
+    print(f"{name}: layer 1's MoE block {err:.2e} from the float64 computation; "
+          f"{off[0]:.2e} from it with the routing weights " +
+          ("not renormalized" if norm else "renormalized") +
+          (f", {off[1]:.2e} with the shared expert ungated" if n_sh else ""))
+    assert err < 1e-5 and off[0] > 1e-2 and (not n_sh or off[1] > 1e-2), (err, off)
     return model, err
 
 
@@ -581,7 +681,27 @@ def cpp_check(arch, pname, prompt, greedy, gaps, entries, logits_of, cpp_logits_
     return worst
 
 
-def main():
+def variant_name(var):
+    return var.get("name", var["arch"])
+
+
+def main(argv=None):
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="+", metavar="VARIANT",
+                    help="record just these variants (by name: " +
+                    ", ".join(variant_name(v) for v in VARIANTS) + ") and merge their cases into "
+                    "the existing file: a variant's cases replace its old ones where they stood, "
+                    "or are appended; every other case is kept as it is")
+    args = ap.parse_args(argv)
+    selected = VARIANTS
+    if args.only:
+        unknown = set(args.only) - {variant_name(v) for v in VARIANTS}
+        if unknown:
+            ap.error(f"no such variant: {', '.join(sorted(unknown))}")
+        selected = [v for v in VARIANTS if variant_name(v) in args.only]
+
     import gguf
     import llama_cpp
     import torch
@@ -617,18 +737,25 @@ def main():
         assert worst < 1e-3, worst
     out = []
     tokenized = []
-    for var in VARIANTS:
-        vname = var.get("name", var["arch"])
+    for var in selected:
+        vname = variant_name(var)
         path = os.path.join(tmp, vname + ".gguf")
         write_variant(reader, var, path)
-        llm, logits_of = runner(path)
+        cpp_path = path
+        if var["arch"] in UNTIED_FOR_CPP:  # llama.cpp's run: the copy plus output.weight
+            cpp_path = os.path.join(tmp, vname + "-untied.gguf")
+            write_variant(reader, var, cpp_path, untie=True)
+        llm, logits_of = runner(cpp_path)
         cpp_logits_of = None
         if vname in HF_REF and "experts" in var:  # MoE: transformers is the reference
             cpp_logits_of = logits_of
             model, err = moe_hf(path, vname, reader)
-            print(f"{vname}: the experts are the dense FFN cut in {var['experts']}; layer 1's MoE "
-                  f"block against softmax/top-{var['experts_used']}/renormalize/sum in float64: "
-                  f"{err:.2e} relative")
+            print(f"{vname}: the experts are the dense FFN cut in {var['experts']}"
+                  + (f" after a shared expert of {var['shared_ff']}" if "shared_ff" in var else "")
+                  + f"; layer 1's MoE block against softmax/top-{var['experts_used']}/"
+                  + ("renormalize/sum" if "shared_ff" not in var else
+                     "sum (not renormalized) + sigmoid-gated shared expert")
+                  + f" in float64: {err:.2e} relative")
 
             def logits_of(ids, model=model):
                 with torch.no_grad():
@@ -685,15 +812,49 @@ def main():
             print(f"{vname}-{pname}: the llama model's worst relative top-5 logit "
                   f"difference {worst:.3f}; greedy {greedy[:8]}...")
         os.unlink(path)
+        if cpp_path != path:
+            os.unlink(cpp_path)
     os.unlink(plain_path)
     os.rmdir(tmp)
-    json.dump({"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
-               "made_by": f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
-                          f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
-                          f"; gemma3, gemma2, qwen3moe (Qwen3MoeForCausalLM), mixtral "
-                          f"(MixtralForCausalLM): transformers {transformers.__version__}, torch "
-                          f"{torch.__version__} (fp32, eager attention; MoE: eager experts)",
-               "qwen2_tokenize": tokenized, "cases": out}, open(OUT, "w"), indent=1)
+    made_by = (f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
+               f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
+               f"; gemma3, gemma2, qwen3moe (Qwen3MoeForCausalLM), mixtral "
+               f"(MixtralForCausalLM), qwen2moe (Qwen2MoeForCausalLM): transformers "
+               f"{transformers.__version__}, torch "
+               f"{torch.__version__} (fp32, eager attention; MoE: eager experts)")
+    data = {"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
+            "made_by": made_by, "qwen2_tokenize": tokenized, "cases": out}
+    if args.only:  # merge into the file as it is
+        old = json.load(open(OUT))
+        assert (old["model_file"], old["model_sha256"], old["wave"]) == (MODEL_FILE, sha, WAVE)
+        names = [variant_name(v) for v in selected]
+        variants = list(old["variants"])
+        for var in selected:
+            i = next((i for i, v in enumerate(variants)
+                      if variant_name(v) == variant_name(var)), None)
+            if i is None:
+                variants.append(var)
+            else:
+                variants[i] = var
+        new = {n: [c for c in out if c["variant"] == n] for n in names}
+        merged, placed = [], set()
+        for c in old["cases"]:
+            v = c.get("variant", c["arch"])
+            if v not in new:
+                merged.append(c)
+            elif v not in placed:  # the variant's new cases where its first old one stood
+                merged += new[v]
+                placed.add(v)
+        for n in names:
+            if n not in placed:
+                merged += new[n]
+        data = dict(old)
+        data.update(variants=variants, made_by=made_by, cases=merged)
+        if "qwen2" in names:
+            data["qwen2_tokenize"] = tokenized
+        print(f"merging {', '.join(names)} into {OUT}: " +
+              ", ".join(f"{n} {'replaced' if n in placed else 'appended'}" for n in names))
+    json.dump(data, open(OUT, "w"), indent=1)
     print(f"wrote {OUT}")
 
 
