@@ -160,12 +160,14 @@ static int read_gemma(const struct gguf_file *f, struct model_config *cfg, struc
     return 0;
 }
 
-/* Mixtral (llama or mistral with expert_count) and Qwen3-MoE as llama.cpp reads them: every
- * layer a mixture (ffn_gate_inp, the router; ffn_{gate,up,down}_exps, the experts stacked, or
- * the first Mixtral files' ffn_{gate,up,down}.<e>, one tensor an expert), an
- * expert of expert_feed_forward_length channels or, where the file has none, feed_forward_length
+/* Mixtral (llama or mistral with expert_count), Qwen3-MoE and Qwen2-MoE as llama.cpp reads
+ * them: every layer a mixture (ffn_gate_inp, the router; ffn_{gate,up,down}_exps, the experts
+ * stacked, or the first Mixtral files' ffn_{gate,up,down}.<e>, one tensor an expert), an expert
+ * of expert_feed_forward_length channels or, where the file has none, feed_forward_length
  * (Mixtral's files give the expert's there), softmax routing with the chosen weights
- * renormalized. Shared experts (Qwen2-MoE, DeepSeek) and per-layer counts are refused. */
+ * renormalized (Qwen2-MoE: not), and Qwen2-MoE's shared expert (ffn_{gate,up,down}_shexp of
+ * expert_shared_feed_forward_length channels, else feed_forward_length) gated by
+ * ffn_gate_inp_shexp. Other archs' shared experts and per-layer counts are refused. */
 static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
 {
     const char *a = cfg->arch;
@@ -176,7 +178,7 @@ static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct 
     if (rc && rc != QERR_NOTFOUND) return rc;
     bool router = gguf_tensor_find(f, "blk.0.ffn_gate_inp.weight") != NULL;
     if (n == 0) {
-        if (router || !strcmp(a, "qwen3moe"))
+        if (router || !strcmp(a, "qwen3moe") || !strcmp(a, "qwen2moe"))
             return qerr_set(err, QERR_FORMAT, "%s: %s without %s", gguf_path(f),
                             router ? "an expert router (blk.0.ffn_gate_inp.weight)" : a, key);
         return 0;
@@ -184,16 +186,27 @@ static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct 
     if (n > 4096)
         return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %u is out of range", gguf_path(f),
                         key, n);
-    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen3moe"))
+    bool q2 = !strcmp(a, "qwen2moe");
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen3moe") && !q2)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: experts in a %s model (quern runs Mixtral-style llama and mistral "
-                        "files and qwen3moe)",
+                        "files, qwen3moe and qwen2moe)",
                         gguf_path(f), a);
-    if (gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight") ||
-        gguf_tensor_find(f, "blk.0.ffn_gate_up_exps.weight"))
-        return qerr_set(err, QERR_UNSUPPORTED,
-                        "%s: shared experts or fused gate/up expert tensors are not supported",
-                        gguf_path(f));
+    bool shared = gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight") != NULL;
+    if ((shared && !q2) || gguf_tensor_find(f, "blk.0.ffn_gate_up_exps.weight"))
+        return qerr_set(err, QERR_UNSUPPORTED, "%s: %s are not supported", gguf_path(f),
+                        shared ? "shared experts outside qwen2moe"
+                               : "fused gate/up expert tensors");
+    if (q2 && !shared)
+        return qerr_set(err, QERR_FORMAT, "%s: missing tensor blk.0.ffn_gate_shexp.weight (%s)",
+                        gguf_path(f), a);
+    cfg->expert_weights_norm = !q2; /* llama.cpp's norm_w for these archs */
+    if (shared) {
+        cfg->expert_shared_ffn_dim = cfg->ffn_dim;
+        rc = get_u32_pos(f, a, "expert_shared_feed_forward_length", &cfg->expert_shared_ffn_dim,
+                         err);
+        if (rc && rc != QERR_NOTFOUND) return rc;
+    }
     cfg->n_experts = (int)n;
     if ((rc = get_u32_pos(f, a, "expert_used_count", &cfg->n_experts_used, err))) return rc;
     if (cfg->n_experts_used > cfg->n_experts || cfg->n_experts_used > MOE_MAX_USED)
@@ -326,9 +339,10 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
         const char *name;
         bool neox;
         int no_rope_step;
-    } supported[] = {{"llama", false, 0}, {"mistral", false, 0}, {"qwen2", true, 0},
-                     {"qwen3", true, 0},  {"smollm3", false, 4}, {"phi3", true, 0},
-                     {"gemma2", true, 0}, {"gemma3", true, 0},   {"qwen3moe", true, 0}};
+    } supported[] = {{"llama", false, 0},  {"mistral", false, 0}, {"qwen2", true, 0},
+                     {"qwen3", true, 0},   {"smollm3", false, 4}, {"phi3", true, 0},
+                     {"gemma2", true, 0},  {"gemma3", true, 0},   {"qwen3moe", true, 0},
+                     {"qwen2moe", true, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -339,7 +353,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, qwen3moe, smollm3, phi3, gemma2, gemma3)",
+                        "qwen3, qwen2moe, qwen3moe, smollm3, phi3, gemma2, gemma3)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -585,6 +599,9 @@ static void drop_all_file_pages(const struct gguf_file *f, const struct model *m
             drop_file_pages(f, &ly->moe.up[e]);
             drop_file_pages(f, &ly->moe.down[e]);
         }
+        const struct bweight *sh[] = {&ly->moe.sh_gate_inp, &ly->moe.sh_gate, &ly->moe.sh_up,
+                                      &ly->moe.sh_down};
+        for (int i = 0; i < 4; i++) drop_file_pages(f, sh[i]);
     }
 }
 
@@ -745,6 +762,25 @@ static int load_moe_layer(struct model *m, const struct gguf_file *f, int l, str
     if (!rc) rc = load_expert_part(m, f, l, "gate", c->dim, ff, &w->gate, &w->own[0], err);
     if (!rc) rc = load_expert_part(m, f, l, "up", c->dim, ff, &w->up, &w->own[1], err);
     if (!rc) rc = load_expert_part(m, f, l, "down", ff, c->dim, &w->down, &w->own[2], err);
+    int64_t sff = c->expert_shared_ffn_dim;
+    const struct model_shard *s = &m->sh;
+    if (rc || !sff) return rc;
+    /* the shared expert: its gate a [1][dim] matrix (the file's vector), its FFN sharded as the
+     * dense one is */
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+    rc = load_weight(m, f, name, c->dim, 1, &w->sh_gate_inp, err);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", l);
+    if (!rc)
+        rc = load_weight_part(m, f, name, c->dim, sff, s->s0, s->ns, 0, c->dim, 0, &w->sh_gate,
+                              NULL, err);
+    snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", l);
+    if (!rc)
+        rc = load_weight_part(m, f, name, c->dim, sff, s->s0, s->ns, 0, c->dim, 0, &w->sh_up, NULL,
+                              err);
+    snprintf(name, sizeof name, "blk.%d.ffn_down_shexp.weight", l);
+    if (!rc)
+        rc = load_weight_part(m, f, name, sff, c->dim, 0, c->dim, s->s0, s->ns, 0, &w->sh_down,
+                              &w->sh_own, err);
     return rc;
 }
 
@@ -759,6 +795,10 @@ static void free_moe_layer(struct backend *be, int n_experts, struct moe_weights
         free(w->own[i]);
         free(sets[i]);
     }
+    struct bweight *sh[] = {&w->sh_gate_inp, &w->sh_gate, &w->sh_up, &w->sh_down};
+    for (int i = 0; i < 4; i++)
+        if (sh[i]->host || sh[i]->impl) be->ops->weight_release(be, sh[i]);
+    free(w->sh_own);
 }
 
 /* Elements [off, off + n) of the vector `name` of n_all elements, on the device (a rank's share
@@ -1019,7 +1059,7 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
         (rc = report_nonfinite(m, f, err)))
         goto fail;
     if (c->n_experts &&
-        (rc = moe_run_create(be, c, m->sh.nf, opts->max_batch_tokens, &m->moe, err)))
+        (rc = moe_run_create(be, c, m->sh.nf, m->sh.ns, opts->max_batch_tokens, &m->moe, err)))
         goto fail;
     if (lora_slots > 0 && (rc = lora_run_create(be, c, opts->loras, opts->n_loras, lora_slots,
                                                 opts->max_batch_tokens, &m->lora, err)))
@@ -1088,6 +1128,11 @@ double model_weight_bytes(const struct model *m)
                                       &ly->w_gate, &ly->w_up, &ly->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->rows) b += (double)backend_weight_bytes(be, ws[i]);
+        if (c->expert_shared_ffn_dim) /* the shared expert and its gate */
+            b += (double)backend_weight_bytes(be, &ly->moe.sh_gate_inp) +
+                 (double)backend_weight_bytes(be, &ly->moe.sh_gate) +
+                 (double)backend_weight_bytes(be, &ly->moe.sh_up) +
+                 (double)backend_weight_bytes(be, &ly->moe.sh_down);
         if (c->n_experts) /* the router, and the experts one token runs */
             b += (double)backend_weight_bytes(be, &ly->moe.router) +
                  (double)c->n_experts_used * (double)(backend_weight_bytes(be, &ly->moe.gate[0]) +

@@ -60,10 +60,13 @@ struct model_config {
     /* > 0: logits = cap tanh(logits / cap) (final_logit_softcapping); attention scores the same
      * with attn_softcap (Gemma 2's attn_logit_softcapping) */
     float final_softcap, attn_softcap;
-    /* mixture of experts (engine/model_moe.h; Mixtral: llama with expert_count, Qwen3-MoE): each
-     * layer's FFN is n_experts SwiGLU experts of expert_ffn_dim channels, n_experts_used of them
-     * run per token; n_experts 0: a dense FFN */
-    int n_experts, n_experts_used, expert_ffn_dim;
+    /* mixture of experts (engine/model_moe.h; Mixtral: llama with expert_count, Qwen3-MoE,
+     * Qwen2-MoE): each layer's FFN is n_experts SwiGLU experts of expert_ffn_dim channels,
+     * n_experts_used of them run per token, their softmax weights renormalized over the chosen
+     * (expert_weights_norm); plus, with expert_shared_ffn_dim > 0, a shared expert every token
+     * runs, gated by sigmoid(x . ffn_gate_inp_shexp) (Qwen2-MoE); n_experts 0: a dense FFN */
+    int n_experts, n_experts_used, expert_ffn_dim, expert_shared_ffn_dim;
+    bool expert_weights_norm;
 };
 
 /* The most experts a token may use (expert_used_count). */

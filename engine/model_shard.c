@@ -13,7 +13,9 @@ void model_shard_whole(const struct model_config *c, struct model_shard *s)
                               .kv0 = 0,
                               .nkv = c->n_kv_heads,
                               .f0 = 0,
-                              .nf = c->n_experts ? c->expert_ffn_dim : c->ffn_dim};
+                              .nf = c->n_experts ? c->expert_ffn_dim : c->ffn_dim,
+                              .s0 = 0,
+                              .ns = c->expert_shared_ffn_dim};
 }
 
 /* Part i of n when `total` units are split as evenly as possible, the first ones larger. */
@@ -40,6 +42,11 @@ int model_shard_plan(const struct model_config *c, int n_ranks, int rank, struct
     if (n_ranks > ffn / unit)
         return qerr_set(err, QERR_INVALID, "--tp %d: FFN of %d channels has only %d blocks",
                         n_ranks, ffn, ffn / unit);
+    int shared = c->expert_shared_ffn_dim, sunit = shared % 32 == 0 ? 32 : 1;
+    if (shared && n_ranks > shared / sunit)
+        return qerr_set(err, QERR_INVALID,
+                        "--tp %d: the shared expert of %d channels has only %d blocks", n_ranks,
+                        shared, shared / sunit);
     int g = c->n_heads / c->n_kv_heads; /* query heads per KV head */
     s->rank = rank;
     s->n_ranks = n_ranks;
@@ -69,6 +76,12 @@ int model_shard_plan(const struct model_config *c, int n_ranks, int rank, struct
     even_part(ffn / unit, n_ranks, rank, &fs, &fc);
     s->f0 = fs * unit;
     s->nf = fc * unit;
+    s->s0 = s->ns = 0;
+    if (shared) {
+        even_part(shared / sunit, n_ranks, rank, &fs, &fc);
+        s->s0 = fs * sunit;
+        s->ns = fc * sunit;
+    }
     return 0;
 }
 
@@ -78,7 +91,8 @@ static const struct gguf_tensor *tensor(const struct gguf_file *f, const char *n
 }
 
 /* This rank's bytes of layer l's experts of one matrix (part "gate", "up" or "down": rows or
- * columns [f0, f0 + nf) of each), stacked or one tensor an expert, and the router with gate. */
+ * columns [f0, f0 + nf) of each), stacked or one tensor an expert, and the router with gate; a
+ * shared expert's channels [s0, s0 + ns) of it, and its gate with gate's. */
 static int expert_bytes(const struct gguf_file *f, const struct model_config *c,
                         const struct model_shard *s, int l, const char *part, uint64_t *total,
                         struct qerr *err)
@@ -90,7 +104,14 @@ static int expert_bytes(const struct gguf_file *f, const struct model_config *c,
         const struct gguf_tensor *t = tensor(f, name);
         if (!t) return qerr_set(err, QERR_FORMAT, "%s: missing tensor %s", gguf_path(f), name);
         *total += t->nbytes;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+        if ((t = tensor(f, name))) *total += t->nbytes;
     }
+    snprintf(name, sizeof name, "blk.%d.ffn_%s_shexp.weight", l, part);
+    const struct gguf_tensor *sh = c->expert_shared_ffn_dim ? tensor(f, name) : NULL;
+    if (sh) /* the shared expert's channels [s0, s0 + ns) */
+        *total += down ? sh->ne[1] * qtype_row_bytes(sh->type, (size_t)s->ns)
+                       : (uint64_t)s->ns * qtype_row_bytes(sh->type, (size_t)sh->ne[0]);
     for (int e = -1; e < c->n_experts; e++) {
         if (e < 0)
             snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", l, part);

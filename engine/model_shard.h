@@ -24,7 +24,8 @@ struct model_shard {
     int rank, n_ranks;
     int q0, nq;   /* query heads [q0, q0 + nq) */
     int kv0, nkv; /* KV heads [kv0, kv0 + nkv) */
-    int f0, nf;   /* FFN channels [f0, f0 + nf) */
+    int f0, nf;   /* FFN channels [f0, f0 + nf) (each expert's, in a mixture) */
+    int s0, ns;   /* a mixture's shared expert's channels [s0, s0 + ns) */
 };
 
 /* The whole model (one rank). */

@@ -131,10 +131,14 @@ int cli_info(int argc, char **argv)
     printf("layers        %d\n", cfg.n_layers);
     printf("embedding     %d\n", cfg.dim);
     if (cfg.n_experts)
-        printf("feed-forward  %d experts of %d, %d used a token (softmax routing)\n", cfg.n_experts,
-               cfg.expert_ffn_dim, cfg.n_experts_used);
+        printf("feed-forward  %d experts of %d, %d used a token (softmax routing%s)\n",
+               cfg.n_experts, cfg.expert_ffn_dim, cfg.n_experts_used,
+               cfg.expert_weights_norm ? ", weights renormalized" : "");
     else
         printf("feed-forward  %d\n", cfg.ffn_dim);
+    if (cfg.expert_shared_ffn_dim)
+        printf("shared expert %d channels, every token, sigmoid-gated\n",
+               cfg.expert_shared_ffn_dim);
     char no_rope[48] = "";
     if (cfg.no_rope_step)
         snprintf(no_rope, sizeof no_rope, ", none in every %dth layer", cfg.no_rope_step);

@@ -751,6 +751,7 @@ struct arch_copy {
     int n_heads, n_kv, head_dim;
     bool neox;         /* q's and k's rows in Hugging Face's order (qwen2, qwen3) */
     int experts, ff_e; /* a mixture of experts' count and expert size, or 0 */
+    int shared;        /* the shared expert's channels (the dense FFN's first), or 0 */
     struct arch_part parts[1024];
 };
 
@@ -801,21 +802,31 @@ static void fill_experts(const struct arch_copy *qc, const struct arch_part *p, 
         arch_wave(qc, p->layer, 5, (float *)dst, nbytes / sizeof(float), amp, 0.0);
         return;
     }
+    if (p->kind == 4) { /* the shared expert's gate, wave kind 6 */
+        double amp = cJSON_GetObjectItemCaseSensitive(qc->var, "shared_gate_amp")->valuedouble;
+        arch_wave(qc, p->layer, 6, (float *)dst, nbytes / sizeof(float), amp, 0.0);
+        return;
+    }
+    /* kinds 1-3 the experts' gate, up, down; 5-7 the shared expert's (the first channels) */
     static const char *const dense[] = {"ffn_gate", "ffn_up", "ffn_down"};
-    const struct gguf_tensor *t = layer_tensor(p->layer, dense[p->kind - 1]);
-    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]);
-    if (p->kind < 3) { /* expert e: rows e * ff_e .. of the dense matrix, as they lie */
-        size_t skip = p->expert < 0 ? 0 : (size_t)p->expert * (size_t)qc->ff_e * rb;
-        ck_assert_uint_le(skip + nbytes, (size_t)t->ne[1] * rb);
+    bool sh = p->kind >= 5;
+    int mat = (sh ? p->kind - 4 : p->kind) - 1;
+    const struct gguf_tensor *t = layer_tensor(p->layer, dense[mat]);
+    size_t rb = qtype_row_bytes(t->type, (size_t)t->ne[0]), rows = (size_t)t->ne[1];
+    size_t first = sh ? 0 : (size_t)qc->shared, width = sh ? (size_t)qc->shared : (size_t)qc->ff_e;
+    if (mat < 2) { /* expert e: rows shared + e * ff_e .. of the dense matrix, as they lie */
+        size_t skip = (first + (p->expert < 0 ? 0 : (size_t)p->expert * width)) * rb;
+        ck_assert_uint_le(skip + nbytes, rows * rb);
         memcpy(dst, (const uint8_t *)t->data + skip, nbytes);
         return;
     }
-    size_t part = qtype_row_bytes(t->type, (size_t)qc->ff_e), rows = (size_t)t->ne[1];
+    size_t part = qtype_row_bytes(t->type, width);
     uint8_t *o = dst;
-    for (int e = 0; e < qc->experts; e++) { /* expert e: columns e * ff_e .. of every row */
+    for (int e = 0; e < (sh ? 1 : qc->experts); e++) { /* columns shared + e * ff_e .. */
         if (p->expert >= 0 && e != p->expert) continue;
+        size_t skip = qtype_row_bytes(t->type, first + (size_t)e * width);
         for (size_t r = 0; r < rows; r++, o += part)
-            memcpy(o, (const uint8_t *)t->data + r * rb + (size_t)e * part, part);
+            memcpy(o, (const uint8_t *)t->data + r * rb + skip, part);
     }
     ck_assert_uint_eq((size_t)(o - dst), nbytes);
 }
@@ -892,7 +903,9 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
     bool fused = !strcmp(arch, "phi3");
     const cJSON *experts = cJSON_GetObjectItemCaseSensitive(var, "experts");
     qc->experts = experts ? experts->valueint : 0;
-    qc->ff_e = qc->experts ? c->ffn_dim / qc->experts : 0;
+    const cJSON *shared = cJSON_GetObjectItemCaseSensitive(var, "shared_ff");
+    qc->shared = shared ? shared->valueint : 0;
+    qc->ff_e = qc->experts ? (c->ffn_dim - qc->shared) / qc->experts : 0;
     struct gguf_writer *w;
     struct qerr err = {0};
     ck_assert_msg(gguf_writer_init(&w, &err) == 0, "%s", err.msg);
@@ -923,7 +936,11 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
                       w, key,
                       (uint32_t)cJSON_GetObjectItemCaseSensitive(var, "experts_used")->valueint,
                       &err) == 0);
-        if (!strcmp(arch, "qwen3moe")) {
+        if (qc->shared) {
+            snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+            ck_assert(gguf_writer_set_u32(w, key, (uint32_t)qc->shared, &err) == 0);
+        }
+        if (!strncmp(arch, "qwen", 4)) {
             snprintf(key, sizeof key, "%s.expert_feed_forward_length", arch);
         } else {
             snprintf(key, sizeof key, "%s.feed_forward_length", arch);
@@ -1005,6 +1022,21 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
                 qc->parts[np++] =
                     (struct arch_part){.src = -3, .layer = layer, .kind = kind, .expert = e};
             }
+        }
+        static const char *const shexp[] = {"ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp",
+                                            "ffn_down_shexp"};
+        for (int kind = 4; qc->shared && kind < 8; kind++) {
+            uint64_t D = (uint64_t)c->dim, S = (uint64_t)qc->shared;
+            uint64_t ne[4][2] = {{D, 1}, {D, S}, {D, S}, {S, D}};
+            enum qtype ty = kind > 4 ? layer_tensor(layer, dense[kind - 5])->type : QTYPE_F32;
+            char tn[64];
+            snprintf(tn, sizeof tn, "blk.%d.%s.weight", layer, shexp[kind - 4]);
+            ck_assert_msg(gguf_writer_add_tensor(w, tn, kind > 4 ? 2 : 1, ne[kind - 4], ty, &err) ==
+                              0,
+                          "%s", err.msg);
+            ck_assert_int_lt(np, (int)(sizeof qc->parts / sizeof qc->parts[0]));
+            qc->parts[np++] =
+                (struct arch_part){.src = -3, .layer = layer, .kind = kind, .expert = -1};
         }
     }
     static const char *const names[] = {"attn_q.bias",         "attn_k.bias",
@@ -1221,13 +1253,15 @@ START_TEST(arch_matches_reference)
     const struct model_config *cfg = model_get_config(m);
     ck_assert_str_eq(cfg->arch, arch);
     ck_assert(cfg->rope_neox == qc.neox);
-    ck_assert(cfg->qkv_bias == !strcmp(arch, "qwen2"));
+    ck_assert(cfg->qkv_bias == !strncmp(arch, "qwen2", 5));
     bool gemma3 = !strcmp(arch, "gemma3"), gemma = !strncmp(arch, "gemma", 5);
     ck_assert(cfg->qk_norm == (!strncmp(arch, "qwen3", 5) || gemma3));
     ck_assert_int_eq(cfg->n_experts, qc.experts);
     if (qc.experts) {
         ck_assert_int_eq(cfg->n_experts_used, tm_int(var, "experts_used"));
         ck_assert_int_eq(cfg->expert_ffn_dim, qc.ff_e);
+        ck_assert_int_eq(cfg->expert_shared_ffn_dim, qc.shared);
+        ck_assert(cfg->expert_weights_norm == (strcmp(arch, "qwen2moe") != 0));
     }
     ck_assert(cfg->post_norms == gemma && cfg->gelu == gemma);
     if (gemma) {
