@@ -5,10 +5,13 @@
  * a rope_freqs.weight tensor), tiny-gemma.gguf (tiny-spm as a gemma3 model: a sliding window, q/k
  * norms, post-norms, a logit cap), tiny-moe.gguf (tiny-bpe as a qwen3moe model: q/k norms, the
  * NeoX rope, 4 experts of FFN / 2 channels with 2 used a token, an F32 router ffn_gate_inp and
- * the Q8_0 experts stacked in 3-D ffn_{gate,up,down}_exps), and tiny-lora.gguf, a rank-2 LoRA
- * adapter for the llama ones (every layer matrix, float32, one norm vector to skip; fuzz_gguf
- * loads every input as one too). Each is a few tens of KB, so the fuzzer mutates a whole model
- * quickly, and fuzz_tokenizer uses tiny-spm.gguf as its SentencePiece tokenizer.
+ * the Q8_0 experts stacked in 3-D ffn_{gate,up,down}_exps), tiny-moe-shared.gguf (tiny-bpe as a
+ * qwen2moe model: q/k/v biases, no q/k norms, tiny-moe's experts, and a shared expert of
+ * SHARED_FFN channels, Q8_0 ffn_{gate,up,down}_shexp, gated by the F32 vector
+ * ffn_gate_inp_shexp), and tiny-lora.gguf, a rank-2 LoRA adapter for the llama ones (every layer
+ * matrix, float32, one norm vector to skip; fuzz_gguf loads every input as one too). Each is a few
+ * tens of KB, so the fuzzer mutates a whole model quickly, and fuzz_tokenizer uses tiny-spm.gguf as
+ * its SentencePiece tokenizer.
  *
  *   build-fuzz/tests/fuzz/make_gguf_seeds tests/fuzz/corpus/gguf
  *
@@ -22,6 +25,8 @@
 enum { DIM = 32, FFN = 64, HEADS = 2, KV_HEADS = 1, CTX = 64 };
 /* tiny-moe: experts of EXPERT_FFN channels, ffn_down_exps' row length (whole Q8_0 blocks) */
 enum { EXPERTS = 4, EXPERTS_USED = 2, EXPERT_FFN = FFN / 2 };
+/* tiny-moe-shared: the shared expert's channels (ffn_down_shexp's row length, whole blocks) */
+enum { SHARED_FFN = 32 };
 
 struct tiny_tensor {
     char name[64];
@@ -38,14 +43,16 @@ static uint64_t next(uint64_t *s)
     return *s;
 }
 
-/* Norms 1; a float32 matrix (tiny-moe's router) small values of both signs, so tokens pick
- * different experts; Q8_0 weights: a small scale and random quants. */
+/* Norms 1; a float32 matrix (tiny-moe's router), tiny-moe-shared's biases and shared-expert
+ * gate small values of both signs, so tokens pick different experts; Q8_0 weights: a small
+ * scale and random quants. */
 static int fill(void *ctx, uint64_t index, void *dst, size_t nbytes, struct qerr *err)
 {
     (void)err;
     const struct tiny_tensor *t = (const struct tiny_tensor *)ctx + index;
     uint64_t s = 0x9e3779b97f4a7c15ull * (index + 1);
-    if (t->n_dims == 1) {
+    bool norm = !strstr(t->name, ".bias") && !strstr(t->name, "_shexp");
+    if (t->n_dims == 1 && norm) {
         float one = 1.0f;
         for (size_t i = 0; i < nbytes / 4; i++) memcpy((char *)dst + 4 * i, &one, 4);
         return 0;
@@ -81,7 +88,8 @@ static int add_typed(struct gguf_writer *w, struct tiny_tensor *ts, int *n, cons
     return gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, type, err);
 }
 
-/* A Q8_0 matrix [ne0, ne1], or with ne1 = 0 a float32 vector (a norm, all 1). */
+/* A Q8_0 matrix [ne0, ne1], or with ne1 = 0 a float32 vector (a norm, all 1; a bias or the
+ * shared-expert gate, small values: fill). */
 static int add(struct gguf_writer *w, struct tiny_tensor *ts, int *n, const char *name,
                uint64_t ne0, uint64_t ne1, struct qerr *err)
 {
@@ -243,27 +251,32 @@ static int bpe_vocab(struct gguf_writer *w, const char *chat_template, int *voca
 /* rope_scaled: linear rope scaling and Llama 3's per-pair divisors (rope_freqs.weight, all 1);
  * gemma: a gemma3 model (a sliding window of 4 keys, its rope base, a logit cap; q/k norms and
  * post-norms); moe: a qwen3moe model (q/k norms; the router and the stacked experts in place of
- * ffn_gate/up/down) */
+ * ffn_gate/up/down), with shared a qwen2moe one (q/k/v biases in place of the norms, and the
+ * shared expert with its gate) */
 static int write_model(const char *path, bool spm, const char *chat_template, bool rope_scaled,
-                       bool gemma, bool moe, struct qerr *err)
+                       bool gemma, bool moe, bool shared, struct qerr *err)
 {
     struct gguf_writer *w = NULL;
     struct tiny_tensor ts[24];
     int n = 0, vocab = 0;
-    const char *arch = gemma ? "gemma3" : moe ? "qwen3moe" : "llama";
+    const char *arch = gemma ? "gemma3" : shared ? "qwen2moe" : moe ? "qwen3moe" : "llama";
     int rc = gguf_writer_init(&w, err);
     if (!rc)
         rc = model_keys(w, arch,
                         gemma         ? "tiny gemma"
+                        : shared      ? "tiny moe shared"
                         : moe         ? "tiny moe"
                         : spm         ? "tiny spm"
                         : rope_scaled ? "tiny rope"
                                       : "tiny bpe",
                         err);
-    if (!rc && moe) rc = gguf_writer_set_u32(w, "qwen3moe.expert_count", EXPERTS, err);
-    if (!rc && moe) rc = gguf_writer_set_u32(w, "qwen3moe.expert_used_count", EXPERTS_USED, err);
+    if (!rc && moe) rc = gguf_writer_set_u32(w, akey(arch, "expert_count"), EXPERTS, err);
+    if (!rc && moe) rc = gguf_writer_set_u32(w, akey(arch, "expert_used_count"), EXPERTS_USED, err);
     if (!rc && moe)
-        rc = gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", EXPERT_FFN, err);
+        rc = gguf_writer_set_u32(w, akey(arch, "expert_feed_forward_length"), EXPERT_FFN, err);
+    if (!rc && shared)
+        rc = gguf_writer_set_u32(w, akey(arch, "expert_shared_feed_forward_length"), SHARED_FFN,
+                                 err);
     if (!rc && gemma) rc = gguf_writer_set_u32(w, "gemma3.attention.sliding_window", 4, err);
     if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.rope.freq_base_swa", 1000.0f, err);
     if (!rc && gemma) rc = gguf_writer_set_f32(w, "gemma3.final_logit_softcapping", 30.0f, err);
@@ -295,8 +308,16 @@ static int write_model(const char *path, bool spm, const char *chat_template, bo
         rc = add_typed(w, ts, &n, "blk.0.ffn_down_exps.weight", 3, EXPERT_FFN, DIM, EXPERTS,
                        QTYPE_Q8_0, err);
     if (!rc && rope_scaled) rc = add(w, ts, &n, "rope_freqs.weight", DIM / HEADS / 2, 0, err);
-    if (!rc && (gemma || moe)) rc = add(w, ts, &n, "blk.0.attn_q_norm.weight", DIM / HEADS, 0, err);
-    if (!rc && (gemma || moe)) rc = add(w, ts, &n, "blk.0.attn_k_norm.weight", DIM / HEADS, 0, err);
+    const bool qk_norm = gemma || (moe && !shared);
+    if (!rc && qk_norm) rc = add(w, ts, &n, "blk.0.attn_q_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && qk_norm) rc = add(w, ts, &n, "blk.0.attn_k_norm.weight", DIM / HEADS, 0, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.attn_q.bias", DIM, 0, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.attn_k.bias", kv, 0, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.attn_v.bias", kv, 0, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.ffn_gate_inp_shexp.weight", DIM, 0, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.ffn_gate_shexp.weight", DIM, SHARED_FFN, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.ffn_up_shexp.weight", DIM, SHARED_FFN, err);
+    if (!rc && shared) rc = add(w, ts, &n, "blk.0.ffn_down_shexp.weight", SHARED_FFN, DIM, err);
     if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_attention_norm.weight", DIM, 0, err);
     if (!rc && gemma) rc = add(w, ts, &n, "blk.0.post_ffw_norm.weight", DIM, 0, err);
     if (!rc) rc = gguf_writer_write(w, path, fill, ts, NULL, err);
@@ -367,15 +388,17 @@ int main(int argc, char **argv)
     gguf_close(f);
     char path[4096];
     snprintf(path, sizeof path, "%s/tiny-spm.gguf", argv[1]);
-    int rc = write_model(path, true, NULL, false, false, false, &err);
+    int rc = write_model(path, true, NULL, false, false, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-bpe.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, false, false, false, &err);
+    if (!rc) rc = write_model(path, false, chat, false, false, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-rope.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, true, false, false, &err);
+    if (!rc) rc = write_model(path, false, chat, true, false, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-gemma.gguf", argv[1]);
-    if (!rc) rc = write_model(path, true, NULL, false, true, false, &err);
+    if (!rc) rc = write_model(path, true, NULL, false, true, false, false, &err);
     snprintf(path, sizeof path, "%s/tiny-moe.gguf", argv[1]);
-    if (!rc) rc = write_model(path, false, chat, false, false, true, &err);
+    if (!rc) rc = write_model(path, false, chat, false, false, true, false, &err);
+    snprintf(path, sizeof path, "%s/tiny-moe-shared.gguf", argv[1]);
+    if (!rc) rc = write_model(path, false, chat, false, false, true, true, &err);
     snprintf(path, sizeof path, "%s/tiny-lora.gguf", argv[1]);
     if (!rc) rc = write_lora(path, &err);
     free(chat);
