@@ -67,10 +67,25 @@ of the shared expert). llama.cpp's qwen2moe requires output.weight (it has no fa
 token_embd), so its run, the check, gets the copy plus output.weight = token_embd's values, the
 same model.
 
+granite and granitemoe (IBM Granite 3.x; GGUF arch "granite" / "granitemoe", every "llama.*" key
+renamed, llama's q/k rows as the converter's GraniteModel, a LlamaModel, permutes them for
+Granite's llama-style rope; no biases) add the variant's four scales as float32 keys:
+ARCH.embedding_scale (the token embeddings times it), ARCH.residual_scale (the attention's and
+the FFN's outputs times it before each residual add), ARCH.attention.scale (the q.k scale, in
+place of 1/sqrt(head_dim)) and ARCH.logit_scale (the logits divided by it). granitemoe cuts the
+FFN into experts as mixtral does (no shared expert, router kind 5), granitemoe.feed_forward_length
+the expert's size ff_e (llama.cpp's granitemoe reads the experts' size there, where the converter
+writes Granite MoE's intermediate_size; no expert_feed_forward_length), expert_count and
+expert_used_count. Both recorded from transformers (GraniteForCausalLM, GraniteMoeForCausalLM;
+fp32, eager attention and experts: softmax over the top experts_used router logits, the same as
+softmax, top experts_used, renormalize), checked against a float64 computation from the file's
+tensors (the embeddings, every layer from its own input, the logits), llama.cpp's run of the
+same file checked against it as for gemma.
+
 Run with the venv tools/make-golden.sh sets up:  .venv-golden/bin/python tools/make-golden-archs.py
-(the whole takes ~17 minutes on 2 cores; `--only qwen2moe` records just the variants named and
-merges their cases into the existing file, replacing those variants' cases where they stood or
-appending them, every other case kept byte for byte)
+(the whole takes ~17 minutes on 2 cores, granite and granitemoe about one more; `--only qwen2moe`
+records just the variants named and merges their cases into the existing file, replacing those
+variants' cases where they stood or appending them, every other case kept byte for byte)
 """
 import json
 import math
@@ -107,12 +122,26 @@ VARIANTS = [
     {"arch": "llama", "name": "mixtral", "experts": 4, "experts_used": 2, "router_amp": 0.1},
     {"arch": "qwen2moe", "bias_amp": [0.5, 0.5, 0.1], "experts": 4, "experts_used": 2,
      "router_amp": 0.1, "shared_ff": 512, "shared_gate_amp": 0.1},
+    {"arch": "granite", "embedding_scale": 12.0, "residual_scale": 0.22,
+     "attention_scale": 0.0078125, "logit_scale": 8.0},
+    {"arch": "granitemoe", "embedding_scale": 12.0, "residual_scale": 0.22,
+     "attention_scale": 0.0078125, "logit_scale": 8.0, "experts": 4, "experts_used": 2,
+     "router_amp": 0.1},
 ]
 # q/k rows in HF's order
 NEOX = {"qwen2", "qwen3", "phi3", "gemma3", "gemma2", "qwen3moe", "qwen2moe"}
 FUSED = {"phi3"}  # q, k, v in one attn_qkv; ffn_up holds gate's rows, then up's
 # variants (by name) recorded from transformers (llama.cpp run beside as a check)
-HF_REF = {"gemma3", "gemma2", "qwen3moe", "mixtral", "qwen2moe"}
+HF_REF = {"gemma3", "gemma2", "qwen3moe", "mixtral", "qwen2moe", "granite", "granitemoe"}
+GRANITE = {"granite", "granitemoe"}  # llama's rows and layout, plus the four scales below
+# Granite's float32 keys (llama.cpp's LLM_KV_EMBEDDING_SCALE, LLM_KV_RESIDUAL_SCALE,
+# LLM_KV_ATTENTION_SCALE, LLM_KV_LOGIT_SCALE) and the variant's keys that give them
+GRANITE_KEYS = [("embedding_scale", "embedding_scale"), ("residual_scale", "residual_scale"),
+                ("attention.scale", "attention_scale"), ("logit_scale", "logit_scale")]
+# MoE archs whose feed_forward_length is the expert's size (Mixtral's GGUFs under "llama";
+# granitemoe, whose converter writes Granite MoE's intermediate_size there): no
+# expert_feed_forward_length; the others keep the dense 1536 and add that key
+FF_IS_EXPERT = {"llama", "granitemoe"}
 ROUTER_KIND = 5  # the wave kind of the MoE router ffn_gate_inp
 SHEXP_GATE_KIND = 6  # the wave kind of the shared expert's gate ffn_gate_inp_shexp
 # llama.cpp's qwen2moe requires output.weight (no fallback to token_embd): its run gets the copy
@@ -170,8 +199,8 @@ def write_variant(reader, var, path, untie=False):
             name = arch + name[len("llama"):]
         if name == "general.file_type":
             value = 0  # all F32
-        if name == "llama.feed_forward_length" and n_exp:
-            value = ff_e  # Mixtral (arch llama): the expert's size
+        if name == f"{arch}.feed_forward_length" and n_exp and arch in FF_IS_EXPERT:
+            value = ff_e  # Mixtral (arch llama), granitemoe: the expert's size
         if name == "tokenizer.ggml.pre" and arch == "qwen2":
             value = "qwen2"  # Qwen2's pre-tokenizer over this vocabulary: digits one by one
         w.add_key_value(name, value, vt, sub_type=sub)
@@ -184,10 +213,13 @@ def write_variant(reader, var, path, untie=False):
         w.add_float32(f"{arch}.attn_logit_softcapping", var["attn_logit_softcapping"])
     if "final_logit_softcapping" in var:
         w.add_float32(f"{arch}.final_logit_softcapping", var["final_logit_softcapping"])
+    for key, vkey in GRANITE_KEYS:
+        if vkey in var:
+            w.add_float32(f"{arch}.{key}", var[vkey])
     if n_exp:
         w.add_uint32(f"{arch}.expert_count", n_exp)
         w.add_uint32(f"{arch}.expert_used_count", var["experts_used"])
-        if arch != "llama":  # qwen3moe, qwen2moe; feed_forward_length stays the dense 1536
+        if arch not in FF_IS_EXPERT:  # qwen3moe, qwen2moe; feed_forward_length the dense 1536
             w.add_uint32(f"{arch}.expert_feed_forward_length", ff_e)
         if n_sh:
             w.add_uint32(f"{arch}.expert_shared_feed_forward_length", n_sh)
@@ -423,6 +455,26 @@ def softcap_bite(model, ids):
     return seen["max"], seen["over"] / seen["n"], float((capped - uncapped).abs().max())
 
 
+def check_partition(reader0, T, n_exp, ff_e, n_sh, dim):
+    """The shared expert (n_sh channels, or none) and the experts of a copy's tensors T side by
+    side are the dense FFN of reader0 (the default model), bit for bit."""
+    import gguf
+    for t in reader0.tensors:
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if part not in ("ffn_gate", "ffn_up", "ffn_down"):
+            continue
+        dense = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        dense = dense.reshape([int(x) for x in reversed(t.shape)])
+        e = T[t.name.replace(f".{part}.", f".{part}_exps.")]
+        sh = [T[t.name.replace(f".{part}.", f".{part}_shexp.")]] if n_sh else []
+        if part == "ffn_down":
+            assert e.shape == (n_exp, dim, ff_e) and all(x.shape == (dim, n_sh) for x in sh)
+            assert np.array_equal(np.concatenate(sh + list(e), axis=1), dense), t.name
+        else:
+            assert e.shape == (n_exp, ff_e, dim) and all(x.shape == (n_sh, dim) for x in sh)
+            assert np.array_equal(np.concatenate(sh + list(e), axis=0), dense), t.name
+
+
 def moe_hf(path, name, reader0):
     """transformers' Qwen3MoeForCausalLM (name "qwen3moe"), MixtralForCausalLM ("mixtral") or
     Qwen2MoeForCausalLM ("qwen2moe") holding the MoE file's weights (fp32, eager attention, the
@@ -456,21 +508,7 @@ def moe_hf(path, name, reader0):
     ff_e = kv["expert_feed_forward_length"] if arch != "llama" else kv["feed_forward_length"]
     n_sh = kv.get("expert_shared_feed_forward_length", 0)
     assert "attention.key_length" not in kv and (n_sh > 0) == (name == "qwen2moe"), (name, n_sh)
-    # the partition: the shared expert and the experts side by side are the dense FFN, bit for bit
-    for t in reader0.tensors:
-        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
-        if part not in ("ffn_gate", "ffn_up", "ffn_down"):
-            continue
-        dense = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        dense = dense.reshape([int(x) for x in reversed(t.shape)])
-        e = T[t.name.replace(f".{part}.", f".{part}_exps.")]
-        sh = [T[t.name.replace(f".{part}.", f".{part}_shexp.")]] if n_sh else []
-        if part == "ffn_down":
-            assert e.shape == (n_exp, dim, ff_e) and all(x.shape == (dim, n_sh) for x in sh)
-            assert np.array_equal(np.concatenate(sh + list(e), axis=1), dense), t.name
-        else:
-            assert e.shape == (n_exp, ff_e, dim) and all(x.shape == (n_sh, dim) for x in sh)
-            assert np.array_equal(np.concatenate(sh + list(e), axis=0), dense), t.name
+    check_partition(reader0, T, n_exp, ff_e, n_sh, dim)
     common = dict(
         vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim, num_hidden_layers=n_layers,
         num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=dim // n_heads,
@@ -611,6 +649,247 @@ def moe_hf(path, name, reader0):
     return model, err
 
 
+def granite_layer64(T, kv, il, h, att_scale=None, res_scale=None, renorm=True):
+    """Layer il of the granite / granitemoe copy (its tensors T, keys kv) on h [n][dim] (the
+    sequence at positions 0 .. n - 1) in float64, straight from the file: llama's rope on the
+    GGUF rows (pairs 2j, 2j + 1 at base^(-2j / head_dim)), the q.k scale attention.scale, causal
+    softmax, h1 = h + residual_scale * attention, out = h1 + residual_scale * FFN(rms(h1)), the
+    FFN dense, or softmax over the router logits, the top expert_used_count, renormalized
+    (renorm), summed. att_scale, res_scale, renorm: variations, to show the check sees them."""
+    att_scale = kv["attention.scale"] if att_scale is None else att_scale
+    res_scale = kv["residual_scale"] if res_scale is None else res_scale
+    eps = kv["attention.layer_norm_rms_epsilon"]
+    n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
+    n, dim = h.shape
+    hd = dim // n_heads
+
+    def W(part):
+        return T[f"blk.{il}.{part}.weight"].astype(np.float64)
+
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def silu(x):
+        return x / (1 + np.exp(-x))
+
+    def rope(x):  # [n][heads][hd], GGUF (llama) rows: adjacent pairs
+        theta = kv["rope.freq_base"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        ang = np.arange(n, dtype=np.float64)[:, None] * theta[None, :]  # [n][hd / 2]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+
+    a = rms(h, W("attn_norm"))
+    q = rope((a @ W("attn_q").T).reshape(n, n_heads, hd))
+    k = rope((a @ W("attn_k").T).reshape(n, n_kv, hd))
+    v = (a @ W("attn_v").T).reshape(n, n_kv, hd)
+    o = np.zeros((n, n_heads, hd))
+    for hh in range(n_heads):
+        kh = hh // (n_heads // n_kv)
+        sc = (q[:, hh] @ k[:, kh].T) * att_scale
+        sc = np.where(np.tril(np.ones((n, n), dtype=bool)), sc, -np.inf)
+        p = np.exp(sc - sc.max(axis=-1, keepdims=True))
+        o[:, hh] = (p / p.sum(axis=-1, keepdims=True)) @ v[:, kh]
+    h1 = h + res_scale * (o.reshape(n, dim) @ W("attn_output").T)
+    f = rms(h1, W("ffn_norm"))
+    if "expert_count" not in kv:
+        ffn = (silu(f @ W("ffn_gate").T) * (f @ W("ffn_up").T)) @ W("ffn_down").T
+    else:
+        used = kv["expert_used_count"]
+        g_e, u_e, d_e = (W(f"ffn_{x}_exps") for x in ("gate", "up", "down"))
+        ffn = np.zeros_like(f)
+        for t in range(n):
+            logit = W("ffn_gate_inp") @ f[t]
+            p = np.exp(logit - logit.max())
+            p /= p.sum()
+            top = np.argsort(-p, kind="stable")[:used]
+            for e in top:
+                y = d_e[e] @ (silu(g_e[e] @ f[t]) * (u_e[e] @ f[t]))
+                ffn[t] += (p[e] / p[top].sum() if renorm else p[e]) * y
+    return h1 + res_scale * ffn
+
+
+def granite_hf(path, reader0, ids):
+    """transformers' GraniteForCausalLM (the granite copy) or GraniteMoeForCausalLM (granitemoe)
+    holding the file's weights (fp32, eager attention; eager experts), its config read from the
+    file: embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling the
+    file's embedding_scale, residual_scale, attention.scale and logit_scale; q's and k's rows back
+    to Hugging Face's order. granitemoe: each expert's gate and up into
+    block_sparse_moe.experts.gate_up_proj [E][2 * ff_e][dim] (gate's rows, then up's: the eager
+    loop's chunk(2) puts the first half through the activation), its down into
+    block_sparse_moe.experts.down_proj [E][dim][ff_e], the router into
+    block_sparse_moe.router.weight [E][dim] (transformers' conversion mapping renames the
+    checkpoints' input_linear / output_linear / router.layer to these). Checks, on the model run
+    over ids: the embeddings it feeds layer 0 are token_embd's rows times embedding_scale, bit for
+    bit; every layer's output from its own input against granite_layer64 (float64, from the
+    file's tensors; and that the check tells apart the scales left out and, for granitemoe, the
+    routing weights not renormalized); the logits against rms(last layer) . token_embd /
+    logit_scale in float64. Returns the model and the worst layer's relative error."""
+    import gguf
+    import torch
+    import transformers
+
+    reader = gguf.GGUFReader(path)
+    arch = field_value(reader.fields["general.architecture"])[0]
+    assert arch in GRANITE, arch
+    kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
+          if k.startswith(arch + ".")}
+    T = {}
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
+    n_layers, dim = kv["block_count"], kv["embedding_length"]
+    n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
+    moe = arch == "granitemoe"
+    n_exp, used = kv.get("expert_count", 0), kv.get("expert_used_count", 0)
+    ff = kv["feed_forward_length"]  # granitemoe: the expert's size, as llama.cpp reads it
+    assert (n_exp > 0) == moe and "expert_feed_forward_length" not in kv, kv
+    assert "attention.key_length" not in kv and "expert_shared_feed_forward_length" not in kv
+    if moe:
+        check_partition(reader0, T, n_exp, ff, 0, dim)
+    common = dict(
+        vocab_size=T["token_embd.weight"].shape[0], hidden_size=dim, intermediate_size=ff,
+        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
+        hidden_act="silu", max_position_embeddings=kv["context_length"],
+        rms_norm_eps=kv["attention.layer_norm_rms_epsilon"], tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": kv["rope.freq_base"]},
+        attention_bias=False, embedding_multiplier=kv["embedding_scale"],
+        residual_multiplier=kv["residual_scale"], attention_multiplier=kv["attention.scale"],
+        logits_scaling=kv["logit_scale"], pad_token_id=None, bos_token_id=None,
+        eos_token_id=None)
+    if moe:
+        cfg = transformers.GraniteMoeConfig(num_local_experts=n_exp, num_experts_per_tok=used,
+                                            **common)
+        model = transformers.GraniteMoeForCausalLM._from_config(
+            cfg, attn_implementation="eager", experts_implementation="eager",
+            dtype=torch.float32)
+    else:
+        cfg = transformers.GraniteConfig(mlp_bias=False, **common)
+        model = transformers.GraniteForCausalLM._from_config(cfg, attn_implementation="eager",
+                                                             dtype=torch.float32)
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    if moe:
+        names["ffn_gate_inp"] = "block_sparse_moe.router"
+    else:
+        names.update({"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                      "ffn_down": "mlp.down_proj"})
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+             **{f"blk.{il}.{g}": f"model.layers.{il}.{h}"
+                for il in range(n_layers) for g, h in names.items()}}
+    exps = {f"blk.{il}.ffn_{p}_exps" for il in range(n_layers) for p in ("gate", "up", "down")
+            } if moe else set()
+    expect = {g + ".weight" for g in list(names) + list(exps)}
+    assert set(T) == expect, sorted(set(T) ^ expect)
+    hf = {}
+    for g, h in names.items():
+        v = T[g + ".weight"]
+        if g.endswith(".attn_q"):
+            v = hf_rows(v, n_heads)
+        elif g.endswith(".attn_k"):
+            v = hf_rows(v, n_kv)
+        hf[h + ".weight"] = v
+    for il in range(n_layers if moe else 0):
+        b, m = f"blk.{il}.ffn_", f"model.layers.{il}.block_sparse_moe.experts."
+        hf[m + "gate_up_proj"] = np.concatenate([T[b + "gate_exps.weight"],
+                                                 T[b + "up_exps.weight"]], axis=1)
+        hf[m + "down_proj"] = T[b + "down_exps.weight"]
+    assert set(hf) | {"lm_head.weight"} == set(model.state_dict()), \
+        sorted(set(hf) ^ set(model.state_dict()))
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+                                                 for k, v in hf.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config._attn_implementation == "eager"
+    f32 = [float(np.float32(kv[k])) for k in ("embedding_scale", "residual_scale",
+                                               "attention.scale", "logit_scale")]
+    assert [model.model.embedding_multiplier, model.config.residual_multiplier,
+            model.config.attention_multiplier, model.config.logits_scaling] == f32
+    assert all(la.residual_multiplier == f32[1] and la.self_attn.scaling == f32[2]
+               for la in model.model.layers)
+    if moe:
+        assert model.config._experts_implementation == "eager"
+        assert all(type(la.block_sparse_moe).__name__ == "GraniteMoeMoE" and
+                   la.block_sparse_moe.router.top_k == used and
+                   la.block_sparse_moe.experts.num_experts == n_exp and
+                   la.block_sparse_moe.experts.intermediate_dim == ff
+                   for la in model.model.layers)
+    else:
+        assert all(type(la.mlp).__name__ == "GraniteMLP" and la.mlp.intermediate_size == ff
+                   for la in model.model.layers)
+    hd = dim // n_heads
+    want = 1.0 / kv["rope.freq_base"] ** (np.arange(0, hd, 2) / hd)
+    got = model.model.rotary_emb.inv_freq.numpy()
+    assert np.allclose(got, want, rtol=1e-6), (got[:4], want[:4])
+    # the model at work on ids: each layer's input and output, the final norm's input
+    seen = {}
+
+    def keep(key):
+        def hook(mod, args, kwargs, out):
+            x = args[0] if args else kwargs["hidden_states"]
+            seen[key] = (x[0].detach().numpy().copy(),
+                         (out[0] if isinstance(out, tuple) else out)[0].detach().numpy().copy())
+        return hook
+    hooks = [la.register_forward_hook(keep(il), with_kwargs=True)
+             for il, la in enumerate(model.model.layers)]
+    hooks.append(model.model.norm.register_forward_hook(keep("norm"), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+    emb = T["token_embd.weight"][ids]
+    assert np.array_equal(seen[0][0], emb * np.float32(kv["embedding_scale"]))
+    assert not np.array_equal(seen[0][0], emb)
+    worst, worst_at = 0.0, None
+    alts = {"attention.scale 1/sqrt(head_dim)": dict(att_scale=hd ** -0.5),
+            "no residual_scale": dict(res_scale=1.0)}
+    if moe:
+        alts["the routing weights not renormalized"] = dict(renorm=False)
+    alt_off = {k: 0.0 for k in alts}
+    for il in range(n_layers):
+        x, y = (a.astype(np.float64) for a in seen[il])
+        ref = granite_layer64(T, kv, il, x)
+        # relative to the layer's largest output (the residual stream included: the dense copy's
+        # carries some 5450 in one channel from layer 11 on, and the fp32 output's rounding there
+        # is 2.4e-4 .. 4.9e-4, more than the layer's own change elsewhere tells)
+        scale = np.max(np.abs(ref))
+        err = float(np.max(np.abs(y - ref)) / scale)
+        if err > worst:
+            worst, worst_at = err, il
+        for k, a in alts.items():
+            off = np.max(np.abs(y - granite_layer64(T, kv, il, x, **a))) / scale
+            alt_off[k] = max(alt_off[k], float(off))
+    xn = seen["norm"][0].astype(np.float64)
+    eps = kv["attention.layer_norm_rms_epsilon"]
+    ref = (xn / np.sqrt(np.mean(xn * xn, axis=-1, keepdims=True) + eps) *
+           T["output_norm.weight"]) @ T["token_embd.weight"].astype(np.float64).T
+    ref /= kv["logit_scale"]
+    lerr = float(np.max(np.abs(logits - ref)) / np.max(np.abs(ref)))
+    print(f"{arch}: " + (f"the experts are the dense FFN cut in {n_exp}, bit for bit; "
+                         if moe else "") +
+          f"transformers on {len(ids)} tokens against float64 from the file: embeddings "
+          f"times {kv['embedding_scale']} bit for bit; each layer's output from its input "
+          f"{worst:.2e} at the most (layer {worst_at}), relative to its largest output; "
+          + "; ".join(f"with {k} {v:.2e}" for k, v in alt_off.items())
+          + f"; the logits (divided by {kv['logit_scale']}) {lerr:.2e} relative")
+    assert worst < 1e-5 and lerr < 1e-5 and min(alt_off.values()) > 1e-2, (worst, lerr, alt_off)
+    return model, worst
+
+
+def moe_router(layer):
+    """A decoder layer's router, whose output's [0] is the router logits [tokens][E]:
+    mlp.gate (Qwen3Moe, Mixtral, Qwen2Moe), block_sparse_moe.router (GraniteMoe)."""
+    return layer.mlp.gate if hasattr(layer, "mlp") else layer.block_sparse_moe.router
+
+
 def route_stats(model, ids):
     """The router at work in transformers' model on ids: per (token, layer) its logits; the share
     of each top-experts_used set, how often the set changes from one layer to the next (same
@@ -621,7 +900,7 @@ def route_stats(model, ids):
 
     used = model.config.num_experts_per_tok
     rows = []
-    hooks = [la.mlp.gate.register_forward_hook(
+    hooks = [moe_router(la).register_forward_hook(
         lambda mod, inp, out, il=il: rows.append((il, out[0].detach().numpy().copy())))
         for il, la in enumerate(model.model.layers)]
     try:
@@ -747,7 +1026,15 @@ def main(argv=None):
             write_variant(reader, var, cpp_path, untie=True)
         llm, logits_of = runner(cpp_path)
         cpp_logits_of = None
-        if vname in HF_REF and "experts" in var:  # MoE: transformers is the reference
+        if var["arch"] in GRANITE:  # granite, granitemoe: transformers is the reference
+            cpp_logits_of = logits_of
+            model, err = granite_hf(path, reader, cases[PROMPTS[0]]["prompt_ids"])
+
+            def logits_of(ids, model=model):
+                with torch.no_grad():
+                    return model(torch.tensor([ids], dtype=torch.long),
+                                 use_cache=False).logits[0].float().numpy()
+        elif vname in HF_REF and "experts" in var:  # MoE: transformers is the reference
             cpp_logits_of = logits_of
             model, err = moe_hf(path, vname, reader)
             print(f"{vname}: the experts are the dense FFN cut in {var['experts']}"
@@ -819,7 +1106,8 @@ def main(argv=None):
     made_by = (f"tools/make-golden-archs.py, llama-cpp-python {llama_cpp.__version__} "
                f"(fp32 weights and KV cache), gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else '?'}"
                f"; gemma3, gemma2, qwen3moe (Qwen3MoeForCausalLM), mixtral "
-               f"(MixtralForCausalLM), qwen2moe (Qwen2MoeForCausalLM): transformers "
+               f"(MixtralForCausalLM), qwen2moe (Qwen2MoeForCausalLM), granite "
+               f"(GraniteForCausalLM), granitemoe (GraniteMoeForCausalLM): transformers "
                f"{transformers.__version__}, torch "
                f"{torch.__version__} (fp32, eager attention; MoE: eager experts)")
     data = {"model_file": MODEL_FILE, "model_sha256": sha, "wave": WAVE, "variants": VARIANTS,
