@@ -178,7 +178,7 @@ static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct 
     if (rc && rc != QERR_NOTFOUND) return rc;
     bool router = gguf_tensor_find(f, "blk.0.ffn_gate_inp.weight") != NULL;
     if (n == 0) {
-        if (router || !strcmp(a, "qwen3moe") || !strcmp(a, "qwen2moe"))
+        if (router || !strcmp(a, "qwen3moe") || !strcmp(a, "qwen2moe") || !strcmp(a, "granitemoe"))
             return qerr_set(err, QERR_FORMAT, "%s: %s without %s", gguf_path(f),
                             router ? "an expert router (blk.0.ffn_gate_inp.weight)" : a, key);
         return 0;
@@ -187,10 +187,11 @@ static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct 
         return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %u is out of range", gguf_path(f),
                         key, n);
     bool q2 = !strcmp(a, "qwen2moe");
-    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen3moe") && !q2)
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen3moe") && !q2 &&
+        strncmp(a, "granite", 7))
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: experts in a %s model (quern runs Mixtral-style llama and mistral "
-                        "files, qwen3moe and qwen2moe)",
+                        "files, qwen3moe, qwen2moe and granitemoe)",
                         gguf_path(f), a);
     bool shared = gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight") != NULL;
     if ((shared && !q2) || gguf_tensor_find(f, "blk.0.ffn_gate_up_exps.weight"))
@@ -216,6 +217,27 @@ static int read_moe(const struct gguf_file *f, struct model_config *cfg, struct 
     cfg->expert_ffn_dim = cfg->ffn_dim;
     rc = get_u32_pos(f, a, "expert_feed_forward_length", &cfg->expert_ffn_dim, err);
     return rc == QERR_NOTFOUND ? 0 : rc;
+}
+
+/* IBM Granite's scales as llama.cpp's granite and granitemoe read them: logit_scale required,
+ * embedding_scale, residual_scale and attention.scale where the file has them (0: none; the
+ * q.k scale then stays 1 / sqrt(head_dim)). */
+static int read_granite(const struct gguf_file *f, struct model_config *cfg, struct qerr *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.logit_scale", cfg->arch);
+    int rc = gguf_get_f32(f, key, &cfg->logit_scale, err);
+    if (rc) return rc;
+    float attn = 0;
+    if ((rc = read_f32_opt(f, cfg->arch, "embedding_scale", &cfg->embed_scale, err)) ||
+        (rc = read_f32_opt(f, cfg->arch, "residual_scale", &cfg->residual_scale, err)) ||
+        (rc = read_f32_opt(f, cfg->arch, "attention.scale", &attn, err)))
+        return rc;
+    if (!(cfg->logit_scale > 0) || !isfinite(cfg->logit_scale))
+        return qerr_set(err, QERR_FORMAT, "%s: metadata '%s' = %g is out of range", gguf_path(f),
+                        key, cfg->logit_scale);
+    if (attn > 0) cfg->attn_scale = attn;
+    return 0;
 }
 
 /* Rope scaling as llama.cpp reads it. A factor (rope.scaling.factor, or the older
@@ -339,10 +361,10 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
         const char *name;
         bool neox;
         int no_rope_step;
-    } supported[] = {{"llama", false, 0},  {"mistral", false, 0}, {"qwen2", true, 0},
-                     {"qwen3", true, 0},   {"smollm3", false, 4}, {"phi3", true, 0},
-                     {"gemma2", true, 0},  {"gemma3", true, 0},   {"qwen3moe", true, 0},
-                     {"qwen2moe", true, 0}};
+    } supported[] = {{"llama", false, 0},   {"mistral", false, 0}, {"qwen2", true, 0},
+                     {"qwen3", true, 0},    {"smollm3", false, 4}, {"phi3", true, 0},
+                     {"gemma2", true, 0},   {"gemma3", true, 0},   {"qwen3moe", true, 0},
+                     {"qwen2moe", true, 0}, {"granite", false, 0}, {"granitemoe", false, 0}};
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
         if (gguf_str_eq(arch, supported[i].name)) {
@@ -353,7 +375,8 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
     if (!ok || arch.len >= sizeof cfg->arch)
         return qerr_set(err, QERR_UNSUPPORTED,
                         "%s: unsupported architecture '%.*s' (quern runs llama, mistral, qwen2, "
-                        "qwen3, qwen2moe, qwen3moe, smollm3, phi3, gemma2, gemma3)",
+                        "qwen3, qwen2moe, qwen3moe, smollm3, phi3, gemma2, gemma3, granite, "
+                        "granitemoe)",
                         gguf_path(f), (int)(arch.len > 40 ? 40 : arch.len), arch.ptr);
     memcpy(cfg->arch, arch.ptr, arch.len);
     const char *a = cfg->arch;
@@ -423,6 +446,7 @@ int model_config_read(const struct gguf_file *f, struct model_config *cfg, struc
                         gguf_path(f), a);
     cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
     if (!strncmp(a, "gemma", 5) && (rc = read_gemma(f, cfg, err))) return rc;
+    if (!strncmp(a, "granite", 7) && (rc = read_granite(f, cfg, err))) return rc;
     if ((rc = read_moe(f, cfg, err))) return rc;
     if (cfg->eps <= 0 || !(cfg->rope_base > 0))
         return qerr_set(err, QERR_FORMAT, "%s: rms epsilon %g / rope base %g out of range",
@@ -935,7 +959,8 @@ int model_load_rank(const struct gguf_file *f, struct backend *be, const struct 
     model_config_override(&m->cfg, opts);
     const struct model_config *c = &m->cfg;
     const struct backend_ops *bo = be->ops;
-    if ((c->gelu && !bo->gelu_mul) || (c->embed_scale > 0 && !bo->scale) ||
+    if ((c->gelu && !bo->gelu_mul) ||
+        ((c->embed_scale > 0 || c->residual_scale > 0 || c->logit_scale > 0) && !bo->scale) ||
         (c->final_softcap > 0 && !bo->softcap)) {
         rc = qerr_set(err, QERR_UNSUPPORTED,
                       "model: the %s backend cannot run %s (its GELU, scale "
@@ -1369,6 +1394,8 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
             return rc;
         }
         if (ly->attn_post_norm) ops->rmsnorm(be, a->xn, a->xn, ly->attn_post_norm, n, dim, c->eps);
+        if (c->residual_scale > 0)
+            ops->scale(be, a->xn, c->residual_scale, (size_t)n * (size_t)dim);
         add_norm(be, a->xn, a->x, a->xn, ly->ffn_norm, n, dim, c->eps);
 
         if (m->moe)
@@ -1378,6 +1405,8 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
         rc = reduce_partial(m, a->xn, n, err);
         if (!rc && ly->ffn_post_norm)
             ops->rmsnorm(be, a->xn, a->xn, ly->ffn_post_norm, n, dim, c->eps);
+        if (!rc && c->residual_scale > 0)
+            ops->scale(be, a->xn, c->residual_scale, (size_t)n * (size_t)dim);
         if (!rc && l + 1 < c->n_layers) /* the residual, and the next layer's first norm */
             add_norm(be, a->xn, a->x, a->xn, m->layers[l + 1].attn_norm, n, dim, c->eps);
         else if (!rc)
@@ -1395,6 +1424,8 @@ static int forward_ops(struct model *m, int n, int n_logits, int n_hidden,
     ops->get_rows(be, a->sel, a->x, a->logit_idx, n_logits, dim);
     ops->rmsnorm(be, a->sel, a->sel, m->output_norm, n_logits, dim, c->eps);
     ops->matmul(be, &m->output, a->sel, n_logits, logits_out);
+    if (c->logit_scale > 0) /* as llama.cpp: times the reciprocal */
+        ops->scale(be, logits_out, 1.0f / c->logit_scale, (size_t)n_logits * (size_t)c->vocab);
     if (c->final_softcap > 0)
         ops->softcap(be, logits_out, c->final_softcap, (size_t)n_logits * (size_t)c->vocab);
     return 0;

@@ -1,7 +1,7 @@
 /* model: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or separate output;
  * Qwen2's q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without rope, Phi-3's fused matrices,
  * Gemma 2's and 3's scaled embeddings, post-norms, GELU, sliding-window layers and soft-capping;
- * Mixtral's and Qwen3-MoE's mixtures of experts)
+ * Mixtral's, Qwen3-MoE's and Qwen2-MoE's mixtures of experts; Granite's scales)
  * loaded from GGUF and run through the backend interface.
  *
  * One call to model_forward runs one ragged batch: any mix of prefill chunks and decode tokens
@@ -67,6 +67,10 @@ struct model_config {
      * runs, gated by sigmoid(x . ffn_gate_inp_shexp) (Qwen2-MoE); n_experts 0: a dense FFN */
     int n_experts, n_experts_used, expert_ffn_dim, expert_shared_ffn_dim;
     bool expert_weights_norm;
+    /* IBM Granite: the attention's and the FFN's outputs times residual_scale before each joins
+     * the residual, the logits divided by logit_scale (0: neither); its embedding_scale is
+     * embed_scale, its attention.scale attn_scale */
+    float residual_scale, logit_scale;
 };
 
 /* The most experts a token may use (expert_used_count). */

@@ -156,6 +156,10 @@ int cli_info(int argc, char **argv)
     else if (cfg.swa_window > 0)
         printf("sliding window %d keys in %d of every %d layers\n", cfg.swa_window,
                cfg.swa_pattern - 1, cfg.swa_pattern);
+    if (cfg.logit_scale > 0)
+        printf("scales        embeddings x %g, residual x %g, q.k x %g, logits / %g (Granite)\n",
+               cfg.embed_scale > 0 ? cfg.embed_scale : 1.0,
+               cfg.residual_scale > 0 ? cfg.residual_scale : 1.0, cfg.attn_scale, cfg.logit_scale);
     if (cfg.final_softcap > 0) printf("logit cap     %g\n", cfg.final_softcap);
     if (cfg.attn_softcap > 0) printf("score cap     %g (attention)\n", cfg.attn_softcap);
     printf("context       %d\n", cfg.ctx_len);

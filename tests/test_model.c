@@ -948,12 +948,16 @@ static char *write_arch_model(char *dir, struct arch_copy *qc, const cJSON *var)
         }
         ck_assert(gguf_writer_set_u32(w, key, (uint32_t)qc->ff_e, &err) == 0);
     }
-    /* Gemma's keys, those the variant has: the sliding window, its rope base, soft caps */
-    static const char *const gemma_keys[] = {"sliding_window", "freq_base_swa",
-                                             "final_logit_softcapping", "attn_logit_softcapping"};
+    /* Gemma's and Granite's keys, those the variant has: the sliding window, its rope base, soft
+     * caps; the embedding, residual, q.k and logit scales */
+    static const char *const gemma_keys[] = {
+        "sliding_window",  "freq_base_swa",  "final_logit_softcapping", "attn_logit_softcapping",
+        "embedding_scale", "residual_scale", "attention_scale",         "logit_scale"};
     static const char *const gguf_keys[] = {"attention.sliding_window", "rope.freq_base_swa",
-                                            "final_logit_softcapping", "attn_logit_softcapping"};
-    for (int i = 0; i < 4; i++) {
+                                            "final_logit_softcapping",  "attn_logit_softcapping",
+                                            "embedding_scale",          "residual_scale",
+                                            "attention.scale",          "logit_scale"};
+    for (int i = 0; i < 8; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(var, gemma_keys[i]);
         if (!v) continue;
         char key[96];
@@ -1273,6 +1277,9 @@ START_TEST(arch_matches_reference)
         ck_assert(gemma3 ? cfg->attn_softcap == 0 : cfg->attn_softcap > 0);
     }
     ck_assert_int_eq(cfg->no_rope_step, strcmp(arch, "smollm3") ? 0 : 4);
+    bool granite = !strncmp(arch, "granite", 7);
+    ck_assert(granite ? cfg->logit_scale > 0 && cfg->residual_scale > 0 && cfg->embed_scale > 0
+                      : cfg->logit_scale == 0 && cfg->residual_scale == 0);
     bool phi3 = !strcmp(arch, "phi3");
     ck_assert(cfg->fused_qkv == phi3 && cfg->fused_gate_up == phi3);
     struct tm_run r = {.m = m, .be = be, .label = arch};
