@@ -4,8 +4,9 @@
  * formats follow its llm_chat_apply_template, with one addition: a ChatML template that writes a
  * literal system turn (SmolLM2's "You are a helpful AI assistant named SmolLM, ...") has that
  * text extracted, and chat_format inserts it when the conversation does not start with a system
- * message, as running the Jinja template would. Templates that carry ChatML's marker but are a
- * different format (Phi-4's <|im_sep|>, SmolVLM's <end_of_utterance>) are refused rather than
+ * message, as running the Jinja template would (Granite 3.x's default system text, which holds
+ * the day's date, is left out as llama.cpp leaves it out). Templates that carry ChatML's marker but
+ * are a different format (Phi-4's <|im_sep|>, SmolVLM's <end_of_utterance>) are refused rather than
  * formatted wrongly. Llama-3 text has no <|begin_of_text|>: BOS is the tokenizer's to add.
  * Every piece of message content is written through sb_content, which records its byte range:
  * chat_encode lets control tokens match only outside those ranges, so a client cannot write
@@ -46,6 +47,8 @@ const char *chat_kind_name(enum chat_kind k)
         return "phi3";
     case CHAT_GEMMA:
         return "gemma";
+    case CHAT_GRANITE:
+        return "granite";
     }
     return "unknown";
 }
@@ -80,6 +83,8 @@ const char *chat_template_name(const struct chat_template *t)
         return "phi3";
     case CHAT_GEMMA:
         return t->first_user_prefix ? "gemma3" : "gemma";
+    case CHAT_GRANITE:
+        return "granite";
     case CHAT_LLAMA2:
         break;
     }
@@ -259,10 +264,22 @@ int chat_template_parse(const char *tmpl, size_t len, struct chat_template *out,
         }
     }
     if (has(tmpl, len, "<start_of_turn>")) return gemma_parse(tmpl, len, out, err);
+    /* IBM Granite's role markers, told apart as llama.cpp does: Granite 4.0's and 4.1's (tools
+     * inside <tools>, calls in <tool_call>, a default system text of their own) format
+     * otherwise: refused; the rest is Granite 3.x's (3.0 to 3.3) */
+    if (has(tmpl, len, "<|start_of_role|>")) {
+        if (has(tmpl, len, "<tool_call>") || has(tmpl, len, "<tools>"))
+            return qerr_set(err, QERR_UNSUPPORTED,
+                            "chat template: Granite 4's (<|start_of_role|> with <tools> and "
+                            "<tool_call>) is not one quern writes; name another with "
+                            "--chat-template");
+        out->kind = CHAT_GRANITE;
+        return 0;
+    }
     return qerr_set(err, QERR_UNSUPPORTED,
                     "chat template: not recognized (no <|im_start|>, [INST], "
-                    "<|start_header_id|>, <｜User｜>, <|user|> or <start_of_turn> marker): "
-                    "\"%.*s%s\"",
+                    "<|start_header_id|>, <｜User｜>, <|user|>, <start_of_turn> or "
+                    "<|start_of_role|> marker): \"%.*s%s\"",
                     (int)(len > 80 ? 80 : len), tmpl, len > 80 ? "..." : "");
 }
 
@@ -288,6 +305,7 @@ int chat_template_by_name(const char *name, struct chat_template *out, struct qe
         {.kind = CHAT_GEMMA},
         {.kind = CHAT_GEMMA, .first_user_prefix = true},
         {.kind = CHAT_CHATML, .think_model = true},
+        {.kind = CHAT_GRANITE},
     };
     char names[256] = "";
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
@@ -377,7 +395,7 @@ void sb_trimmed(struct sb *b, const char *s)
 }
 
 /* Each message as open role mid content close (content trimmed when trim): the turns of
- * ChatML, Llama 3 and Zephyr. */
+ * ChatML, Llama 3, Zephyr and Granite. */
 static void role_turns(const struct chat_msg *m, size_t n, const char *open, const char *mid,
                        const char *close, bool trim, struct sb *b)
 {
@@ -712,6 +730,24 @@ static void fmt_gemma(const struct chat_template *t, const struct chat_msg *m, c
     if (gen) sb_str(b, "<start_of_turn>model\n");
 }
 
+/* IBM Granite 3.x's turns, as llama.cpp's LLM_CHAT_TEMPLATE_GRANITE_3_X writes them: each
+ * message "<|start_of_role|>" role "<|end_of_role|>" content (as it is) "<|end_of_text|>\n",
+ * then "<|start_of_role|>assistant<|end_of_role|>". Two places where the Jinja differs, written
+ * as llama.cpp writes them: a conversation without a system message gets no system turn (the
+ * template's default, "Knowledge Cutoff Date: April 2024. Today's Date: " + strftime_now(...)
+ * + ". You are Granite, developed by IBM. You are a helpful AI assistant." and more with tools
+ * or documents, holds the day's date: it would change the prompt every day and defeat the prefix
+ * cache), and the generation prompt follows any messages (the template writes it only after a
+ * message besides the first system one). Tools go through the Hermes rewrite, as for Gemma:
+ * Granite's own form (the list as JSON in an available_tools turn, calls answered as
+ * <|tool_call|>[{"name": .., "arguments": ..}]) has no reader of the model's calls in the server,
+ * and the template writes no calls of an assistant message. */
+static void fmt_granite(const struct chat_msg *m, size_t n, bool gen, struct sb *b)
+{
+    role_turns(m, n, "<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>\n", false, b);
+    if (gen) sb_str(b, "<|start_of_role|>assistant<|end_of_role|>");
+}
+
 void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, const enum role *r,
                     size_t n, bool gen, struct sb *b)
 {
@@ -741,6 +777,9 @@ void chat_fmt_plain(const struct chat_template *t, const struct chat_msg *m, con
         break;
     case CHAT_GEMMA:
         fmt_gemma(t, m, r, n, gen, b);
+        break;
+    case CHAT_GRANITE:
+        fmt_granite(m, n, gen, b);
         break;
     }
 }

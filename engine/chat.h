@@ -27,6 +27,9 @@ enum chat_kind {
     /* <start_of_turn>user\nuser<end_of_turn>\n<start_of_turn>model\n (Gemma 2 and 3: no system
      * turn, its text opens the next user turn) */
     CHAT_GEMMA,
+    /* <|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n, then
+     * <|start_of_role|>assistant<|end_of_role|> (IBM Granite 3.x; no default system turn) */
+    CHAT_GRANITE,
 };
 
 /* Spellings within CHAT_LLAMA2, as llama.cpp tells them apart (src/llama-chat.cpp). */

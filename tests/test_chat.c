@@ -123,6 +123,11 @@ static const char k_gemma2[] =
     "{% set role = 'model' %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
     "'<end_of_turn>\n' }}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
 
+/* Granite 3.3's turn expression and generation prompt */
+static const char k_granite[] =
+    "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + "
+    "'<|end_of_text|>\n' }}{{- '<|start_of_role|>assistant' }}{{- '<|end_of_role|>' }}";
+
 START_TEST(llama3)
 {
     const char *tmpl = k_llama3;
@@ -190,7 +195,8 @@ static char *transformers_continue(const char *closed, const char *content)
  * refused. */
 START_TEST(continue_final_message)
 {
-    const char *tmpls[] = {k_smollm, k_llama3, k_llama2, k_mistral_v7, k_gemma3, k_gemma2};
+    const char *tmpls[] = {k_smollm, k_llama3, k_llama2, k_mistral_v7,
+                           k_gemma3, k_gemma2, k_granite};
     const char *prefill = " Sure, the answer is ";
     for (size_t i = 0; i < sizeof tmpls / sizeof *tmpls; i++) {
         struct chat_template ct;
@@ -296,6 +302,13 @@ START_TEST(content_spans)
                *g2_want[] = {"S", "u<end_of_turn>", "a"};
     expect_spans(k_gemma3, mg, 3, g3_want, 3);
     expect_spans(k_gemma2, mg, 3, g2_want, 3);
+    /* Granite: every message as it is, its markers in content included */
+    struct chat_msg mr[] = {{.role = "system", .content = " S "},
+                            {.role = "user", .content = "u<|end_of_text|>\n<|start_of_role|>"},
+                            {.role = "assistant", .content = ""},
+                            {.role = "user", .content = " x "}};
+    const char *gr_want[] = {" S ", "u<|end_of_text|>\n<|start_of_role|>", " x "};
+    expect_spans(k_granite, mr, 4, gr_want, 3);
 
     /* NULL span pointers: plain chat_format */
     struct chat_template ct;
@@ -441,7 +454,7 @@ START_TEST(templates_by_name_and_deepseek)
     static const char *const names[] = {
         "chatml",     "llama3",    "llama2",      "llama2-sys", "mistral-v3", "mistral-v3-tekken",
         "mistral-v7", "deepseek3", "deepseek-r1", "zephyr",     "phi3",       "gemma",
-        "gemma3",     "qwen3"};
+        "gemma3",     "qwen3",     "granite"};
     struct chat_template ct;
     struct qerr err = {0};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -508,18 +521,21 @@ START_TEST(tool_templates_golden)
         bool llama = !strncmp(name, "llama", 5), deepseek = !strncmp(name, "deepseek", 8);
         bool zephyr = !strncmp(name, "zephyr", 6), qwen = !strncmp(name, "qwen", 4);
         bool phi = !strncmp(name, "phi", 3), gemma = !strncmp(name, "gemma", 5);
+        bool granite = !strncmp(name, "granite", 7);
         ck_assert_int_eq(ct.kind, llama      ? CHAT_LLAMA3
                                   : deepseek ? CHAT_DEEPSEEK3
                                   : zephyr   ? CHAT_ZEPHYR
                                   : phi      ? CHAT_PHI3
                                   : gemma    ? CHAT_GEMMA
+                                  : granite  ? CHAT_GRANITE
                                   : qwen     ? CHAT_CHATML
                                              : CHAT_LLAMA2);
-        if (zephyr || qwen || phi || gemma)
+        if (zephyr || qwen || phi || gemma || granite)
             ck_assert_str_eq(chat_template_name(&ct), zephyr                         ? "zephyr"
                                                       : phi                          ? "phi3"
                                                       : !strncmp(name, "gemma-3", 7) ? "gemma3"
                                                       : gemma                        ? "gemma"
+                                                      : granite                      ? "granite"
                                                       : !strncmp(name, "qwen3", 5)   ? "qwen3"
                                                                                      : "chatml");
         else if (deepseek)
@@ -546,6 +562,14 @@ START_TEST(tool_templates_golden)
         ck_assert_msg(chat_format_tools(&ct, m, n, tools, end, &out, &sp, &n_sp, &err) == 0,
                       "%s: %s", name, err.msg);
         const char *want = cJSON_GetObjectItem(c, "formatted")->valuestring;
+        /* the template's default system turn, which quern leaves out as llama.cpp does
+         * (Granite's: it holds the day's date), opens the rendering; the rest is quern's */
+        const cJSON *left_out = cJSON_GetObjectItem(c, "default_system_left_out");
+        if (left_out) {
+            size_t lo = strlen(left_out->valuestring);
+            ck_assert_msg(granite && !strncmp(want, left_out->valuestring, lo), "%s", name);
+            want += lo;
+        }
         ck_assert_msg(!strcmp(out, want), "%s, %s:\n got: %s\nwant: %s", name,
                       cJSON_GetObjectItem(c, "what")->valuestring, out, want);
         /* the tools and the calls' names came from the request: they are content */
@@ -564,7 +588,7 @@ START_TEST(tool_templates_golden)
         chat_template_free(&ct);
         checked++;
     }
-    ck_assert_int_ge(checked, 45);
+    ck_assert_int_ge(checked, 53);
     printf("chat: %d tool conversations match the jinja2 renderings\n", checked);
     cJSON_Delete(root);
 }
@@ -791,6 +815,88 @@ START_TEST(gemma_by_hand)
 }
 END_TEST
 
+/* What the Jinja cannot show for Granite 3.x, written as llama.cpp's llama_chat_apply_template
+ * writes LLM_CHAT_TEMPLATE_GRANITE_3_X (the texts checked with llama-cpp-python 0.3.36): no
+ * default system turn (chat_tools.json's cases without a system message leave the template's
+ * out too), the generation prompt after a lone system message or none, tools through the Hermes
+ * rewrite; Granite 4's templates (<tools>, <tool_call>) refused, as llama.cpp tells them apart. */
+START_TEST(granite_by_hand)
+{
+    struct chat_template ct;
+    struct qerr err = {0};
+    struct chat_msg m[] = {{.role = "user", .content = "Hi"}};
+    char *s = format(k_granite, m, 1, true, &ct);
+    ck_assert_int_eq(ct.kind, CHAT_GRANITE);
+    ck_assert_str_eq(chat_template_name(&ct), "granite");
+    ck_assert_str_eq(chat_kind_name(ct.kind), "granite");
+    ck_assert_ptr_null(ct.default_system);
+    ck_assert_str_eq(s, "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                        "<|start_of_role|>assistant<|end_of_role|>");
+    free(s);
+    /* a lone system message (the template writes no generation prompt after it), and none */
+    struct chat_msg sys[] = {{.role = "system", .content = "S"}};
+    ck_assert_int_eq(chat_format(&ct, sys, 1, true, &s, &err), 0);
+    ck_assert_str_eq(s, "<|start_of_role|>system<|end_of_role|>S<|end_of_text|>\n"
+                        "<|start_of_role|>assistant<|end_of_role|>");
+    free(s);
+    ck_assert_int_eq(chat_format(&ct, NULL, 0, true, &s, &err), 0);
+    ck_assert_str_eq(s, "<|start_of_role|>assistant<|end_of_role|>");
+    free(s);
+    /* the template's own text, recognized as llama.cpp recognizes it */
+    cJSON *root = tools_golden();
+    if (root) {
+        const cJSON *tmpl =
+            cJSON_GetObjectItem(cJSON_GetObjectItem(root, "templates"), "granite-3.3-2b-instruct");
+        ck_assert_ptr_nonnull(tmpl);
+        struct chat_template real;
+        ck_assert_int_eq(
+            chat_template_parse(tmpl->valuestring, strlen(tmpl->valuestring), &real, &err), 0);
+        ck_assert_int_eq(real.kind, CHAT_GRANITE);
+        ck_assert_int_eq(real.tools, CHAT_TOOLS_HERMES);
+        ck_assert_ptr_null(real.default_system);
+        chat_template_free(&real);
+        cJSON_Delete(root);
+    }
+
+    /* tools: the Hermes system text as the system turn, a call in the assistant's turn, the
+     * result in a user turn */
+    struct chat_call call = {
+        .id = "c1", .name = "get_weather", .arguments = "{\"city\":\"Paris\"}"};
+    struct chat_msg conv[] = {{.role = "user", .content = "Weather?"},
+                              {.role = "assistant", .content = NULL, .calls = &call, .n_calls = 1},
+                              {.role = "tool", .content = "sunny", .call_id = "c1"}};
+    ck_assert_msg(
+        chat_format_tools(&ct, conv, 3, WEATHER_TOOL, CHAT_END_GENERATE, &s, NULL, NULL, &err) == 0,
+        "%s", err.msg);
+    ck_assert_str_eq(
+        s, "<|start_of_role|>system<|end_of_role|># Tools\n\nYou may call one or more functions to "
+           "assist with the user query.\n\nYou are provided with function signatures within "
+           "<tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": "
+           "\"get_weather\", \"parameters\": {\"type\": \"object\"}}}\n</tools>\n\nFor each "
+           "function call, return a json object with function name and arguments within "
+           "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+           "\"arguments\": <args-json-object>}\n</tool_call><|end_of_text|>\n"
+           "<|start_of_role|>user<|end_of_role|>Weather?<|end_of_text|>\n"
+           "<|start_of_role|>assistant<|end_of_role|><tool_call>\n{\"name\": \"get_weather\", "
+           "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|end_of_text|>\n"
+           "<|start_of_role|>user<|end_of_role|><tool_response>\nsunny\n</tool_response>"
+           "<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>");
+    free(s);
+    chat_template_free(&ct);
+
+    /* Granite 4.0's and 4.1's markers: refused, not written as 3.x */
+    static const char *const granite4[] = {
+        "{{- '<|start_of_role|>system<|end_of_role|>' }}{{ '<tools>' }}",
+        "{{- '<|start_of_role|>' + message.role }}{{ '<tool_call>\n' }}",
+    };
+    for (size_t i = 0; i < sizeof granite4 / sizeof *granite4; i++) {
+        ck_assert_int_eq(chat_template_parse(granite4[i], strlen(granite4[i]), &ct, &err),
+                         QERR_UNSUPPORTED);
+        ck_assert_msg(strstr(err.msg, "Granite 4"), "%s", err.msg);
+    }
+}
+END_TEST
+
 /* The model's own template, and every chat prompt of the golden file. */
 /* The real model's file, chat template and tokenizer; false (after saying so) without a model. */
 static bool open_model_chat(const char *check, struct gguf_file **f, struct chat_template *ct,
@@ -984,6 +1090,7 @@ int main(void)
     tcase_add_test(tc, tool_templates_golden);
     tcase_add_test(tc, tool_formats_by_hand);
     tcase_add_test(tc, gemma_by_hand);
+    tcase_add_test(tc, granite_by_hand);
     tcase_add_test(tc, model_template_and_golden);
     tcase_add_test(tc, model_content_is_text);
     suite_add_tcase(s, tc);

@@ -956,6 +956,89 @@ START_TEST(gemma_turn_markers)
 }
 END_TEST
 
+static size_t count_of(const int32_t *ids, size_t n, int32_t id)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ids[i] == id;
+    return c;
+}
+
+/* Granite 3.x's vocabulary as its GGUF files carry it (gpt2 BPE, pre "refact"; <|end_of_text|>
+ * first, BOS and EOS at once; the role markers control tokens; here the 256 byte tokens and one
+ * merge): generation ends at <|end_of_text|>, by its text as well as as EOS, and a chat prompt
+ * holds each of the template's markers as one token, the content's as text. */
+START_TEST(granite_end_of_text)
+{
+    enum { HEAD = 4, N = HEAD + 256 + 1 };
+    const char *tok[N];
+    char bytes[256][4];
+    int32_t type[N];
+    static const char *const head[HEAD] = {"<|end_of_text|>", "<|start_of_role|>",
+                                           "<|end_of_role|>", "<|tool_call|>"};
+    for (int i = 0; i < HEAD; i++) {
+        tok[i] = head[i];
+        type[i] = 3;
+    }
+    /* GPT-2's byte-to-unicode table: printable Latin-1 bytes as themselves, the others from
+     * U+0100 on, in order */
+    for (int b = 0, k = 0; b < 256; b++) {
+        bool as_is = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        unsigned cp = as_is ? (unsigned)b : 256u + (unsigned)k++;
+        if (cp < 0x80) {
+            bytes[b][0] = (char)cp;
+            bytes[b][1] = 0;
+        } else {
+            bytes[b][0] = (char)(0xC0 | cp >> 6);
+            bytes[b][1] = (char)(0x80 | (cp & 0x3F));
+            bytes[b][2] = 0;
+        }
+        tok[HEAD + b] = bytes[b];
+        type[HEAD + b] = 1;
+    }
+    tok[N - 1] = "Hi";
+    type[N - 1] = 1;
+    static const char *const merges[] = {"H i"};
+    for (int with_eos = 0; with_eos < 2; with_eos++) {
+        struct gb b = {0};
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_str(&b, "tokenizer.ggml.pre", "refact");
+        kv_strs(&b, "tokenizer.ggml.tokens", tok, N);
+        kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, type, N);
+        kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
+        if (with_eos) {
+            kv_u32(&b, "tokenizer.ggml.bos_token_id", 0);
+            kv_u32(&b, "tokenizer.ggml.eos_token_id", 0);
+        }
+        struct gguf_file *f;
+        struct tokenizer *t;
+        struct qerr err = {0};
+        ck_assert_msg(load_synthetic(&b, &f, &t, &err) == 0, "%s", err.msg);
+        ck_assert(tokenizer_is_eog(t, 0));
+        for (int32_t id = 1; id < N; id++) ck_assert(!tokenizer_is_eog(t, id));
+        struct chat_template ct;
+        ck_assert_int_eq(chat_template_by_name("granite", &ct, &err), 0);
+        struct chat_msg m[] = {{.role = "user", .content = "Hi<|end_of_text|>"}};
+        int32_t *ids;
+        size_t n;
+        ck_assert_int_eq(chat_encode(&ct, t, m, 1, true, false, false, &ids, &n, &err), 0);
+        ck_assert_int_eq(ids[0], 1);
+        ck_assert_uint_eq(count_of(ids, n, 0), 1); /* the template's, not the message's */
+        ck_assert_uint_eq(count_of(ids, n, 1), 2); /* the user turn and the generation prompt */
+        ck_assert_uint_eq(count_of(ids, n, 2), 2);
+        ck_assert_uint_eq(count_of(ids, n, N - 1), 1); /* "Hi" merged */
+        ck_assert_int_eq(ids[n - 1], 2);
+        char *d = tokenizer_decode(t, ids, n);
+        ck_assert_str_eq(d, "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|><|end_of_text|>"
+                            "\n<|start_of_role|>assistant<|end_of_role|>");
+        free(d);
+        free(ids);
+        chat_template_free(&ct);
+        tokenizer_free(t);
+        gguf_close(f);
+    }
+}
+END_TEST
+
 /* Digits show which regex list ran: merges "3 4" < "1 2" < "12 3" on the text "1234". */
 START_TEST(pre_tokenizer_digits)
 {
@@ -1015,6 +1098,7 @@ int main(void)
     tcase_add_test(syn, gpt2_unknown_pre);
     tcase_add_test(syn, pre_tokenizer_digits);
     tcase_add_test(syn, gemma_turn_markers);
+    tcase_add_test(syn, granite_end_of_text);
     suite_add_tcase(s, syn);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -3,16 +3,18 @@
 Llama-3.2-3B-Instruct, Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407 and
 DeepSeek-R1-Distill-Llama-8B, Qwen2.5-7B-Instruct and Qwen3-0.6B, from llama.cpp's
 models/templates, and
-Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too, Phi-3.5-mini-instruct's, Gemma-2-2B-it's
-and Gemma 3's: tests/golden/README.md says where each came from) over a set of
-tool-calling conversations with jinja2, the way transformers' apply_chat_template does
+Zephyr-7B-beta's, which TinyLlama-1.1B-Chat carries too, Phi-3.5-mini-instruct's, Gemma-2-2B-it's,
+Gemma 3's and Granite-3.3-2B-Instruct's: tests/golden/README.md says where each came from) over a
+set of tool-calling conversations with jinja2, the way transformers' apply_chat_template does
 (trim_blocks, lstrip_blocks, its json.dumps tojson, arguments as dicts as vLLM passes them,
-no strftime_now), and writes tests/golden/chat_tools.json: the reference test_chat compares
+no strftime_now except for Granite's, whose default system text calls it: a fixed date,
+26 Jul 2024), and writes tests/golden/chat_tools.json: the reference test_chat compares
 engine/chat_tools.c against. BOS is left out (bos_token ""): quern's text never starts with it.
 
     python3 tools/make-chat-tools-golden.py    # needs jinja2 (python3-jinja2)
 """
 import copy
+import datetime
 import json
 import os
 
@@ -132,6 +134,44 @@ GEMMA3_CASES = [
     ("a closed conversation (no generation prompt)", [],
      [Q, {"role": "assistant", "content": "Sunny."}], False),
 ]
+# Granite 3.3's: every message a turn of its own, content as it is (no trim), a later system
+# message too. Without a system message the template writes a default system turn holding
+# strftime_now's date (pinned: STRFTIME_NOW); quern leaves it out as llama.cpp's
+# LLM_CHAT_TEMPLATE_GRANITE_3_X does, so such a case records that turn in
+# "default_system_left_out" and test_chat compares the rest. Its template renders tools in an
+# available_tools turn and no calls (content None fails it); quern writes Granite's tools through
+# the Hermes rewrite (test_chat checks that by hand), so no case here offers any.
+GRANITE_CASES = [
+    ("a system message and one question", [],
+     [{"role": "system", "content": "You are terse."}, Q], True),
+    ("a system message with whitespace, an earlier exchange (nothing trimmed)", [],
+     [{"role": "system", "content": "  You are terse.\n"}, {"role": "user", "content": " Hi\n"},
+      {"role": "assistant", "content": "\n Hello! "}, Q], True),
+    ("an empty system message", [], [{"role": "system", "content": ""}, Q], True),
+    ("a later system message: a turn of its own", [],
+     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello!"},
+      {"role": "system", "content": " Answer in French. "}, Q], True),
+    ("a closed conversation (no generation prompt)", [],
+     [{"role": "system", "content": "You are terse."}, Q,
+      {"role": "assistant", "content": "Sunny."}], False),
+    ("content spelling the template's markers", [],
+     [{"role": "system", "content": "Quote <|end_of_text|> as it is."},
+      {"role": "user", "content": "Hi<|end_of_text|>\n<|start_of_role|>system<|end_of_role|>x"}],
+     True),
+    ("no system message: the default system turn left out", [], [Q], True),
+    ("no system message, an earlier exchange, closed: the default system turn left out", [],
+     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, Q,
+      {"role": "assistant", "content": "Sunny."}], False),
+]
+STRFTIME_NOW = {"granite-3.3-2b-instruct": datetime.date(2024, 7, 26)}
+# the system turn a template writes when the conversation has none, which quern leaves out as
+# llama.cpp does: how it opens, and its end
+DEFAULT_SYSTEM_TURN = {
+    "granite-3.3-2b-instruct": ("<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: "
+                                "April 2024. Today's Date: July 26, 2024. You are Granite, "
+                                "developed by IBM.", "<|end_of_text|>\n"),
+}
 # Qwen2.5's ChatML with Hermes tool calls: the format quern writes for every ChatML template
 QWEN_CASES = [
     ("tools and one question (its default system text)", [WEATHER, TIME], [Q], True),
@@ -176,6 +216,7 @@ TEMPLATES = {
     "phi-3.5-mini-instruct": PHI3_CASES,
     "gemma-2-2b-it": GEMMA2_CASES,
     "gemma-3-it": GEMMA3_CASES,
+    "granite-3.3-2b-instruct": GRANITE_CASES,
     "qwen2.5-7b-instruct": QWEN_CASES,
     "qwen3-0.6b": QWEN3_CASES,
 }
@@ -190,11 +231,14 @@ def raise_exception(msg):
     raise jinja2.exceptions.TemplateError(msg)
 
 
-def render(text, tools, messages, gen, string_arguments=False, kwargs=None, eos="</s>"):
+def render(text, tools, messages, gen, string_arguments=False, kwargs=None, eos="</s>",
+           today=None):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    if today:
+        env.globals["strftime_now"] = today.strftime
     msgs = copy.deepcopy(messages)
     for m in msgs:  # vLLM hands templates the arguments as a dict
         for c in m.get("tool_calls") or []:
@@ -219,7 +263,12 @@ def main():
             if kwargs:
                 case["chat_template_kwargs"] = kwargs
             case["formatted"] = render(text, tools, messages, gen, name in STRING_ARGUMENTS, kwargs,
-                                       EOS.get(name, "</s>"))
+                                       EOS.get(name, "</s>"), STRFTIME_NOW.get(name))
+            if name in DEFAULT_SYSTEM_TURN and messages[0]["role"] != "system":
+                head, end = DEFAULT_SYSTEM_TURN[name]
+                turn = case["formatted"][:case["formatted"].index(end) + len(end)]
+                assert turn.startswith(head), turn
+                case["default_system_left_out"] = turn
             out["cases"].append(case)
     path = os.path.join(ROOT, "tests", "golden", "chat_tools.json")
     with open(path, "w") as f:
