@@ -158,8 +158,8 @@ const char *cli_model_path(const char *arg);
 #define CLI_CHAT_TEMPLATE_HELP                                                                     \
     "  --chat-template T   the chat format instead of the model's: a name (chatml, llama3,\n"      \
     "                    llama2[-sys[-bos|-strip]], mistral-v1|v3|v3-tekken|v7, deepseek3,\n"      \
-    "                    deepseek-r1, zephyr, phi3, gemma, gemma3, qwen3), or a Jinja\n"           \
-    "                    template of a known family, in a file or inline\n"
+    "                    deepseek-r1, zephyr, phi3, gemma, gemma3, qwen3, granite), or a\n"        \
+    "                    Jinja template of a known family, in a file or inline\n"
 struct gguf_file;
 struct chat_template;
 int cli_chat_template(const struct gguf_file *f, const char *arg, struct chat_template *out,
