@@ -1318,14 +1318,16 @@ START_TEST(arch_matches_reference)
 }
 END_TEST
 
-/* Seven sequences in one ragged batch (prompts of 3 to 31 tokens and a long one): each one's
- * last logits are those it has alone, bit for bit. */
-static void mixed_batch_same_bits(struct model *m, const char *name)
+/* Seven sequences in one ragged batch (prompts of 3 to 31 tokens and a long one), sequence s
+ * with LoRA adapter seq_lora[s] (NULL: none): each one's last logits are those it has alone,
+ * bit for bit. */
+static void mixed_batch_same_bits(struct model *m, const char *name, const int32_t *seq_lora)
 {
     size_t nx, no;
     int32_t *x = tm_case_ids(0, "prompt_ids", &nx), *other = tm_case_ids(1, "prompt_ids", &no);
     enum { N_SEQS = 7 };
     struct model_batch b = *tu_ragged_batch(x, (int)nx, 0, N_SEQS, other, (int)no);
+    b.seq_lora = seq_lora;
     int vocab = model_get_config(m)->vocab;
     float *logits = malloc((size_t)N_SEQS * (size_t)vocab * sizeof *logits);
     struct qerr err = {0};
@@ -1335,13 +1337,20 @@ static void mixed_batch_same_bits(struct model *m, const char *name)
         int len = s == 0 ? (int)nx : 3 + (s * 7) % 29;
         for (int q = 0; q < len; q++) alone[q] = s == 0 ? x[q] : other[(s * 13 + q) % (int)no];
         float *want;
-        ck_assert_msg(generate_all_logits(m, alone, (size_t)len, 37, &want, &err) == 0, "%s",
-                      err.msg);
+        int lora = seq_lora ? seq_lora[s] : 0;
+        ck_assert_msg(generate_all_logits_lora(m, alone, (size_t)len, 37, lora, &want, &err) == 0,
+                      "%s", err.msg);
         size_t at;
         ck_assert_msg(!tu_bits_differ(logits + (size_t)s * (size_t)vocab,
                                       want + (size_t)(len - 1) * (size_t)vocab, (size_t)vocab, &at),
-                      "%s: sequence %d's logit %zu differs in the batch", name, s, at);
+                      "%s: sequence %d (adapter %d): logit %zu differs in the batch", name, s, lora,
+                      at);
         free(want);
+    }
+    if (seq_lora) { /* an adapter slot that does not exist */
+        int32_t bad[N_SEQS] = {3};
+        b.seq_lora = bad;
+        ck_assert_int_eq(model_forward(m, &b, logits, &err), QERR_INVALID);
     }
     free(logits);
     free(x);
@@ -1378,7 +1387,7 @@ static void chunks_same_bits(const char *name, bool mixed)
     }
     free(whole);
     free(seq);
-    if (mixed) mixed_batch_same_bits(m, name);
+    if (mixed) mixed_batch_same_bits(m, name, NULL);
     model_free(m);
     gguf_close(qf);
     arch_file_remove(&af);
@@ -1635,36 +1644,8 @@ START_TEST(lora_mixed_batch_is_invariant)
     struct model *m;
     struct qerr err = {0};
     ck_assert_msg(load_with_loras(dir, fxs, 2, 1.0f, &m, &err) == 0, "%s", err.msg);
-    size_t nx, no;
-    int32_t *x = tm_case_ids(0, "prompt_ids", &nx), *other = tm_case_ids(1, "prompt_ids", &no);
-    enum { N_SEQS = 7 };
-    struct model_batch b = *tu_ragged_batch(x, (int)nx, 0, N_SEQS, other, (int)no);
-    int32_t seq_lora[N_SEQS] = {1, 0, 2, 1, 0, 2, 1};
-    b.seq_lora = seq_lora;
-    int vocab = model_get_config(m)->vocab;
-    float *logits = malloc((size_t)N_SEQS * (size_t)vocab * sizeof *logits);
-    ck_assert_msg(model_forward(m, &b, logits, &err) == 0, "%s", err.msg);
-    for (int s = 0; s < N_SEQS; s++) {
-        int32_t alone[64];
-        int len = s == 0 ? (int)nx : 3 + (s * 7) % 29;
-        for (int q = 0; q < len; q++) alone[q] = s == 0 ? x[q] : other[(s * 13 + q) % (int)no];
-        float *want;
-        ck_assert_msg(
-            generate_all_logits_lora(m, alone, (size_t)len, 37, seq_lora[s], &want, &err) == 0,
-            "%s", err.msg);
-        size_t at;
-        ck_assert_msg(!tu_bits_differ(logits + (size_t)s * (size_t)vocab,
-                                      want + (size_t)(len - 1) * (size_t)vocab, (size_t)vocab, &at),
-                      "sequence %d (adapter %d): logit %zu differs in the batch", s, seq_lora[s],
-                      at);
-        free(want);
-    }
-    int32_t bad[N_SEQS] = {3};
-    b.seq_lora = bad;
-    ck_assert_int_eq(model_forward(m, &b, logits, &err), QERR_INVALID);
-    free(logits);
-    free(x);
-    free(other);
+    static const int32_t seq_lora[7] = {1, 0, 2, 1, 0, 2, 1};
+    mixed_batch_same_bits(m, "two adapters and none", seq_lora);
     model_free(m);
 }
 END_TEST
