@@ -300,6 +300,21 @@ def write_variant(reader, var, path, untie=False):
     w.close()
 
 
+def read_copy(path):
+    """A copy's architecture, its ARCH.* keys (without the prefix) and its tensors as float32
+    arrays in [rows][cols] (numpy's order)."""
+    import gguf
+    reader = gguf.GGUFReader(path)
+    arch = field_value(reader.fields["general.architecture"])[0]
+    kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
+          if k.startswith(arch + ".")}
+    T = {}
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
+    return arch, kv, T
+
+
 def gemma_hf(path):
     """transformers' Gemma3ForCausalLM or Gemma2ForCausalLM (fp32, eager attention) holding the
     gemma3 or gemma2 file's weights, its config read from the file: layer il local (sliding
@@ -309,15 +324,8 @@ def gemma_hf(path):
     import torch
     import transformers
 
-    reader = gguf.GGUFReader(path)
-    arch = field_value(reader.fields["general.architecture"])[0]
+    arch, kv, T = read_copy(path)
     assert arch in ("gemma3", "gemma2"), arch
-    kv = {name[len(arch) + 1:]: field_value(f)[0] for name, f in reader.fields.items()
-          if name.startswith(arch + ".")}
-    T = {}
-    for t in reader.tensors:
-        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
     n_layers, dim = kv["block_count"], kv["embedding_length"]
     n_heads = kv["attention.head_count"]
     assert "attention.sliding_window_pattern" not in kv and "attention.key_length" not in kv
@@ -492,16 +500,9 @@ def moe_hf(path, name, reader0):
     import torch
     import transformers
 
-    reader = gguf.GGUFReader(path)
-    arch = field_value(reader.fields["general.architecture"])[0]
+    arch, kv, T = read_copy(path)
     assert (arch, name) in (("qwen3moe", "qwen3moe"), ("llama", "mixtral"),
                             ("qwen2moe", "qwen2moe")), (arch, name)
-    kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
-          if k.startswith(arch + ".")}
-    T = {}
-    for t in reader.tensors:
-        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
     n_layers, dim = kv["block_count"], kv["embedding_length"]
     n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
     n_exp, used = kv["expert_count"], kv["expert_used_count"]
@@ -732,15 +733,8 @@ def granite_hf(path, reader0, ids):
     import torch
     import transformers
 
-    reader = gguf.GGUFReader(path)
-    arch = field_value(reader.fields["general.architecture"])[0]
+    arch, kv, T = read_copy(path)
     assert arch in GRANITE, arch
-    kv = {k[len(arch) + 1:]: field_value(f)[0] for k, f in reader.fields.items()
-          if k.startswith(arch + ".")}
-    T = {}
-    for t in reader.tensors:
-        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        T[t.name] = data.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else data
     n_layers, dim = kv["block_count"], kv["embedding_length"]
     n_heads, n_kv = kv["attention.head_count"], kv["attention.head_count_kv"]
     moe = arch == "granitemoe"
